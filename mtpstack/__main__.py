@@ -1,0 +1,3 @@
+from mtpstack.cli import main
+
+raise SystemExit(main())

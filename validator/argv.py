@@ -1,0 +1,56 @@
+"""A worker profile -> the worker's command line.
+
+The weight paths and the draft depth are on the command line on purpose: the
+running process's own argv (`/proc/PID/cmdline`) then proves what it loaded.
+`mtpstack up`, the bench and the Nix module all produce this same argv; the Nix
+twin is `modules/lib/argv.nix`, tested against this function.
+
+argv[0] is the bare program name (`mtpstack` or `mlx_lm.server`); callers
+that exec it resolve that name to a path.
+"""
+
+from __future__ import annotations
+
+from validator.config import WorkerProfile
+
+NATIVE_PROGRAM = "mtpstack"
+MLX_LM_PROGRAM = "mlx_lm.server"
+
+
+def worker_argv(profile: WorkerProfile) -> list[str]:
+    if profile.backend == "mlx-lm":
+        return _mlx_lm_argv(profile)
+    argv = [NATIVE_PROGRAM, "worker", "--model", profile.target.path, "--target-bits", str(profile.target.bits)]
+    if profile.drafter is not None:
+        argv += [
+            "--draft-model", profile.drafter.path,
+            "--drafter-bits", str(profile.drafter.bits),
+            "--draft-depth", str(profile.drafter.depth),
+        ]
+    argv += [
+        "--max-num-seqs", str(profile.max_num_seqs),
+        "--served-model-name", profile.model,
+        "--host", profile.host,
+        "--port", str(profile.port),
+    ]
+    return argv + list(profile.extra_args)
+
+
+def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
+    # mlx_lm.server's effective decode width is the max of its two concurrency
+    # flags, so both are set to the batch width.
+    argv = [MLX_LM_PROGRAM, "--model", profile.target.path]
+    if profile.drafter is not None:
+        argv += [
+            "--draft-model", profile.drafter.path,
+            "--num-draft-tokens", str(profile.drafter.depth),
+            # With a draft model its prompt cache returns wrong text after a hit.
+            "--prompt-cache-size", "0",
+        ]
+    argv += [
+        "--decode-concurrency", str(profile.max_num_seqs),
+        "--prompt-concurrency", str(profile.max_num_seqs),
+        "--host", profile.host,
+        "--port", str(profile.port),
+    ]
+    return argv + list(profile.extra_args)

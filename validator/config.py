@@ -1,0 +1,115 @@
+"""The config model: the shape of the file the Nix module renders and operators write.
+
+Keys are camelCase, as operators write them in Nix. The model is strict (no
+coercion of "3" into 3) and forbids unknown keys. Ranges that carry the
+coupling rule (maxNumSeqs, concurrency limits, draft depth) are deliberately
+*not* enforced here: the rules in `validator.rules` report them with their own
+codes, so that a range error never hides a mismatch and vice versa.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+Backend = Literal["native", "mlx-lm"]
+Bits = Literal[2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"]
+
+#: The batch-width range every gate and every worker must sit in.
+WIDTH_MIN, WIDTH_MAX = 1, 4
+#: The draft depth range.
+DEPTH_MIN, DEPTH_MAX = 1, 8
+
+Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum": WIDTH_MAX})]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Host = Annotated[str, Field(min_length=1)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+    )
+
+
+class QueueConfig(StrictModel):
+    max_waiting: int = Field(16, ge=0, description="Requests that may wait per model when every gate is full; beyond it: 429 queue_full.")
+    timeout_seconds: float = Field(30.0, gt=0, description="How long a request may wait for a slot before 429 queue_timeout.")
+
+
+class TimeoutsConfig(StrictModel):
+    connect_seconds: float = Field(5.0, gt=0, description="Time to open a connection to a worker before 504.")
+    first_byte_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Time to the first byte of the worker's answer; a non-streamed answer's first byte comes when generation ends.",
+    )
+    idle_seconds: float = Field(60.0, gt=0, description="Longest pause between two chunks of a streamed answer before 504.")
+
+
+class ProxyConfig(StrictModel):
+    host: Host = Field("127.0.0.1", description="Address the proxy listens on.")
+    port: Port = Field(8080, description="Port the proxy listens on.")
+    concurrency_limit: Width = Field(
+        1,
+        description="Admission gate (1-4) per worker for any model not in modelConcurrencyLimits; must equal those workers' maxNumSeqs.",
+    )
+    model_concurrency_limits: dict[str, Width] = Field(
+        default_factory=dict,
+        description="Served model name -> admission gate (1-4) per worker of that model; must equal those workers' maxNumSeqs.",
+    )
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    max_body_bytes: int = Field(1_048_576, ge=1, description="Largest request body accepted; larger: 413 body_too_large.")
+    shutdown_grace_seconds: float = Field(30.0, ge=0, description="How long in-flight requests may finish after a stop signal.")
+    api_keys_file: str | None = Field(None, description="File of accepted API keys, one per line; null: no authentication.")
+
+
+class PolicyConfig(StrictModel):
+    allowed_backends: list[Backend] = Field(
+        default_factory=lambda: ["native"],
+        description="Backends this fleet may run: native | mlx-lm.",
+    )
+
+
+class TargetSpec(StrictModel):
+    path: str = Field(min_length=1, description="Local directory or hub id of the target model.")
+    bits: Bits = Field(description="Quantization of the target: 2, 3, 4, 5, 6, 8, mxfp4, bf16, fp16 or fp32.")
+
+
+class DrafterSpec(StrictModel):
+    path: str = Field(min_length=1, description="Local directory or hub id of the MTP drafter.")
+    bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
+    depth: Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})] = Field(
+        description="Draft depth: tokens the drafter proposes per verification step (1-8)."
+    )
+
+
+class WorkerProfile(StrictModel):
+    model: str = Field(min_length=1, description="Served model name: what clients put in `model`.")
+    backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
+    target: TargetSpec
+    drafter: DrafterSpec | None = Field(None, description="The MTP drafter; null: no speculation.")
+    max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
+    host: Host = Field("127.0.0.1", description="Where the worker listens and the proxy dials it.")
+    port: Port = Field(description="Port the worker listens on.")
+    extra_args: list[str] = Field(default_factory=list, description="Passed through to the worker's command line.")
+
+
+class FleetConfig(StrictModel):
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    workers: dict[str, WorkerProfile] = Field(default_factory=dict, description="Worker profiles by name.")
+
+    def workers_of(self, model: str) -> dict[str, WorkerProfile]:
+        return {name: w for name, w in self.workers.items() if w.model == model}
+
+    @property
+    def models(self) -> list[str]:
+        """Served model names, in first-seen order."""
+        return list(dict.fromkeys(w.model for w in self.workers.values()))

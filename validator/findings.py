@@ -1,0 +1,86 @@
+"""Findings (one problem at one place in the config) and the report that collects them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    path: Path
+    message: str
+    hint: str | None = None
+    related: tuple[Path, ...] = ()
+    line: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "code": self.code,
+            "path": list(self.path),
+            "line": self.line,
+            "message": self.message,
+            "hint": self.hint,
+            "related": [list(p) for p in self.related],
+        }
+
+
+@dataclass
+class Report:
+    source: str
+    findings: list[Finding] = field(default_factory=list)
+    unreadable: bool = False
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def exit_code(self, strict: bool = False) -> int:
+        if self.unreadable:
+            return 2
+        if self.errors or (strict and self.warnings):
+            return 1
+        return 0
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "errors": [f.to_json() for f in self.errors],
+            "warnings": [f.to_json() for f in self.warnings],
+        }
+
+    def render_json(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def render_text(self) -> str:
+        return "\n".join(format_finding(self.source, f) for f in self.findings)
+
+
+def format_path(path: Path) -> str:
+    """`workers.qwen-mtp.maxNumSeqs`; keys that contain a dot are quoted."""
+    return ".".join(f'"{p}"' if ("." in p or " " in p or not p) else p for p in path)
+
+
+def format_finding(source: str, f: Finding) -> str:
+    where = f"{source}:{f.line}" if f.line is not None else source
+    head = f"{where}: {f.severity}[{f.code}]: "
+    if f.path:
+        head += f"{format_path(f.path)}: "
+    text = head + f.message
+    if f.hint:
+        text += f"\n\nhint: {f.hint}\n"
+    return text

@@ -1,0 +1,227 @@
+"""From a file (or plain data) to a validated `FleetConfig` and a `Report` of findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from validator import rules
+from validator.config import FleetConfig
+from validator.findings import Finding, Report, format_path
+from validator.source import Source, Unreadable, read_source
+
+_TYPE_NAMES = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "dict_type": "a mapping",
+    "list_type": "a list",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "is_instance_of": "a mapping",
+}
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+class ConfigError(Exception):
+    """A config that must not be used; `report` holds the findings and `str()` renders them."""
+
+    def __init__(self, report: Report):
+        self.report = report
+        super().__init__(report.render_text())
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f'"{value}" (a string)'
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return str(value)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model class that owns the key at `loc` (loc ends with that key)."""
+    model: Any = FleetConfig
+    i = 0
+    parts = loc[:-1]
+    while i < len(parts):
+        field = next(
+            (f for name, f in model.model_fields.items() if (f.alias or name) == parts[i]),
+            None,
+        )
+        if field is None:
+            return None
+        annotation = field.annotation
+        origin = getattr(annotation, "__origin__", None)
+        args = getattr(annotation, "__args__", ())
+        if origin is dict:  # dict[str, Model]: skip the key
+            annotation = args[1]
+            i += 1
+        else:
+            annotation = next((a for a in (args or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+        i += 1
+    return model
+
+
+def _keys_of(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _structural(err: dict, source: Source) -> Finding:
+    loc = tuple(str(p) for p in err["loc"])
+    kind = err["type"]
+    value = err.get("input")
+    line = source.line_of(loc)
+    if kind == "extra_forbidden":
+        owner = _model_at(loc)
+        known = _keys_of(owner) if owner else []
+        guess = rules.did_you_mean(loc[-1], known)
+        where = format_path(loc[:-1]) or "the top level"
+        return Finding(
+            code="unknown-key",
+            severity="error",
+            path=loc,
+            message=f"unknown key `{loc[-1]}` in {where}",
+            hint=f"did you mean `{guess}`?" if guess else ("known keys: " + ", ".join(f"`{k}`" for k in known) if known else None),
+            line=line,
+        )
+    if kind == "missing":
+        return Finding(
+            code="missing-key",
+            severity="error",
+            path=loc,
+            message=f"required key `{loc[-1]}` is missing",
+            hint=f"add `{loc[-1]}` under `{format_path(loc[:-1])}`" if len(loc) > 1 else None,
+            line=line,
+        )
+    if kind in _RANGE_ERRORS:
+        limit = err.get("ctx", {})
+        bound = next(iter(limit.values()), None)
+        relation = {
+            "greater_than": "greater than",
+            "greater_than_equal": "at least",
+            "less_than": "less than",
+            "less_than_equal": "at most",
+        }[kind]
+        return Finding(
+            code="out-of-range",
+            severity="error",
+            path=loc,
+            message=f"must be {relation} {bound}, got: {_describe(value)}",
+            line=line,
+        )
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return Finding(
+            code="invalid-value",
+            severity="error",
+            path=loc,
+            message=f"must be one of {expected}, got: {_describe(value)}",
+            line=line,
+        )
+    if kind in _TYPE_NAMES:
+        hint = None
+        if isinstance(value, str) and kind in {"int_type", "float_type"} and value.strip().lstrip("-").replace(".", "", 1).isdigit():
+            hint = "write the number without quotes"
+        return Finding(
+            code="invalid-type",
+            severity="error",
+            path=loc,
+            message=f"expected {_TYPE_NAMES[kind]}, got: {_describe(value)}",
+            hint=hint,
+            line=line,
+        )
+    return Finding(
+        code="invalid-value",
+        severity="error",
+        path=loc,
+        message=f"{err['msg'][0].lower()}{err['msg'][1:]}, got: {_describe(value)}",
+        line=line,
+    )
+
+
+def validate_data(data: Any, source_name: str = "<config>", source: Source | None = None) -> tuple[FleetConfig | None, Report]:
+    """Validate plain data (as parsed from YAML or JSON). The config is None when it has errors
+    that keep it from being built; a built config may still carry rule errors in the report."""
+    source = source or Source(data=data)
+    report = Report(source=source_name)
+    for path, first, again in source.duplicates:
+        report.findings.append(
+            Finding(
+                code="duplicate-key",
+                severity="error",
+                path=path,
+                message=f"key `{path[-1]}` appears twice (lines {first} and {again}); only the last would count",
+                hint="remove one of them",
+                line=again,
+            )
+        )
+    if not isinstance(data, dict):
+        report.findings.append(
+            Finding(
+                code="invalid-type",
+                severity="error",
+                path=(),
+                message=f"the config must be a mapping with `proxy`, `policy` and `workers`, got: {_describe(data)}",
+                line=1 if source.lines or data is not None else None,
+            )
+        )
+        return None, report
+    try:
+        config = FleetConfig.model_validate(data)
+    except ValidationError as e:
+        report.findings.extend(_structural(err, source) for err in e.errors())
+        return None, report
+    for f in rules.check(config):
+        report.findings.append(_with_line(f, source))
+    return config, report
+
+
+def _with_line(f: Finding, source: Source) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, line=source.line_of(f.path))
+
+
+def load_config(file: str | Path, deep: bool = False) -> tuple[FleetConfig | None, Report]:
+    """Read and validate a config file. Never raises for bad input: problems are findings."""
+    name = str(file)
+    try:
+        source = read_source(file)
+    except Unreadable as e:
+        report = Report(source=name, unreadable=True)
+        report.findings.append(Finding(code="unreadable", severity="error", path=(), message=e.message, hint=e.hint, line=e.line))
+        return None, report
+    config, report = validate_data(source.data, name, source)
+    if deep and config is not None:
+        from validator.deep import check_deep
+
+        base = Path(file).resolve().parent
+        report.findings.extend(_with_line(f, source) for f in check_deep(config, base))
+    return config, report
+
+
+def validate_file(file: str | Path, deep: bool = False) -> Report:
+    return load_config(file, deep=deep)[1]
+
+
+def load_valid_config(file: str | Path, deep: bool = False) -> FleetConfig:
+    """The config every component starts from: raises `ConfigError` unless it is free of errors."""
+    config, report = load_config(file, deep=deep)
+    if config is None or not report.ok:
+        raise ConfigError(report)
+    return config

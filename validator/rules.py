@@ -1,0 +1,196 @@
+"""The rules the validator enforces on a structurally valid config, each with a stable code."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Iterator
+
+from validator.config import DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from validator.coupling import gate_for, gate_source
+from validator.findings import Finding, format_path
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*"})
+
+#: Effective bits of each precision, for comparing drafter against target.
+EFFECTIVE_BITS: dict[Bits, int] = {2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 8: 8, "mxfp4": 4, "bf16": 16, "fp16": 16, "fp32": 32}
+#: Below this a drafter quantized as hard as its target loses acceptance.
+SAFE_DRAFTER_BITS = 6
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str | None:
+    match = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def check(config: FleetConfig) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in (
+        check_ranges,
+        check_coupling,
+        check_unknown_model_limits,
+        check_drafter_precision,
+        check_backends,
+        check_mlx_lm_drafts,
+        check_ports,
+    ):
+        findings.extend(rule(config))
+    return findings
+
+
+def _out_of_range(path: tuple[str, ...], value: int, lo: int, hi: int, what: str) -> Finding:
+    return Finding(
+        code="out-of-range",
+        severity="error",
+        path=path,
+        message=f"{what} must be between {lo} and {hi}, got: {value}",
+        hint=f"set `{format_path(path)}` to a value from {lo} to {hi}",
+    )
+
+
+def check_ranges(config: FleetConfig) -> Iterator[Finding]:
+    proxy = config.proxy
+    if not WIDTH_MIN <= proxy.concurrency_limit <= WIDTH_MAX:
+        yield _out_of_range(("proxy", "concurrencyLimit"), proxy.concurrency_limit, WIDTH_MIN, WIDTH_MAX, "the admission gate")
+    for model, limit in proxy.model_concurrency_limits.items():
+        if not WIDTH_MIN <= limit <= WIDTH_MAX:
+            yield _out_of_range(("proxy", "modelConcurrencyLimits", model), limit, WIDTH_MIN, WIDTH_MAX, "the admission gate")
+    for name, worker in config.workers.items():
+        if not WIDTH_MIN <= worker.max_num_seqs <= WIDTH_MAX:
+            yield _out_of_range(("workers", name, "maxNumSeqs"), worker.max_num_seqs, WIDTH_MIN, WIDTH_MAX, "the batch width")
+        if worker.drafter is not None and not DEPTH_MIN <= worker.drafter.depth <= DEPTH_MAX:
+            yield _out_of_range(("workers", name, "drafter", "depth"), worker.drafter.depth, DEPTH_MIN, DEPTH_MAX, "the draft depth")
+
+
+def check_coupling(config: FleetConfig) -> Iterator[Finding]:
+    for name, worker in config.workers.items():
+        gate = gate_for(config.proxy, worker.model)
+        if worker.max_num_seqs == gate:
+            continue
+        width_path = ("workers", name, "maxNumSeqs")
+        source = gate_source(config.proxy, worker.model)
+        src = format_path(source)
+        if len(source) == 2:
+            origin = f"`{src}` (model `{worker.model}` has no entry in `proxy.modelConcurrencyLimits`)"
+        else:
+            origin = f"`{src}`"
+        yield Finding(
+            code="concurrency-mismatch",
+            severity="error",
+            path=width_path,
+            message=(
+                f"these two must agree: the worker's batch width is {worker.max_num_seqs} "
+                f"but the proxy admits {gate} at once to it, from {origin}"
+            ),
+            hint=(
+                f"raise or lower `{format_path(width_path)}` and `{src}` together, to the same value "
+                f"from {WIDTH_MIN} to {WIDTH_MAX}; any matched pair is valid, with or without a drafter"
+            ),
+            related=(source,),
+        )
+
+
+def check_unknown_model_limits(config: FleetConfig) -> Iterator[Finding]:
+    served = config.models
+    for model in config.proxy.model_concurrency_limits:
+        if model in served:
+            continue
+        guess = did_you_mean(model, served)
+        served_list = ", ".join(f"`{m}`" for m in served) or "none"
+        if guess:
+            hint = f"did you mean `{guess}`?"
+        else:
+            hint = "remove the entry, or add a worker that serves this model"
+        yield Finding(
+            code="unknown-model-limit",
+            severity="error",
+            path=("proxy", "modelConcurrencyLimits", model),
+            message=f"no worker serves model `{model}` (served: {served_list})",
+            hint=hint,
+        )
+
+
+def check_drafter_precision(config: FleetConfig) -> Iterator[Finding]:
+    for name, worker in config.workers.items():
+        if worker.drafter is None:
+            continue
+        d = EFFECTIVE_BITS[worker.drafter.bits]
+        t = EFFECTIVE_BITS[worker.target.bits]
+        if d <= t and d < SAFE_DRAFTER_BITS:
+            yield Finding(
+                code="drafter-precision",
+                severity="warning",
+                path=("workers", name, "drafter", "bits"),
+                message=(
+                    f"the drafter is quantized as hard as its target or harder ({worker.drafter.bits} vs "
+                    f"{worker.target.bits}); acceptance drops and the speedup quietly goes"
+                ),
+                hint="use a drafter of 6 bits or more (a 6-bit drafter works beside 2- to 8-bit targets)",
+                related=(("workers", name, "target", "bits"),),
+            )
+
+
+def check_backends(config: FleetConfig) -> Iterator[Finding]:
+    allowed = config.policy.allowed_backends
+    for name, worker in config.workers.items():
+        if worker.backend in allowed:
+            continue
+        listed = ", ".join(f"`{b}`" for b in allowed) or "none"
+        yield Finding(
+            code="backend-forbidden",
+            severity="error",
+            path=("workers", name, "backend"),
+            message=(
+                f"backend `{worker.backend}` is wired but unreachable: `policy.allowedBackends` allows only {listed}"
+            ),
+            hint=f"add `{worker.backend}` to `policy.allowedBackends`, or set this worker's backend to one it allows",
+            related=(("policy", "allowedBackends"),),
+        )
+
+
+def check_mlx_lm_drafts(config: FleetConfig) -> Iterator[Finding]:
+    for name, worker in config.workers.items():
+        if worker.backend == "mlx-lm" and worker.drafter is not None and worker.max_num_seqs > 1:
+            yield Finding(
+                code="mlx-lm-serializes-drafts",
+                severity="error",
+                path=("workers", name, "maxNumSeqs"),
+                message=(
+                    f"`mlx_lm.server` serves one request at a time once a draft model is loaded, "
+                    f"so its real batch width is 1, not {worker.max_num_seqs}"
+                ),
+                hint="use backend `native` for a wider batch with a drafter, or set the width and its gate to 1",
+                related=(("workers", name, "backend"), ("workers", name, "drafter")),
+            )
+
+
+def _canonical_host(host: str) -> str:
+    host = host.strip("[]")
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
+
+
+def _hosts_overlap(a: str, b: str) -> bool:
+    return a in WILDCARD_HOSTS or b in WILDCARD_HOSTS or _canonical_host(a) == _canonical_host(b)
+
+
+def check_ports(config: FleetConfig) -> Iterator[Finding]:
+    listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)]
+    listeners += [(("workers", name, "port"), w.host, w.port) for name, w in config.workers.items()]
+    for i, (path, host, port) in enumerate(listeners):
+        for other_path, other_host, other_port in listeners[:i]:
+            if port == other_port and _hosts_overlap(host, other_host):
+                owner = format_path(other_path[:-1])
+                yield Finding(
+                    code="port-conflict",
+                    severity="error",
+                    path=path,
+                    message=f"port {port} on `{host}` is already taken by `{owner}` on `{other_host}`",
+                    hint="give each listener its own port",
+                    related=(other_path,),
+                )
+                break
