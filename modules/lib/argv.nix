@@ -1,0 +1,93 @@
+# A rendered worker profile -> its command line; the twin of
+# `validator.argv.worker_argv`, tested against it. argv[0] is the bare program
+# name (`mtpstack` or `mlx_lm.server`); callers resolve it to a path.
+#
+# The weight paths and the draft depth are arguments on purpose: the running
+# process's own command line then proves which weights it loaded.
+let
+  nativeArgv =
+    w:
+    [
+      "mtpstack"
+      "worker"
+      "--model"
+      w.target.path
+      "--target-bits"
+      (toString w.target.bits)
+    ]
+    ++ (
+      if w.drafter == null then
+        [ ]
+      else
+        [
+          "--draft-model"
+          w.drafter.path
+          "--drafter-bits"
+          (toString w.drafter.bits)
+          "--draft-depth"
+          (toString w.drafter.depth)
+        ]
+    )
+    ++ [
+      "--max-num-seqs"
+      (toString w.maxNumSeqs)
+      "--served-model-name"
+      w.model
+      "--host"
+      w.host
+      "--port"
+      (toString w.port)
+    ]
+    ++ w.extraArgs;
+
+  # mlx_lm.server decodes at the larger of its two concurrency flags, so both
+  # carry the batch width. With a draft model its prompt cache answers wrong
+  # text after a hit, hence `--prompt-cache-size 0`.
+  mlxLmArgv =
+    w:
+    [
+      "mlx_lm.server"
+      "--model"
+      w.target.path
+    ]
+    ++ (
+      if w.drafter == null then
+        [ ]
+      else
+        [
+          "--draft-model"
+          w.drafter.path
+          "--num-draft-tokens"
+          (toString w.drafter.depth)
+          "--prompt-cache-size"
+          "0"
+        ]
+    )
+    ++ [
+      "--decode-concurrency"
+      (toString w.maxNumSeqs)
+      "--prompt-concurrency"
+      (toString w.maxNumSeqs)
+      "--host"
+      w.host
+      "--port"
+      (toString w.port)
+    ]
+    ++ w.extraArgs;
+
+  workerArgv = w: if w.backend == "mlx-lm" then mlxLmArgv w else nativeArgv w;
+
+  # The proxy reads everything from the rendered config file.
+  proxyArgv = configFile: [
+    "mtpstack"
+    "proxy"
+    "--config"
+    configFile
+  ];
+
+  # Replace the bare program name by an executable path in `binDir`.
+  resolve = binDir: argv: [ "${binDir}/${builtins.head argv}" ] ++ builtins.tail argv;
+in
+{
+  inherit workerArgv proxyArgv resolve;
+}

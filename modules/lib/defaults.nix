@@ -1,0 +1,40 @@
+# The defaults of the config file, as in `validator/config.py`. The module's
+# options take their defaults from here and `render` fills them, so the two
+# cannot drift apart; tests/nix compares `render` with the pydantic model.
+{
+  proxy = {
+    host = "127.0.0.1";
+    port = 8080;
+    concurrencyLimit = 1;
+    modelConcurrencyLimits = { };
+    queue = {
+      maxWaiting = 16;
+      timeoutSeconds = 30;
+    };
+    timeouts = {
+      connectSeconds = 5;
+      firstByteSeconds = 300;
+      idleSeconds = 60;
+    };
+    maxBodyBytes = 1048576;
+    shutdownGraceSeconds = 30;
+    apiKeysFile = null;
+  };
+  policy = {
+    allowedBackends = [ "native" ];
+  };
+  worker = {
+    backend = "native";
+    drafter = null;
+    host = "127.0.0.1";
+    extraArgs = [ ];
+  };
+
+  # The range every gate and batch width sits in, and the draft depth range.
+  widthMin = 1;
+  widthMax = 4;
+  depthMin = 1;
+  depthMax = 8;
+  backends = [ "native" "mlx-lm" ];
+  bits = [ 2 3 4 5 6 8 "mxfp4" "bf16" "fp16" "fp32" ];
+}

@@ -1,0 +1,57 @@
+# A rendered config -> nix-darwin `launchd.daemons.<name>` values: one daemon
+# per worker and one for the proxy. launchd takes the argument vector as a
+# list (no shell, no escaping) and knows no systemd specifiers.
+let
+  argv = import ./argv.nix;
+
+  label = name: "org.nixos.${name}";
+
+  # Arguments:
+  #   config      the rendered config (render.nix)
+  #   configFile  the path of the config file
+  #   binDir      where `mtpstack` and `mlx_lm.server` live
+  #   stateDir    the model cache
+  #   logDir      where stdout and stderr go
+  #   user/group  the account the daemons run as
+  daemons =
+    {
+      config,
+      configFile,
+      binDir,
+      stateDir ? "/var/lib/mtpstack",
+      logDir ? "/var/log/mtpstack",
+      user ? "_mtpstack",
+      group ? "_mtpstack",
+    }:
+    let
+      daemon = name: programArguments: {
+        serviceConfig = {
+          Label = label name;
+          ProgramArguments = programArguments;
+          KeepAlive = true;
+          RunAtLoad = true;
+          StandardOutPath = "${logDir}/${name}.log";
+          StandardErrorPath = "${logDir}/${name}.log";
+          WorkingDirectory = stateDir;
+          EnvironmentVariables = {
+            HF_HOME = "${stateDir}/huggingface";
+            HF_HUB_CACHE = "${stateDir}/huggingface/hub";
+            PYTHONUNBUFFERED = "1";
+          };
+          UserName = user;
+          GroupName = group;
+        };
+      };
+      worker = name: w: {
+        name = "mtpstack-worker-${name}";
+        value = daemon "mtpstack-worker-${name}" (argv.resolve binDir (argv.workerArgv w));
+      };
+    in
+    builtins.listToAttrs (builtins.attrValues (builtins.mapAttrs worker config.workers))
+    // {
+      mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile));
+    };
+in
+{
+  inherit label daemons;
+}

@@ -1,0 +1,32 @@
+# Module settings -> the config file's contents (the validator's camelCase
+# shape with every default filled in). Values are passed through unchecked:
+# range and type errors are the module types' and `mtpstack validate`'s job.
+let
+  defaults = import ./defaults.nix;
+
+  # Only the config file's own sections; module-only options (enable,
+  # package, checkConfig, openFirewall) are dropped.
+  render =
+    settings:
+    let
+      proxy = settings.proxy or { };
+      workers = settings.workers or { };
+    in
+    {
+      proxy =
+        defaults.proxy
+        // proxy
+        // {
+          queue = defaults.proxy.queue // (proxy.queue or { });
+          timeouts = defaults.proxy.timeouts // (proxy.timeouts or { });
+        };
+      policy = defaults.policy // (settings.policy or { });
+      workers = builtins.mapAttrs renderWorker workers;
+    };
+
+  # A worker's served model name defaults to its attribute name.
+  renderWorker = name: worker: defaults.worker // { model = name; } // worker;
+in
+{
+  inherit render renderWorker;
+}
