@@ -39,6 +39,7 @@ let
   #   stateDir    the model cache (the units' StateDirectory)
   #   preload     a BLAS library to LD_PRELOAD into workers, or null
   #   hardening   serviceConfig shared by every unit
+  #   workerHardening  serviceConfig that only the workers get (wins over hardening)
   units =
     {
       config,
@@ -47,6 +48,7 @@ let
       stateDir ? "/var/lib/mtpstack",
       preload ? null,
       hardening ? { },
+      workerHardening ? { },
     }:
     let
       common = {
@@ -79,7 +81,7 @@ let
             environment // (if preload == null then { } else { LD_PRELOAD = preload; });
           # The worker reads its settings at start-up only: any change restarts it.
           restartTriggers = [ (builtins.toJSON w) ];
-          serviceConfig = common // {
+          serviceConfig = common // workerHardening // {
             ExecStart = escapeExecArgs (argv.resolve binDir (argv.workerArgv w));
           };
         };
@@ -96,7 +98,7 @@ let
           common
           // {
             ExecStart = escapeExecArgs (argv.resolve binDir (argv.proxyArgv configFile));
-            TimeoutStopSec = config.proxy.shutdownGraceSeconds + 10;
+            TimeoutStopSec = builtins.ceil config.proxy.shutdownGraceSeconds + 10;
           }
           // (
             if config.proxy.apiKeysFile == null then

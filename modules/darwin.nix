@@ -1,0 +1,68 @@
+# nix-darwin: one launchd daemon per worker and one for the proxy, rendered
+# by ./lib from `services.mtpstack`.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  cfg = config.services.mtpstack;
+  mtpLib = import ./lib;
+  prefix = [ "services" "mtpstack" ];
+  user = "_mtpstack";
+  stateDir = "/var/lib/mtpstack";
+  logDir = "/var/log/mtpstack";
+
+  configFile = import ./config-file.nix {
+    inherit pkgs cfg;
+    contents = cfg.renderedConfig;
+  };
+in
+{
+  imports = [ ./options.nix ];
+
+  config = lib.mkMerge [
+    {
+      services.mtpstack.renderedConfig = mtpLib.render {
+        inherit (cfg) proxy policy workers;
+      };
+    }
+    (lib.mkIf cfg.enable {
+      assertions = mtpLib.assertions prefix cfg.renderedConfig;
+
+      launchd.daemons = mtpLib.launchd.daemons {
+        config = cfg.renderedConfig;
+        configFile = "${configFile}";
+        binDir = "${cfg.package}/bin";
+        inherit stateDir logDir user;
+        group = user;
+      };
+
+      # nix-darwin creates only the accounts it is told it owns.
+      users.knownUsers = [ user ];
+      users.knownGroups = [ user ];
+      users.users.${user} = {
+        uid = lib.mkDefault 531;
+        gid = lib.mkDefault 531;
+        home = stateDir;
+        createHome = true;
+        shell = "/usr/bin/false";
+        isHidden = true;
+        description = "mtpstack daemons";
+      };
+      users.groups.${user} = {
+        gid = lib.mkDefault 531;
+        description = "mtpstack daemons";
+      };
+
+      # launchd opens the log files as the daemon's user: the directories
+      # must exist and belong to it before the daemons load.
+      system.activationScripts.postActivation.text = ''
+        mkdir -p ${stateDir}/huggingface/hub ${logDir}
+        chown ${user}:${user} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
+        chmod 0750 ${stateDir} ${logDir}
+      '';
+    })
+  ];
+}

@@ -1,0 +1,171 @@
+# `services.mtpstack`, shared by the NixOS and the nix-darwin module. Names
+# and meanings are those of the config file (validator/config.py); defaults
+# come from ./lib/defaults.nix, which `render` fills in as well.
+{ lib, pkgs, ... }:
+let
+  inherit (lib) mkOption types literalExpression;
+  defaults = import ./lib/defaults.nix;
+  width = types.ints.between defaults.widthMin defaults.widthMax;
+  # nixpkgs before 25.05 lacks externalPath: fall back to a string.
+  externalPath = types.externalPath or types.str;
+in
+{
+  options.services.mtpstack = {
+    enable = lib.mkEnableOption "mtpstack, MLX model workers with MTP speculative decoding behind an admission proxy";
+
+    package = mkOption {
+      type = types.package;
+      default = pkgs.callPackage ./package.nix { };
+      defaultText = literalExpression "pkgs.callPackage ./modules/package.nix { }";
+      description = ''
+        The mtpstack package: provides `mtpstack` (proxy, workers, validator)
+        and `mlx_lm.server`. On aarch64-darwin it must carry the Metal build of
+        mlx (the default does).
+      '';
+    };
+
+    proxy = {
+      host = mkOption {
+        type = types.nonEmptyStr;
+        default = defaults.proxy.host;
+        example = "0.0.0.0";
+        description = "Address the proxy listens on.";
+      };
+      port = mkOption {
+        type = types.port;
+        default = defaults.proxy.port;
+        example = 8080;
+        description = "Port the proxy listens on.";
+      };
+      concurrencyLimit = mkOption {
+        type = width;
+        default = defaults.proxy.concurrencyLimit;
+        example = 2;
+        description = ''
+          Admission gate (1-4) per worker for any model not in
+          `modelConcurrencyLimits`. It must equal those workers'
+          `maxNumSeqs`: change the two together.
+        '';
+      };
+      modelConcurrencyLimits = mkOption {
+        type = types.attrsOf width;
+        default = defaults.proxy.modelConcurrencyLimits;
+        example = {
+          "qwen3.8-27b" = 2;
+        };
+        description = ''
+          Served model name -> admission gate (1-4) per worker of that model.
+          Each must equal those workers' `maxNumSeqs`: change the two
+          together.
+        '';
+      };
+      queue = {
+        maxWaiting = mkOption {
+          type = types.ints.unsigned;
+          default = defaults.proxy.queue.maxWaiting;
+          example = 32;
+          description = "Requests that may wait per model when every gate is full; beyond it: 429 `queue_full`.";
+        };
+        timeoutSeconds = mkOption {
+          type = types.numbers.positive;
+          default = defaults.proxy.queue.timeoutSeconds;
+          example = 10;
+          description = "How long a request may wait for a slot before 429 `queue_timeout`.";
+        };
+      };
+      timeouts = {
+        connectSeconds = mkOption {
+          type = types.numbers.positive;
+          default = defaults.proxy.timeouts.connectSeconds;
+          example = 2;
+          description = "Time to open a connection to a worker before 504.";
+        };
+        firstByteSeconds = mkOption {
+          type = types.numbers.positive;
+          default = defaults.proxy.timeouts.firstByteSeconds;
+          example = 600;
+          description = ''
+            Time to the first byte of the worker's answer; a non-streamed
+            answer's first byte comes when generation ends.
+          '';
+        };
+        idleSeconds = mkOption {
+          type = types.numbers.positive;
+          default = defaults.proxy.timeouts.idleSeconds;
+          example = 120;
+          description = "Longest pause between two chunks of a streamed answer before 504.";
+        };
+      };
+      maxBodyBytes = mkOption {
+        type = types.ints.positive;
+        default = defaults.proxy.maxBodyBytes;
+        example = 4194304;
+        description = "Largest request body accepted; larger: 413 `body_too_large`.";
+      };
+      shutdownGraceSeconds = mkOption {
+        type = types.numbers.nonnegative;
+        default = defaults.proxy.shutdownGraceSeconds;
+        example = 60;
+        description = "How long in-flight requests may finish after a stop signal.";
+      };
+      apiKeysFile = mkOption {
+        type = types.nullOr externalPath;
+        default = defaults.proxy.apiKeysFile;
+        example = "/run/secrets/mtpstack-api-keys";
+        description = ''
+          File of accepted API keys, one per line, outside the Nix store (a
+          string, so it is never copied there); `null`: no authentication. On
+          NixOS the proxy unit reads it as a systemd credential.
+        '';
+      };
+    };
+
+    policy.allowedBackends = mkOption {
+      type = types.listOf (types.enum defaults.backends);
+      default = defaults.policy.allowedBackends;
+      example = [ "native" "mlx-lm" ];
+      description = "Backends this fleet may run: `native` | `mlx-lm`.";
+    };
+
+    workers = mkOption {
+      type = types.attrsOf (types.submodule ./worker-options.nix);
+      default = { };
+      example = literalExpression ''
+        {
+          qwen-mtp = {
+            model = "qwen3.8-27b";
+            target = { path = "mlx-community/Qwen3.8-27B-4bit"; bits = 4; };
+            drafter = { path = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX"; bits = 6; depth = 3; };
+            maxNumSeqs = 2;
+            port = 8101;
+          };
+        }
+      '';
+      description = "Worker profiles by name; each runs as its own service.";
+    };
+
+    checkConfig = mkOption {
+      type = types.bool;
+      default = true;
+      example = false;
+      description = ''
+        Run `mtpstack validate` on the rendered config file at build time, so
+        a bad fleet fails the build with the validator's own message.
+      '';
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      example = true;
+      description = "Open the proxy's port in the firewall (NixOS). Worker ports stay closed.";
+    };
+
+    renderedConfig = mkOption {
+      type = types.attrs;
+      internal = true;
+      readOnly = true;
+      description = "The config file's contents, as rendered from these options.";
+    };
+  };
+}

@@ -1,0 +1,99 @@
+# mtpstack as a Python application, from this repository's source, with
+# nixpkgs' python3Packages.
+{
+  lib,
+  stdenv,
+  python3,
+}:
+let
+  onAppleSilicon = stdenv.hostPlatform.isDarwin && stdenv.hostPlatform.isAarch64;
+
+  # nixpkgs' source build of mlx has Metal off: on a Mac it imports and
+  # silently runs on the CPU. The prebuilt wheel (mlx-bin, with mlx-metal)
+  # runs on the GPU; mlx-lm must see the same mlx, so the whole package set
+  # is overridden, not just this application's inputs.
+  python = python3.override {
+    self = python;
+    packageOverrides =
+      final: prev:
+      lib.optionalAttrs onAppleSilicon {
+        mlx =
+          prev.mlx-bin or (throw ''
+            mtpstack needs the Metal build of mlx on aarch64-darwin, but this nixpkgs has no `python3Packages.mlx-bin`
+
+            hint: use a nixpkgs that carries pkgs/development/python-modules/mlx/bin.nix, or set `services.mtpstack.package` to a build with a Metal-enabled mlx
+          '');
+      };
+  };
+  ps = python.pkgs;
+
+  # The repository minus what never belongs in a build.
+  src = builtins.path {
+    name = "mtpstack-source";
+    path = ../.;
+    filter =
+      path: type:
+      !(builtins.elem (baseNameOf path) [
+        ".git"
+        ".venv"
+        ".hypothesis"
+        ".pytest_cache"
+        "__pycache__"
+        "mtpstack.egg-info"
+        "result"
+      ]);
+  };
+in
+ps.buildPythonApplication {
+  pname = "mtpstack";
+  version = "0.1.0";
+  pyproject = true;
+  inherit src;
+
+  build-system = [ ps.setuptools ];
+
+  dependencies = with ps; [
+    aiohttp
+    huggingface-hub
+    matplotlib
+    mlx
+    mlx-lm
+    numpy
+    prometheus-client
+    pydantic
+    pyyaml
+    rich
+    tokenizers
+  ];
+
+  # requirements.lock pins exact versions for the venv; nixpkgs decides here.
+  pythonRelaxDeps = true;
+  # `mlx[cpu]` names PyPI's CPU wheel on Linux; nixpkgs' mlx is the one to use.
+  pythonRemoveDeps = [ "mlx" ];
+
+  # Workers with `backend = "mlx-lm"` run mlx_lm.server from the same package.
+  postInstall = ''
+    ln -s ${ps.mlx-lm}/bin/mlx_lm.server $out/bin/mlx_lm.server
+  '';
+
+  pythonImportsCheck = [
+    "mtpstack"
+    "validator"
+  ];
+
+  passthru = {
+    inherit python;
+    inherit (ps) mlx;
+  };
+
+  meta = {
+    description = "Serve MLX models with multi-token-prediction speculative decoding across a fleet";
+    license = lib.licenses.mit;
+    mainProgram = "mtpstack";
+    platforms = [
+      "x86_64-linux"
+      "aarch64-linux"
+      "aarch64-darwin"
+    ];
+  };
+}

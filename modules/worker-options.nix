@@ -1,0 +1,113 @@
+# One worker profile: `services.mtpstack.workers.<name>`. Names and meanings
+# are those of the config file's `workers.<name>` (validator/config.py).
+{ name, lib, ... }:
+let
+  inherit (lib) mkOption types literalExpression;
+  defaults = import ./lib/defaults.nix;
+  bits = types.enum defaults.bits;
+in
+{
+  options = {
+    model = mkOption {
+      type = types.nonEmptyStr;
+      default = name;
+      defaultText = literalExpression "<name>";
+      example = "qwen3.8-27b";
+      description = ''
+        Served model name: what clients put in `model`. The proxy's gate for
+        this model is `proxy.modelConcurrencyLimits.<model>`, else
+        `proxy.concurrencyLimit`.
+      '';
+    };
+
+    backend = mkOption {
+      type = types.enum defaults.backends;
+      default = defaults.worker.backend;
+      example = "mlx-lm";
+      description = ''
+        `native` (mtpstack's own engine) or `mlx-lm` (`mlx_lm.server`, for
+        comparison). Must be listed in `policy.allowedBackends`.
+      '';
+    };
+
+    target = {
+      path = mkOption {
+        type = types.nonEmptyStr;
+        example = "mlx-community/Qwen3.8-27B-4bit";
+        description = ''
+          Local directory or hub id of the target model. It is on the worker's
+          command line, so the running process shows which weights it loaded.
+        '';
+      };
+      bits = mkOption {
+        type = bits;
+        example = 4;
+        description = "Quantization of the target: 2, 3, 4, 5, 6, 8, `mxfp4`, `bf16`, `fp16` or `fp32`.";
+      };
+    };
+
+    drafter = mkOption {
+      type = types.nullOr (
+        types.submodule {
+          options = {
+            path = mkOption {
+              type = types.nonEmptyStr;
+              example = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX";
+              description = "Local directory or hub id of the MTP drafter.";
+            };
+            bits = mkOption {
+              type = bits;
+              example = 6;
+              description = "Quantization of the drafter; keep it at 6 bits or above the target's.";
+            };
+            depth = mkOption {
+              type = types.ints.between defaults.depthMin defaults.depthMax;
+              example = 3;
+              description = "Draft depth: tokens the drafter proposes per verification step (1-8).";
+            };
+          };
+        }
+      );
+      default = defaults.worker.drafter;
+      example = literalExpression ''
+        {
+          path = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX";
+          bits = 6;
+          depth = 3;
+        }
+      '';
+      description = "The MTP drafter; `null`: no speculation.";
+    };
+
+    maxNumSeqs = mkOption {
+      type = types.ints.between defaults.widthMin defaults.widthMax;
+      example = 2;
+      description = ''
+        The worker's batch width (1-4). It must equal the proxy's gate for
+        this worker's model (`proxy.modelConcurrencyLimits.<model>`, else
+        `proxy.concurrencyLimit`): change the two together. Any matched pair
+        is valid, with or without a drafter.
+      '';
+    };
+
+    host = mkOption {
+      type = types.nonEmptyStr;
+      default = defaults.worker.host;
+      example = "127.0.0.1";
+      description = "Where the worker listens and the proxy dials it.";
+    };
+
+    port = mkOption {
+      type = types.port;
+      example = 8101;
+      description = "Port the worker listens on.";
+    };
+
+    extraArgs = mkOption {
+      type = types.listOf types.str;
+      default = defaults.worker.extraArgs;
+      example = [ "--log-level" "debug" ];
+      description = "Passed through to the end of the worker's command line.";
+    };
+  };
+}
