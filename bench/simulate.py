@@ -1,0 +1,225 @@
+"""Decision quality, shown: how often the rule is fooled, on synthetic runs with a known truth.
+
+Runs are drawn lognormal around a median (22 tok/s) with a given coefficient of
+variation. The default CV, 0.14, puts the middle 90% of single runs at about
+17.5-27.6 tok/s: the spread measured on one machine serving byte-identical
+output (17.4-27.3 around 22). For each number of passes per side the
+simulation reports how often the rule adopts a change that is not real (true
+ratio 1.0) and how often it detects a real win (default 15%), beside a naive
+rule that divides two medians (at n = 1: two single runs) and adopts above
+`1 + margin`. The rule is the one the sweep applies (`bench.stats.decide_batch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.stats import DEFAULT_MARGIN, MIN_PASSES, decide_batch
+
+DEFAULT_CV = 0.14
+DEFAULT_EFFECT = 0.15
+DEFAULT_MEDIAN = 22.0
+DEFAULT_TRIALS = 1000
+#: Fewer resamples than a real decision: the interval's ends get a little noisier, the
+#: rates do not move, and the whole table takes seconds instead of a minute.
+DEFAULT_RESAMPLES = 500
+SIMULATED_REPEATS = (1, 3, 5, 10, 20, 30, 40, 60)
+#: The highest false-adopt rate the rule may show at any n.
+FALSE_ADOPT_LIMIT = 0.05
+#: Detection rate the "repeats needed" line aims for.
+TARGET_POWER = 0.80
+
+
+def lognormal_sigma(cv: float) -> float:
+    """The log-space sigma of a lognormal with coefficient of variation `cv`."""
+    return math.sqrt(math.log1p(cv * cv))
+
+
+def draw(rng: np.random.Generator, shape: tuple[int, ...], *, cv: float, median: float = DEFAULT_MEDIAN) -> np.ndarray:
+    return median * np.exp(rng.normal(0.0, lognormal_sigma(cv), size=shape))
+
+
+@dataclass(frozen=True)
+class Row:
+    n: int
+    rule_false_adopt: float | None  # None: the rule refuses (n < MIN_PASSES)
+    rule_detect: float | None
+    naive_false_adopt: float
+    naive_detect: float
+
+
+@dataclass(frozen=True)
+class AdaptiveRow:
+    n: int
+    cap: int
+    false_adopt: float
+    detect: float
+    mean_passes_null: float
+    mean_passes_win: float
+
+
+def _adopt_rate(
+    n: int, effect: float, *, cv: float, margin: float, trials: int, resamples: int, rng: np.random.Generator
+) -> tuple[float | None, float]:
+    base = draw(rng, (trials, n), cv=cv)
+    cand = draw(rng, (trials, n), cv=cv) * (1.0 + effect)
+    naive = float(np.mean(np.median(cand, axis=1) / np.median(base, axis=1) > 1.0 + margin))
+    if n < MIN_PASSES:
+        return None, naive
+    adopt, _, _ = decide_batch(base, cand, margin=margin, resamples=resamples, rng=rng)
+    return float(adopt.mean()), naive
+
+
+def simulate(
+    repeats: Sequence[int] = SIMULATED_REPEATS,
+    *,
+    cv: float = DEFAULT_CV,
+    effect: float = DEFAULT_EFFECT,
+    margin: float = DEFAULT_MARGIN,
+    trials: int = DEFAULT_TRIALS,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    on_step: Callable[[], None] | None = None,
+) -> list[Row]:
+    """One row per number of passes per side; each rate from `trials` independent experiments."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in repeats:
+        rule_null, naive_null = _adopt_rate(n, 0.0, cv=cv, margin=margin, trials=trials, resamples=resamples, rng=rng)
+        if on_step:
+            on_step()
+        rule_win, naive_win = _adopt_rate(n, effect, cv=cv, margin=margin, trials=trials, resamples=resamples, rng=rng)
+        if on_step:
+            on_step()
+        rows.append(Row(n, rule_null, rule_win, naive_null, naive_win))
+    return rows
+
+
+def simulate_adaptive(
+    n: int,
+    cap: int,
+    *,
+    cv: float = DEFAULT_CV,
+    effect: float = DEFAULT_EFFECT,
+    margin: float = DEFAULT_MARGIN,
+    trials: int = DEFAULT_TRIALS,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> AdaptiveRow:
+    """The sweep's full procedure: n passes per side, then one more candidate pass at a time
+    while the verdict is open, up to `cap` candidate passes. Looking again after every pass
+    gives the rule more chances to be fooled; this measures how many."""
+    rng = np.random.default_rng(seed)
+
+    def run(true_effect: float) -> tuple[float, float]:
+        base = draw(rng, (trials, n), cv=cv)
+        cand = draw(rng, (trials, cap), cv=cv) * (1.0 + true_effect)
+        adopted = np.zeros(trials, bool)
+        passes = np.full(trials, n)
+        live = np.arange(trials)
+        for k in range(n, cap + 1):
+            adopt, still_open, _ = decide_batch(base[live], cand[live, :k], margin=margin, resamples=resamples, rng=rng)
+            adopted[live[adopt]] = True
+            passes[live] = k
+            live = live[still_open]
+            if live.size == 0:
+                break
+        return float(adopted.mean()), float(passes.mean())
+
+    null_rate, null_passes = run(0.0)
+    win_rate, win_passes = run(effect)
+    return AdaptiveRow(n, cap, null_rate, win_rate, null_passes, win_passes)
+
+
+def repeats_needed(rows: Sequence[Row], power: float = TARGET_POWER) -> int | None:
+    """The smallest simulated n at which the rule detects the win at least `power` of the time."""
+    for row in rows:
+        if row.rule_detect is not None and row.rule_detect >= power:
+            return row.n
+    return None
+
+
+def repeats_for_power(
+    *,
+    cv: float = DEFAULT_CV,
+    effect: float = DEFAULT_EFFECT,
+    margin: float = DEFAULT_MARGIN,
+    power: float = TARGET_POWER,
+    confidence: float = 0.95,
+) -> int:
+    """Normal-approximation estimate of the passes per side the rule needs for `power`
+    (the median's standard error is about 1.2533 sigma / sqrt(n)). A guide; the table is the measurement."""
+    if effect <= margin:
+        raise ValueError(f"a win of {effect:.0%} can never clear a margin of {margin:.0%}")
+    z = {0.90: 1.645, 0.95: 1.96, 0.99: 2.576}.get(confidence, 1.96)
+    z_power = {0.5: 0.0, 0.8: 0.8416, 0.9: 1.2816, 0.95: 1.645}.get(power, 0.8416)
+    sigma = lognormal_sigma(cv)
+    gap = math.log1p(effect) - math.log1p(margin)
+    # SE of the log ratio of medians = 1.2533 * sigma * sqrt(2 / n)
+    n = 2.0 * (1.2533 * sigma * (z + z_power) / gap) ** 2
+    return max(MIN_PASSES, math.ceil(n))
+
+
+def _pct(x: float | None) -> str:
+    return "refuses" if x is None else f"{x:.1%}"
+
+
+def format_table(rows: Sequence[Row], *, effect: float = DEFAULT_EFFECT, margin: float = DEFAULT_MARGIN) -> list[str]:
+    """A Markdown table: one line per n. Pure, for tests and docs."""
+    win = f"{effect:.0%}"
+    lines = [
+        f"| passes per side | rule: false adopt | rule: detects a {win} win | naive: false adopt | naive: detects a {win} win |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.n} | {_pct(r.rule_false_adopt)} | {_pct(r.rule_detect)} | {_pct(r.naive_false_adopt)} | {_pct(r.naive_detect)} |"
+        )
+    return lines
+
+
+def format_report(
+    rows: Sequence[Row],
+    *,
+    cv: float,
+    effect: float,
+    margin: float,
+    trials: int,
+    seed: int,
+    adaptive: AdaptiveRow | None = None,
+    power: float = TARGET_POWER,
+) -> list[str]:
+    """The full `mtpstack bench simulate` output as lines. Pure."""
+    sigma = lognormal_sigma(cv)
+    lo, hi = DEFAULT_MEDIAN * math.exp(-1.645 * sigma), DEFAULT_MEDIAN * math.exp(1.645 * sigma)
+    lines = [
+        f"noise: lognormal, CV {cv:.0%} (90% of single runs at {DEFAULT_MEDIAN:g} tok/s fall in {lo:.1f}-{hi:.1f})",
+        f"rule: adopt only when the whole 95% bootstrap interval of the ratio of medians clears {1 + margin:.2f}",
+        f"naive: adopt when the ratio of medians alone exceeds {1 + margin:.2f} (n = 1: two runs, divided)",
+        f"{trials} simulated experiments per cell, seed {seed}",
+        "",
+        *format_table(rows, effect=effect, margin=margin),
+        "",
+    ]
+    worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=None)
+    if worst is not None:
+        verdict = "within" if worst <= FALSE_ADOPT_LIMIT else "ABOVE"
+        lines.append(f"worst false-adopt rate of the rule: {worst:.1%} ({verdict} the {FALSE_ADOPT_LIMIT:.0%} limit)")
+    needed = repeats_needed(rows, power)
+    if needed is not None:
+        lines.append(f"passes per side for {power:.0%} detection of a {effect:.0%} win: {needed} (measured)")
+    elif rows:
+        lines.append(f"passes per side for {power:.0%} detection of a {effect:.0%} win: more than {max(r.n for r in rows)} (measured)")
+    lines.append(f"normal-approximation estimate: {repeats_for_power(cv=cv, effect=effect, margin=margin, power=power)}")
+    if adaptive is not None:
+        lines += [
+            "",
+            f"the sweep's procedure ({adaptive.n} passes, then one more at a time while the verdict is open, up to {adaptive.cap}):",
+            f"  false adopt {adaptive.false_adopt:.1%} (mean {adaptive.mean_passes_null:.1f} passes),"
+            f" detects a {effect:.0%} win {adaptive.detect:.1%} (mean {adaptive.mean_passes_win:.1f} passes)",
+        ]
+    return lines
