@@ -11,6 +11,9 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "validate": "validator.cli",
     "schema": "validator.cli",
+    "worker": "worker.cli",
+    "weights": "worker.cli",
+    "proxy": "proxy.cli",
 }
 
 

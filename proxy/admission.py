@@ -1,0 +1,231 @@
+"""Admission: one gate per worker, one FIFO queue per served model.
+
+Pure asyncio, no HTTP: `ModelAdmission.acquire()` hands out a worker slot or raises
+`Rejected`; `release()` gives the slot back, straight to the oldest waiter.
+
+Guarantees, for one event loop:
+- a worker never holds more admitted requests than its gate (`inflight <= gate`);
+- strict FIFO: a freed slot goes to the longest-waiting request, and a new request never
+  overtakes one already waiting, even when a slot happens to be free at that instant;
+- every `acquire()` ends in exactly one of: a slot, `Rejected`, or the caller's cancellation
+  (a slot granted to a request cancelled at that moment is passed on, never lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Callable, Protocol
+
+#: Weight of the newest service time in the moving average that sets Retry-After: recent
+#: enough to follow a change of prompt sizes, smooth enough that one outlier does not swing it.
+SERVICE_EWMA_WEIGHT = 0.2
+
+
+class Rejected(Exception):
+    """A request the proxy answers itself: status, OpenAI error code, message, Retry-After."""
+
+    def __init__(self, status: HTTPStatus, code: str, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One configured worker as the proxy sees it."""
+
+    name: str
+    model: str
+    url: str
+    gate: int
+    #: The `model` to send upstream (mlx_lm.server expects the path it loaded), or None to
+    #: forward the client's body untouched.
+    rewrite_model: str | None = None
+    order: int = 0
+    inflight: int = 0
+    healthy: bool = False
+    #: Free-form reason of the last health change, for logs and /readyz.
+    health_detail: str = "not checked yet"
+
+    @property
+    def free(self) -> int:
+        return self.gate - self.inflight
+
+
+class AdmissionObserver(Protocol):
+    def inflight_changed(self, upstream: Upstream) -> None: ...
+    def queue_changed(self, model: str, depth: int) -> None: ...
+
+
+@dataclass(eq=False)
+class ModelAdmission:
+    """The workers of one served model, their gates and the model's waiting line."""
+
+    model: str
+    upstreams: list[Upstream]
+    max_waiting: int
+    timeout_seconds: float
+    #: Seconds a client should wait before retrying when no worker is healthy.
+    unhealthy_retry_after: int = 1
+    observer: AdmissionObserver | None = None
+    clock: Callable[[], float] = time.monotonic
+    _waiters: deque[asyncio.Future[Upstream]] = field(default_factory=deque)
+    _service_seconds: float | None = None
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def healthy(self) -> bool:
+        return any(u.healthy for u in self.upstreams)
+
+    def retry_after(self) -> int:
+        """Whole seconds until a slot is likely free: the observed service time times the
+        requests ahead, spread over the healthy workers' gates; at least 1."""
+        if self._service_seconds is None:
+            return 1
+        capacity = sum(u.gate for u in self.upstreams if u.healthy) or sum(u.gate for u in self.upstreams)
+        return max(1, math.ceil(self._service_seconds * (len(self._waiters) + 1) / capacity))
+
+    def _pick(self) -> Upstream | None:
+        """The least-loaded healthy worker with a free slot (by share of its gate in use, then
+        by count, then config order), or None."""
+        best: Upstream | None = None
+        for u in self.upstreams:
+            if not u.healthy or u.inflight >= u.gate:
+                continue
+            if best is None or (u.inflight * best.gate, u.inflight) < (best.inflight * u.gate, best.inflight):
+                best = u
+        return best
+
+    # -- admission ---------------------------------------------------------------------
+    async def acquire(self) -> Upstream:
+        """A slot on a worker of this model; waits in line when every gate is full."""
+        if not self.healthy:
+            raise Rejected(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "no_healthy_worker",
+                f"no healthy worker serves model `{self.model}` right now",
+                self.unhealthy_retry_after,
+            )
+        if not self._waiters:
+            upstream = self._pick()
+            if upstream is not None:
+                self._take(upstream)
+                return upstream
+        if len(self._waiters) >= self.max_waiting:
+            raise Rejected(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "queue_full",
+                f"every worker of model `{self.model}` is busy and its queue is full: {self.max_waiting} waiting",
+                self.retry_after(),
+            )
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Upstream] = loop.create_future()
+        self._waiters.append(fut)
+        self._queue_changed()
+        timer = loop.call_later(self.timeout_seconds, self._expire, fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The caller went away. A slot granted in the same loop turn is handed on.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result())
+            else:
+                fut.cancel()
+                self._forget(fut)
+            raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, fut: asyncio.Future[Upstream]) -> None:
+        if fut.done():
+            return
+        self._forget(fut)
+        fut.set_exception(
+            Rejected(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "queue_timeout",
+                f"no worker of model `{self.model}` had a free slot within {self.timeout_seconds:g} s",
+                self.retry_after(),
+            )
+        )
+
+    def _forget(self, fut: asyncio.Future[Upstream]) -> None:
+        try:
+            self._waiters.remove(fut)
+        except ValueError:
+            return
+        self._queue_changed()
+
+    def _take(self, upstream: Upstream) -> None:
+        upstream.inflight += 1
+        assert upstream.inflight <= upstream.gate, "admitted beyond the gate"
+        if self.observer:
+            self.observer.inflight_changed(upstream)
+
+    def release(self, upstream: Upstream, service_seconds: float | None = None) -> None:
+        """Give a slot back; the oldest waiter gets it at once."""
+        upstream.inflight -= 1
+        assert upstream.inflight >= 0, "released a slot twice"
+        if service_seconds is not None:
+            prev = self._service_seconds
+            self._service_seconds = (
+                service_seconds if prev is None else prev + SERVICE_EWMA_WEIGHT * (service_seconds - prev)
+            )
+        if self.observer:
+            self.observer.inflight_changed(upstream)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        changed = False
+        while self._waiters:
+            upstream = self._pick()
+            if upstream is None:
+                break
+            fut = self._waiters.popleft()
+            changed = True
+            if fut.done():
+                continue
+            self._take(upstream)
+            fut.set_result(upstream)
+        if changed:
+            self._queue_changed()
+
+    def _queue_changed(self) -> None:
+        if self.observer:
+            self.observer.queue_changed(self.model, len(self._waiters))
+
+    # -- health ------------------------------------------------------------------------
+    def set_healthy(self, upstream: Upstream, healthy: bool, detail: str) -> bool:
+        """Record a health result; returns True when the state changed. Losing the last
+        healthy worker answers everyone waiting with 503 rather than letting them time out."""
+        upstream.health_detail = detail
+        if upstream.healthy == healthy:
+            return False
+        upstream.healthy = healthy
+        if healthy:
+            self._dispatch()
+        elif not self.healthy:
+            while self._waiters:
+                fut = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(
+                        Rejected(
+                            HTTPStatus.SERVICE_UNAVAILABLE,
+                            "no_healthy_worker",
+                            f"no healthy worker serves model `{self.model}` right now",
+                            self.unhealthy_retry_after,
+                        )
+                    )
+            self._queue_changed()
+        return True

@@ -1,0 +1,448 @@
+"""The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
+
+Routes: POST /v1/chat/completions and /v1/completions (admitted and forwarded to a worker),
+GET /v1/models, /healthz, /readyz, /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import AsyncIterator
+
+import aiohttp
+from aiohttp import hdrs, web
+
+from proxy.admission import ModelAdmission, Rejected, Upstream
+from proxy.auth import key_accepted, load_api_keys, presented_key
+from proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
+from proxy.http import (
+    REQUEST_DROP,
+    REQUEST_ID,
+    RESPONSE_DROP,
+    error_response,
+    filter_headers,
+    request_id,
+    sse_error_event,
+)
+from proxy.metrics import ProxyMetrics
+from validator import FleetConfig, gate_for
+
+log = logging.getLogger("mtpstack.proxy")
+
+#: The only paths forwarded to workers; anything else is answered by the proxy itself.
+FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
+#: Label for requests whose model is unknown or missing, so a client cannot mint label values.
+NO_MODEL = "-"
+#: Status logged (and counted) when the client went away before its answer: nginx's convention.
+CLIENT_CLOSED = 499
+
+
+@dataclass(eq=False)
+class ProxyState:
+    config: FleetConfig
+    upstreams: dict[str, Upstream]
+    admissions: dict[str, ModelAdmission]
+    metrics: ProxyMetrics
+    health_interval: float
+    api_keys: tuple[bytes, ...] | None
+    session: aiohttp.ClientSession | None = None
+    draining: bool = False
+    started: float = field(default_factory=time.time)
+
+
+STATE = web.AppKey("state", ProxyState)
+
+
+def upstream_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_SECONDS) -> web.Application:
+    """The proxy for `config`. Takes the config as given: the coupling rules are the
+    validator's job (`load_valid_config`), so tests can build a deliberately wrong fleet.
+    Raises `ApiKeysError` when `proxy.apiKeysFile` is set but unusable."""
+    p = config.proxy
+    metrics = ProxyMetrics()
+    unhealthy_retry_after = max(1, round(health_interval + 0.5))
+    upstreams: dict[str, Upstream] = {}
+    admissions: dict[str, ModelAdmission] = {}
+    for order, (name, w) in enumerate(config.workers.items()):
+        u = Upstream(
+            name=name,
+            model=w.model,
+            url=upstream_url(w.host, w.port),
+            gate=gate_for(p, w.model),
+            rewrite_model=w.target.path if w.backend == "mlx-lm" else None,
+            order=order,
+        )
+        upstreams[name] = u
+        metrics.register_upstream(u)
+        if w.model not in admissions:
+            metrics.register_model(w.model)
+            admissions[w.model] = ModelAdmission(
+                model=w.model,
+                upstreams=[],
+                max_waiting=p.queue.max_waiting,
+                timeout_seconds=p.queue.timeout_seconds,
+                unhealthy_retry_after=unhealthy_retry_after,
+                observer=metrics,
+            )
+        admissions[w.model].upstreams.append(u)
+    state = ProxyState(
+        config=config,
+        upstreams=upstreams,
+        admissions=admissions,
+        metrics=metrics,
+        health_interval=health_interval,
+        api_keys=load_api_keys(p.api_keys_file) if p.api_keys_file else None,
+    )
+
+    app = web.Application()
+    app[STATE] = state
+    app.cleanup_ctx.append(_client_session_ctx)
+    app.cleanup_ctx.append(health_ctx(STATE))
+    app.on_shutdown.append(_start_draining)
+    app.router.add_post("/v1/chat/completions", forward)
+    app.router.add_post("/v1/completions", forward)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+async def _client_session_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One client session (one connection pool) for every worker and health check."""
+    state = app[STATE]
+    # No pool limit: the gates bound concurrency. Raw bytes both ways: what a worker
+    # compressed stays compressed. Timeouts are set per phase in `forward`.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False)
+    state.session = aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=state.config.proxy.timeouts.connect_seconds),
+        skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING, hdrs.ACCEPT),
+    )
+    yield
+    await state.session.close()
+
+
+async def _start_draining(app: web.Application) -> None:
+    # The listening socket is closed by now; in-flight requests (queued ones included) go on.
+    app[STATE].draining = True
+
+
+# -- small endpoints ---------------------------------------------------------------------
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    models = {
+        m: {"healthy_workers": sum(u.healthy for u in a.upstreams), "workers": len(a.upstreams), "waiting": a.waiting}
+        for m, a in state.admissions.items()
+    }
+    workers = {
+        u.name: {"model": u.model, "healthy": u.healthy, "detail": u.health_detail, "inflight": u.inflight, "gate": u.gate}
+        for u in state.upstreams.values()
+    }
+    ready = not state.draining and all(v["healthy_workers"] > 0 for v in models.values())
+    status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+    return web.json_response({"ready": ready, "draining": state.draining, "models": models, "workers": workers}, status=status)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    m = request.app[STATE].metrics
+    resp = web.Response(body=m.render())
+    resp.headers[hdrs.CONTENT_TYPE] = m.content_type
+    return resp
+
+
+def _auth_failure(request: web.Request, state: ProxyState, rid: str) -> web.Response | None:
+    if state.api_keys is None:
+        return None
+    if key_accepted(presented_key(request.headers), state.api_keys):
+        return None
+    return error_response(
+        HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY`", rid=rid
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    rid = request_id(request.headers)
+    denied = _auth_failure(request, state, rid)
+    if denied is not None:
+        return denied
+    created = int(state.started)
+    data = [{"id": m, "object": "model", "created": created, "owned_by": "mtpstack"} for m in state.admissions]
+    return web.json_response({"object": "list", "data": data}, headers={REQUEST_ID: rid})
+
+
+# -- the forwarded requests --------------------------------------------------------------
+@dataclass(eq=False)
+class Exchange:
+    """What one log line says about one request."""
+
+    rid: str
+    path: str
+    arrived: float
+    model: str = NO_MODEL
+    worker: str | None = None
+    status: int = 0
+    code: str | None = None
+    stream: bool = False
+    queue_wait: float | None = None
+    first_byte: float | None = None
+
+    def line(self, now: float) -> str:
+        return json.dumps(
+            {
+                "event": "request",
+                "request_id": self.rid,
+                "path": self.path,
+                "model": self.model,
+                "worker": self.worker,
+                "status": self.status,
+                "code": self.code,
+                "stream": self.stream,
+                "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
+                "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
+                "duration_ms": round((now - self.arrived) * 1000, 3),
+            }
+        )
+
+
+class _ClientGone(Exception):
+    """Writing to the client failed: it disconnected (seen when the server does not cancel
+    handlers on disconnect; `mtpstack proxy` does)."""
+
+    def __init__(self, response: web.StreamResponse):
+        self.response = response
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    """Admit the request to a worker of its model and relay the answer. Every request gets
+    exactly one answer: the worker's, or one error of the proxy's own."""
+    state = request.app[STATE]
+    ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic())
+    try:
+        resp = await _forward(request, state, ex)
+    except Rejected as r:
+        ex.code = r.code
+        resp = error_response(r.status, r.code, r.message, rid=ex.rid, retry_after=r.retry_after)
+    except asyncio.CancelledError:
+        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
+        _finish(state, ex)
+        raise
+    except _ClientGone as gone:
+        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
+        _finish(state, ex)
+        return gone.response
+    except Exception:
+        log.exception("unexpected error in request %s", ex.rid)
+        ex.code = "internal_error"
+        resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request", rid=ex.rid)
+    ex.status = resp.status
+    _finish(state, ex)
+    return resp
+
+
+def _finish(state: ProxyState, ex: Exchange) -> None:
+    state.metrics.requests.labels(ex.model, str(ex.status)).inc()
+    if log.isEnabledFor(logging.INFO):
+        log.info(ex.line(time.monotonic()))
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    too_large = Rejected(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body_too_large", f"the request body is larger than the limit: {limit} bytes"
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request has no `model`")
+    if model not in state.admissions:
+        served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
+        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", f"model `{model}` is not served here; served models: {served}")
+    return payload, model
+
+
+async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web.StreamResponse:
+    denied = _auth_failure(request, state, ex.rid)
+    if denied is not None:
+        ex.code = "invalid_api_key"
+        return denied
+    p = state.config.proxy
+    body = await _read_body(request, p.max_body_bytes)
+    payload, ex.model = _parse(body, state)
+    ex.stream = payload.get("stream") is True
+    admission = state.admissions[ex.model]
+
+    try:
+        upstream = await admission.acquire()
+    finally:
+        ex.queue_wait = time.monotonic() - ex.arrived
+        state.metrics.queue_wait.labels(ex.model).observe(ex.queue_wait)
+    ex.worker = upstream.name
+    admitted = time.monotonic()
+    try:
+        if upstream.rewrite_model is not None:
+            payload["model"] = upstream.rewrite_model
+            body = json.dumps(payload).encode()
+        return await _relay(request, state, upstream, body, ex)
+    finally:
+        admission.release(upstream, time.monotonic() - admitted)
+
+
+async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, body: bytes, ex: Exchange) -> web.StreamResponse:
+    assert state.session is not None
+    t = state.config.proxy.timeouts
+    headers = filter_headers(request.headers, REQUEST_DROP)
+    headers[REQUEST_ID] = ex.rid
+    if request.remote:
+        headers[hdrs.X_FORWARDED_FOR] = request.remote
+    sent = time.monotonic()
+    try:
+        async with asyncio.timeout(t.first_byte_seconds):
+            up = await state.session.post(upstream.url + request.path, data=body, headers=headers, allow_redirects=False)
+    except aiohttp.ClientConnectorError:
+        raise _unreachable(state, upstream, f"worker `{upstream.name}` refused the connection: {upstream.url}") from None
+    except aiohttp.ConnectionTimeoutError:
+        raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` did not accept a connection within {t.connect_seconds:g} s") from None
+    except TimeoutError:
+        raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` sent no answer within {t.first_byte_seconds:g} s") from None
+    except aiohttp.ClientError as e:
+        raise _unreachable(state, upstream, f"worker `{upstream.name}` closed the connection before answering: {type(e).__name__}") from None
+    ex.first_byte = time.monotonic() - sent
+    state.metrics.first_byte.labels(upstream.name).observe(ex.first_byte)
+    try:
+        out_headers = filter_headers(up.headers, RESPONSE_DROP)
+        out_headers[REQUEST_ID] = ex.rid
+        if up.content_type == "text/event-stream":
+            return await _relay_stream(request, state, upstream, up, out_headers, ex)
+        try:
+            async with asyncio.timeout(t.idle_seconds):
+                data = await up.read()
+        except TimeoutError:
+            raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` stalled for {t.idle_seconds:g} s mid-answer") from None
+        except aiohttp.ClientError:
+            raise _unreachable(state, upstream, f"worker `{upstream.name}` closed the connection mid-answer") from None
+        up.release()
+        return web.Response(status=up.status, body=data, headers=out_headers)
+    finally:
+        # Still open here means unfinished: close it rather than return it to the pool.
+        up.close()
+
+
+def _unreachable(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
+    state.metrics.upstream_errors.labels(upstream.name, "upstream_unreachable").inc()
+    mark_unhealthy(state, upstream, message)
+    return Rejected(HTTPStatus.BAD_GATEWAY, "upstream_unreachable", message)
+
+
+def _upstream_timeout(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
+    state.metrics.upstream_errors.labels(upstream.name, "upstream_timeout").inc()
+    return Rejected(HTTPStatus.GATEWAY_TIMEOUT, "upstream_timeout", message)
+
+
+class _IdleWatchdog:
+    """Cancels the relaying task when the stream has been silent for `idle` seconds.
+    One timer per stream, re-armed lazily: a chunk costs one clock read, not a timer."""
+
+    def __init__(self, idle: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.idle = idle
+        self.fired = False
+        self.last = self.loop.time()
+        self.handle = self.loop.call_at(self.last + idle, self._check)
+
+    def _check(self) -> None:
+        deadline = self.last + self.idle
+        if self.loop.time() >= deadline:
+            self.fired = True
+            assert self.task is not None
+            self.task.cancel()
+        else:
+            self.handle = self.loop.call_at(deadline, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()
+
+
+async def _relay_stream(
+    request: web.Request, state: ProxyState, upstream: Upstream, up: aiohttp.ClientResponse, out_headers, ex: Exchange
+) -> web.StreamResponse:
+    """Chunks go out as the worker writes them; `write` waits while the client is slow
+    (backpressure), so the proxy holds at most one chunk per stream."""
+    resp = web.StreamResponse(status=up.status, headers=out_headers)
+    await resp.prepare(request)
+    dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
+    failure: tuple[str, str] | None = None
+    last = b"\n\n"
+    content = up.content
+    try:
+        while True:
+            try:
+                chunk = await content.readany()
+            except aiohttp.ClientError:
+                failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
+                state.metrics.upstream_errors.labels(upstream.name, "upstream_disconnected").inc()
+                mark_unhealthy(state, upstream, "connection lost mid-stream")
+                break
+            if not chunk:
+                break
+            dog.last = dog.loop.time()
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                raise _ClientGone(resp) from None
+            last = chunk
+    except asyncio.CancelledError:
+        if not dog.fired:
+            raise
+        current = asyncio.current_task()
+        assert current is not None
+        current.uncancel()
+        idle = state.config.proxy.timeouts.idle_seconds
+        failure = ("upstream_timeout", f"worker `{upstream.name}` sent nothing for {idle:g} s mid-stream")
+        state.metrics.upstream_errors.labels(upstream.name, "upstream_timeout").inc()
+    finally:
+        dog.stop()
+    if failure is not None:
+        ex.code = failure[0]
+        try:
+            # Close any event the worker left half-written, so the error is an event of its own.
+            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure))
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            raise _ClientGone(resp) from None
+    if failure is None and content.is_eof():
+        up.release()  # a finished exchange keeps its keep-alive connection
+    try:
+        await resp.write_eof()
+    except (ConnectionError, aiohttp.ClientConnectionResetError):
+        raise _ClientGone(resp) from None
+    return resp

@@ -1,0 +1,95 @@
+"""`mtpstack proxy --config FILE`: validate the fleet config, then serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from proxy.app import STATE, create_app
+from proxy.auth import ApiKeysError
+from validator import ConfigError, FleetConfig, load_valid_config
+
+log = logging.getLogger("mtpstack.proxy")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "proxy",
+        help="run the admission proxy in front of the workers",
+        description="Serve the OpenAI API on `proxy.host:proxy.port`, admitting each request to a worker of its model "
+        "and never sending a worker more requests at once than its gate.",
+    )
+    p.add_argument("--config", required=True, metavar="FILE", help="the fleet config (YAML or JSON)")
+    p.set_defaults(func=run)
+
+
+def _error(message: str, hint: str | None = None) -> None:
+    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_valid_config(args.config)
+    except ConfigError as e:
+        text = str(e)
+        if text:
+            print(text, file=sys.stderr)
+        n = len(e.report.errors)
+        _error(f"not starting the proxy: the config has {n} error{'s' * (n != 1)}: `{args.config}`")
+        return 1
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        app = create_app(config)
+    except ApiKeysError as e:
+        _error(e.message, e.hint)
+        return 1
+    try:
+        return asyncio.run(serve(app, config))
+    except OSError as e:
+        _error(f"cannot listen on {config.proxy.host}:{config.proxy.port}: {e.strerror or e}", "change `proxy.port` or stop what uses it")
+        return 1
+
+
+async def serve(app: web.Application, config: FleetConfig) -> int:
+    p = config.proxy
+    # Client disconnects cancel the handler, which closes the upstream request and frees the
+    # slot at once. On a stop signal: close the socket, let in-flight requests finish up to
+    # the grace period, then cancel what is left.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=p.shutdown_grace_seconds)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, p.host, p.port)
+        await site.start()
+        state = app[STATE]
+        log.info(
+            json.dumps(
+                {
+                    "event": "listening",
+                    "url": f"http://{p.host}:{p.port}",
+                    "workers": {u.name: {"model": u.model, "url": u.url, "gate": u.gate, "healthy": u.healthy} for u in state.upstreams.values()},
+                }
+            )
+        )
+        await stop.wait()
+        inflight = sum(u.inflight for u in state.upstreams.values()) + sum(a.waiting for a in state.admissions.values())
+        log.info(json.dumps({"event": "draining", "in_flight": inflight, "grace_seconds": p.shutdown_grace_seconds}))
+    finally:
+        await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info(json.dumps({"event": "stopped"}))
+    return 0

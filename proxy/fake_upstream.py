@@ -1,0 +1,217 @@
+"""A scripted OpenAI-compatible upstream for the proxy's tests and benchmark.
+
+It speaks the worker's HTTP interface (`/health`, the two completion endpoints, SSE with
+`data: [DONE]`, 429 `worker_full` when full) without a model, and it counts its own
+concurrency: a request above its gate is refused with 429 and recorded as a violation, so a
+proxy that over-admits fails loudly. Like the native worker, it grants a short grace before
+refusing, so a slot that frees a moment later (a disconnect noticed late) is not a violation.
+
+Each request may steer the answer with an extension field `x_fake` in its JSON body:
+`{"delay": s, "chunks": n, "interval": s, "die_after": n, "status": code}`: time before the
+answer, number of SSE chunks (when `stream` is true), pause between chunks, drop the
+connection after n chunks (a worker dying mid-stream), and a status to answer with.
+
+Run alone: `python -m proxy.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from aiohttp import web
+
+#: Like the native worker's `--admission-grace-seconds`, shortened for tests.
+DEFAULT_GRACE_SECONDS = 0.1
+
+
+@dataclass
+class FakeState:
+    gate: int
+    name: str = "fake"
+    chunks: int = 8
+    interval: float = 0.0
+    delay: float = 0.0
+    grace: float = DEFAULT_GRACE_SECONDS
+    health_status: int = 200
+    active: int = 0
+    max_active: int = 0
+    violations: int = 0
+    served: int = 0
+    #: `x_fake.tag` (or the request id) of each request, in arrival order.
+    arrivals: list = field(default_factory=list)
+    models: list = field(default_factory=list)
+    last_headers: dict = field(default_factory=dict)
+    #: Requests whose connection closed before they finished (seen as cancellation).
+    cancelled: int = 0
+    freed: asyncio.Event | None = None
+
+    def stats(self) -> dict:
+        return {
+            "name": self.name,
+            "gate": self.gate,
+            "active": self.active,
+            "max_active": self.max_active,
+            "violations": self.violations,
+            "served": self.served,
+            "cancelled": self.cancelled,
+        }
+
+
+FAKE = web.AppKey("fake", FakeState)
+
+
+def _chunk(i: int, endpoint: str) -> bytes:
+    if endpoint == "chat":
+        event = {"id": "fake", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+    else:
+        event = {"id": "fake", "object": "text_completion", "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}]}
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+_CHUNK_CACHE: dict[tuple[int, str], bytes] = {}
+
+
+def chunk_bytes(i: int, endpoint: str) -> bytes:
+    key = (i, endpoint)
+    b = _CHUNK_CACHE.get(key)
+    if b is None:
+        b = _CHUNK_CACHE[key] = _chunk(i, endpoint)
+    return b
+
+
+async def _admit(s: FakeState) -> bool:
+    """Take a batch slot, waiting up to the grace for one to free; False when still full."""
+    deadline = time.monotonic() + s.grace
+    while s.active >= s.gate:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        assert s.freed is not None
+        s.freed.clear()
+        try:
+            await asyncio.wait_for(s.freed.wait(), remaining)
+        except TimeoutError:
+            return False
+    s.active += 1
+    s.max_active = max(s.max_active, s.active)
+    return True
+
+
+def _leave(s: FakeState) -> None:
+    s.active -= 1
+    assert s.freed is not None
+    s.freed.set()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    s = request.app[FAKE]
+    endpoint = "chat" if request.path.endswith("/chat/completions") else "text"
+    try:
+        payload = await request.json()
+    except ValueError:
+        return web.json_response({"error": {"message": "bad json", "type": "invalid_request_error", "code": None}}, status=400)
+    ctl = payload.get("x_fake") or {}
+    s.arrivals.append(ctl.get("tag", request.headers.get("X-Request-Id")))
+    s.models.append(payload.get("model"))
+    s.last_headers = dict(request.headers)
+    if not await _admit(s):
+        s.violations += 1
+        print(f"fake upstream {s.name}: REFUSED a request above its gate of {s.gate} ({s.active} active)", file=sys.stderr, flush=True)
+        return web.json_response(
+            {"error": {"message": f"worker full: {s.active} of {s.gate}", "type": "server_error", "code": "worker_full"}},
+            status=HTTPStatus.TOO_MANY_REQUESTS,
+            headers={"Retry-After": "1"},
+        )
+    left = False
+    try:
+        delay = float(ctl.get("delay", s.delay))
+        if delay:
+            await asyncio.sleep(delay)
+        status = int(ctl.get("status", 200))
+        if not payload.get("stream"):
+            s.served += 1
+            _leave(s)
+            left = True
+            body = {
+                "id": "fake",
+                "object": "chat.completion" if endpoint == "chat" else "text_completion",
+                "model": payload.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            }
+            return web.json_response(body, status=status)
+        chunks = int(ctl.get("chunks", s.chunks))
+        interval = float(ctl.get("interval", s.interval))
+        die_after = ctl.get("die_after")
+        resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for i in range(chunks):
+            if die_after is not None and i >= int(die_after):
+                assert request.transport is not None
+                request.transport.abort()  # the worker "dies": no [DONE], no chunk terminator
+                return resp
+            await resp.write(chunk_bytes(i, endpoint))
+            if interval:
+                await asyncio.sleep(interval)
+        s.served += 1
+        # Leave before the last byte goes out: the proxy may admit the next request as soon
+        # as it sees the end, and that must never look like over-admission here.
+        _leave(s)
+        left = True
+        await resp.write_eof(b"data: [DONE]\n\n")
+        return resp
+    except asyncio.CancelledError:
+        s.cancelled += 1
+        raise
+    finally:
+        if not left:
+            _leave(s)
+
+
+async def health(request: web.Request) -> web.Response:
+    s = request.app[FAKE]
+    return web.json_response({"status": "ok" if s.health_status == 200 else "unhealthy"}, status=s.health_status)
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FAKE].stats())
+
+
+async def _events_ctx(app: web.Application):
+    app[FAKE].freed = asyncio.Event()
+    yield
+
+
+def make_app(state: FakeState) -> web.Application:
+    app = web.Application()
+    app[FAKE] = state
+    app.cleanup_ctx.append(_events_ctx)
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m proxy.fake_upstream", description="A scripted OpenAI upstream that counts its own concurrency.")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--gate", type=int, default=1, help="concurrent requests served; more are refused with 429 (default: 1)")
+    ap.add_argument("--chunks", type=int, default=8, help="SSE chunks per streamed answer (default: 8)")
+    ap.add_argument("--interval", type=float, default=0.0, help="seconds between chunks (default: 0)")
+    ap.add_argument("--delay", type=float, default=0.0, help="seconds before answering (default: 0)")
+    ap.add_argument("--name", default="fake")
+    args = ap.parse_args(argv)
+    state = FakeState(gate=args.gate, name=args.name, chunks=args.chunks, interval=args.interval, delay=args.delay)
+    web.run_app(make_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

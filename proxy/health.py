@@ -1,0 +1,85 @@
+"""Background health checks: each worker's `GET /health`, on a fixed interval.
+
+The native worker answers 503 while loading or when its generation loop has work but makes no
+progress, and mlx_lm.server answers 503 once its generation thread died, so a 200 means
+"serving", not merely "socket open". Unhealthy workers get no new requests until a check passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from proxy.admission import Upstream
+
+if TYPE_CHECKING:
+    from proxy.app import ProxyState
+
+log = logging.getLogger("mtpstack.proxy")
+
+#: A dead worker stops getting traffic within about a second (sooner when a request finds it
+#: dead), and one small GET per second per worker costs nothing next to a generation.
+HEALTH_INTERVAL_SECONDS = 1.0
+#: A worker busy generating still answers /health from its HTTP thread within milliseconds;
+#: seconds of silence mean it is wedged.
+HEALTH_TIMEOUT_SECONDS = 3.0
+
+
+async def probe(session: aiohttp.ClientSession, upstream: Upstream, timeout: float) -> tuple[bool, str]:
+    """(healthy, detail) from one `GET /health`."""
+    try:
+        async with session.get(
+            upstream.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
+        ) as resp:
+            await resp.read()
+            if resp.status == 200:
+                return True, "ok"
+            return False, f"/health answered {resp.status}"
+    except TimeoutError:
+        return False, f"/health did not answer within {timeout:g} s"
+    except aiohttp.ClientError as e:
+        return False, f"unreachable: {type(e).__name__}"
+
+
+def set_health(state: ProxyState, upstream: Upstream, healthy: bool, detail: str) -> None:
+    changed = state.admissions[upstream.model].set_healthy(upstream, healthy, detail)
+    state.metrics.healthy.labels(upstream.name).set(1 if healthy else 0)
+    if changed:
+        log.info(json.dumps({"event": "worker_health", "worker": upstream.name, "healthy": healthy, "detail": detail}))
+
+
+def mark_unhealthy(state: ProxyState, upstream: Upstream, detail: str) -> None:
+    """A request found the worker dead: stop sending it traffic until a check passes."""
+    set_health(state, upstream, False, detail)
+
+
+async def _watch(state: ProxyState, upstream: Upstream) -> None:
+    assert state.session is not None
+    while True:
+        await asyncio.sleep(state.health_interval)
+        healthy, detail = await probe(state.session, upstream, min(HEALTH_TIMEOUT_SECONDS, max(state.health_interval, 0.5) * 3))
+        set_health(state, upstream, healthy, detail)
+
+
+def health_ctx(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context: check every worker once before serving, then keep checking."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        state = app[key]
+        assert state.session is not None
+        ups = list(state.upstreams.values())
+        results = await asyncio.gather(*(probe(state.session, u, HEALTH_TIMEOUT_SECONDS) for u in ups))
+        for u, (healthy, detail) in zip(ups, results):
+            set_health(state, u, healthy, detail)
+        tasks = [asyncio.create_task(_watch(state, u), name=f"health:{u.name}") for u in ups]
+        yield
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    return ctx

@@ -1,0 +1,94 @@
+"""HTTP policy of the proxy: which headers cross it, how errors look, request ids."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from http import HTTPStatus
+from typing import Mapping
+
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+
+#: Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one connection, so they never
+#: cross the proxy; headers named in `Connection` are dropped with them.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.PROXY_AUTHENTICATE, hdrs.PROXY_AUTHORIZATION,
+        hdrs.TE, hdrs.TRAILER, hdrs.TRANSFER_ENCODING, hdrs.UPGRADE, "Proxy-Connection",
+    )
+)
+#: Request headers the proxy sets itself or keeps to itself: the length is recomputed, the
+#: host is the worker's, and API keys are for the proxy only (workers never see them).
+REQUEST_DROP = HOP_BY_HOP | {
+    h.lower() for h in (hdrs.HOST, hdrs.CONTENT_LENGTH, hdrs.AUTHORIZATION, "X-Api-Key", "X-Request-Id", hdrs.EXPECT)
+}
+#: Response headers aiohttp writes itself for the client connection.
+RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, "X-Request-Id")}
+
+REQUEST_ID = "X-Request-Id"
+#: A client-chosen request id is kept only if it is short and plain (it lands in logs and headers).
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+#: OpenAI error `type` per status class.
+_ERROR_TYPES = {
+    HTTPStatus.BAD_REQUEST: "invalid_request_error",
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.NOT_FOUND: "invalid_request_error",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "invalid_request_error",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+}
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    given = headers.get(REQUEST_ID)
+    if given and _CLIENT_REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _connection_named(headers: Mapping[str, str]) -> set[str]:
+    value = headers.get(hdrs.CONNECTION)
+    return {t.strip().lower() for t in value.split(",")} if value else set()
+
+
+def filter_headers(headers: Mapping[str, str], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+    named = _connection_named(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        low = name.lower()
+        if low not in drop and low not in named:
+            out.add(name, value)
+    return out
+
+
+def error_body(code: str, message: str, status: HTTPStatus) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "server_error"),
+            "code": code,
+            "param": None,
+        }
+    }
+
+
+def error_response(
+    status: HTTPStatus, code: str, message: str, *, rid: str, retry_after: int | None = None
+) -> web.Response:
+    headers = {REQUEST_ID: rid}
+    if retry_after is not None:
+        headers[hdrs.RETRY_AFTER] = str(retry_after)
+    return web.Response(
+        status=status,
+        body=json.dumps(error_body(code, message, status)).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def sse_error_event(code: str, message: str) -> bytes:
+    """The last event of a stream the proxy had to cut short (OpenAI clients raise on it)."""
+    return b"data: " + json.dumps(error_body(code, message, HTTPStatus.BAD_GATEWAY)).encode() + b"\n\n"

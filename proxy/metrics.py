@@ -1,0 +1,57 @@
+"""Prometheus metrics of one proxy app, in the app's own registry (so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.admission import Upstream
+
+PREFIX = "mtpstack_proxy_"
+
+#: Queue waits span a free slot (0) to the queue timeout (tens of seconds).
+QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: First bytes span a streamed token (milliseconds) to a long non-streamed generation (minutes).
+FIRST_BYTE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ProxyMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}requests_total", "Requests answered, by model and HTTP status.", ["model", "status"], registry=r)
+        self.queue_depth = Gauge(f"{PREFIX}queue_depth", "Requests waiting for a slot, by model.", ["model"], registry=r)
+        self.queue_wait = Histogram(
+            f"{PREFIX}queue_wait_seconds", "Time from arrival to a slot (or to rejection), by model.", ["model"],
+            buckets=QUEUE_WAIT_BUCKETS, registry=r,
+        )
+        self.inflight = Gauge(f"{PREFIX}inflight", "Requests admitted to a worker and not yet finished; never above the gate.", ["worker"], registry=r)
+        self.gate = Gauge(f"{PREFIX}gate", "Admission gate of a worker: the most requests it is sent at once.", ["worker"], registry=r)
+        self.first_byte = Histogram(
+            f"{PREFIX}upstream_first_byte_seconds", "Time from sending a request to a worker to its response headers.", ["worker"],
+            buckets=FIRST_BYTE_BUCKETS, registry=r,
+        )
+        self.healthy = Gauge(f"{PREFIX}worker_healthy", "1 when the worker passed its last health check, else 0.", ["worker"], registry=r)
+        self.upstream_errors = Counter(
+            f"{PREFIX}upstream_errors_total", "Failed exchanges with a worker, by kind.", ["worker", "code"], registry=r
+        )
+
+    def register_upstream(self, upstream: Upstream) -> None:
+        self.gate.labels(upstream.name).set(upstream.gate)
+        self.inflight.labels(upstream.name).set(0)
+        self.healthy.labels(upstream.name).set(0)
+
+    def register_model(self, model: str) -> None:
+        self.queue_depth.labels(model).set(0)
+
+    # AdmissionObserver
+    def inflight_changed(self, upstream: Upstream) -> None:
+        self.inflight.labels(upstream.name).set(upstream.inflight)
+
+    def queue_changed(self, model: str, depth: int) -> None:
+        self.queue_depth.labels(model).set(depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
