@@ -1,0 +1,251 @@
+"""`mtpstack worker` (serve a target with its drafter) and `mtpstack weights` (prove what a worker loaded).
+
+mlx is imported only when a worker actually starts, so `mtpstack weights` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import urllib.error
+from pathlib import Path
+
+from worker.proof import WeightsClaim, fetch_identity, hash_weights, read_cmdline, weights_from_argv
+
+#: Default draft depth; `worker.proof.weights_from_argv` assumes the same when the flag is absent.
+DEFAULT_DEPTH = 3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    w = subparsers.add_parser(
+        "worker",
+        help="serve a target model with its MTP drafter (OpenAI API)",
+        description="Serve a target model with its MTP drafter on the OpenAI API, at most --max-num-seqs sequences at once.",
+    )
+    w.add_argument("--model", required=True, help="target model: a local directory or a cached hub id")
+    w.add_argument("--target-bits", help="the target's quantization as configured (reported on /identity)")
+    w.add_argument("--draft-model", help="drafter: a local directory or a cached hub id")
+    w.add_argument("--drafter-bits", help="the drafter's quantization as configured (reported on /identity)")
+    w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
+    w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
+    w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
+    w.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    w.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    w.add_argument("--admission-grace-seconds", type=float, default=1.0,
+                   help="how long a request beyond --max-num-seqs waits for a slot before 429 (default: 1)")
+    w.add_argument("--stall-seconds", type=float, default=30.0,
+                   help="/health turns 503 when work is pending and no step finished for this long (default: 30)")
+    w.add_argument("--default-max-tokens", type=int, default=512,
+                   help="output tokens when a request sets no max_tokens (default: 512)")
+    w.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    w.set_defaults(func=run_worker)
+
+    p = subparsers.add_parser(
+        "weights",
+        help="prove which weights a running worker loaded",
+        description="Print the weights a running worker loaded, read from its own command line and "
+        "cross-checked against its /identity and the files on disk.",
+    )
+    p.add_argument("worker", metavar="PID|URL", help="the worker's process id, or its base URL")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for /identity (default: 5)")
+    p.set_defaults(func=run_weights)
+
+
+# -- mtpstack worker ---------------------------------------------------------------------
+
+
+def _fail(message: str, hint: str | None = None) -> int:
+    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
+    return 1
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.max_num_seqs < 1:
+        return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
+    if not 0 <= args.draft_depth <= 16:
+        return _fail(f"`--draft-depth` must be between 0 and 16: {args.draft_depth}")
+    from worker.engine import ModelNotFound, resolve_model_path
+    from worker.server import WorkerConfig, serve
+
+    # Fail before listening when a path is plainly wrong; loading itself happens behind /health.
+    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model)):
+        if value:
+            try:
+                resolve_model_path(value)
+            except ModelNotFound as e:
+                return _fail(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
+    config = WorkerConfig(
+        model=args.model,
+        draft_model=args.draft_model,
+        draft_depth=args.draft_depth,
+        target_bits=args.target_bits,
+        drafter_bits=args.drafter_bits,
+        max_num_seqs=args.max_num_seqs,
+        served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
+        host=args.host,
+        port=args.port,
+        admission_grace_seconds=args.admission_grace_seconds,
+        stall_seconds=args.stall_seconds,
+        default_max_tokens=args.default_max_tokens,
+    )
+    return asyncio.run(serve(config))
+
+
+# -- mtpstack weights --------------------------------------------------------------------
+
+
+class ProofError(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+def _resolve_local(path: str, pid: int) -> str:
+    """Resolve `path` as the worker process saw it (relative to its working directory)."""
+    from worker.engine import ModelNotFound, resolve_model_path
+
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        try:
+            p = Path(os.readlink(f"/proc/{pid}/cwd")) / p
+        except OSError:
+            pass
+    try:
+        return str(resolve_model_path(str(p) if p.exists() else path))
+    except ModelNotFound:
+        return str(p)
+
+
+def prove(target: str, timeout: float = 5.0) -> dict:
+    """Gather and cross-check what a worker loaded. Returns a report dict; `problems` lists disagreements."""
+    if target.isdigit():
+        pid = int(target)
+        try:
+            argv = read_cmdline(pid)
+        except ProcessLookupError:
+            raise ProofError(f"no process with id: `{pid}`") from None
+        try:
+            claim = weights_from_argv(argv)
+        except ValueError:
+            raise ProofError(f"process `{pid}` is not a worker: `{' '.join(argv)}`") from None
+        if claim.backend == "mlx-lm":
+            return {"pid": pid, "url": claim.url, "argv": argv, "claim": claim, "identity": None, "problems": [],
+                    "note": "mlx_lm.server has no /identity: these weights are proven from its command line alone"}
+        url = claim.url
+        identity = _identity(url, timeout, pid=pid)
+    else:
+        url = target if "://" in target else f"http://{target}"
+        url = url.rstrip("/")
+        identity = _identity(url, timeout)
+        pid = identity.get("pid")
+        try:
+            argv = read_cmdline(int(pid))
+        except (ProcessLookupError, TypeError, ValueError):
+            raise ProofError(
+                f"the process `{url}/identity` names is not running on this machine: pid {pid}",
+                "run `mtpstack weights` on the worker's own host",
+            ) from None
+        try:
+            claim = weights_from_argv(argv)
+        except ValueError:
+            raise ProofError(f"process `{pid}` named by `{url}/identity` is not a worker: `{' '.join(argv)}`") from None
+
+    problems: list[str] = []
+    if identity.get("pid") != pid:
+        problems.append(f"/identity reports pid {identity.get('pid')}, the process is {pid}")
+    if identity.get("argv") != argv:
+        problems.append("/identity reports a different command line than the process has")
+    for role, claimed in (("target", claim.target), ("drafter", claim.drafter)):
+        ident = identity.get(role)
+        if claimed is None and ident is None:
+            continue
+        if claimed is None or ident is None:
+            problems.append(f"the {role} is {claimed or 'none'} on the command line but {ident and ident.get('path') or 'none'} on /identity")
+            continue
+        if ident.get("path") != claimed:
+            problems.append(f"the {role} path is `{claimed}` on the command line but `{ident.get('path')}` on /identity")
+        resolved = _resolve_local(claimed, pid)
+        if resolved != ident.get("resolved_path"):
+            problems.append(f"the {role} resolves to `{resolved}` here but the worker loaded `{ident.get('resolved_path')}`")
+        try:
+            now = hash_weights(Path(ident.get("resolved_path") or resolved))
+        except (OSError, FileNotFoundError) as e:
+            problems.append(f"the {role}'s files cannot be read now: {e}")
+        else:
+            ident["sha256_now"] = now
+            if now != ident.get("sha256"):
+                problems.append(f"the {role}'s files changed since the worker loaded them: `{ident.get('resolved_path')}`")
+    if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
+        problems.append(f"the draft depth is {claim.depth} on the command line but {identity.get('draft_depth')} on /identity")
+    if identity.get("max_num_seqs") != claim.max_num_seqs:
+        problems.append(f"max_num_seqs is {claim.max_num_seqs} on the command line but {identity.get('max_num_seqs')} on /identity")
+    return {"pid": pid, "url": url, "argv": argv, "claim": claim, "identity": identity, "problems": problems, "note": None}
+
+
+def _identity(url: str, timeout: float, pid: int | None = None) -> dict:
+    try:
+        return fetch_identity(url, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise ProofError(f"no /identity at `{url}`: not a native mtpstack worker",
+                             "an `mlx_lm.server` worker is proven by its process id: `mtpstack weights PID`") from None
+        raise ProofError(f"the worker answered {e.code} on `{url}/identity`",
+                         "a worker answers 503 while it loads; retry in a moment" if e.code == 503 else None) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        who = f"process `{pid}`'s worker" if pid is not None else "the worker"
+        reason = getattr(e, "reason", e)
+        raise ProofError(f"{who} does not answer on `{url}/identity`: {reason}") from None
+
+
+def _render_text(report: dict) -> list[str]:
+    claim: WeightsClaim = report["claim"]
+    ident = report["identity"]
+    lines = [f"worker   pid {report['pid']}  {report['url']}  backend {claim.backend}"]
+    for role in ("target", "drafter"):
+        path = getattr(claim, role)
+        if path is None:
+            lines.append(f"{role:<8} none")
+            continue
+        lines.append(f"{role:<8} {path}")
+        if ident and ident.get(role):
+            i = ident[role]
+            q = i.get("quantization")
+            quant = f"{q.get('bits')}-bit" if isinstance(q, dict) and q.get("bits") else "unquantized"
+            lines.append(f"         resolved {i.get('resolved_path')}")
+            lines.append(f"         bits {i.get('bits') or '-'} (config: {quant})  sha256 {i.get('sha256')}")
+    lines.append(f"depth    {claim.depth if claim.depth is not None else '-'}  max_num_seqs {claim.max_num_seqs}")
+    if ident:
+        lines.append(f"device   {ident.get('device')}  blas {ident.get('blas')}")
+        v = ident.get("versions") or {}
+        lines.append(f"versions mlx {v.get('mlx')}  mlx_lm {v.get('mlx_lm')}  mtpstack {v.get('mtpstack')}")
+        if not report["problems"]:
+            lines.append("proof    command line and /identity agree; weight files unchanged since load")
+    if report["note"]:
+        lines.append(f"proof    {report['note']}")
+    return lines
+
+
+def run_weights(args: argparse.Namespace) -> int:
+    try:
+        report = prove(args.worker, timeout=args.timeout)
+    except ProofError as e:
+        return _fail(e.message, e.hint)
+    if args.format == "json":
+        claim: WeightsClaim = report["claim"]
+        out = {k: v for k, v in report.items() if k != "claim"}
+        out["claim"] = claim.__dict__
+        print(json.dumps(out, indent=2))
+    else:
+        print("\n".join(_render_text(report)))
+    if report["problems"]:
+        for problem in report["problems"]:
+            print(f"error: {problem}", file=sys.stderr)
+        print("\nhint: restart the worker so that what it serves is what its command line says", file=sys.stderr)
+        return 1
+    return 0

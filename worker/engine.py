@@ -1,0 +1,388 @@
+"""Per-sequence speculative decoding on mlx-lm: load, tokenize, draft, verify, accept.
+
+mlx-lm provides the models, tokenizer, chat template, KV caches and top-p
+filtering; this module owns the speculative step so it can count drafted and
+accepted tokens by position, honour a per-request depth, and stop a sequence
+between any two steps.
+
+Acceptance rule (documented in docs/worker.md): the target samples a token at
+every verified position from its own distribution (argmax when greedy); a
+drafted token is accepted when it equals the target's own sample there, and the
+first disagreement emits the target's sample instead. Every emitted token is
+therefore a sample of the target given the accepted prefix, so the output
+distribution is exactly the target's (and greedy output is exactly the
+target's greedy output) at every depth. The drafter always proposes its argmax,
+the proposal most likely to match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import apply_top_p
+from mlx_lm.utils import load_model, load_tokenizer
+
+from worker.proof import hash_weights
+
+log = logging.getLogger("mtpstack.worker")
+
+#: Prompt tokens processed per step; a long prompt is prefilled over several
+#: steps so the other active sequences keep making progress meanwhile.
+PREFILL_CHUNK = 512
+#: Deepest speculation the engine accepts; beyond this a drafter rarely pays.
+MAX_DEPTH = 16
+
+
+class ModelNotFound(Exception):
+    """A model path that is neither a local directory nor a cached hub id."""
+
+
+def resolve_model_path(path_or_id: str) -> Path:
+    """A local directory as is; otherwise a hub id looked up in huggingface_hub's cache, offline."""
+    path = Path(path_or_id).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFound(f"model path is not a directory: `{path_or_id}`")
+        return path.resolve()
+    looks_like_id = path_or_id.count("/") == 1 and not path_or_id.startswith((".", "/", "~"))
+    if not looks_like_id:
+        raise ModelNotFound(f"model directory does not exist: `{path_or_id}`")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_id, local_files_only=True)).resolve()
+    except Exception:
+        raise ModelNotFound(f"model is neither a local directory nor in the Hugging Face cache: `{path_or_id}`") from None
+
+
+@dataclass
+class LoadedModel:
+    """One loaded model and what `/identity` says about it."""
+
+    path: str  # as given on the command line
+    resolved_path: Path
+    model: object
+    config: dict
+    bits: str | None  # the command line's claim (`--target-bits`)
+    sha256: str
+
+    @property
+    def quantization(self) -> dict | None:
+        q = self.config.get("quantization") or self.config.get("quantization_config")
+        return q if isinstance(q, dict) else None
+
+    def identity(self) -> dict:
+        return {
+            "path": self.path,
+            "resolved_path": str(self.resolved_path),
+            "bits": self.bits,
+            "quantization": self.quantization,
+            "sha256": self.sha256,
+        }
+
+
+def load_one(path: str, bits: str | None) -> LoadedModel:
+    resolved = resolve_model_path(path)
+    # Hash first: what /identity reports is the content of the files read next.
+    digest = hash_weights(resolved)
+    model, config = load_model(resolved)
+    return LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest)
+
+
+class Engine:
+    """A target, an optional drafter, and their shared tokenizer."""
+
+    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, tokenizer, draft_depth: int):
+        self.target = target
+        self.drafter = drafter
+        self.tokenizer = tokenizer
+        self.draft_depth = draft_depth if drafter is not None else 0
+        self.context_length: int | None = target.config.get("max_position_embeddings")
+        self.eos_token_ids = set(tokenizer.eos_token_ids)
+
+    @classmethod
+    def load(
+        cls,
+        target: str,
+        drafter: str | None = None,
+        *,
+        draft_depth: int = 3,
+        target_bits: str | None = None,
+        drafter_bits: str | None = None,
+    ) -> "Engine":
+        if not 0 <= draft_depth <= MAX_DEPTH:
+            raise ValueError(f"draft depth must be between 0 and {MAX_DEPTH}: {draft_depth}")
+        t = load_one(target, target_bits)
+        d = load_one(drafter, drafter_bits) if drafter else None
+        tokenizer = load_tokenizer(t.resolved_path, eos_token_ids=t.config.get("eos_token_id"))
+        if d is not None:
+            tv, dv = t.config.get("vocab_size"), d.config.get("vocab_size")
+            if tv is not None and dv is not None and tv != dv:
+                raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{drafter}`")
+        return cls(t, d, tokenizer, draft_depth)
+
+    # -- prompts -----------------------------------------------------------------------
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """The target's chat template applied to `messages`, with the generation prompt."""
+        if not self.tokenizer.has_chat_template:
+            text = "".join(f"{m.get('role', 'user')}: {m.get('content', '')}\n" for m in messages) + "assistant:"
+            return list(self.tokenizer.encode(text))
+        tokens = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(tokens, dict):  # a BatchEncoding from some transformers versions
+            tokens = tokens["input_ids"]
+        return [int(t) for t in tokens]
+
+    def text_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return [int(t) for t in prompt]
+        return list(self.tokenizer.encode(prompt))
+
+    def new_sequence(self, prompt: list[int], params: "SamplingParams") -> "Sequence":
+        return Sequence(self, prompt, params)
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    depth: int = 0  # already capped at the worker's depth
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class StepResult:
+    """What one step of one sequence did."""
+
+    drafted: int = 0  # tokens the drafter proposed
+    accepted: int = 0  # of those, how many the target confirmed
+    tokens: int = 0  # tokens added to the output (after EOS/stop/max_tokens cuts)
+    prefill: int = 0  # prompt tokens processed
+
+
+class Sequence:
+    """One request's decoding state with its own target and drafter KV caches.
+
+    `step()` runs either one prefill chunk or one draft-and-verify step; between
+    any two steps the sequence can be dropped without affecting any other.
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], params: SamplingParams):
+        if not prompt:
+            raise ValueError("empty prompt")
+        self.engine = engine
+        self.prompt = list(prompt)
+        self.params = params
+        self.use_drafter = engine.drafter is not None and params.depth > 0
+        self.target_cache = make_prompt_cache(engine.target.model)
+        self.draft_cache = make_prompt_cache(engine.drafter.model) if self.use_drafter else None
+        self._prefilled = 0  # prompt tokens (all but the last) already in the caches
+        self._y: list[int] = []  # the target's next input
+        self._draft_y: list[int] = []  # the drafter's next input (may lag the target by one)
+        self.tokens: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.finish_reason: str | None = None
+        self.drafted = 0
+        self.accepted = 0
+        self._detok = engine.tokenizer.detokenizer
+        self.cancelled = False  # set from another thread; honoured before the next step
+        self.handle = None  # the server's per-request bridge
+        self._stop_scan = 0
+        self._hold = max((len(s) for s in params.stop), default=1) - 1
+        if params.temperature > 0:
+            self._key = mx.random.key(params.seed if params.seed is not None else random.getrandbits(63))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    # -- the step ----------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        if self.finished:
+            return StepResult()
+        if self._prefilled < len(self.prompt) - 1:
+            return self._prefill_chunk()
+        return self._decode_step()
+
+    def _prefill_chunk(self) -> StepResult:
+        end = min(self._prefilled + PREFILL_CHUNK, len(self.prompt) - 1)
+        chunk = mx.array(self.prompt[self._prefilled : end], mx.uint32)[None]
+        self.engine.target.model(chunk, cache=self.target_cache)
+        states = [c.state for c in self.target_cache]
+        if self.use_drafter:
+            self.engine.drafter.model(chunk, cache=self.draft_cache)
+            states += [c.state for c in self.draft_cache]
+        mx.eval(states)
+        n = end - self._prefilled
+        self._prefilled = end
+        if self._prefilled >= len(self.prompt) - 1:
+            self._y = self.prompt[-1:]
+            self._draft_y = self.prompt[-1:]
+        return StepResult(prefill=n)
+
+    def _sample(self, logits: mx.array) -> mx.array:
+        """One token per row of `logits` ([n, vocab]) from the target's distribution."""
+        p = self.params
+        if p.temperature <= 0:
+            return mx.argmax(logits, axis=-1)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if 0 < p.top_p < 1:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+
+    def _decode_step(self) -> StepResult:
+        if not self._y:  # a one-token prompt skips prefill
+            self._y = self.prompt[-1:]
+            self._draft_y = self.prompt[-1:]
+        remaining = self.params.max_tokens - len(self.tokens)
+        # Never draft what could not be emitted: a step emits at most k + 1 tokens.
+        k = min(self.params.depth, remaining - 1) if self.use_drafter else 0
+
+        draft = None
+        if k > 0:
+            inp = mx.array(self._draft_y, mx.uint32)
+            proposals = []
+            for _ in range(k):
+                logits = self.engine.drafter.model(inp[None], cache=self.draft_cache)[0, -1:, :]
+                inp = mx.argmax(logits, axis=-1).astype(mx.uint32)
+                mx.async_eval(inp)
+                proposals.append(inp)
+            draft = mx.concatenate(proposals)
+            verify_in = mx.concatenate([mx.array(self._y, mx.uint32), draft])
+        else:
+            verify_in = mx.array(self._y, mx.uint32)
+
+        logits = self.engine.target.model(verify_in[None], cache=self.target_cache)[0, -(k + 1) :, :]
+        sampled = self._sample(logits)
+        if draft is not None:
+            mx.eval(sampled, draft)
+            drafts = draft.tolist()
+        else:
+            mx.eval(sampled)
+            drafts = []
+        sampled = sampled.tolist()
+
+        n = 0
+        while n < k and sampled[n] == drafts[n]:
+            n += 1
+        # The target's cache holds y, d1..dk: keep y, d1..dn.
+        if k - n:
+            trim_prompt_cache(self.target_cache, k - n)
+        self._y = [sampled[n]]
+        if self.use_drafter:
+            if k == 0:
+                # The drafter ran nothing this step; it still has to see what it missed.
+                self._draft_y = self._draft_y + [sampled[0]]
+            elif n == k:
+                # The drafter produced dk but never consumed it.
+                self._draft_y = [drafts[-1], sampled[k]]
+            else:
+                # The drafter consumed draft_y, d1..d(k-1): keep d1..dn.
+                if k - 1 - n:
+                    trim_prompt_cache(self.draft_cache, k - 1 - n)
+                self._draft_y = [sampled[n]]
+
+        self.drafted += k
+        self.accepted += n
+        emitted = self._emit(sampled[: n + 1])
+        return StepResult(drafted=k, accepted=n, tokens=emitted)
+
+    # -- output ------------------------------------------------------------------------
+
+    def _emit(self, tokens: list[int]) -> int:
+        count = 0
+        for tok in tokens:
+            if tok in self.engine.eos_token_ids and not self.params.ignore_eos:
+                self._finish("stop")
+                break
+            self.tokens.append(tok)
+            count += 1
+            self._detok.add_token(tok)
+            self.text += self._detok.last_segment
+            if self._check_stop():
+                break
+            if len(self.tokens) >= self.params.max_tokens:
+                self._finish("length")
+                break
+        return count
+
+    def _check_stop(self) -> bool:
+        if not self.params.stop:
+            return False
+        start = max(0, self._stop_scan - self._hold)
+        hits = [i for i in (self.text.find(s, start) for s in self.params.stop) if i >= 0]
+        self._stop_scan = len(self.text)
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+            return True
+        return False
+
+    def _finish(self, reason: str) -> None:
+        self._detok.finalize()
+        self.text += self._detok.last_segment
+        if not self._check_stop():
+            self.finish_reason = reason
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.finish_reason = "cancelled"
+
+    def take_text(self) -> str:
+        """Text not handed out yet; while running, a possible stop-string prefix is held back."""
+        end = len(self.text) if self.finished else max(self.sent, len(self.text) - self._hold)
+        out = self.text[self.sent : end]
+        self.sent = end
+        return out
+
+
+class Scheduler:
+    """The generation loop's seam: `step()` advances every active sequence once.
+
+    Today each sequence runs its own draft-and-verify step in turn (round-robin),
+    so all active sequences make progress and none waits for another to finish.
+    Batched verification (one target forward for all sequences) slots in here:
+    it needs per-row KV rollback, which mlx-lm's BatchKVCache does not have yet.
+    """
+
+    def __init__(self, max_num_seqs: int):
+        self.max_num_seqs = max_num_seqs
+        self.active: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        if len(self.active) >= self.max_num_seqs:
+            raise RuntimeError("scheduler full")
+        self.active.append(seq)
+
+    def step(self) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
+        """One step of each active sequence; finished or cancelled ones leave the active set."""
+        results = []
+        for seq in list(self.active):
+            if seq.cancelled:
+                seq.cancel()
+            if seq.finished:
+                self.active.remove(seq)
+                results.append((seq, None, None))
+                continue
+            try:
+                result, error = seq.step(), None
+            except Exception as e:  # one broken request must not stop the others
+                log.exception("sequence failed")
+                seq.finish_reason = "error"
+                result, error = None, e
+            if seq.finished:
+                self.active.remove(seq)
+            results.append((seq, result, error))
+        return results

@@ -1,0 +1,694 @@
+"""The worker's HTTP API: aiohttp on the event loop, one generation thread running the scheduler.
+
+The event loop parses requests, admits them into at most `max_num_seqs` slots
+(waiting a short grace for one, then 429 `worker_full`), and streams text back.
+The generation thread owns mlx: it loads the models, then repeatedly admits
+queued sequences and calls `Scheduler.step()`. Results cross back with
+`loop.call_soon_threadsafe`; a finished sequence's slot is released there,
+before its last chunk is written. A client that goes away marks its sequence
+cancelled, and the scheduler drops it before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+
+from aiohttp import hdrs, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from worker.proof import read_cmdline
+
+log = logging.getLogger("mtpstack.worker")
+
+#: Test-only hook: while the file this variable names exists, the generation loop
+#: does not step (it still admits), so tests can hold sequences in flight and see
+#: `/health` report a stall. Never set it in production.
+STALL_FILE_ENV = "MTPSTACK_WORKER_TEST_STALL_FILE"
+#: Output tokens when a request sets no `max_tokens` (capped by the context left).
+DEFAULT_MAX_TOKENS = 512
+#: How long the idle generation thread blocks on its inbox before re-checking shutdown.
+IDLE_POLL = 0.05
+#: Seconds a rejected client is told to wait.
+RETRY_AFTER = 1
+#: Parameters that would change the response's shape or meaning, refused rather than ignored.
+UNSUPPORTED_IF_SET = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "suffix", "echo")
+
+
+@dataclass
+class WorkerConfig:
+    model: str
+    draft_model: str | None = None
+    draft_depth: int = 3
+    target_bits: str | None = None
+    drafter_bits: str | None = None
+    max_num_seqs: int = 1
+    served_model_name: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admission_grace_seconds: float = 1.0
+    stall_seconds: float = 30.0
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None, type_: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else None
+        return web.json_response(body, status=self.status, headers=headers)
+
+
+# -- metrics ---------------------------------------------------------------------------
+
+
+class Metrics:
+    """The `/metrics` names promised in docs/briefs (prefix `mtpstack_worker_`), one registry per app."""
+
+    def __init__(self, max_depth: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.generated = Counter("mtpstack_worker_tokens_generated", "Tokens emitted to clients.", registry=r)
+        self.drafted = Counter("mtpstack_worker_tokens_drafted", "Tokens proposed by the drafter.", registry=r)
+        self.accepted = Counter("mtpstack_worker_tokens_accepted", "Drafted tokens the target confirmed.", registry=r)
+        self.by_position = Counter(
+            "mtpstack_worker_accepted_by_position",
+            "Drafted tokens accepted, by position in the draft (1 = first).",
+            ["position"],
+            registry=r,
+        )
+        self.per_step = Histogram(
+            "mtpstack_worker_accepted_per_step",
+            "Drafted tokens accepted per draft-and-verify step.",
+            buckets=[float(i) for i in range(max(max_depth, 1) + 1)],
+            registry=r,
+        )
+        self.active = Gauge("mtpstack_worker_active_sequences", "Sequences admitted and not finished.", registry=r)
+        self.rejected = Counter("mtpstack_worker_rejected", "Requests refused, by error code.", ["code"], registry=r)
+        for position in range(1, max_depth + 1):
+            self.by_position.labels(position=str(position))
+        self.rejected.labels(code="worker_full")
+
+    def record_step(self, drafted: int, accepted: int, tokens: int) -> None:
+        if tokens:
+            self.generated.inc(tokens)
+        if drafted:
+            self.drafted.inc(drafted)
+            self.accepted.inc(accepted)
+            self.per_step.observe(accepted)
+            for position in range(1, accepted + 1):
+                self.by_position.labels(position=str(position)).inc()
+
+
+# -- the bridge between the event loop and the generation thread -----------------------
+
+
+@dataclass
+class Event:
+    text: str
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RequestHandle:
+    """The event-loop side of one admitted sequence."""
+
+    seq: object
+    loop: asyncio.AbstractEventLoop
+    release: object  # callable releasing the slot, run on the loop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    done: bool = False
+
+    def deliver(self, event: Event) -> None:
+        """Runs on the loop. The slot is released before the final event is seen by the writer."""
+        if event.finish_reason is not None and not self.done:
+            self.done = True
+            self.release()
+        self.events.put_nowait(event)
+
+
+class GenerationLoop:
+    """The one thread that touches mlx: loads the engine, then steps the scheduler forever."""
+
+    def __init__(self, config: WorkerConfig, metrics: Metrics, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.metrics = metrics
+        self.loop = loop
+        self.inbox: queue.Queue[RequestHandle] = queue.Queue()
+        self.engine = None
+        self.scheduler = None
+        self.identity: dict | None = None
+        self.load_error: BaseException | None = None
+        self.loaded = threading.Event()
+        self.last_progress = time.monotonic()
+        self.active_count = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
+        self.stall_file = os.environ.get(STALL_FILE_ENV) or None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def busy(self) -> bool:
+        return self.active_count > 0 or not self.inbox.empty()
+
+    def submit(self, handle: RequestHandle) -> None:
+        self.inbox.put(handle)
+
+    def _load(self) -> None:
+        from worker.engine import Engine, Scheduler
+
+        c = self.config
+        started = time.monotonic()
+        self.engine = Engine.load(
+            c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits
+        )
+        self.scheduler = Scheduler(c.max_num_seqs)
+        self.identity = build_identity(c, self.engine)
+        log.info("loaded `%s` in %.2f s (drafter: %s, depth %d)", c.model, time.monotonic() - started,
+                 c.draft_model or "none", self.engine.draft_depth)
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as e:  # reported by the CLI, which exits 1
+            self.load_error = e
+            self.loaded.set()
+            return
+        self.loaded.set()
+        sched = self.scheduler
+        while not self._stopping.is_set():
+            self._admit(block=not sched.active)
+            if not sched.active:
+                self.last_progress = time.monotonic()
+                continue
+            if self.stall_file and os.path.exists(self.stall_file):
+                time.sleep(IDLE_POLL)
+                continue
+            results = sched.step()
+            self.last_progress = time.monotonic()
+            for seq, result, error in results:
+                if result is not None:
+                    self.metrics.record_step(result.drafted, result.accepted, result.tokens)
+                self._publish(seq, error)
+            self.active_count = len(sched.active)
+            self.metrics.active.set(self.active_count)
+
+    def _admit(self, block: bool) -> None:
+        try:
+            handle = self.inbox.get(timeout=IDLE_POLL) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            handle.seq.handle = handle
+            self.scheduler.add(handle.seq)
+            self.active_count = len(self.scheduler.active)
+            self.metrics.active.set(self.active_count)
+            try:
+                handle = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _publish(self, seq, error: BaseException | None) -> None:
+        text = seq.take_text()
+        finish = seq.finish_reason
+        if not text and finish is None:
+            return
+        event = Event(text=text, finish_reason=finish, error=f"{type(error).__name__}: {error}" if error else None)
+        self.loop.call_soon_threadsafe(seq.handle.deliver, event)
+
+
+# -- identity --------------------------------------------------------------------------
+
+
+def blas_in_use() -> str:
+    """Which BLAS mlx runs matmuls with, as far as can be seen from inside the process.
+
+    On Linux an OpenBLAS named in LD_PRELOAD and mapped into the process wins;
+    numpy's own vendored OpenBLAS does not count, mlx never calls it.
+    """
+    if platform.system() == "Darwin":
+        return "accelerate"
+    try:
+        mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/" in line}
+    except OSError:
+        return "unknown"
+    for lib in os.environ.get("LD_PRELOAD", "").replace(" ", ":").split(":"):
+        if lib and "blas" in lib.lower():
+            real = os.path.realpath(lib)
+            if lib in mapped or real in mapped:
+                return real if real != lib else lib
+    return "bundled (reference BLAS, slow)"
+
+
+def build_identity(config: WorkerConfig, engine) -> dict:
+    import mlx.core as mx
+    import mlx_lm
+
+    from mtpstack import __version__
+
+    device = mx.default_device()
+    return {
+        "served_model_name": config.served_model_name,
+        "backend": "native",
+        "target": engine.target.identity(),
+        "drafter": engine.drafter.identity() if engine.drafter is not None else None,
+        "draft_depth": engine.draft_depth if engine.drafter is not None else None,
+        "max_num_seqs": config.max_num_seqs,
+        "context_length": engine.context_length,
+        "device": "gpu" if device.type == mx.gpu else "cpu",
+        "blas": blas_in_use(),
+        "pid": os.getpid(),
+        "started_at": STARTED_AT,
+        "argv": _own_argv(),
+        "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mtpstack": __version__},
+    }
+
+
+STARTED_AT = time.time()
+
+
+def _own_argv() -> list[str]:
+    # The same source `mtpstack weights` reads, so the two compare exactly.
+    try:
+        return read_cmdline(os.getpid())
+    except (ProcessLookupError, OSError):
+        import sys
+
+        return list(sys.argv)
+
+
+# -- request parsing ---------------------------------------------------------------------
+
+
+@dataclass
+class ParsedRequest:
+    kind: str  # "chat" or "text"
+    prompt: list[int]
+    params: object  # engine.SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request", message, param)
+
+
+def _unsupported(message: str, param: str) -> ApiError:
+    return ApiError(400, "unsupported_parameter", message, param)
+
+
+def _number(body: dict, key: str, kind, lo=None, hi=None):
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise _bad(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {value!r}", key)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _bad(f"`{key}` is out of range [{lo}, {hi}]: {value!r}", key)
+    return kind(value)
+
+
+def _message_text(content, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _unsupported(f"only text content parts are supported: messages[{i}]", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise _bad(f"message content must be a string or a list of text parts: messages[{i}]", "messages")
+
+
+def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedRequest:
+    from worker.engine import SamplingParams
+
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != config.served_model_name:
+        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{model}`", "model")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _unsupported(f"only n=1 is supported: {n!r}", "n")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1):
+        raise _unsupported(f"only best_of=1 is supported: {best_of!r}", "best_of")
+    for key in UNSUPPORTED_IF_SET:
+        if body.get(key) not in (None, False, [], 0, ""):
+            raise _unsupported(f"this worker does not support `{key}`", key)
+    fmt = body.get("response_format")
+    if fmt not in (None, {"type": "text"}):
+        raise _unsupported("only the text response format is supported", "response_format")
+
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("`messages` must be a non-empty list", "messages")
+        norm = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"each message needs a string `role`: messages[{i}]", "messages")
+            norm.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+        prompt = engine.chat_prompt(norm)
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+            raw = raw[0]
+        if isinstance(raw, str):
+            prompt = engine.text_prompt(raw)
+        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            prompt = [int(t) for t in raw]
+        elif isinstance(raw, list) and len(raw) > 1:
+            raise _unsupported("only one prompt per request is supported", "prompt")
+        else:
+            raise _bad("`prompt` must be a string or a list of token ids", "prompt")
+    if not prompt:
+        raise _bad("the prompt is empty", "prompt" if kind == "text" else "messages")
+
+    max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, max_key, int, 1)
+    ctx = engine.context_length
+    if ctx is not None:
+        if max_tokens is not None and len(prompt) + max_tokens > ctx:
+            raise ApiError(
+                400, "context_length_exceeded",
+                f"the prompt ({len(prompt)} tokens) plus `{max_key}` ({max_tokens}) exceeds the model's context: {ctx} tokens",
+                max_key,
+            )
+        if len(prompt) >= ctx:
+            raise ApiError(
+                400, "context_length_exceeded",
+                f"the prompt ({len(prompt)} tokens) leaves no room in the model's context: {ctx} tokens",
+                "messages" if kind == "chat" else "prompt",
+            )
+    if max_tokens is None:
+        max_tokens = config.default_max_tokens if ctx is None else min(config.default_max_tokens, ctx - len(prompt))
+
+    temperature = _number(body, "temperature", float, 0, 2)
+    top_p = _number(body, "top_p", float, 0, 1)
+    seed = _number(body, "seed", int)
+    depth_req = _number(body, "num_draft_tokens", int, 0)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
+        raise _bad("`stop` must be a string or a list of up to 4 strings", "stop")
+    stop = [s for s in stop if s]
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("`stream` must be a boolean", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise _bad("`stream_options` must be an object", "stream_options")
+    ignore_eos = body.get("ignore_eos", False)
+
+    depth = engine.draft_depth if depth_req is None else min(depth_req, engine.draft_depth)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0 if temperature is None else temperature,
+        top_p=1.0 if not top_p else top_p,
+        seed=seed,
+        depth=depth,
+        stop=stop,
+        ignore_eos=bool(ignore_eos),
+    )
+    return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")))
+
+
+# -- the application ---------------------------------------------------------------------
+
+CONFIG = web.AppKey("config", WorkerConfig)
+GEN = web.AppKey("generation", GenerationLoop)
+METRICS = web.AppKey("metrics", Metrics)
+SLOTS = web.AppKey("slots", asyncio.Semaphore)
+
+
+def create_app(config: WorkerConfig) -> web.Application:
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app[CONFIG] = config
+    app[METRICS] = Metrics(max(config.draft_depth, 1) if config.draft_model else 0)
+    app.cleanup_ctx.append(_generation_ctx)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/identity", identity)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def _generation_ctx(app: web.Application):
+    config = app[CONFIG]
+    gen = GenerationLoop(config, app[METRICS], asyncio.get_running_loop())
+    app[GEN] = gen
+    app[SLOTS] = asyncio.Semaphore(config.max_num_seqs)
+    gen.start()
+    yield
+    gen.stop()
+
+
+def _loaded(app: web.Application) -> GenerationLoop:
+    gen = app[GEN]
+    if gen.load_error is not None:
+        raise ApiError(503, "load_failed", f"the worker failed to load its models: {gen.load_error}")
+    if not gen.loaded.is_set():
+        raise ApiError(503, "loading", "the worker is still loading its models")
+    return gen
+
+
+async def health(request: web.Request) -> web.Response:
+    app = request.app
+    gen, config = app[GEN], app[CONFIG]
+    body = {"max_num_seqs": config.max_num_seqs, "active": gen.active_count}
+    if gen.load_error is not None:
+        return web.json_response({**body, "status": "error", "error": str(gen.load_error)}, status=503)
+    if not gen.loaded.is_set():
+        return web.json_response({**body, "status": "loading"}, status=503)
+    if not gen.alive:
+        return web.json_response({**body, "status": "dead"}, status=503)
+    since = time.monotonic() - gen.last_progress
+    if gen.busy() and since > config.stall_seconds:
+        return web.json_response({**body, "status": "stalled", "seconds_since_progress": round(since, 1)}, status=503)
+    return web.json_response({**body, "status": "ok"})
+
+
+async def identity(request: web.Request) -> web.Response:
+    try:
+        gen = _loaded(request.app)
+    except ApiError as e:
+        return e.response()
+    return web.json_response(gen.identity)
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[CONFIG].served_model_name
+    return web.json_response(
+        {"object": "list", "data": [{"id": name, "object": "model", "created": int(STARTED_AT), "owned_by": "mtpstack"}]}
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "text")
+
+
+async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
+    app = request.app
+    try:
+        gen = _loaded(app)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _bad("the request body is not valid JSON") from None
+        parsed = parse_request(body, kind, gen.engine, app[CONFIG])
+    except ApiError as e:
+        if e.status == 400:
+            app[METRICS].rejected.labels(code=e.code).inc()
+        return e.response()
+
+    slots = app[SLOTS]
+    try:
+        await asyncio.wait_for(slots.acquire(), timeout=app[CONFIG].admission_grace_seconds)
+    except asyncio.TimeoutError:
+        app[METRICS].rejected.labels(code="worker_full").inc()
+        return ApiError(
+            429, "worker_full",
+            f"all {app[CONFIG].max_num_seqs} sequence slots are busy",
+            type_="rate_limit_error",
+        ).response()
+
+    seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
+    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release)
+    seq.handle = handle
+    gen.submit(handle)
+    try:
+        if parsed.stream:
+            return await _stream(request, parsed, handle)
+        return await _collect(request, parsed, handle)
+    finally:
+        if not handle.done:
+            # The client went away (or writing failed): stop generating. The slot is
+            # released when the generation thread drops the sequence, within one step.
+            seq.cancelled = True
+
+
+def _usage(parsed: ParsedRequest, seq) -> dict:
+    return {
+        "prompt_tokens": len(parsed.prompt),
+        "completion_tokens": len(seq.tokens),
+        "total_tokens": len(parsed.prompt) + len(seq.tokens),
+        # Extensions: how much of the output the drafter proposed and the target kept.
+        "draft_tokens": seq.drafted,
+        "accepted_draft_tokens": seq.accepted,
+    }
+
+
+def _ids(kind: str) -> tuple[str, str, int]:
+    prefix, obj = ("chatcmpl", "chat.completion") if kind == "chat" else ("cmpl", "text_completion")
+    return f"{prefix}-{uuid.uuid4().hex[:24]}", obj, int(time.time())
+
+
+async def _collect(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.Response:
+    parts = []
+    while True:
+        event = await handle.events.get()
+        parts.append(event.text)
+        if event.finish_reason is not None:
+            break
+    if event.error:
+        return ApiError(500, "generation_failed", f"generation failed: {event.error}").response()
+    text = "".join(parts)
+    rid, obj, created = _ids(parsed.kind)
+    name = request.app[CONFIG].served_model_name
+    if parsed.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": event.finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
+    return web.json_response(
+        {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
+         "usage": _usage(parsed, handle.seq)}
+    )
+
+
+async def _stream(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+    rid, obj, created = _ids(parsed.kind)
+    obj += ".chunk" if parsed.kind == "chat" else ""
+    name = request.app[CONFIG].served_model_name
+    resp = web.StreamResponse(
+        status=HTTPStatus.OK,
+        headers={hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no"},
+    )
+    await resp.prepare(request)
+
+    def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+        if parsed.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        payload = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
+        if parsed.include_usage:
+            payload["usage"] = None
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+    if parsed.kind == "chat":
+        await resp.write(chunk(None, None, role=True))
+    while True:
+        event = await handle.events.get()
+        if event.finish_reason is not None:
+            break
+        if event.text:
+            await resp.write(chunk(event.text, None))
+    if event.error:
+        err = {"error": {"message": f"generation failed: {event.error}", "type": "server_error",
+                         "code": "generation_failed", "param": None}}
+        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+    else:
+        tail = chunk(event.text or None, event.finish_reason) if parsed.kind == "chat" else chunk(event.text, event.finish_reason)
+        await resp.write(tail)
+        if parsed.include_usage:
+            usage = {"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                     "usage": _usage(parsed, handle.seq)}
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+# -- running ------------------------------------------------------------------------------
+
+
+async def serve(config: WorkerConfig) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit code: 1 when the models failed to load."""
+    import signal
+
+    app = create_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise SystemExit(f"error: cannot listen on `{config.host}:{config.port}`: {e.strerror or e}") from None
+    log.info("listening on http://%s:%d (loading models)", config.host, config.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gen = app[GEN]
+    code = 0
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=0.2)
+        except asyncio.TimeoutError:
+            pass
+        if gen.load_error is not None:
+            from worker.engine import ModelNotFound
+
+            e = gen.load_error
+            msg = str(e) if isinstance(e, (ModelNotFound, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"
+            print(f"error: the worker failed to load its models: {msg}", file=__import__("sys").stderr)
+            code = 1
+            break
+    await runner.cleanup()
+    return code
