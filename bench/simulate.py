@@ -2,7 +2,7 @@
 
 Runs are drawn lognormal around a median (22 tok/s) with a given coefficient of
 variation. The default CV, 0.14, puts the middle 90% of single runs at about
-17.5-27.6 tok/s: the spread measured on one machine serving byte-identical
+17.5-27.7 tok/s: the spread measured on one machine serving byte-identical
 output (17.4-27.3 around 22). For each number of passes per side the
 simulation reports how often the rule adopts a change that is not real (true
 ratio 1.0) and how often it detects a real win (default 15%), beside a naive
