@@ -19,6 +19,8 @@ class Finding:
     hint: str | None = None
     related: tuple[Path, ...] = ()
     line: int | None = None
+    #: Lines of the `related` paths in the source file, where known (text output only).
+    related_lines: tuple[int | None, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -49,6 +51,10 @@ class Report:
     def ok(self) -> bool:
         return not self.errors
 
+    def sort(self) -> None:
+        """Order findings by line (stable, so rule order breaks ties); unknown lines last."""
+        self.findings.sort(key=lambda f: (f.line is None, f.line or 0))
+
     def exit_code(self, strict: bool = False) -> int:
         if self.unreadable:
             return 2
@@ -70,9 +76,22 @@ class Report:
         return "\n".join(format_finding(self.source, f) for f in self.findings)
 
 
+def display_key(key: str) -> str:
+    """A key as it reads in a path: quoted (JSON-style) when it holds a dot, a space,
+    a quote or anything unprintable, so every finding stays on one line."""
+    if key and key.isprintable() and not any(c in key for c in '. "'):
+        return key
+    return json.dumps(key)
+
+
+def display_name(name: str) -> str:
+    """A free-form name (model, host) for use inside backticks: as is unless unprintable."""
+    return name if name.isprintable() else json.dumps(name)
+
+
 def format_path(path: Path) -> str:
     """`workers.qwen-mtp.maxNumSeqs`; keys that contain a dot are quoted."""
-    return ".".join(f'"{p}"' if ("." in p or " " in p or not p) else p for p in path)
+    return ".".join(display_key(p) for p in path)
 
 
 def format_finding(source: str, f: Finding) -> str:
@@ -81,6 +100,9 @@ def format_finding(source: str, f: Finding) -> str:
     if f.path:
         head += f"{format_path(f.path)}: "
     text = head + f.message
+    for path, line in zip(f.related, f.related_lines):
+        if line is not None:
+            text += f"\n  related: {source}:{line}: {format_path(path)}"
     if f.hint:
         text += f"\n\nhint: {f.hint}\n"
     return text

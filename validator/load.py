@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from validator import rules
 from validator.config import FleetConfig
-from validator.findings import Finding, Report, format_path
+from validator.findings import Finding, Report, display_key, format_path
 from validator.source import Source, Unreadable, read_source
 
 _TYPE_NAMES = {
@@ -42,7 +43,8 @@ def _describe(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return f'"{value}" (a string)'
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"{json.dumps(shown)} (a string)"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
@@ -95,7 +97,7 @@ def _structural(err: dict, source: Source) -> Finding:
             code="unknown-key",
             severity="error",
             path=loc,
-            message=f"unknown key `{loc[-1]}` in {where}",
+            message=f"unknown key `{display_key(loc[-1])}` in {where}",
             hint=f"did you mean `{guess}`?" if guess else ("known keys: " + ", ".join(f"`{k}`" for k in known) if known else None),
             line=line,
         )
@@ -104,7 +106,7 @@ def _structural(err: dict, source: Source) -> Finding:
             code="missing-key",
             severity="error",
             path=loc,
-            message=f"required key `{loc[-1]}` is missing",
+            message=f"required key `{display_key(loc[-1])}` is missing",
             hint=f"add `{loc[-1]}` under `{format_path(loc[:-1])}`" if len(loc) > 1 else None,
             line=line,
         )
@@ -125,12 +127,16 @@ def _structural(err: dict, source: Source) -> Finding:
             line=line,
         )
     if kind == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
+        expected = str(err.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
+        hint = None
+        if isinstance(value, str) and value.isdigit() and value in expected.split(", "):
+            hint = f"write {value} without quotes"
         return Finding(
             code="invalid-value",
             severity="error",
             path=loc,
-            message=f"must be one of {expected}, got: {_describe(value)}",
+            message=f"must be one of: {expected}; got: {_describe(value)}",
+            hint=hint,
             line=line,
         )
     if kind in _TYPE_NAMES:
@@ -177,6 +183,7 @@ def validate_data(data: Any, source_name: str = "<config>", source: Source | Non
                 severity="error",
                 path=(),
                 message=f"the config must be a mapping with `proxy`, `policy` and `workers`, got: {_describe(data)}",
+                hint="start from `examples/valid/fleet.yaml`, or print the schema with `mtpstack schema`",
                 line=1 if source.lines or data is not None else None,
             )
         )
@@ -185,16 +192,22 @@ def validate_data(data: Any, source_name: str = "<config>", source: Source | Non
         config = FleetConfig.model_validate(data)
     except ValidationError as e:
         report.findings.extend(_structural(err, source) for err in e.errors())
+        report.sort()
         return None, report
     for f in rules.check(config):
         report.findings.append(_with_line(f, source))
+    report.sort()
     return config, report
 
 
 def _with_line(f: Finding, source: Source) -> Finding:
     from dataclasses import replace
 
-    return replace(f, line=source.line_of(f.path))
+    return replace(
+        f,
+        line=source.line_of(f.path),
+        related_lines=tuple(source.lines.get(tuple(p)) for p in f.related),
+    )
 
 
 def load_config(file: str | Path, deep: bool = False) -> tuple[FleetConfig | None, Report]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from validator.config import DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from validator.coupling import gate_for, gate_source
-from validator.findings import Finding, format_path
+from validator.findings import Finding, display_name, format_path
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*"})
 
@@ -71,7 +71,7 @@ def check_coupling(config: FleetConfig) -> Iterator[Finding]:
         source = gate_source(config.proxy, worker.model)
         src = format_path(source)
         if len(source) == 2:
-            origin = f"`{src}` (model `{worker.model}` has no entry in `proxy.modelConcurrencyLimits`)"
+            origin = f"`{src}` (model `{display_name(worker.model)}` has no entry in `proxy.modelConcurrencyLimits`)"
         else:
             origin = f"`{src}`"
         yield Finding(
@@ -96,16 +96,16 @@ def check_unknown_model_limits(config: FleetConfig) -> Iterator[Finding]:
         if model in served:
             continue
         guess = did_you_mean(model, served)
-        served_list = ", ".join(f"`{m}`" for m in served) or "none"
+        served_list = ", ".join(f"`{display_name(m)}`" for m in served) or "none"
         if guess:
-            hint = f"did you mean `{guess}`?"
+            hint = f"did you mean `{display_name(guess)}`?"
         else:
             hint = "remove the entry, or add a worker that serves this model"
         yield Finding(
             code="unknown-model-limit",
             severity="error",
             path=("proxy", "modelConcurrencyLimits", model),
-            message=f"no worker serves model `{model}` (served: {served_list})",
+            message=f"no worker serves model `{display_name(model)}` (served: {served_list})",
             hint=hint,
         )
 
@@ -181,16 +181,23 @@ def _hosts_overlap(a: str, b: str) -> bool:
 def check_ports(config: FleetConfig) -> Iterator[Finding]:
     listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)]
     listeners += [(("workers", name, "port"), w.host, w.port) for name, w in config.workers.items()]
-    for i, (path, host, port) in enumerate(listeners):
-        for other_path, other_host, other_port in listeners[:i]:
-            if port == other_port and _hosts_overlap(host, other_host):
-                owner = format_path(other_path[:-1])
-                yield Finding(
-                    code="port-conflict",
-                    severity="error",
-                    path=path,
-                    message=f"port {port} on `{host}` is already taken by `{owner}` on `{other_host}`",
-                    hint="give each listener its own port",
-                    related=(other_path,),
-                )
-                break
+    seen: dict[int, list[tuple[tuple[str, ...], str]]] = {}
+    for path, host, port in listeners:
+        earlier = seen.setdefault(port, [])
+        clash = next(((p, h) for p, h in earlier if _hosts_overlap(host, h)), None)
+        earlier.append((path, host))
+        if clash is None:
+            continue
+        other_path, other_host = clash
+        owner = format_path(other_path[:-1])
+        yield Finding(
+            code="port-conflict",
+            severity="error",
+            path=path,
+            message=(
+                f"port {port} on `{display_name(host)}` is already taken by `{owner}` "
+                f"on `{display_name(other_host)}`"
+            ),
+            hint="give each listener its own port",
+            related=(other_path,),
+        )

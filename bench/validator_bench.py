@@ -1,0 +1,76 @@
+"""How long `validate` takes on large fleets: parse + model + rules, end to end from a YAML file.
+
+    .venv/bin/python bench/validator_bench.py [--workers 1000] [--repeats 15]
+
+Prints median and min-max over repeats for each fleet size (and JSON with --json).
+A benchmark script, not a test: the machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from validator import load_config
+
+
+def fleet(workers: int) -> dict:
+    models = [f"model-{i}" for i in range(max(1, workers // 10))]
+    return {
+        "proxy": {"concurrencyLimit": 1, "modelConcurrencyLimits": {m: 1 + i % 4 for i, m in enumerate(models)}},
+        "workers": {
+            f"w{i}": {
+                "model": models[i % len(models)],
+                "target": {"path": f"/srv/models/{models[i % len(models)]}", "bits": 4},
+                "drafter": {"path": f"/srv/models/{models[i % len(models)]}-mtp", "bits": 6, "depth": 3},
+                "maxNumSeqs": 1 + (i % len(models)) % 4,
+                "host": f"10.0.{i // 250}.{i % 250 + 1}",
+                "port": 8101 + i % 50,
+            }
+            for i in range(workers)
+        },
+    }
+
+
+def measure(path: Path, repeats: int) -> list[float]:
+    load_config(path)  # warm-up: imports, pydantic schema build
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        config, report = load_config(path)
+        times.append(time.perf_counter() - start)
+        assert config is not None and report.ok, report.render_text()[:500]
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--json", action="store_true", help="print raw times as JSON")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.workers:
+            path = Path(tmp) / f"fleet-{n}.yaml"
+            path.write_text(yaml.safe_dump(fleet(n)))
+            results[n] = measure(path, args.repeats)
+    if args.json:
+        json.dump({str(n): t for n, t in results.items()}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{'workers':>8}  {'median':>9}  {'min':>9}  {'max':>9}  n")
+    for n, times in results.items():
+        print(f"{n:>8}  {statistics.median(times) * 1e3:>7.1f}ms  {min(times) * 1e3:>7.1f}ms  {max(times) * 1e3:>7.1f}ms  {len(times)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

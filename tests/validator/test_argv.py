@@ -1,0 +1,40 @@
+from validator import WorkerProfile, worker_argv
+
+
+def profile(**overrides):
+    data = {
+        "model": "qwen3.8-27b",
+        "target": {"path": "/m/target", "bits": 4},
+        "drafter": {"path": "/m/drafter", "bits": 6, "depth": 3},
+        "maxNumSeqs": 2,
+        "port": 8101,
+    }
+    data.update(overrides)
+    return WorkerProfile.model_validate(data)
+
+
+def test_native_argv_carries_weights_depth_and_width():
+    assert worker_argv(profile(extraArgs=["--admission-grace-seconds", "2"])) == [
+        "mtpstack", "worker",
+        "--model", "/m/target", "--target-bits", "4",
+        "--draft-model", "/m/drafter", "--drafter-bits", "6", "--draft-depth", "3",
+        "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b",
+        "--host", "127.0.0.1", "--port", "8101",
+        "--admission-grace-seconds", "2",
+    ]
+
+
+def test_without_a_drafter_no_draft_flags_appear():
+    argv = worker_argv(profile(drafter=None, target={"path": "/m/t", "bits": "bf16"}))
+    assert "--draft-model" not in argv and "--draft-depth" not in argv
+    assert argv[argv.index("--target-bits") + 1] == "bf16"
+
+
+def test_mlx_lm_argv_sets_both_concurrency_flags_and_disables_the_prompt_cache_with_a_drafter():
+    argv = worker_argv(profile(backend="mlx-lm", maxNumSeqs=1))
+    assert argv[0] == "mlx_lm.server"
+    assert argv[argv.index("--decode-concurrency") + 1] == "1"
+    assert argv[argv.index("--prompt-concurrency") + 1] == "1"
+    assert argv[argv.index("--prompt-cache-size") + 1] == "0"
+    assert argv[argv.index("--num-draft-tokens") + 1] == "3"
+    assert "--prompt-cache-size" not in worker_argv(profile(backend="mlx-lm", drafter=None))

@@ -1,0 +1,210 @@
+import pytest
+
+from validator import validate_data
+from validator.findings import format_finding
+
+
+def codes(data):
+    _, report = validate_data(data)
+    return [f.code for f in report.findings]
+
+
+def only(data, code):
+    _, report = validate_data(data)
+    found = [f for f in report.findings if f.code == code]
+    assert found, f"no {code} in {[f.code for f in report.findings]}"
+    return found
+
+
+def test_the_base_fleet_is_valid(fleet):
+    config, report = validate_data(fleet)
+    assert config is not None and report.findings == []
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+def test_any_matched_pair_within_range_is_valid_with_a_drafter(fleet, width):
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = width
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = width
+    assert codes(fleet) == []
+
+
+@pytest.mark.parametrize(("gate", "width"), [(4, 1), (1, 4), (2, 3)])
+def test_a_gate_that_differs_from_the_batch_width_is_a_mismatch(fleet, gate, width):
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = gate
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = width
+    [f] = only(fleet, "concurrency-mismatch")
+    assert f.severity == "error"
+    assert f.path == ("workers", "qwen-mtp", "maxNumSeqs")
+    assert f.related == (("proxy", "modelConcurrencyLimits", "qwen3.8-27b"),)
+    assert f"batch width is {width}" in f.message and f"admits {gate}" in f.message
+    assert "must agree" in f.message
+    assert "together" in f.hint
+
+
+def test_mismatch_against_the_default_gate_names_concurrency_limit(fleet):
+    fleet["proxy"]["modelConcurrencyLimits"] = {}
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = 3
+    [f] = only(fleet, "concurrency-mismatch")
+    assert f.related == (("proxy", "concurrencyLimit"),)
+    assert "`proxy.concurrencyLimit`" in f.message
+    assert "no entry in `proxy.modelConcurrencyLimits`" in f.message
+
+
+def test_the_mismatch_message_never_suggests_mtp_needs_width_1(fleet):
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = 1
+    [f] = only(fleet, "concurrency-mismatch")
+    text = (f.message + " " + f.hint).lower().replace("qwen-mtp", "WORKER")
+    assert "mtp" not in text and "speculat" not in text and "must be 1" not in text
+    assert "any matched pair is valid" in text
+
+
+def test_the_model_limit_applies_per_worker_not_in_total(fleet):
+    second = dict(fleet["workers"]["qwen-mtp"], port=8102)
+    fleet["workers"]["qwen-mtp-2"] = second
+    assert codes(fleet) == []
+
+
+def test_agreeing_on_a_value_outside_1_to_4_is_out_of_range_not_a_match(fleet):
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 5
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = 5
+    assert sorted(codes(fleet)) == ["out-of-range", "out-of-range"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("proxy", "concurrencyLimit"), 0),
+        (("proxy", "modelConcurrencyLimits", "qwen3.8-27b"), 9),
+        (("workers", "qwen-mtp", "maxNumSeqs"), -1),
+        (("workers", "qwen-mtp", "drafter", "depth"), 0),
+        (("workers", "qwen-mtp", "drafter", "depth"), 9),
+    ],
+)
+def test_values_outside_their_range_are_out_of_range(fleet, where, value):
+    node = fleet
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    found = only(fleet, "out-of-range")
+    assert any(f.path == where for f in found)
+
+
+@pytest.mark.parametrize("depth", [1, 8])
+def test_depth_bounds_are_inclusive(fleet, depth):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = depth
+    assert codes(fleet) == []
+
+
+def test_a_limit_for_a_model_nobody_serves_is_flagged_with_did_you_mean(fleet):
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-72b"] = 2
+    [f] = only(fleet, "unknown-model-limit")
+    assert f.path == ("proxy", "modelConcurrencyLimits", "qwen3.8-72b")
+    assert f.hint == "did you mean `qwen3.8-27b`?"
+
+
+@pytest.mark.parametrize(
+    ("target", "drafter", "warned"),
+    [
+        (4, 4, True),
+        (4, 3, True),
+        ("mxfp4", 4, True),
+        (8, 5, True),
+        (2, 6, False),
+        (8, 6, False),
+        (4, 6, False),
+        ("bf16", 8, False),
+        (4, "mxfp4", True),
+        (2, 3, False),
+        ("fp16", "fp16", False),
+    ],
+)
+def test_drafter_precision_warns_only_when_as_hard_as_the_target_and_below_6_bits(fleet, target, drafter, warned):
+    fleet["workers"]["qwen-mtp"]["target"]["bits"] = target
+    fleet["workers"]["qwen-mtp"]["drafter"]["bits"] = drafter
+    config, report = validate_data(fleet)
+    found = [f for f in report.findings if f.code == "drafter-precision"]
+    assert bool(found) == warned
+    assert report.ok  # a warning never makes the config invalid
+    if warned:
+        assert found[0].severity == "warning"
+
+
+def test_a_backend_outside_the_policy_is_wired_but_unreachable(fleet):
+    fleet["workers"]["qwen-mtp"]["backend"] = "mlx-lm"
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = 1
+    [f] = only(fleet, "backend-forbidden")
+    assert "wired but unreachable" in f.message
+    assert f.related == (("policy", "allowedBackends"),)
+
+
+def test_mlx_lm_with_a_drafter_above_width_1_is_refused(fleet):
+    fleet["policy"] = {"allowedBackends": ["native", "mlx-lm"]}
+    fleet["workers"]["qwen-mtp"]["backend"] = "mlx-lm"
+    assert codes(fleet) == ["mlx-lm-serializes-drafts"]
+    fleet["workers"]["qwen-mtp"]["drafter"] = None
+    assert codes(fleet) == []  # without a drafter mlx_lm.server batches
+    fleet["workers"]["qwen-mtp"]["drafter"] = {"path": "d", "bits": 6, "depth": 2}
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    fleet["workers"]["qwen-mtp"]["maxNumSeqs"] = 1
+    assert codes(fleet) == []
+
+
+@pytest.mark.parametrize(
+    ("proxy_host", "worker_host", "conflict"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.1", "127.0.0.2", False),
+        ("0.0.0.0", "127.0.0.2", True),
+        ("127.0.0.1", "::", True),
+        ("localhost", "127.0.0.1", True),
+        ("::1", "0:0:0:0:0:0:0:1", True),
+    ],
+)
+def test_port_conflicts_consider_wildcard_hosts(fleet, proxy_host, worker_host, conflict):
+    fleet["proxy"].update(host=proxy_host, port=8101)
+    fleet["workers"]["qwen-mtp"]["host"] = worker_host
+    assert ("port-conflict" in codes(fleet)) == conflict
+
+
+def test_two_workers_on_one_port_conflict_and_name_each_other(fleet):
+    fleet["workers"]["b"] = dict(fleet["workers"]["qwen-mtp"])
+    [f] = only(fleet, "port-conflict")
+    assert f.path == ("workers", "b", "port")
+    assert f.related == (("workers", "qwen-mtp", "port"),)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code", "path"),
+    [
+        (lambda d: d["workers"]["qwen-mtp"].update(maxNumSeq=2), "unknown-key", ("workers", "qwen-mtp", "maxNumSeq")),
+        (lambda d: d["workers"]["qwen-mtp"].pop("target"), "missing-key", ("workers", "qwen-mtp", "target")),
+        (lambda d: d["workers"]["qwen-mtp"].update(maxNumSeqs="2"), "invalid-type", ("workers", "qwen-mtp", "maxNumSeqs")),
+        (lambda d: d["workers"]["qwen-mtp"].update(maxNumSeqs=True), "invalid-type", ("workers", "qwen-mtp", "maxNumSeqs")),
+        (lambda d: d["workers"]["qwen-mtp"]["target"].update(bits=7), "invalid-value", ("workers", "qwen-mtp", "target", "bits")),
+        (lambda d: d["workers"]["qwen-mtp"].update(backend="vllm"), "invalid-value", ("workers", "qwen-mtp", "backend")),
+        (lambda d: d["workers"]["qwen-mtp"].update(port=0), "out-of-range", ("workers", "qwen-mtp", "port")),
+        (lambda d: d.update(workers=["qwen-mtp"]), "invalid-type", ("workers",)),
+    ],
+)
+def test_structural_problems_have_codes_and_key_paths(fleet, mutate, code, path):
+    mutate(fleet)
+    config, report = validate_data(fleet)
+    assert config is None
+    assert [(f.code, f.path) for f in report.findings] == [(code, path)]
+
+
+def test_unknown_keys_suggest_the_near_name(fleet):
+    fleet["proxy"]["concurencyLimit"] = 2
+    _, report = validate_data(fleet)
+    [f] = report.findings
+    assert f.hint == "did you mean `concurrencyLimit`?"
+
+
+def test_text_output_quotes_model_names_with_dots(fleet):
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 3
+    [f] = only(fleet, "concurrency-mismatch")
+    text = format_finding("fleet.yaml", f)
+    assert text.startswith("fleet.yaml: error[concurrency-mismatch]: workers.qwen-mtp.maxNumSeqs: ")
+    assert '`proxy.modelConcurrencyLimits."qwen3.8-27b"`' in text
+    assert "\n\nhint: " in text
