@@ -1,0 +1,109 @@
+"""Nix and Python agree on random fleets: the same coupling verdict and the same
+worker argv (and the same rendered config). Hypothesis draws the fleets; all of
+them go to Nix in one JSON file, so hundreds of fleets cost one evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from validator.argv import worker_argv
+from validator.coupling import is_coupled
+from validator.load import validate_data
+
+ROOT = Path(__file__).resolve().parents[2]
+N_FLEETS = 250
+
+# Values within the module's option types.
+widths = st.integers(1, 4)
+models = st.sampled_from(["qwen3.8-27b", "qwen3-4b", "llama", "m.x-1", "é-model"])
+bits = st.sampled_from([2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"])
+# Arguments with spaces, quotes, `%`, `$` and non-ASCII: no NUL (Nix strings cannot hold it).
+args = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
+worker_names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True)
+seconds = st.sampled_from([0.5, 1, 2.5, 30, 60.0, 300])
+
+
+def optional(key: str, strategy: st.SearchStrategy) -> st.SearchStrategy:
+    """A one-key dict or an empty one: the option left at its default."""
+    return st.one_of(st.just({}), strategy.map(lambda v: {key: v}))
+
+
+@st.composite
+def workers(draw) -> dict:
+    w = {
+        "model": draw(models),
+        "target": {"path": draw(args), "bits": draw(bits)},
+        "maxNumSeqs": draw(widths),
+        "port": draw(st.integers(1, 65535)),
+    }
+    drafter = st.fixed_dictionaries({"path": args, "bits": bits, "depth": st.integers(1, 8)})
+    for key, strategy in [
+        ("backend", st.sampled_from(["native", "mlx-lm"])),
+        ("drafter", st.one_of(st.none(), drafter)),
+        ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost"])),
+        ("extraArgs", st.lists(args, max_size=3)),
+    ]:
+        w.update(draw(optional(key, strategy)))
+    return w
+
+
+@st.composite
+def fleets(draw) -> dict:
+    proxy = {}
+    proxy.update(draw(optional("concurrencyLimit", widths)))
+    proxy.update(draw(optional("modelConcurrencyLimits", st.dictionaries(models, widths, max_size=4))))
+    proxy.update(draw(optional("queue", st.fixed_dictionaries({}, optional={"maxWaiting": st.integers(0, 100), "timeoutSeconds": seconds}))))
+    proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds}))))
+    fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
+    fleet.update(draw(optional("policy", st.fixed_dictionaries({"allowedBackends": st.lists(st.sampled_from(["native", "mlx-lm"]), max_size=2)}))))
+    return fleet
+
+
+def draw_fleets(n: int) -> list[dict]:
+    drawn: list[dict] = []
+
+    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(fleets())
+    def collect(fleet):
+        drawn.append(fleet)
+
+    collect()
+    return drawn
+
+
+def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
+    fleets_ = draw_fleets(N_FLEETS)
+    assert len(fleets_) >= 200
+    data = tmp_path / "fleets.json"
+    data.write_text(json.dumps(fleets_))
+    results = nixh.eval(
+        f"""
+        let
+          mtp = import {nixh.lib};
+          verdict = fleet:
+            let config = mtp.render fleet; in
+            {{
+              rendered = config;
+              mismatched = mtp.coupling.mismatched config;
+              argv = builtins.mapAttrs (_: mtp.workerArgv) config.workers;
+            }};
+        in map verdict (builtins.fromJSON (builtins.readFile {data}))
+        """
+    )
+    assert len(results) == len(fleets_)
+    mismatches_seen = 0
+    for fleet, nix in zip(fleets_, results):
+        config, report = validate_data(fleet, "<fleet>")
+        assert config is not None, (fleet, report.render_text())
+        python_mismatched = sorted(f.path[1] for f in report.findings if f.code == "concurrency-mismatch")
+        assert nix["mismatched"] == python_mismatched, fleet
+        assert nix["mismatched"] == sorted(n for n, w in config.workers.items() if not is_coupled(config.proxy, w)), fleet
+        assert nix["argv"] == {name: worker_argv(w) for name, w in config.workers.items()}, fleet
+        assert nix["rendered"] == config.model_dump(by_alias=True, mode="json"), fleet
+        mismatches_seen += bool(python_mismatched)
+    # The draw exercises both verdicts, not only one.
+    assert 0 < mismatches_seen < len(fleets_)

@@ -1,0 +1,85 @@
+"""The pure Nix functions (modules/lib) evaluated by real Nix, without nixpkgs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from validator.load import validate_data
+
+ROOT = Path(__file__).resolve().parents[2]
+NIX_FILES = sorted(
+    p.relative_to(ROOT)
+    for p in [ROOT / "flake.nix", *ROOT.glob("modules/**/*.nix"), *ROOT.glob("examples/nix/**/*.nix"), *ROOT.glob("tests/nix/*.nix")]
+    if p.exists()
+)
+EXAMPLES = sorted((ROOT / "examples" / "nix").glob("*/*.nix"))
+
+
+@pytest.mark.parametrize("path", NIX_FILES, ids=str)
+def test_every_nix_file_parses(nixh, path):
+    nixh.run(["nix-instantiate", "--parse", str(ROOT / path)])
+
+
+def test_pure_nix_unit_tests_pass(nixh):
+    failures = nixh.eval(file=ROOT / "tests" / "nix" / "lib-tests.nix")
+    assert failures == []
+
+
+def render_examples(nixh) -> dict[str, dict]:
+    """Every example's rendered config, in one evaluation."""
+    entries = " ".join(
+        f'{{ name = {nixh.string(str(p.relative_to(ROOT)))}; value = mtp.render (import {p}).services.mtpstack; }}'
+        for p in EXAMPLES
+    )
+    return nixh.eval(f"let mtp = import {nixh.lib}; in builtins.listToAttrs [ {entries} ]")
+
+
+@pytest.fixture(scope="module")
+def rendered_examples(nixh):
+    return render_examples(nixh)
+
+
+def validate(tmp_path: Path, name: str, config: dict) -> tuple[int, dict]:
+    file = tmp_path / (Path(name).stem + ".json")
+    file.write_text(json.dumps(config))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtpstack", "validate", str(file), "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("example", [p for p in EXAMPLES if p.parent.name == "valid"], ids=lambda p: p.name)
+def test_valid_example_renders_a_config_that_validates(rendered_examples, tmp_path, example):
+    name = str(example.relative_to(ROOT))
+    code, report = validate(tmp_path, name, rendered_examples[name])
+    assert (code, report["errors"]) == (0, [])
+
+
+@pytest.mark.parametrize("example", [p for p in EXAMPLES if p.parent.name == "invalid"], ids=lambda p: p.name)
+def test_invalid_example_renders_a_config_that_fails_with_its_code(nixh, rendered_examples, tmp_path, example):
+    name = str(example.relative_to(ROOT))
+    code, report = validate(tmp_path, name, rendered_examples[name])
+    assert code == 1
+    assert nixh.expected_code(example) in {e["code"] for e in report["errors"]}
+
+
+def test_render_fills_the_defaults_the_config_model_fills(rendered_examples):
+    """The Nix renderer and pydantic agree on every default, key for key."""
+    for name, rendered in rendered_examples.items():
+        config, _ = validate_data(rendered, name)
+        assert config is not None, name
+        assert rendered == config.model_dump(by_alias=True, mode="json"), name
+
+
+def test_examples_include_both_kinds():
+    kinds = {p.parent.name for p in EXAMPLES}
+    assert kinds == {"valid", "invalid"}
