@@ -78,3 +78,4 @@ async def make_fleet(aiohttp_server, aiohttp_client):
         return Fleet(client=client, fakes=fakes, servers=servers, config=config)
 
     return make
+

@@ -1,0 +1,136 @@
+"""ModelAdmission on its own: gates, FIFO hand-off, timeouts, health, Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+from http import HTTPStatus
+
+import pytest
+
+from proxy.admission import ModelAdmission, Rejected, Upstream
+
+
+def admission(gates=(1,), max_waiting=8, timeout=5.0) -> ModelAdmission:
+    ups = [Upstream(name=f"w{i}", model="m", url="http://x", gate=g, order=i, healthy=True) for i, g in enumerate(gates)]
+    return ModelAdmission(model="m", upstreams=ups, max_waiting=max_waiting, timeout_seconds=timeout)
+
+
+async def test_waiters_get_slots_in_arrival_order():
+    a = admission(gates=(1,), max_waiting=10)
+    held = await a.acquire()
+    order: list[int] = []
+
+    async def client(i: int):
+        u = await a.acquire()
+        order.append(i)
+        await asyncio.sleep(0)
+        a.release(u)
+
+    tasks = [asyncio.create_task(client(i)) for i in range(10)]
+    await asyncio.sleep(0)
+    assert a.waiting == 10
+    a.release(held)
+    await asyncio.gather(*tasks)
+    assert order == list(range(10))
+
+
+async def test_a_newcomer_does_not_overtake_a_waiter_even_when_a_slot_is_free():
+    a = admission(gates=(1,))
+    held = await a.acquire()
+    first = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    a.release(held)  # the slot goes to `first` at once, not to whoever asks next
+    second = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    assert first.done() and not second.done()
+    a.release(await first)
+    a.release(await second)
+
+
+async def test_least_loaded_worker_is_chosen():
+    a = admission(gates=(2, 2))
+    u1, u2 = await a.acquire(), await a.acquire()
+    assert {u1.name, u2.name} == {"w0", "w1"}
+
+
+async def test_least_loaded_counts_share_of_the_gate():
+    a = admission(gates=(1, 4))
+    picks = [(await a.acquire()).name for _ in range(5)]
+    assert sorted(picks) == ["w0", "w1", "w1", "w1", "w1"]
+    assert [u.inflight for u in a.upstreams] == [1, 4]
+
+
+async def test_queue_full_is_rejected_with_429_and_retry_after():
+    a = admission(gates=(1,), max_waiting=1)
+    await a.acquire()
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(Rejected) as e:
+        await a.acquire()
+    assert (e.value.status, e.value.code) == (HTTPStatus.TOO_MANY_REQUESTS, "queue_full")
+    assert e.value.retry_after >= 1
+    waiter.cancel()
+
+
+async def test_queue_timeout_is_rejected_and_leaves_the_queue():
+    a = admission(gates=(1,), timeout=0.05)
+    await a.acquire()
+    with pytest.raises(Rejected) as e:
+        await a.acquire()
+    assert e.value.code == "queue_timeout" and e.value.status == HTTPStatus.TOO_MANY_REQUESTS
+    assert a.waiting == 0
+
+
+async def test_retry_after_follows_observed_service_time():
+    a = admission(gates=(2,))
+    u = await a.acquire()
+    a.release(u, service_seconds=3.0)
+    # nobody waiting: one request ahead at most -> 3 s spread over 2 slots
+    assert a.retry_after() == 2
+    held = [await a.acquire(), await a.acquire()]
+    waiters = [asyncio.create_task(a.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert a.retry_after() == 6  # 3 s * (3 waiting + 1) / 2 slots
+    for t in waiters:
+        t.cancel()
+    for h in held:
+        a.release(h)
+
+
+async def test_cancelled_waiter_passes_a_just_granted_slot_on():
+    a = admission(gates=(1,))
+    held = await a.acquire()
+    first = asyncio.create_task(a.acquire())
+    second = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    a.release(held)  # granted to `first` ...
+    first.cancel()  # ... which is cancelled before it runs
+    got = await second
+    assert got.inflight == 1
+    a.release(got)
+    assert a.upstreams[0].inflight == 0
+
+
+async def test_no_healthy_worker_is_503_and_fails_waiters_at_once():
+    a = admission(gates=(1,))
+    u = await a.acquire()
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    a.set_healthy(u, False, "gone")
+    with pytest.raises(Rejected) as e:
+        await waiter
+    assert (e.value.status, e.value.code) == (HTTPStatus.SERVICE_UNAVAILABLE, "no_healthy_worker")
+    with pytest.raises(Rejected):
+        await a.acquire()
+
+
+async def test_recovered_worker_serves_the_queue():
+    a = admission(gates=(1, 1))
+    w0, w1 = a.upstreams
+    a.set_healthy(w1, False, "down")
+    held = await a.acquire()
+    assert held is w0
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    a.set_healthy(w1, True, "ok")
+    assert await waiter is w1

@@ -1,0 +1,350 @@
+"""The proxy over HTTP, against real aiohttp upstreams on loopback that count their own
+concurrency and refuse (loudly) anything above their batch width."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import pytest
+from aiohttp import hdrs
+
+
+def chat(tag=None, stream=False, model="m", **fake):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    if tag is not None:
+        fake["tag"] = tag
+    if fake:
+        body["x_fake"] = fake
+    return body
+
+
+async def error_of(resp) -> dict:
+    body = await resp.json()
+    assert set(body["error"]) >= {"message", "type", "code"}, body
+    return body["error"]
+
+
+async def eventually(predicate, timeout: float = 3.0, what: str = "condition") -> None:
+    """Wait until `predicate()` holds; the bound only keeps a broken proxy from hanging the suite."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        await asyncio.sleep(0.005)
+
+
+# -- admission --------------------------------------------------------------------------
+async def test_gate_of_2_is_never_exceeded_by_64_concurrent_clients(make_fleet):
+    f = await make_fleet({"w1": {"gate": 2}}, proxy={"queue": {"maxWaiting": 64, "timeoutSeconds": 30}})
+    upstream = f.state.upstreams["w1"]
+    seen: list[int] = []
+    sampling = True
+
+    async def sample():
+        while sampling:
+            seen.append(upstream.inflight)
+            await asyncio.sleep(0)
+
+    sampler = asyncio.create_task(sample())
+    reqs = [f.client.post("/v1/chat/completions", json=chat(i, stream=i % 2 == 0, delay=0.005, chunks=3)) for i in range(64)]
+    resps = await asyncio.gather(*reqs)
+    bodies = await asyncio.gather(*(r.read() for r in resps))
+    sampling = False
+    await sampler
+    assert [r.status for r in resps] == [200] * 64
+    assert all(b"[DONE]" in b for b, r in zip(bodies, resps) if r.headers[hdrs.CONTENT_TYPE] == "text/event-stream")
+    f.assert_no_violations()
+    assert f.fakes["w1"].max_active == 2  # the gate was used fully, and never more
+    assert max(seen) == 2 and upstream.inflight == 0
+    assert f.fakes["w1"].served == 64
+
+
+async def test_queued_requests_are_served_in_arrival_order(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    admission = f.state.admissions["m"]
+    holder = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat("hold", delay=0.3)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1, what="first request admitted")
+    tasks = []
+    for i in range(8):
+        tasks.append(asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(i))))
+        await eventually(lambda: admission.waiting == i + 1, what=f"request {i} queued")
+    resps = await asyncio.gather(holder, *tasks)
+    assert [r.status for r in resps] == [200] * 9
+    assert f.fakes["w1"].arrivals == ["hold", *range(8)]
+
+
+async def test_requests_spread_to_the_least_loaded_worker(make_fleet):
+    f = await make_fleet({"a": {"gate": 2}, "b": {"gate": 2}})
+    resps = await asyncio.gather(*(f.client.post("/v1/chat/completions", json=chat(i, delay=0.2)) for i in range(4)))
+    assert [r.status for r in resps] == [200] * 4
+    assert f.fakes["a"].max_active == 2 and f.fakes["b"].max_active == 2
+    f.assert_no_violations()
+
+
+async def test_queue_full_answers_429_with_retry_after(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
+    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.3)))
+    queued = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat()))
+    await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
+    r = await f.client.post("/v1/chat/completions", json=chat())
+    assert r.status == 429
+    assert int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    err = await error_of(r)
+    assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+    assert [x.status for x in await asyncio.gather(held, queued)] == [200, 200]
+
+
+async def test_queue_timeout_answers_429_with_retry_after(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
+    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.5)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
+    r = await f.client.post("/v1/chat/completions", json=chat())
+    assert r.status == 429 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    assert (await error_of(r))["code"] == "queue_timeout"
+    assert f.state.admissions["m"].waiting == 0
+    assert (await held).status == 200
+
+
+async def test_a_gate_wider_than_the_worker_turns_the_excess_into_429s(make_fleet):
+    """The failure the coupling rule prevents: the proxy admits 4, the worker serves 1."""
+    f = await make_fleet({"w1": {"gate": 1, "proxy_gate": 4}})
+    resps = await asyncio.gather(*(f.client.post("/v1/chat/completions", json=chat(delay=0.3)) for _ in range(4)))
+    codes = sorted(r.status for r in resps)
+    assert codes.count(429) == 3 and codes.count(200) == 1
+    assert f.fakes["w1"].violations == 3
+
+
+# -- streaming, disconnects, dying workers ------------------------------------------------
+async def test_stream_is_passed_through_chunk_by_chunk(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=5, interval=0.05))
+    assert r.status == 200 and r.headers[hdrs.CONTENT_TYPE] == "text/event-stream"
+    first = await r.content.readuntil(b"\n\n")
+    # the first event arrives while the worker is still writing the rest
+    assert first.startswith(b"data: ") and f.fakes["w1"].active == 1
+    rest = await r.read()
+    assert rest.count(b"data: ") == 5 and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_client_disconnect_frees_the_slot_and_cancels_upstream(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=1000, interval=0.02))
+    await r.content.readuntil(b"\n\n")
+    assert f.state.upstreams["w1"].inflight == 1
+    r.close()  # drop the connection mid-stream
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 0, what="slot freed")
+    await eventually(lambda: f.fakes["w1"].cancelled == 1, what="upstream request cancelled")
+    r2 = await f.client.post("/v1/chat/completions", json=chat())
+    assert r2.status == 200
+
+
+async def test_client_disconnect_while_waiting_for_a_plain_answer_frees_the_slot(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    task = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=10)))
+    await eventually(lambda: f.fakes["w1"].active == 1)
+    task.cancel()
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 0, what="slot freed")
+    await eventually(lambda: f.fakes["w1"].active == 0, what="upstream request cancelled")
+
+
+async def test_client_disconnect_while_queued_leaves_the_queue(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.3)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
+    queued = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat("never")))
+    await eventually(lambda: f.state.admissions["m"].waiting == 1)
+    queued.cancel()
+    await eventually(lambda: f.state.admissions["m"].waiting == 0, what="queue emptied")
+    assert (await held).status == 200
+    assert "never" not in f.fakes["w1"].arrivals
+
+
+async def test_worker_dying_mid_stream_ends_the_stream_with_an_error_event(make_fleet):
+    # Slow health checks: the worker stays marked unhealthy for the rest of the test.
+    f = await make_fleet({"w1": {"gate": 1}}, health_interval=60)
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=10, die_after=3))
+    assert r.status == 200
+    body = await r.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    assert len(events) == 4 and b"[DONE]" not in body
+    err = json.loads(events[-1].removeprefix(b"data: "))["error"]
+    assert err["code"] == "upstream_disconnected"
+    assert f.state.upstreams["w1"].inflight == 0
+    assert not f.state.upstreams["w1"].healthy
+    r2 = await f.client.post("/v1/chat/completions", json=chat())
+    assert r2.status == 503 and (await error_of(r2))["code"] == "no_healthy_worker"
+
+
+# -- upstream failures --------------------------------------------------------------------
+async def test_worker_refusing_connections_gives_502_then_503(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, health_interval=60)
+    await f.servers["w1"].close()
+    r = await f.client.post("/v1/chat/completions", json=chat())
+    assert r.status == 502 and (await error_of(r))["code"] == "upstream_unreachable"
+    r = await f.client.post("/v1/chat/completions", json=chat())
+    assert r.status == 503 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    assert (await error_of(r))["code"] == "no_healthy_worker"
+
+
+async def test_unhealthy_worker_gets_no_traffic_until_it_recovers(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    f.fakes["w1"].health_status = 503
+    await eventually(lambda: not f.state.upstreams["w1"].healthy, what="worker marked unhealthy")
+    assert (await f.client.get("/readyz")).status == 503
+    r = await f.client.post("/v1/chat/completions", json=chat("x"))
+    assert r.status == 503 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    assert f.fakes["w1"].arrivals == []
+    f.fakes["w1"].health_status = 200
+    await eventually(lambda: f.state.upstreams["w1"].healthy, what="worker marked healthy")
+    assert (await f.client.get("/readyz")).status == 200
+    assert (await f.client.post("/v1/chat/completions", json=chat())).status == 200
+
+
+async def test_slow_first_byte_gives_504(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"timeouts": {"firstByteSeconds": 0.1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(delay=2))
+    assert r.status == 504 and (await error_of(r))["code"] == "upstream_timeout"
+    assert f.state.upstreams["w1"].inflight == 0
+
+
+async def test_stalled_stream_ends_with_a_timeout_event(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"timeouts": {"idleSeconds": 0.1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=3, interval=2))
+    body = await r.read()
+    last = [e for e in body.split(b"\n\n") if e][-1]
+    assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == "upstream_timeout"
+    assert f.state.upstreams["w1"].inflight == 0
+
+
+# -- bad input ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_request"),
+        (b"[1, 2]", 400, "invalid_request"),
+        (b'{"messages": []}', 400, "invalid_request"),
+        (b'{"model": 7}', 400, "invalid_request"),
+        (b'{"model": "nope", "messages": []}', 404, "model_not_found"),
+        (b'{"model": "m", "pad": "' + b"x" * 2000 + b'"}', 413, "body_too_large"),
+    ],
+    ids=["not-json", "not-object", "no-model", "model-not-string", "unknown-model", "too-large"],
+)
+async def test_bad_input_gets_a_4xx_and_never_reaches_a_worker(make_fleet, body, status, code):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"maxBodyBytes": 1000})
+    r = await f.client.post("/v1/chat/completions", data=body, headers={hdrs.CONTENT_TYPE: "application/json"})
+    assert r.status == status
+    err = await error_of(r)
+    assert err["code"] == code
+    if code == "model_not_found":
+        assert "`m`" in err["message"]
+    assert f.fakes["w1"].arrivals == []
+
+
+async def test_chunked_body_over_the_limit_is_413(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"maxBodyBytes": 1000})
+
+    async def gen():
+        for _ in range(10):
+            yield b"x" * 500
+
+    r = await f.client.post("/v1/completions", data=gen())
+    assert r.status == 413 and (await error_of(r))["code"] == "body_too_large"
+
+
+@pytest.fixture
+def keys_file(tmp_path):
+    p = tmp_path / "keys"
+    p.write_text("# proxy keys\nsk-first-key\n\nsk-second-key\n")
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 401),
+        ({"Authorization": "Bearer sk-wrong"}, 401),
+        ({"Authorization": "Basic sk-first-key"}, 401),
+        ({"Authorization": "Bearer sk-second-key"}, 200),
+        ({"X-Api-Key": "sk-first-key"}, 200),
+    ],
+    ids=["missing", "wrong", "wrong-scheme", "bearer", "x-api-key"],
+)
+async def test_api_keys_are_required_when_configured(make_fleet, keys_file, headers, status, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"apiKeysFile": keys_file})
+    r = await f.client.post("/v1/chat/completions", json=chat(), headers=headers)
+    assert r.status == status
+    if status == 401:
+        assert (await error_of(r))["code"] == "invalid_api_key"
+        assert f.fakes["w1"].arrivals == []
+    else:
+        # the key stays at the proxy
+        sent = {k.lower() for k in f.fakes["w1"].last_headers}
+        assert "authorization" not in sent and "x-api-key" not in sent
+    assert (await f.client.get("/v1/models", headers=headers)).status == status
+    assert (await f.client.get("/healthz")).status == 200
+    assert "sk-" not in caplog.text
+
+
+# -- forwarding details -------------------------------------------------------------------
+async def test_mlx_lm_workers_get_the_model_they_loaded(make_fleet):
+    f = await make_fleet(
+        {"native": {"gate": 1, "model": "a"}, "mlxlm": {"gate": 1, "model": "b", "backend": "mlx-lm", "target": "/srv/models/b-4bit"}}
+    )
+    assert (await f.client.post("/v1/chat/completions", json=chat(model="a"))).status == 200
+    assert (await f.client.post("/v1/completions", json={"model": "b", "prompt": "hi"})).status == 200
+    assert f.fakes["native"].models == ["a"]
+    assert f.fakes["mlxlm"].models == ["/srv/models/b-4bit"]
+
+
+async def test_hop_by_hop_headers_are_stripped_and_a_request_id_added(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    r = await f.client.post(
+        "/v1/chat/completions",
+        json=chat(),
+        headers={"TE": "trailers", "Proxy-Authorization": "x", "X-Drop-Me": "1", "Connection": "X-Drop-Me", "X-Keep": "yes"},
+    )
+    assert r.status == 200
+    sent = {k.lower(): v for k, v in f.fakes["w1"].last_headers.items()}
+    assert "te" not in sent and "proxy-authorization" not in sent and "x-drop-me" not in sent
+    assert sent["x-keep"] == "yes"
+    assert sent["x-request-id"] == r.headers["X-Request-Id"]
+    r = await f.client.post("/v1/chat/completions", json=chat(), headers={"X-Request-Id": "abc-123"})
+    assert r.headers["X-Request-Id"] == "abc-123"
+
+
+async def test_one_structured_log_line_per_request(make_fleet, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    f = await make_fleet({"w1": {"gate": 1}})
+    await f.client.post("/v1/chat/completions", json=chat())
+    await f.client.post("/v1/chat/completions", json=chat(model="zzz"))
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.getMessage().startswith('{"event": "request"')]
+    assert len(lines) == 2
+    ok, missing = lines
+    assert (ok["model"], ok["worker"], ok["status"]) == ("m", "w1", 200)
+    assert ok["queue_wait_ms"] >= 0 and ok["duration_ms"] >= ok["queue_wait_ms"]
+    assert (missing["status"], missing["code"], missing["model"]) == (404, "model_not_found", "-")
+
+
+async def test_models_health_and_metrics_endpoints(make_fleet):
+    f = await make_fleet({"a1": {"gate": 2, "model": "a"}, "b1": {"gate": 1, "model": "b"}})
+    models = await (await f.client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["a", "b"]
+    assert (await f.client.get("/healthz")).status == 200
+    ready = await f.client.get("/readyz")
+    assert ready.status == 200 and (await ready.json())["ready"] is True
+    await f.client.post("/v1/chat/completions", json=chat(model="a"))
+    text = await (await f.client.get("/metrics")).text()
+    for needle in (
+        'mtpstack_proxy_requests_total{model="a",status="200"} 1.0',
+        'mtpstack_proxy_queue_depth{model="b"} 0.0',
+        'mtpstack_proxy_queue_wait_seconds_count{model="a"} 1.0',
+        'mtpstack_proxy_inflight{worker="a1"} 0.0',
+        'mtpstack_proxy_gate{worker="a1"} 2.0',
+        'mtpstack_proxy_upstream_first_byte_seconds_count{worker="a1"} 1.0',
+        'mtpstack_proxy_worker_healthy{worker="b1"} 1.0',
+    ):
+        assert needle in text, needle
