@@ -366,6 +366,14 @@ class Scheduler:
             raise RuntimeError("scheduler full")
         self.active.append(seq)
 
+    def drop_cancelled(self) -> list[Sequence]:
+        """Remove sequences whose client went away; cheap, so the loop runs it every iteration."""
+        dropped = [seq for seq in self.active if seq.cancelled]
+        for seq in dropped:
+            seq.cancel()
+            self.active.remove(seq)
+        return dropped
+
     def step(self) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
         """One step of each active sequence; finished or cancelled ones leave the active set."""
         results = []

@@ -202,6 +202,10 @@ class GenerationLoop:
         sched = self.scheduler
         while not self._stopping.is_set():
             self._admit(block=not sched.active)
+            for seq in sched.drop_cancelled():
+                self._publish(seq, None)
+            self.active_count = len(sched.active)
+            self.metrics.active.set(self.active_count)
             if not sched.active:
                 self.last_progress = time.monotonic()
                 continue

@@ -1,0 +1,114 @@
+"""Fixtures for the worker tests: tiny random model pairs and live worker processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="the worker tests need mlx")
+
+from validator import WorkerProfile, worker_argv  # noqa: E402
+from worker.demo.tiny import build_tiny_pair  # noqa: E402
+from worker.launcher import resolve_command, worker_env  # noqa: E402
+from worker.process import WorkerProcess  # noqa: E402
+from worker.proof import free_port  # noqa: E402
+
+#: Every HTTP call in these tests is bounded by this.
+HTTP_TIMEOUT = 30.0
+#: A tiny worker loads in well under a second; the margin is for a busy 2-core CI machine.
+START_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    return build_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def echo_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A drafter identical to its target: every drafted token must be accepted."""
+    return build_tiny_pair(tmp_path_factory.mktemp("echo"), seed=3, drafter_from_target=True)
+
+
+def copy_pair(pair: tuple[Path, Path], dest: Path) -> tuple[Path, Path]:
+    t, d = pair
+    return Path(shutil.copytree(t, dest / "target")), Path(shutil.copytree(d, dest / "drafter"))
+
+
+class LiveWorker:
+    """A real `mtpstack worker` subprocess, started from `validator.worker_argv` like `mtpstack up` does."""
+
+    def __init__(self, tmp: Path, target: Path, drafter: Path | None, *, depth: int = 3, width: int = 3,
+                 extra: list[str] = (), env: dict | None = None, name: str = "tiny"):
+        self.port = free_port()
+        spec = {
+            "model": name,
+            "backend": "native",
+            "target": {"path": str(target), "bits": "fp32"},
+            "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth} if drafter else None,
+            "maxNumSeqs": width,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "extraArgs": list(extra),
+        }
+        self.profile = WorkerProfile.model_validate(spec)
+        self.argv = resolve_command(worker_argv(self.profile))
+        self.proc = WorkerProcess(self.argv, host="127.0.0.1", port=self.port, log_path=tmp / f"worker-{self.port}.log",
+                                  name=name, env=worker_env({**__import__("os").environ, **(env or {})}))
+        self.url = self.proc.url
+        self.name = name
+
+    def __enter__(self) -> "LiveWorker":
+        self.proc.start()
+        try:
+            self.proc.wait_healthy(timeout=START_TIMEOUT)
+        except Exception:
+            self.proc.stop(timeout=5)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stop(timeout=5)
+
+    def get_json(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=HTTP_TIMEOUT) as resp:
+            return json.loads(resp.read())
+
+    def post_json(self, path: str, body) -> tuple[int, dict, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
+                return resp.status, dict(resp.headers), json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), json.loads(e.read())
+
+
+@pytest.fixture
+def pair_copier():
+    """`copy_pair(pair, dest)`: a private copy of a model pair, for tests that change files."""
+    return copy_pair
+
+
+@pytest.fixture(scope="session")
+def live_worker_class():
+    return LiveWorker
+
+
+@pytest.fixture
+def live_worker(tmp_path):
+    """A factory: `with live_worker(target, drafter, ...) as w:`; every process is stopped on exit."""
+    started: list[LiveWorker] = []
+
+    def make(target, drafter, **kw) -> LiveWorker:
+        w = LiveWorker(tmp_path, target, drafter, **kw)
+        started.append(w)
+        return w
+
+    yield make
+    for w in started:
+        w.proc.stop(timeout=5)

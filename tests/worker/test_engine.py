@@ -1,0 +1,168 @@
+"""The engine in-process: speculation changes speed, never text."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from worker.engine import Engine, SamplingParams, Scheduler
+
+PROMPTS = [
+    "def main():",
+    "The quick brown fox jumps over",
+    "import os\nimport sys\n",
+    "Copyright (C) 2024 Free Software Foundation, Inc.\n",
+    "x",
+]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair) -> Engine:
+    target, drafter = tiny_pair
+    return Engine.load(str(target), str(drafter), draft_depth=6)
+
+
+@pytest.fixture(scope="module")
+def reference(engine) -> dict[str, list[int]]:
+    """The target's own greedy tokens from mlx-lm's plain `generate_step`."""
+    out = {}
+    for prompt in PROMPTS:
+        ids = engine.text_prompt(prompt)
+        out[prompt] = [t for t, _ in generate_step(mx.array(ids), engine.target.model, max_tokens=MAX_TOKENS)]
+    return out
+
+
+def run(engine: Engine, prompt: list[int], **kw) -> "Sequence":  # noqa: F821
+    seq = engine.new_sequence(prompt, SamplingParams(**{"max_tokens": MAX_TOKENS, "ignore_eos": True, **kw}))
+    while not seq.finished:
+        seq.step()
+    return seq
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3, 4, 5, 6])
+def test_greedy_output_equals_the_targets_own_greedy_output_at_every_depth(engine, reference, depth):
+    for prompt in PROMPTS:
+        seq = run(engine, engine.text_prompt(prompt), depth=depth)
+        assert seq.tokens == reference[prompt], f"depth {depth}, prompt {prompt!r}"
+        if depth:
+            assert seq.drafted > 0
+
+
+def test_without_a_drafter_the_output_is_the_same(tiny_pair, reference):
+    plain = Engine.load(str(tiny_pair[0]), None)
+    assert plain.draft_depth == 0
+    for prompt in PROMPTS[:2]:
+        seq = run(plain, plain.text_prompt(prompt), depth=3)
+        assert seq.tokens == reference[prompt]
+        assert seq.drafted == 0
+
+
+def test_a_drafter_identical_to_the_target_has_every_token_accepted(echo_pair):
+    target, drafter = echo_pair
+    eng = Engine.load(str(target), str(drafter), draft_depth=4)
+    seq = run(eng, eng.text_prompt("def main():"), depth=4, max_tokens=41)
+    # 41 tokens = 8 steps of 4 accepted + 1 corrected... every draft matches, so each step emits depth+1.
+    assert seq.drafted == seq.accepted > 0
+    assert len(seq.tokens) == 41
+
+
+def test_the_drafter_never_drafts_what_could_not_be_emitted(engine):
+    seq = engine.new_sequence(engine.text_prompt("def main():"), SamplingParams(max_tokens=3, depth=6, ignore_eos=True))
+    while not seq.finished:
+        left = 3 - len(seq.tokens)
+        assert seq.step().drafted <= left - 1
+    assert len(seq.tokens) == 3
+
+
+def test_a_lower_request_depth_drafts_fewer_tokens_per_step(engine):
+    seq = engine.new_sequence(engine.text_prompt("def main():"), SamplingParams(max_tokens=30, depth=1, ignore_eos=True))
+    while not seq.finished:
+        result = seq.step()
+        assert result.drafted <= 1
+
+
+def test_chat_prompts_go_through_the_models_chat_template(engine):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    ids = engine.chat_prompt(messages)
+    text = engine.tokenizer.decode(ids)
+    assert "<|im_start|>user\nhello there<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert ids == list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def test_a_stop_string_cuts_the_text_before_it(engine, reference):
+    prompt = PROMPTS[1]
+    full = run(engine, engine.text_prompt(prompt), depth=3).text
+    stop = full[10:13]
+    assert stop and full.find(stop) >= 0
+    seq = run(engine, engine.text_prompt(prompt), depth=3, stop=[stop])
+    assert seq.finish_reason == "stop"
+    assert seq.text == full[: full.find(stop)]
+    assert seq.take_text() == seq.text
+
+
+def test_streamed_pieces_never_show_a_stop_string_prefix_too_early(engine):
+    prompt = engine.text_prompt(PROMPTS[0])
+    full = run(engine, prompt, depth=2).text
+    stop = full[15:19]
+    seq = engine.new_sequence(prompt, SamplingParams(max_tokens=MAX_TOKENS, depth=2, stop=[stop], ignore_eos=True))
+    pieces = []
+    while not seq.finished:
+        seq.step()
+        pieces.append(seq.take_text())
+    assert "".join(pieces) == full[: full.find(stop)]
+
+
+def test_interleaved_sequences_produce_what_each_produces_alone(engine, reference):
+    sched = Scheduler(max_num_seqs=3)
+    seqs = [engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=d, ignore_eos=True))
+            for p, d in zip(PROMPTS[:3], (1, 3, 6))]
+    for s in seqs:
+        sched.add(s)
+    rounds = 0
+    while sched.active:
+        sched.step()
+        rounds += 1
+        # all three make progress together: none finishes while another has not started emitting
+        if any(s.finished for s in seqs):
+            assert all(s.tokens for s in seqs)
+    for p, s in zip(PROMPTS[:3], seqs):
+        assert s.tokens == reference[p]
+
+
+def test_a_cancelled_sequence_leaves_before_its_next_step(engine):
+    sched = Scheduler(max_num_seqs=2)
+    a = engine.new_sequence(engine.text_prompt("abc"), SamplingParams(max_tokens=20, depth=2, ignore_eos=True))
+    b = engine.new_sequence(engine.text_prompt("abc"), SamplingParams(max_tokens=20, depth=2, ignore_eos=True))
+    sched.add(a)
+    sched.add(b)
+    sched.step()
+    a.cancelled = True
+    produced = len(a.tokens)
+    assert sched.drop_cancelled() == [a]
+    sched.step()
+    assert sched.active == [b]
+    assert a.finish_reason == "cancelled" and len(a.tokens) == produced
+
+
+def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(engine, reference):
+    prompt = engine.text_prompt(PROMPTS[0])
+    one = run(engine, prompt, depth=3, temperature=1.0, seed=7)
+    two = run(engine, prompt, depth=3, temperature=1.0, seed=7)
+    assert one.tokens == two.tokens
+    assert one.tokens != reference[PROMPTS[0]]
+
+
+def test_identity_hash_changes_when_a_weight_file_changes(tiny_pair, tmp_path, pair_copier):
+    from worker.proof import hash_weights
+
+    target, _ = pair_copier(tiny_pair, tmp_path)
+    before = hash_weights(target)
+    assert Engine.load(str(target), None).target.sha256 == before
+    weights = target / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert hash_weights(target) != before
