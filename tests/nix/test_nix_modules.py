@@ -1,0 +1,154 @@
+"""The NixOS and nix-darwin modules evaluated with nixpkgs' `lib` (NIXPKGS_LIB),
+the platform options stubbed: option types, assertions, units, daemons."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VALID = sorted((ROOT / "examples" / "nix" / "valid").glob("*.nix"))
+SINGLE = ROOT / "examples" / "nix" / "valid" / "single-mtp.nix"
+MIXED = ROOT / "examples" / "nix" / "valid" / "mixed-fleet.nix"
+GATE_MISMATCH = ROOT / "examples" / "nix" / "invalid" / "gate-mismatch.nix"
+
+TARGET = "mlx-community/Qwen3.8-27B-4bit"
+DRAFTER = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX"
+
+
+def one_worker(**overrides: str) -> str:
+    """A Nix module with one worker; `overrides` are Nix expressions by option name."""
+    worker = {"target": '{ path = "t"; bits = 4; }', "maxNumSeqs": "1", "port": "8101", **overrides}
+    body = " ".join(f"{k} = {v};" for k, v in worker.items())
+    return f"{{ services.mtpstack = {{ enable = true; workers.w = {{ {body} }}; }}; }}"
+
+
+@pytest.mark.parametrize("value", ["0", "5", '"3"'])
+def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpkgs_lib, value):
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", one_worker(maxNumSeqs=value))
+    assert (
+        "error: A definition for option `services.mtpstack.workers.w.maxNumSeqs' is not of type "
+        "`integer between 1 and 4 (both inclusive)'. Definition values:"
+    ) in e.value.stderr
+    assert f": {value}" in e.value.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "type_text"),
+    [
+        ("backend", '"vllm"', "one of \"native\", \"mlx-lm\""),
+        ("port", "70000", "16 bit unsigned integer"),
+        ("drafter", '{ path = "d"; bits = 6; depth = 9; }', "integer between 1 and 8 (both inclusive)"),
+    ],
+)
+def test_other_options_reject_values_outside_their_types(nixh, nixpkgs_lib, option, value, type_text):
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{option: value}))
+    assert "is not of type" in e.value.stderr and type_text in e.value.stderr
+
+
+@pytest.mark.parametrize("platform", ["nixos", "darwin"])
+def test_a_gate_and_width_that_disagree_fail_the_assertion_with_the_exact_message(nixh, nixpkgs_lib, platform):
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, platform, f"import {GATE_MISMATCH}")
+    message = (
+        "Failed assertions:\n"
+        "       - these two must agree: `services.mtpstack.workers.qwen-mtp.maxNumSeqs` is 2 but "
+        "`services.mtpstack.proxy.concurrencyLimit` is 1 (model `qwen3.8-27b` has no entry in "
+        "`services.mtpstack.proxy.modelConcurrencyLimits`); the proxy admits that many requests at once to "
+        "each worker of model `qwen3.8-27b`. Move them together, to the same value from 1 to 4; any matched "
+        "pair is valid, with or without a drafter"
+    )
+    assert message in e.value.stderr
+
+
+def test_moving_both_together_to_four_passes(nixh, nixpkgs_lib):
+    settings = (
+        f"{{ lib, ... }}: {{ imports = [ {GATE_MISMATCH} ]; services.mtpstack.proxy.concurrencyLimit = 4;"
+        " services.mtpstack.workers.qwen-mtp.maxNumSeqs = lib.mkForce 4; }"
+    )
+    result = nixh.eval_module(nixpkgs_lib, "nixos", settings)
+    assert result["renderedConfig"]["workers"]["qwen-mtp"]["maxNumSeqs"] == 4
+
+
+def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib):
+    services = nixh.eval_module(nixpkgs_lib, "nixos", f"import {SINGLE}")["services"]
+    argv = shlex.split(services["mtpstack-worker-qwen-mtp"]["serviceConfig"]["ExecStart"])
+    assert argv[0].endswith("-mtpstack/bin/mtpstack")
+    assert argv[1:] == [
+        "worker", "--model", TARGET, "--target-bits", "4",
+        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3",
+        "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
+    ]  # fmt: skip
+
+
+def test_units_are_hardened_with_a_state_directory_and_blas_preload(nixh, nixpkgs_lib):
+    services = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["services"]
+    worker, proxy = services["mtpstack-worker-qwen-mtp"], services["mtpstack-proxy"]
+    for unit in (worker, proxy):
+        sc = unit["serviceConfig"]
+        assert sc["DynamicUser"] and sc["NoNewPrivileges"] and sc["PrivateTmp"]
+        assert (sc["ProtectSystem"], sc["CapabilityBoundingSet"]) == ("strict", [""])
+        assert "@system-service" in sc["SystemCallFilter"]
+        assert "mtpstack" in sc["StateDirectory"]
+        assert unit["environment"]["HF_HOME"] == "/var/lib/mtpstack/huggingface"
+    assert worker["environment"]["LD_PRELOAD"].endswith("-openblas/lib/libopenblas.so")
+    assert "LD_PRELOAD" not in proxy["environment"]
+    assert proxy["serviceConfig"]["ExecStart"].split()[1:3] == ['"proxy"', '"--config"']
+    workers = sorted(f"mtpstack-worker-{n}.service" for n in ("qwen-mlx-lm", "qwen-mtp", "small"))
+    assert sorted(proxy["wants"]) == workers and set(workers) <= set(proxy["after"])
+
+
+def test_api_keys_reach_the_proxy_as_a_credential(nixh, nixpkgs_lib):
+    services = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["services"]
+    assert services["mtpstack-proxy"]["serviceConfig"]["LoadCredential"] == ["api-keys:/run/secrets/mtpstack-api-keys"]
+
+
+def test_an_api_keys_file_in_the_store_is_rejected(nixh, nixpkgs_lib):
+    settings = '{ services.mtpstack = { enable = true; proxy.apiKeysFile = "/nix/store/00000000000000000000000000000000-keys"; }; }'
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", settings)
+    assert "`services.mtpstack.proxy.apiKeysFile' is not of type" in e.value.stderr
+
+
+def test_open_firewall_opens_only_the_proxy_port(nixh, nixpkgs_lib):
+    assert nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["firewall"] == [8080]
+    assert nixh.eval_module(nixpkgs_lib, "nixos", f"import {SINGLE}")["firewall"] == []
+
+
+def test_darwin_program_arguments_carry_the_weight_paths(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")
+    sc = result["daemons"]["mtpstack-worker-qwen-mtp"]["serviceConfig"]
+    args = sc["ProgramArguments"]
+    assert args[0].endswith("-mtpstack/bin/mtpstack")
+    assert args[args.index("--model") + 1] == TARGET
+    assert args[args.index("--draft-model") + 1] == DRAFTER
+    assert args[args.index("--draft-depth") + 1] == "3"
+    assert (sc["KeepAlive"], sc["RunAtLoad"], sc["Label"]) == (True, True, "org.nixos.mtpstack-worker-qwen-mtp")
+    assert sc["StandardErrorPath"].startswith("/var/log/mtpstack/")
+    proxy = result["daemons"]["mtpstack-proxy"]["serviceConfig"]["ProgramArguments"]
+    assert proxy[1:3] == ["proxy", "--config"]
+    assert result["knownUsers"] == [sc["UserName"]]
+
+
+@pytest.mark.parametrize("platform", ["nixos", "darwin"])
+def test_the_module_renders_what_the_pure_function_renders(nixh, nixpkgs_lib, platform):
+    for example in VALID:
+        rendered = nixh.eval_module(nixpkgs_lib, platform, f"import {example}")["renderedConfig"]
+        pure = nixh.eval(f"(import {nixh.lib}).render (import {example}).services.mtpstack")
+        assert rendered == pure, example.name
+
+
+def test_the_modules_rendered_config_validates(nixh, nixpkgs_lib, tmp_path):
+    for example in VALID:
+        rendered = nixh.eval_module(nixpkgs_lib, "nixos", f"import {example}")["renderedConfig"]
+        file = tmp_path / f"{example.stem}.json"
+        file.write_text(json.dumps(rendered))
+        proc = subprocess.run([sys.executable, "-m", "mtpstack", "validate", str(file)], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
