@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "worker": "worker.cli",
     "weights": "worker.cli",
     "proxy": "proxy.cli",
+    "bench": "bench.cli",
 }
 
 

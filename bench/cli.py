@@ -1,0 +1,172 @@
+"""`mtpstack bench sweep|report|compare|simulate`.
+
+Running and analysing are separate: `sweep` writes raw passes to `results.json`
+(and renders `report.md` and `sweep.png` from it); `report` and `compare` only
+read result files. Data goes to stdout, progress and errors to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from bench import simulate as sim
+    from bench import sweep as sw
+
+    bench = subparsers.add_parser("bench", help="measure configurations carefully (sweep, report, compare, simulate)",
+                                  description="Measure serving configurations: prove the weights, sweep the draft depth, decide on the spread.")
+    sub = bench.add_subparsers(dest="bench_command", metavar="COMMAND")
+    bench.set_defaults(func=lambda args: (bench.print_help(sys.stderr), 2)[1])
+
+    s = sub.add_parser("sweep", help="measure one worker at several draft depths",
+                       description="Measure one worker profile at several draft depths, each on a fresh worker process.")
+    s.add_argument("--config", required=True, help="the fleet config (YAML or JSON)")
+    s.add_argument("--worker", required=True, help="the worker profile to sweep")
+    s.add_argument("--depths", default=sw.DEFAULT_DEPTHS, help=f"draft depths, e.g. `1-6` or `1,2,4` (default: {sw.DEFAULT_DEPTHS})")
+    s.add_argument("--baseline", choices=("configured", "no-drafter"), default="configured",
+                   help="what each depth is compared with (default: configured, the profile as written)")
+    s.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"measured passes per workload (default: {DEFAULT_REPEATS})")
+    s.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS,
+                   help=f"passes a configuration may grow to while its verdict is open (default: {DEFAULT_MAX_REPEATS})")
+    s.add_argument("--workloads", default=",".join(sw.DEFAULT_WORKLOADS), help="prompt sets, measured separately (default: code,prose)")
+    s.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md, sweep.png and worker logs")
+    s.add_argument("--max-tokens", type=int, default=sw.DEFAULT_MAX_TOKENS, help=f"output tokens per request (default: {sw.DEFAULT_MAX_TOKENS})")
+    s.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"win a change must clear, with its whole interval (default: {DEFAULT_MARGIN})")
+    s.add_argument("--prompts-dir", type=Path, help="directory of WORKLOAD.jsonl prompt sets (default: the shipped ones)")
+    s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
+    s.set_defaults(func=run_sweep)
+
+    r = sub.add_parser("report", help="render report.md from a results file", description="Print the report of a results file.")
+    r.add_argument("results", type=Path, help="a results.json written by `mtpstack bench sweep`")
+    r.add_argument("--margin", type=float, help="override the margin the sweep used")
+    r.add_argument("--plot", type=Path, help="also write the figure to this PNG file")
+    r.set_defaults(func=run_report)
+
+    c = sub.add_parser("compare", help="compare two results files", description="Compare B against A with the sweep's decision rule.")
+    c.add_argument("a", type=Path, help="the reference results.json")
+    c.add_argument("b", type=Path, help="the results.json to judge against it")
+    c.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"win B must clear (default: {DEFAULT_MARGIN})")
+    c.set_defaults(func=run_compare)
+
+    m = sub.add_parser("simulate", help="show how often the decision rule is fooled",
+                       description="Simulate runs with a known effect and lognormal noise; print false-adopt and detection rates.")
+    m.add_argument("--cv", type=float, default=sim.DEFAULT_CV, help=f"run-to-run coefficient of variation (default: {sim.DEFAULT_CV})")
+    m.add_argument("--effect", type=float, default=sim.DEFAULT_EFFECT, help=f"the real win to detect (default: {sim.DEFAULT_EFFECT})")
+    m.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"the rule's margin (default: {DEFAULT_MARGIN})")
+    m.add_argument("--repeats", default=",".join(map(str, sim.SIMULATED_REPEATS)), help="passes per side to simulate, comma-separated")
+    m.add_argument("--trials", type=int, default=sim.DEFAULT_TRIALS, help=f"experiments per cell (default: {sim.DEFAULT_TRIALS})")
+    m.add_argument("--resamples", type=int, default=sim.DEFAULT_RESAMPLES, help=f"bootstrap resamples (default: {sim.DEFAULT_RESAMPLES})")
+    m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    m.add_argument("--adaptive", default=f"{DEFAULT_REPEATS}:{DEFAULT_MAX_REPEATS}", metavar="N:CAP",
+                   help=f"also simulate the sweep's adaptive procedure (default: {DEFAULT_REPEATS}:{DEFAULT_MAX_REPEATS}; `none` to skip)")
+    m.set_defaults(func=run_simulate)
+
+
+def _error(message: str, hint: str | None = None) -> int:
+    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
+    return 1
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from bench import sweep as sw
+    from validator import ConfigError, load_valid_config
+
+    try:
+        config = load_valid_config(args.config)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return _error(f"the config is not valid: `{args.config}`", f"run `mtpstack validate {args.config}`")
+    try:
+        settings = sw.SweepSettings(
+            config_file=str(args.config), worker=args.worker, depths=sw.parse_depths(args.depths), baseline=args.baseline,
+            repeats=args.repeats, max_repeats=max(args.max_repeats, args.repeats),
+            workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
+            max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
+        )
+        console = _stderr_console()
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        with Progress(*columns, console=console) as progress:
+            sweep = sw.Sweep(config, settings, progress=progress, log=progress.console.print)
+            results = sweep.run()
+    except sw.SweepError as e:
+        return _error(e.message, e.hint)
+    paths = sw.write_outputs(results, args.out)
+    print("\n".join(_report_lines(results)))
+    print("wrote " + ", ".join(f"`{p}`" for p in paths), file=sys.stderr)
+    aborted = [c for c in results["configurations"] if c["status"] != "measured"]
+    return 1 if aborted else 0
+
+
+def _report_lines(results: dict, margin: float | None = None) -> list[str]:
+    from bench import report as rpt
+
+    return rpt.render_report(results, margin=margin)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from bench import report as rpt
+
+    try:
+        results = rpt.load_results(args.results)
+    except rpt.ResultsError as e:
+        return _error(e.message, e.hint)
+    print("\n".join(rpt.render_report(results, margin=args.margin)))
+    if args.plot:
+        print(f"wrote `{rpt.plot_sweep(results, args.plot)}`", file=sys.stderr)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from bench import report as rpt
+
+    try:
+        a, b = rpt.load_results(args.a), rpt.load_results(args.b)
+    except rpt.ResultsError as e:
+        return _error(e.message, e.hint)
+    lines = rpt.compare_lines(a, b, a_name=str(args.a), b_name=str(args.b), margin=args.margin)
+    print("\n".join(lines))
+    return 1 if any(line.startswith("error:") for line in lines) else 0
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from bench import simulate as sim
+
+    try:
+        repeats = sorted({int(x) for x in args.repeats.split(",") if x.strip()})
+        adaptive = None if args.adaptive == "none" else tuple(int(x) for x in args.adaptive.split(":"))
+        if adaptive is not None and (len(adaptive) != 2 or adaptive[0] > adaptive[1]):
+            raise ValueError
+    except ValueError:
+        return _error(f"cannot read `--repeats {args.repeats}` / `--adaptive {args.adaptive}`",
+                      "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
+    if args.effect <= args.margin:
+        return _error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
+    with Progress(console=_stderr_console(), transient=True) as progress:
+        task = progress.add_task("simulating", total=2 * len(repeats))
+        rows = sim.simulate(repeats, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
+                            resamples=args.resamples, seed=args.seed, on_step=lambda: progress.advance(task))
+        adaptive_row = None
+        if adaptive is not None:
+            progress.update(task, description="simulating the adaptive procedure")
+            adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], cv=args.cv, effect=args.effect, margin=args.margin,
+                                                 trials=args.trials, resamples=args.resamples, seed=args.seed)
+    print("\n".join(sim.format_report(rows, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
+                                      seed=args.seed, adaptive=adaptive_row)))
+    worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=0.0)
+    return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1

@@ -1,0 +1,375 @@
+"""From a results file to words and a figure. Every formatting function is pure and returns lines.
+
+The order of a verdict line is the point: a configuration that does not clear the
+rule reads "not significant: keep the default" before any ratio appears, and a
+configuration with fewer than `MIN_PASSES` passes gets no ratio at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.stats import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MARGIN,
+    MIN_PASSES,
+    SPREAD_WARN,
+    Candidate,
+    Summary,
+    Verdict,
+    decide,
+    recommend,
+    summarize,
+)
+
+SCHEMA = "mtpstack-bench/1"
+#: The metric decisions are made on: output tokens over the whole request, prefill included,
+#: so a drafter's own prefill cost counts against it.
+PRIMARY_METRIC = "e2e_tps"
+METRICS = {
+    "e2e_tps": ("end-to-end", "tok/s"),
+    "decode_tps": ("decode", "tok/s"),
+    "ttft_s": ("time to first token", "s"),
+}
+
+
+class ResultsError(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+def load_results(path: str | Path) -> dict:
+    """Read a results file written by `mtpstack bench sweep`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"no such results file: `{path}`", "pass the `results.json` a sweep wrote to its `--out` directory") from None
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"cannot read results file `{path}`: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ResultsError(f"not a bench results file (schema `{SCHEMA}`): `{path}`")
+    return data
+
+
+# -- access ------------------------------------------------------------------------------
+
+
+def workloads_of(results: dict) -> list[str]:
+    return list(results.get("settings", {}).get("workloads", []))
+
+
+def measured(results: dict) -> list[dict]:
+    """Configurations that were measured (not aborted), in sweep order."""
+    return [c for c in results.get("configurations", []) if c.get("status") == "measured"]
+
+
+def values(config: dict, workload: str, metric: str = PRIMARY_METRIC) -> list[float]:
+    passes = config.get("workloads", {}).get(workload, {}).get("passes", [])
+    return [float(p[metric]) for p in passes if p.get(metric) is not None]
+
+
+def acceptance(config: dict, workload: str) -> float | None:
+    """Accepted over drafted tokens across all measured passes; None without a drafter."""
+    passes = config.get("workloads", {}).get(workload, {}).get("passes", [])
+    drafted = sum(p.get("drafted") or 0 for p in passes)
+    accepted = sum(p.get("accepted") or 0 for p in passes)
+    return accepted / drafted if drafted else None
+
+
+def baseline_of(results: dict) -> dict | None:
+    label = results.get("baseline")
+    return next((c for c in measured(results) if c["label"] == label), None)
+
+
+# -- formatting --------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(x)))))
+    return f"{x:.{min(digits, 4)}f}"
+
+
+def format_summary(s: Summary, unit: str) -> str:
+    """hyperfine/pyperf style: `22.1 ± 1.3 tok/s (min 17.4 … max 27.3, n 10)`."""
+    return f"{_num(s.median)} ± {_num(s.mad)} {unit} (min {_num(s.min)} … max {_num(s.max)}, n {s.n})"
+
+
+def spread_warning(where: str, s: Summary, *, repeats_hint: int | None = None) -> str | None:
+    """A warning with its remedy when the MAD is a large share of the median."""
+    if s.n < 2 or s.rel_mad <= SPREAD_WARN:
+        return None
+    more = f"`--repeats {repeats_hint}`" if repeats_hint else "more `--repeats`"
+    return (
+        f"warning: {where}: the spread is large (MAD {s.rel_mad:.0%} of the median, min … max {s.rel_range:.0%} wide);"
+        f" differences under that size cannot be told apart from noise"
+        f"\n\nhint: rerun with {more} on a quieter machine (close other programs, keep it on mains power)"
+    )
+
+
+def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DEFAULT_CONFIDENCE) -> str:
+    """One line per comparison; the decision always comes first, a ratio only when there is one."""
+    if v.decision == "too few passes":
+        return (
+            f"{label} vs {baseline}: too few passes to compare (n {v.n_cand} against {v.n_base}, at least {MIN_PASSES} per side)"
+            f"; no ratio is printed\n\nhint: rerun with `--repeats {MIN_PASSES}` or more"
+        )
+    ci = f"{confidence:.0%} CI {v.lo:.3f}-{v.hi:.3f}"
+    if v.adopt:
+        return f"{label} vs {baseline}: adopt: {v.ratio:.3f}x ({ci}, clears {1 + v.margin:.2f})"
+    slower = " (slower)" if v.hi is not None and v.hi < 1.0 else ""
+    return f"{label} vs {baseline}: not significant: keep the default{slower}; ratio {v.ratio:.3f} ({ci}, needs all of it above {1 + v.margin:.2f})"
+
+
+def noise_note(s: Summary, *, effect: float = 0.15, margin: float = DEFAULT_MARGIN) -> str | None:
+    """How many passes the measured spread calls for, from the simulation's normal approximation."""
+    from bench.simulate import repeats_for_power
+
+    if s.n < MIN_PASSES or s.median <= 0 or effect <= margin:
+        return None
+    cv = max(1.4826 * s.rel_mad, 1e-4)  # MAD -> sigma, in relative terms
+    need = repeats_for_power(cv=cv, effect=effect, margin=margin)
+    return f"measured spread: CV about {cv:.1%}; detecting a {effect:.0%} win needs about {need} passes per side"
+
+
+def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def workload_table(results: dict, workload: str) -> list[str]:
+    lines = [
+        "| configuration | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in measured(results):
+        e2e = values(c, workload, "e2e_tps")
+        if not e2e:
+            continue
+        s = summarize(e2e)
+        dec = values(c, workload, "decode_tps")
+        ttft = values(c, workload, "ttft_s")
+        lines.append(
+            f"| {c['label']} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
+            f" {_num(s.min)} … {_num(s.max)} | {_num(summarize(dec).median) if dec else '-'} |"
+            f" {_num(summarize(ttft).median) if ttft else '-'} | {_cell(acceptance(c, workload))} |"
+        )
+    return lines
+
+
+def verdicts(results: dict, workload: str, margin: float | None = None) -> list[tuple[dict, Verdict]]:
+    base = baseline_of(results)
+    if base is None:
+        return []
+    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
+    out = []
+    for c in measured(results):
+        if c is base:
+            continue
+        out.append((c, decide(values(base, workload), values(c, workload), margin=margin)))
+    return out
+
+
+def recommendation_line(results: dict, workload: str, margin: float | None = None) -> str:
+    base = baseline_of(results)
+    if base is None:
+        return f"{workload}: no recommendation: the baseline was not measured"
+    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
+
+    def cand(c: dict) -> Candidate:
+        return Candidate(c["label"], c.get("depth"), tuple(values(c, workload)))
+
+    others = [cand(c) for c in measured(results) if c is not base]
+    rec = recommend(cand(base), others, margin=margin)
+    if rec is None:
+        return f"{workload}: no recommendation: a configuration has fewer than {MIN_PASSES} passes"
+    if rec.label == base["label"]:
+        return f"{workload}: not significant: keep the default (`{base['label']}`)"
+    return f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
+
+
+def render_report(results: dict, *, margin: float | None = None) -> list[str]:
+    """report.md as lines."""
+    meta = results.get("meta", {})
+    settings = results.get("settings", {})
+    margin = settings.get("margin", DEFAULT_MARGIN) if margin is None else margin
+    lines = [f"# Bench: worker `{meta.get('worker', '?')}`", ""]
+    facts = [
+        ("config", f"`{meta.get('config_file', '?')}`"),
+        ("host", meta.get("host", "?")),
+        ("device", f"{meta.get('device', '?')} (BLAS: {meta.get('blas', '?')})"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items()) or "?"),
+        ("git revision", meta.get("git_revision") or "?"),
+        ("when", meta.get("started") or "?"),
+        (
+            "method",
+            f"{settings.get('warmup', 1)} warm-up pass discarded, then {settings.get('repeats', '?')} measured passes"
+            f" per workload (up to {settings.get('max_repeats', '?')} while a verdict is open), greedy,"
+            f" max_tokens {settings.get('max_tokens', '?')}, one request at a time, a fresh worker per configuration",
+        ),
+        ("decision", f"adopt only when the whole 95% bootstrap interval of the ratio of medians ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
+        ("baseline", f"`{results.get('baseline', '?')}`"),
+    ]
+    lines += [f"- {k}: {v}" for k, v in facts]
+    aborted = [c for c in results.get("configurations", []) if c.get("status") != "measured"]
+    for c in aborted:
+        lines += ["", f"error: configuration `{c['label']}` was not measured: {c.get('error', 'unknown reason')}"]
+    for workload in workloads_of(results):
+        lines += ["", f"## {workload}", "", *workload_table(results, workload), ""]
+        notes = []
+        for c in measured(results):
+            v = values(c, workload)
+            if not v:
+                continue
+            s = summarize(v)
+            warn = spread_warning(f"{workload}, {c['label']}", s)
+            if warn:
+                notes.append(warn)
+        base = baseline_of(results)
+        if base is not None and values(base, workload):
+            note = noise_note(summarize(values(base, workload)), margin=margin)
+            if note:
+                notes.append(note)
+        for c, v in verdicts(results, workload, margin):
+            notes.append(format_verdict(c["label"], results.get("baseline", "baseline"), v))
+        notes.append("recommendation: " + recommendation_line(results, workload, margin))
+        for n in notes:
+            lines += [n, ""]
+        if lines[-1] == "":
+            lines.pop()
+    mismatch = output_mismatches(results)
+    if mismatch:
+        lines += ["", *mismatch]
+    return lines
+
+
+def output_mismatches(results: dict) -> list[str]:
+    """Greedy decoding must give the same text with and without a drafter; say where it did not
+    (one warning per workload and configuration)."""
+    out = []
+    for workload in workloads_of(results):
+        first: dict[str, tuple[str, str]] = {}  # prompt id -> (output digest, configuration)
+        for c in measured(results):
+            wl = c.get("workloads", {}).get(workload, {})
+            records = [r for p in [wl.get("warmup") or {}, *wl.get("passes", [])] for r in p.get("requests", [])]
+            for r in records:
+                key, digest = r.get("prompt_id"), r.get("output_sha256")
+                if key is None or digest is None:
+                    continue
+                seen = first.setdefault(key, (digest, c["label"]))
+                if seen[0] != digest:
+                    out.append(
+                        f"warning: {workload}: prompt `{key}` gave different greedy output under `{c['label']}`"
+                        f" than under `{seen[1]}`; speculative decoding should not change greedy text"
+                    )
+                    break
+    return out
+
+
+def compare_lines(a: dict, b: dict, *, a_name: str = "A", b_name: str = "B", margin: float = DEFAULT_MARGIN) -> list[str]:
+    """`mtpstack bench compare A.json B.json`: each configuration of B against the same-labelled one
+    of A (or the only one against the only one), with the same rule as the sweep."""
+    ca, cb = measured(a), measured(b)
+    pairs: list[tuple[dict, dict]] = [(x, y) for x in ca for y in cb if x["label"] == y["label"]]
+    if not pairs and len(ca) == 1 and len(cb) == 1:
+        pairs = [(ca[0], cb[0])]
+    lines = []
+    ma, mb = a.get("meta", {}), b.get("meta", {})
+    for key in ("host", "device", "blas", "git_revision"):
+        if ma.get(key) != mb.get(key):
+            lines.append(f"note: {key} differs: {ma.get(key)} ({a_name}) vs {mb.get(key)} ({b_name})")
+    if ma.get("versions") != mb.get("versions"):
+        lines.append(f"note: versions differ: {ma.get('versions')} ({a_name}) vs {mb.get('versions')} ({b_name})")
+    if not pairs:
+        lines.append(
+            f"error: no configuration to compare: {a_name} has {', '.join(c['label'] for c in ca) or 'none'},"
+            f" {b_name} has {', '.join(c['label'] for c in cb) or 'none'}"
+        )
+        return lines
+    workloads = [w for w in workloads_of(a) if w in workloads_of(b)]
+    for x, y in pairs:
+        hx = _target_hash(x)
+        hy = _target_hash(y)
+        if hx and hy and hx != hy:
+            lines.append(f"note: `{x['label']}`: the target weights differ ({hx[:12]} vs {hy[:12]})")
+        for w in workloads:
+            vx, vy = values(x, w), values(y, w)
+            if not vx or not vy:
+                continue
+            lines.append(f"{w}, {x['label']}: {a_name} {format_summary(summarize(vx), 'tok/s')}")
+            lines.append(f"{w}, {y['label']}: {b_name} {format_summary(summarize(vy), 'tok/s')}")
+            label = f"{w}: {b_name} `{y['label']}`"
+            lines.append(format_verdict(label, f"{a_name} `{x['label']}`", decide(vx, vy, margin=margin)))
+    return lines
+
+
+def _target_hash(config: dict) -> str | None:
+    ident = (config.get("proof") or {}).get("identity") or {}
+    return ((ident.get("target") or {}).get("sha256")) or None
+
+
+# -- the figure --------------------------------------------------------------------------
+
+
+def plot_points(results: dict, workload: str, metric: str = PRIMARY_METRIC) -> list[tuple[int, str, Summary]]:
+    """(x, tick label, summary) per configuration; no drafter sits at x = 0. Pure, for tests."""
+    out = []
+    for c in measured(results):
+        v = values(c, workload, metric)
+        if not v:
+            continue
+        depth = c.get("depth")
+        out.append((0 if depth is None else int(depth), "none" if depth is None else str(depth), summarize(v)))
+    return sorted(out, key=lambda p: p[0])
+
+
+def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) -> Path:
+    """sweep.png: tok/s against draft depth, one panel per workload, medians with MAD (thick)
+    and min … max (thin) bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = workloads_of(results) or ["?"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.0 * len(workloads), 4.0), sharey=True, squeeze=False)
+    name, unit = METRICS[metric]
+    base = baseline_of(results)
+    for ax, workload in zip(axes[0], workloads):
+        points = plot_points(results, workload, metric)
+        if points:
+            xs = [p[0] for p in points]
+            med = [p[2].median for p in points]
+            ax.errorbar(
+                xs, med, yerr=[[m - p[2].min for m, p in zip(med, points)], [p[2].max - m for m, p in zip(med, points)]],
+                fmt="none", ecolor="0.6", elinewidth=1, capsize=4, label="min … max",
+            )
+            ax.errorbar(xs, med, yerr=[p[2].mad for p in points], fmt="o-", color="C0", elinewidth=3, capsize=0, label="median ± MAD")
+            ax.set_xticks(xs, [p[1] for p in points])
+            if base is not None and values(base, workload, metric):
+                ax.axhline(summarize(values(base, workload, metric)).median, color="C3", ls="--", lw=1, label=f"baseline ({base['label']})")
+        ax.set_title(workload)
+        ax.set_xlabel("draft depth")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"{name} {unit}")
+    axes[0][-1].legend(loc="best", fontsize="small")
+    fig.suptitle(f"worker `{results.get('meta', {}).get('worker', '?')}`: {name} {unit} by draft depth")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_error(message: str, hint: str | None = None) -> str:
+    return f"error: {message}" + (f"\n\nhint: {hint}" if hint else "")
+
+
+def lines_to_text(lines: Sequence[str]) -> str:
+    return "\n".join(lines) + "\n"
+

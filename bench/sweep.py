@@ -1,0 +1,597 @@
+"""`mtpstack bench sweep`: measure one worker profile at several draft depths, carefully.
+
+For each configuration (each depth, plus the baseline):
+
+1. the fleet is validated with the configuration applied; a forbidden one stops the sweep
+   before anything starts, naming the rule;
+2. a fresh worker process serves it on a free loopback port that no fleet member uses;
+3. the weights are proven from the process's own command line and its `/identity` hashes;
+   a mismatch aborts that configuration;
+4. each workload's fixed prompts run one at a time, greedy, fixed `max_tokens`: one
+   discarded warm-up pass, then N measured passes (more while the verdict is open, up to
+   a cap), timing every streamed token and reading acceptance off `/metrics`;
+5. the worker stops; the next configuration gets a new process, and the sweep fails if two
+   configurations were served by the same process (same PID and start time).
+
+Everything raw goes to `results.json`; `report.md` and `sweep.png` are rendered from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench import report as rpt
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, decide
+from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
+from validator.findings import format_path
+from worker.launcher import resolve_command, worker_env
+from worker.process import WorkerProcess, WorkerStartError
+from worker.proof import fetch_identity, free_port, hash_weights, read_cmdline, weights_from_argv
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+DEFAULT_WORKLOADS = ("code", "prose")
+DEFAULT_DEPTHS = "1-6"
+DEFAULT_MAX_TOKENS = 128
+WARMUP_PASSES = 1
+#: Loading a large model from a cold page cache takes minutes.
+DEFAULT_STARTUP_TIMEOUT = 600.0
+#: One request may not stall longer than this between two chunks.
+READ_TIMEOUT = 300.0
+BENCH_HOST = "127.0.0.1"
+DRAFTED = "mtpstack_worker_tokens_drafted_total"
+ACCEPTED = "mtpstack_worker_tokens_accepted_total"
+
+
+class SweepError(Exception):
+    """Stops the whole sweep. `hint` says what to do."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class ConfigurationAborted(Exception):
+    """Stops one configuration (its weights could not be proven, it failed to start or to answer)."""
+
+
+class ProcessReused(SweepError):
+    pass
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    prompt: str
+
+
+def load_prompts(workload: str, prompts_dir: Path | None = None) -> list[Prompt]:
+    path = Path(prompts_dir or PROMPTS_DIR) / f"{workload}.jsonl"
+    if not path.exists():
+        known = sorted(p.stem for p in Path(prompts_dir or PROMPTS_DIR).glob("*.jsonl"))
+        raise SweepError(f"no prompt set for workload `{workload}`: `{path}`", f"known workloads: {', '.join(known) or 'none'}")
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            prompts.append(Prompt(str(rec["id"]), str(rec["prompt"])))
+        except (ValueError, KeyError, TypeError):
+            raise SweepError(f"bad prompt line in `{path}` at line {i}", 'each line is `{"id": "...", "prompt": "..."}`') from None
+    if not prompts:
+        raise SweepError(f"the prompt set `{path}` is empty")
+    return prompts
+
+
+def parse_depths(text: str) -> list[int]:
+    """`1-6`, `1,2,4`, `2-4,6` -> sorted unique depths."""
+    depths: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                depths.update(range(lo, hi + 1))
+            elif part:
+                depths.add(int(part))
+    except ValueError:
+        raise SweepError(f"cannot read the depths: `{text}`", "write a range or a list, e.g. `1-6` or `1,2,4`") from None
+    if not depths:
+        raise SweepError(f"no depths given: `{text}`")
+    return sorted(depths)
+
+
+# -- configurations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Configuration:
+    label: str
+    depth: int | None  # None: no drafter
+
+    @staticmethod
+    def of(depth: int | None) -> Configuration:
+        return Configuration("no-drafter" if depth is None else f"depth {depth}", depth)
+
+
+def with_depth(profile: WorkerProfile, depth: int | None) -> WorkerProfile:
+    if depth is None:
+        return profile.model_copy(update={"drafter": None})
+    assert profile.drafter is not None
+    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": depth})})
+
+
+def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str) -> tuple[list[Configuration], Configuration]:
+    """The configurations to measure, baseline first, and the baseline itself."""
+    if worker not in config.workers:
+        from validator.rules import did_you_mean
+
+        guess = did_you_mean(worker, list(config.workers))
+        raise SweepError(
+            f"no worker named `{worker}` in the config",
+            f"did you mean `{guess}`?" if guess else "known workers: " + ", ".join(f"`{w}`" for w in config.workers),
+        )
+    profile = config.workers[worker]
+    if profile.drafter is None:
+        raise SweepError(
+            f"worker `{worker}` has no drafter, so there is no draft depth to sweep",
+            f"add a `drafter` to `workers.{worker}` in the config",
+        )
+    if baseline == "no-drafter":
+        base = Configuration.of(None)
+    elif baseline == "configured":
+        base = Configuration.of(profile.drafter.depth)
+    else:
+        raise SweepError(f"unknown baseline: `{baseline}`", "use `no-drafter` or `configured`")
+    others = [Configuration.of(d) for d in depths if Configuration.of(d) != base]
+    return [base, *others], base
+
+
+def check_reachable(config: FleetConfig, worker: str, c: Configuration, source_name: str) -> None:
+    """Step 1: the fleet, with this configuration applied, must pass the validator."""
+    data = config.model_dump(by_alias=True, mode="json")
+    drafter = data["workers"][worker]["drafter"]
+    data["workers"][worker]["drafter"] = None if c.depth is None else {**drafter, "depth": c.depth}
+    _, report = validate_data(data, source_name)
+    if report.errors:
+        f = report.errors[0]
+        where = format_path(f.path)
+        raise SweepError(
+            f"configuration `{c.label}` is forbidden by the fleet's rules: {f.code}: {where}: {f.message}",
+            f.hint or f"sweep only depths the config allows (rule `{f.code}`)",
+        )
+
+
+def fleet_ports(config: FleetConfig) -> set[tuple[str, int]]:
+    ports = {(w.host, w.port) for w in config.workers.values()}
+    ports.add((config.proxy.host, config.proxy.port))
+    return ports
+
+
+def ensure_isolated(config: FleetConfig, host: str, port: int) -> None:
+    """Step 2: never measure on a port a fleet member listens on (it may be taking traffic)."""
+    for h, p in fleet_ports(config):
+        if p == port and (h == host or h in ("0.0.0.0", "::") or host in ("0.0.0.0", "::")):
+            raise SweepError(
+                f"refusing to bench on port {port}: it belongs to the fleet (`{h}:{p}`)",
+                "the bench serves each configuration on its own free loopback port; stop whatever else picked it",
+            )
+
+
+def pick_port(config: FleetConfig, host: str = BENCH_HOST) -> int:
+    taken = {p for _, p in fleet_ports(config)}
+    for _ in range(20):
+        port = free_port(host)
+        if port not in taken:
+            return port
+    port = free_port(host)
+    ensure_isolated(config, host, port)
+    return port
+
+
+# -- the weights proof (step 3) -----------------------------------------------------------
+
+
+def local_hash(path: str) -> str | None:
+    """The content hash of a local model directory (None for a hub id: only the worker can resolve it)."""
+    p = Path(path).expanduser()
+    return hash_weights(p) if p.is_dir() else None
+
+
+@dataclass
+class Expected:
+    profile: WorkerProfile
+    target_sha256: str | None
+    drafter_sha256: str | None
+
+
+def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] = fetch_identity) -> dict:
+    """Check a running worker against the configuration: paths and depth from its own
+    command line, content hashes and pid from `/identity`. Raises `ConfigurationAborted`
+    listing every mismatch; returns the proof for results.json."""
+    profile = expected.profile
+    want_drafter = profile.drafter.path if profile.drafter else None
+    want_depth = profile.drafter.depth if profile.drafter else None
+    problems: list[str] = []
+    try:
+        cmdline = read_cmdline(pid)
+        claim = weights_from_argv(cmdline)
+    except (ProcessLookupError, ValueError) as e:
+        raise ConfigurationAborted(f"cannot read the worker's command line (pid {pid}): {e}") from None
+
+    def check(what: str, got, want) -> None:
+        if got != want:
+            problems.append(f"{what}: asked for {want!r}, the process has {got!r}")
+
+    check("backend (command line)", claim.backend, profile.backend)
+    check("target (command line)", claim.target, profile.target.path)
+    check("drafter (command line)", claim.drafter, want_drafter)
+    check("draft depth (command line)", claim.depth, want_depth)
+    identity: dict | None = None
+    if profile.backend == "native":
+        try:
+            identity = fetch(url)
+        except Exception as e:  # noqa: BLE001 - any failure to answer aborts the configuration
+            raise ConfigurationAborted(f"cannot read `{url}/identity`: {e}") from None
+        check("pid (/identity)", identity.get("pid"), pid)
+        target = identity.get("target") or {}
+        drafter = identity.get("drafter") or {}
+        check("target path (/identity)", target.get("path"), profile.target.path)
+        if expected.target_sha256 is not None:
+            check("target sha256 (/identity)", target.get("sha256"), expected.target_sha256)
+        check("drafter path (/identity)", drafter.get("path") if drafter else None, want_drafter)
+        if want_drafter is not None and expected.drafter_sha256 is not None:
+            check("drafter sha256 (/identity)", drafter.get("sha256"), expected.drafter_sha256)
+        check("draft depth (/identity)", identity.get("draft_depth"), want_depth)
+    if problems:
+        raise ConfigurationAborted("the weights proof failed: " + "; ".join(problems))
+    return {"cmdline": cmdline, "claim": asdict(claim), "identity": identity, "expected": {
+        "target": profile.target.path, "target_sha256": expected.target_sha256,
+        "drafter": want_drafter, "drafter_sha256": expected.drafter_sha256, "depth": want_depth,
+    }}
+
+
+def process_key(pid: int, identity: dict | None) -> tuple[int, str]:
+    """What makes a process unique over time: its pid and start time, as the process reports
+    it (`/identity`), else as the kernel does (/proc/PID/stat field 22)."""
+    if identity and identity.get("started_at") is not None:
+        return pid, f"{float(identity['started_at']):.6f}"
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return pid, "ticks:" + stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return pid, "unknown"
+
+
+def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], str]) -> None:
+    if key in seen:
+        raise ProcessReused(
+            f"configurations `{seen[key]}` and `{label}` were served by the same process (pid {key[0]}, started {key[1]})",
+            "each configuration needs a fresh worker; a server's counters and caches carry over otherwise",
+        )
+    seen[key] = label
+
+
+# -- measuring (step 4) ------------------------------------------------------------------
+
+
+def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED)) -> dict[str, float]:
+    """Unlabelled counter samples from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in names:
+            out[parts[0]] = float(parts[1])
+    return out
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with session.get(url + "/metrics") as resp:
+        if resp.status != 200:
+            return {}
+        return parse_counters(await resp.text())
+
+
+async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int) -> dict:
+    """One greedy streamed chat completion, timed per chunk."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt.prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    text: list[str] = []
+    usage: dict = {}
+    t0 = time.monotonic()
+    t_first = t_last = None
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise ConfigurationAborted(f"prompt `{prompt.id}`: the worker answered {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise ConfigurationAborted(f"prompt `{prompt.id}`: {event['error'].get('message')}")
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    now = time.monotonic()
+                    t_first = t_first or now
+                    t_last = now
+                    text.append(piece)
+    t_end = time.monotonic()
+    out = "".join(text)
+    tokens = int(usage.get("completion_tokens", 0))
+    return {
+        "prompt_id": prompt.id,
+        "tokens": tokens,
+        "seconds": t_end - t0,
+        "ttft_s": (t_first - t0) if t_first else None,
+        "decode_s": (t_last - t_first) if t_first and t_last else 0.0,
+        "output_sha256": hashlib.sha256(out.encode()).hexdigest(),
+        "draft_tokens": usage.get("draft_tokens"),
+        "accepted_draft_tokens": usage.get("accepted_draft_tokens"),
+    }
+
+
+def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[str, float]) -> dict:
+    tokens = sum(r["tokens"] for r in requests)
+    seconds = sum(r["seconds"] for r in requests)
+    decode_s = sum(r["decode_s"] for r in requests)
+    decode_tokens = sum(max(r["tokens"] - 1, 0) for r in requests)
+    ttfts = sorted(r["ttft_s"] for r in requests if r["ttft_s"] is not None)
+    drafted = after.get(DRAFTED, 0.0) - before.get(DRAFTED, 0.0) if after else None
+    accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0) if after else None
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "e2e_tps": tokens / seconds if seconds > 0 else None,
+        "decode_tps": decode_tokens / decode_s if decode_s > 0 else None,
+        "ttft_s": ttfts[len(ttfts) // 2] if ttfts else None,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance": (accepted / drafted) if drafted else None,
+        "requests": requests,
+    }
+
+
+async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int) -> dict:
+    before = await scrape(session, url)
+    requests = [await run_request(session, url, model, p, max_tokens) for p in prompts]
+    after = await scrape(session, url)
+    return summarize_pass(requests, before, after)
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+
+@dataclass
+class SweepSettings:
+    config_file: str
+    worker: str
+    depths: list[int]
+    baseline: str = "configured"
+    repeats: int = DEFAULT_REPEATS
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
+    out: Path = Path("bench-out")
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    margin: float = DEFAULT_MARGIN
+    prompts_dir: Path | None = None
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+
+
+def git_revision() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Sweep:
+    """One sweep. `launch` is the single place a worker process is made (tests override it)."""
+
+    def __init__(self, config: FleetConfig, settings: SweepSettings, *, progress=None, log: Callable[[str], None] | None = None):
+        self.config = config
+        self.s = settings
+        self.progress = progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.profile = config.workers[settings.worker] if settings.worker in config.workers else None
+        self.seen: dict[tuple[int, str], str] = {}
+        self.results: dict = {}
+        self._task = None
+
+    # the one launcher
+    def launch(self, profile: WorkerProfile, label: str) -> WorkerProcess:
+        argv = resolve_command(worker_argv(profile))
+        log_path = self.s.out / "logs" / f"{label.replace(' ', '-')}.log"
+        proc = WorkerProcess(argv, host=profile.host, port=profile.port, log_path=log_path, name=f"bench {label}", env=worker_env())
+        proc.start()
+        return proc
+
+    def stop(self, proc: WorkerProcess) -> None:
+        proc.stop()
+
+    def _advance(self, n: int = 1) -> None:
+        if self.progress is not None and self._task is not None:
+            self.progress.advance(self._task, n)
+
+    def _grow(self, n: int) -> None:
+        if self.progress is not None and self._task is not None:
+            task = next(t for t in self.progress.tasks if t.id == self._task)
+            self.progress.update(self._task, total=(task.total or 0) + n)
+
+    def write(self) -> None:
+        self.s.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.s.out / "results.json.tmp"
+        tmp.write_text(json.dumps(self.results, indent=1))
+        tmp.replace(self.s.out / "results.json")
+
+    def run(self) -> dict:
+        s = self.s
+        configs, base = plan(self.config, s.worker, s.depths, s.baseline)
+        for c in configs:
+            check_reachable(self.config, s.worker, c, s.config_file)
+        if s.repeats < 1 or s.max_repeats < s.repeats:
+            raise SweepError(f"`--max-repeats` ({s.max_repeats}) must be at least `--repeats` ({s.repeats}), which must be at least 1")
+        prompts = {w: load_prompts(w, s.prompts_dir) for w in s.workloads}
+        assert self.profile is not None and self.profile.drafter is not None
+        try:
+            expected_target = local_hash(self.profile.target.path)
+            expected_drafter = local_hash(self.profile.drafter.path)
+        except FileNotFoundError as e:
+            raise SweepError(f"cannot hash the weights: {e}", "point `target.path` and `drafter.path` at model directories") from None
+        self.results = {
+            "schema": rpt.SCHEMA,
+            "meta": {
+                "worker": s.worker,
+                "config_file": s.config_file,
+                "host": socket.gethostname(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "git_revision": git_revision(),
+                "command": ["mtpstack", *sys.argv[1:]] if sys.argv and "mtpstack" in Path(sys.argv[0]).name else None,
+                "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "profile": self.profile.model_dump(by_alias=True, mode="json"),
+            },
+            "settings": {
+                "depths": s.depths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
+                "workloads": s.workloads, "max_tokens": s.max_tokens, "margin": s.margin, "endpoint": "/v1/chat/completions",
+                "prompts": {w: {"count": len(p), "sha256": hashlib.sha256(json.dumps([asdict(x) for x in p]).encode()).hexdigest()}
+                            for w, p in prompts.items()},
+            },
+            "baseline": base.label,
+            "configurations": [],
+        }
+        if self.progress is not None:
+            self._task = self.progress.add_task("sweep", total=len(configs) * len(s.workloads) * (WARMUP_PASSES + s.repeats))
+        failed = []
+        for c in configs:
+            record = asyncio.run(self._one(c, base, prompts, Expected(with_depth(self.profile, c.depth), expected_target, expected_drafter)))
+            self.results["configurations"].append(record)
+            if record["status"] != "measured":
+                failed.append(record)
+                self.log(f"error: configuration `{c.label}` aborted: {record['error']}")
+            self.write()
+        self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.write()
+        return self.results
+
+    async def _one(self, c: Configuration, base: Configuration, prompts: dict[str, list[Prompt]], expected: Expected) -> dict:
+        s = self.s
+        port = pick_port(self.config)
+        ensure_isolated(self.config, BENCH_HOST, port)
+        profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
+        expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
+        record: dict = {"label": c.label, "depth": c.depth, "status": "aborted", "error": None,
+                        "argv": worker_argv(profile), "process": {"port": port}, "proof": None, "workloads": {}}
+        if self.progress is not None and self._task is not None:
+            self.progress.update(self._task, description=f"{c.label}: starting")
+        proc = self.launch(profile, c.label)
+        record["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
+        try:
+            try:
+                proc.wait_healthy(timeout=s.startup_timeout)
+            except WorkerStartError as e:
+                record["error"] = str(e)
+                return record
+            try:
+                proof = prove_weights(proc.pid, proc.url, expected)
+            except ConfigurationAborted as e:
+                record["error"] = str(e)
+                return record
+            record["proof"] = proof
+            key = process_key(proc.pid, proof["identity"])
+            record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
+            check_fresh(c.label, key, self.seen)
+            ident = proof["identity"] or {}
+            meta = self.results["meta"]
+            for k in ("device", "blas", "versions"):
+                if ident.get(k) is not None:
+                    meta.setdefault(k, ident[k])
+            model = ident.get("served_model_name") or profile.model
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                for w in s.workloads:
+                    wl = record["workloads"][w] = {"warmup": None, "passes": []}
+                    if self.progress is not None and self._task is not None:
+                        self.progress.update(self._task, description=f"{c.label}: {w}")
+                    wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens)
+                    self._advance()
+                    for _ in range(s.repeats):
+                        wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens))
+                        self._advance()
+                    if c != base:
+                        await self._extend(session, proc.url, model, prompts[w], w, wl["passes"])
+            record["status"] = "measured"
+            return record
+        except ConfigurationAborted as e:
+            record["error"] = str(e)
+            return record
+        except aiohttp.ClientError as e:
+            record["error"] = f"the worker stopped answering: {e}"
+            return record
+        finally:
+            self.stop(proc)
+
+    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict]) -> None:
+        """Adaptive passes: while the verdict against the baseline is open, one more pass, up to the cap."""
+        s = self.s
+        base = next((c for c in self.results["configurations"] if c["label"] == self.results["baseline"]), None)
+        if base is None or base["status"] != "measured":
+            return
+        base_values = rpt.values(base, workload)
+        while len(passes) < s.max_repeats:
+            v = decide(base_values, [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None], margin=s.margin)
+            if not v.open:
+                return
+            self._grow(1)
+            passes.append(await run_pass(session, url, model, prompts, s.max_tokens))
+            self._advance()
+
+
+def write_outputs(results: dict, out: Path) -> list[Path]:
+    """report.md and sweep.png next to results.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "report.md"
+    report_path.write_text(rpt.lines_to_text(rpt.render_report(results)))
+    paths = [out / "results.json", report_path]
+    if rpt.measured(results):
+        paths.append(rpt.plot_sweep(results, out / "sweep.png"))
+    return paths
