@@ -91,7 +91,8 @@ in
     )
   );
 }
-// lib.optionalAttrs pkgs.stdenv.hostPlatform.isLinux {
+# Only where the full nixpkgs is at hand (not with a lib-only stand-in).
+// lib.optionalAttrs (pkgs.stdenv.hostPlatform.isLinux && nixpkgs.lib ? nixosSystem) {
   # A real NixOS evaluation of the module: the proxy's unit file, built with
   # checkConfig on (so `mtpstack validate` runs on the rendered config).
   nixos-unit =
