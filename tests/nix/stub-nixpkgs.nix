@@ -54,7 +54,7 @@ let
         build name "printf '%s' \"$text\" > $out" {
           inherit text;
         };
-      runCommand = build;
+      runCommand = name: env: script: build name script env;
       mkShell = args: build "shell" "touch $out" { nativeBuildInputs = args.packages ++ args.inputsFrom; };
       nix = tool "nix";
       nixfmt = tool "nixfmt";
