@@ -281,6 +281,13 @@ def process_key(pid: int, identity: dict | None) -> tuple[int, str]:
         return pid, "unknown"
 
 
+def _identity_or_none(url: str) -> dict | None:
+    try:
+        return fetch_identity(url)
+    except Exception:  # noqa: BLE001 - the proof that follows reports it properly
+        return None
+
+
 def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], str]) -> None:
     if key in seen:
         raise ProcessReused(
@@ -531,15 +538,17 @@ class Sweep:
             except WorkerStartError as e:
                 record["error"] = str(e)
                 return record
+            # A new process first (a reused one would carry counters and caches over), then its weights.
+            identity = _identity_or_none(proc.url) if profile.backend == "native" else None
+            key = process_key(proc.pid, identity)
+            record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
+            check_fresh(c.label, key, self.seen)
             try:
                 proof = prove_weights(proc.pid, proc.url, expected)
             except ConfigurationAborted as e:
                 record["error"] = str(e)
                 return record
             record["proof"] = proof
-            key = process_key(proc.pid, proof["identity"])
-            record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
-            check_fresh(c.label, key, self.seen)
             ident = proof["identity"] or {}
             meta = self.results["meta"]
             for k in ("device", "blas", "versions"):

@@ -1,0 +1,81 @@
+"""Fixtures for the bench tests: tiny real model pairs, a fleet config that serves them, and a
+one-prompt-per-workload prompt set so a real sweep stays within seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.sweep import SweepSettings
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
+    from worker.demo.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("tiny-a"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_pair(tmp_path_factory) -> tuple[Path, Path]:
+    pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
+    from worker.demo.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("tiny-b"), seed=1)
+
+
+def fleet_data(target: Path, drafter: Path, depth: int = 2) -> dict:
+    return {
+        "proxy": {"host": "127.0.0.1", "port": 18080, "concurrencyLimit": 1},
+        "policy": {"allowedBackends": ["native"]},
+        "workers": {
+            "tiny": {
+                "model": "tiny",
+                "target": {"path": str(target), "bits": "fp32"},
+                "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth},
+                "maxNumSeqs": 1,
+                "port": 18101,
+            }
+        },
+    }
+
+
+@pytest.fixture
+def fleet_file(tmp_path, tiny_pair) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet_data(*tiny_pair)))
+    return path
+
+
+@pytest.fixture
+def one_prompt_each(tmp_path) -> Path:
+    """Test-only prompt set: the first shipped prompt of each workload."""
+    shipped = Path(__file__).resolve().parents[2] / "bench" / "prompts"
+    out = tmp_path / "prompts"
+    out.mkdir()
+    for workload in ("code", "prose"):
+        first = (shipped / f"{workload}.jsonl").read_text().splitlines()[0]
+        json.loads(first)
+        (out / f"{workload}.jsonl").write_text(first + "\n")
+    return out
+
+
+@pytest.fixture
+def fast_settings(fleet_file, one_prompt_each, tmp_path) -> SweepSettings:
+    return SweepSettings(
+        config_file=str(fleet_file),
+        worker="tiny",
+        depths=[2],
+        baseline="no-drafter",
+        repeats=3,
+        max_repeats=3,
+        workloads=["code", "prose"],
+        out=tmp_path / "out",
+        max_tokens=8,
+        prompts_dir=one_prompt_each,
+        startup_timeout=120.0,
+    )

@@ -1,0 +1,141 @@
+"""Real sweeps: real worker processes serving tiny real mlx models on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import report as rpt
+from bench.sweep import (
+    ConfigurationAborted,
+    Expected,
+    ProcessReused,
+    Sweep,
+    prove_weights,
+    write_outputs,
+)
+from validator import load_valid_config
+from worker.proof import free_port, hash_weights
+
+pytestmark = pytest.mark.mlx
+
+
+def test_a_two_configuration_three_repeat_sweep_records_every_pass_and_proof(fast_settings, tiny_pair):
+    config = load_valid_config(fast_settings.config_file)
+    results = Sweep(config, fast_settings).run()
+    paths = write_outputs(results, fast_settings.out)
+
+    configs = results["configurations"]
+    assert [c["label"] for c in configs] == ["no-drafter", "depth 2"]
+    assert all(c["status"] == "measured" for c in configs), [c["error"] for c in configs]
+    # a fresh process per configuration
+    assert configs[0]["process"]["pid"] != configs[1]["process"]["pid"]
+    for c in configs:
+        for workload in ("code", "prose"):
+            wl = c["workloads"][workload]
+            assert wl["warmup"] is not None  # measured, then discarded from the statistics
+            assert len(wl["passes"]) == 3
+            for p in wl["passes"]:
+                assert p["tokens"] > 0 and p["e2e_tps"] > 0 and p["ttft_s"] > 0
+    # the weights proof compared the worker's /identity hashes with the files on disk
+    target, drafter = tiny_pair
+    proof = configs[1]["proof"]
+    assert proof["identity"]["target"]["sha256"] == hash_weights(target)
+    assert proof["identity"]["drafter"]["sha256"] == hash_weights(drafter)
+    assert proof["claim"]["depth"] == 2 and proof["identity"]["draft_depth"] == 2
+    assert configs[0]["proof"]["claim"]["drafter"] is None
+    # acceptance comes from the worker's /metrics deltas: drafting happened only with a drafter
+    assert all(p["drafted"] == 0 for p in configs[0]["workloads"]["code"]["passes"])
+    assert all(p["drafted"] > 0 for p in configs[1]["workloads"]["code"]["passes"])
+    assert rpt.acceptance(configs[1], "code") is not None
+
+    saved = json.loads((fast_settings.out / "results.json").read_text())
+    assert saved["meta"]["versions"]["mlx"] and saved["meta"]["device"]
+    assert saved["meta"]["git_revision"] is None or len(saved["meta"]["git_revision"]) >= 40
+    report = (fast_settings.out / "report.md").read_text()
+    assert "depth 2 vs no-drafter:" in report
+    assert (fast_settings.out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p.name for p in paths} == {"results.json", "report.md", "sweep.png"}
+
+
+@pytest.fixture
+def other_worker(other_pair, tmp_path):
+    """A worker started on a different pair of weights (seed 1)."""
+    from validator import WorkerProfile, worker_argv
+    from worker.launcher import resolve_command, worker_env
+    from worker.process import WorkerProcess
+
+    target, drafter = other_pair
+    port = free_port()
+    profile = WorkerProfile.model_validate(
+        {"model": "tiny", "target": {"path": str(target), "bits": "fp32"},
+         "drafter": {"path": str(drafter), "bits": "fp32", "depth": 2}, "maxNumSeqs": 1, "port": port}
+    )
+    proc = WorkerProcess(resolve_command(worker_argv(profile)), host="127.0.0.1", port=port,
+                         log_path=tmp_path / "other.log", env=worker_env())
+    proc.start()
+    try:
+        proc.wait_healthy(timeout=120)
+        yield proc, profile
+    finally:
+        proc.stop()
+
+
+def test_the_weights_proof_catches_a_worker_started_with_other_weights(other_worker, tiny_pair):
+    proc, served = other_worker
+    target, drafter = tiny_pair
+    asked = served.model_copy(update={
+        "target": served.target.model_copy(update={"path": str(target)}),
+        "drafter": served.drafter.model_copy(update={"path": str(drafter)}),
+    })
+    with pytest.raises(ConfigurationAborted) as e:
+        prove_weights(proc.pid, proc.url, Expected(asked, hash_weights(target), hash_weights(drafter)))
+    assert "target (command line)" in str(e.value) and "drafter (command line)" in str(e.value)
+
+
+def test_the_weights_proof_catches_changed_files_behind_the_same_path(other_worker, tiny_pair):
+    proc, served = other_worker
+    target, drafter = tiny_pair
+    # same paths on the command line, but the content hashed before the sweep was another model's
+    with pytest.raises(ConfigurationAborted) as e:
+        prove_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
+    message = str(e.value)
+    assert "target sha256 (/identity)" in message and "command line" not in message
+
+
+def test_the_weights_proof_passes_for_the_weights_asked_for(other_worker, other_pair):
+    proc, served = other_worker
+    target, drafter = other_pair
+    proof = prove_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
+    assert proof["identity"]["pid"] == proc.pid
+
+
+class ReusingSweep(Sweep):
+    """Serves every configuration from the first process it started: what the sweep must refuse."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.first = None
+
+    def launch(self, profile, label):
+        if self.first is None:
+            self.first = super().launch(profile, label)
+        return self.first
+
+    def stop(self, proc):
+        pass  # keep it alive for the next configuration
+
+
+def test_the_sweep_fails_when_a_configuration_reuses_a_process(fast_settings):
+    config = load_valid_config(fast_settings.config_file)
+    fast_settings.workloads = ["code"]
+    sweep = ReusingSweep(config, fast_settings)
+    try:
+        with pytest.raises(ProcessReused) as e:
+            sweep.run()
+    finally:
+        if sweep.first is not None:
+            sweep.first.stop()
+    assert "`no-drafter` and `depth 2` were served by the same process" in e.value.message
