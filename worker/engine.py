@@ -84,6 +84,8 @@ class LoadedModel:
             "bits": self.bits,
             "quantization": self.quantization,
             "sha256": self.sha256,
+            # Non-null when the command line's bits claim contradicts config.json.
+            "bits_mismatch": bits_mismatch(self),
         }
 
 
@@ -93,6 +95,19 @@ def load_one(path: str, bits: str | None) -> LoadedModel:
     digest = hash_weights(resolved)
     model, config = load_model(resolved)
     return LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest)
+
+
+def bits_mismatch(m: LoadedModel) -> str | None:
+    """Why the command line's bits claim contradicts config.json's quantization, or None."""
+    if m.bits is None:
+        return None
+    q = m.quantization
+    if str(m.bits).isdigit():
+        have = q.get("bits") if q else None
+        return None if have == int(m.bits) else f"claimed {m.bits}-bit, config says {have or 'unquantized'}"
+    if m.bits in ("bf16", "fp16", "fp32"):
+        return None if q is None else f"claimed {m.bits}, config says {q.get('bits')}-bit"
+    return None
 
 
 class Engine:
@@ -120,6 +135,9 @@ class Engine:
             raise ValueError(f"draft depth must be between 0 and {MAX_DEPTH}: {draft_depth}")
         t = load_one(target, target_bits)
         d = load_one(drafter, drafter_bits) if drafter else None
+        for role, m in (("target", t), ("drafter", d)):
+            if m is not None and (problem := bits_mismatch(m)):
+                log.warning("the %s's --%s-bits disagrees with its config.json: %s", role, role, problem)
         tokenizer = load_tokenizer(t.resolved_path, eos_token_ids=t.config.get("eos_token_id"))
         if d is not None:
             tv, dv = t.config.get("vocab_size"), d.config.get("vocab_size")

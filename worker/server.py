@@ -39,6 +39,8 @@ STALL_FILE_ENV = "MTPSTACK_WORKER_TEST_STALL_FILE"
 DEFAULT_MAX_TOKENS = 512
 #: How long the idle generation thread blocks on its inbox before re-checking shutdown.
 IDLE_POLL = 0.05
+#: On SIGTERM, in-flight responses get this long to finish before their connections close.
+SHUTDOWN_GRACE = 5.0
 #: Seconds a rejected client is told to wait.
 RETRY_AFTER = 1
 #: Parameters that would change the response's shape or meaning, refused rather than ignored.
@@ -666,7 +668,8 @@ async def serve(config: WorkerConfig) -> int:
     import signal
 
     app = create_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # handler_cancellation: a closed connection cancels its handler, which cancels the sequence.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:
