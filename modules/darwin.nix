@@ -56,8 +56,8 @@ in
         description = "mtpstack daemons";
       };
 
-      # launchd opens the log files as the daemon's user: the directories
-      # must exist and belong to it before the daemons load.
+      # The daemons run as ${user}: their state and log directories must
+      # exist and belong to it before launchd loads them.
       system.activationScripts.postActivation.text = ''
         mkdir -p ${stateDir}/huggingface/hub ${logDir}
         chown ${user}:${user} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from validator.coupling import is_coupled
 from validator.load import validate_data
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.nix
 N_FLEETS = 250
 
 # Values within the module's option types.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
 
 
 def make_stand_in(nixpkgs_lib: Path, tmp_path: Path, python: str) -> Path:

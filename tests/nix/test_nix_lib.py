@@ -12,6 +12,7 @@ import pytest
 from validator.load import validate_data
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.nix
 NIX_FILES = sorted(
     p.relative_to(ROOT)
     for p in [ROOT / "flake.nix", *ROOT.glob("modules/**/*.nix"), *ROOT.glob("examples/nix/**/*.nix"), *ROOT.glob("tests/nix/*.nix")]

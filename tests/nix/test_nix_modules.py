@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
 VALID = sorted((ROOT / "examples" / "nix" / "valid").glob("*.nix"))
 SINGLE = ROOT / "examples" / "nix" / "valid" / "single-mtp.nix"
 MIXED = ROOT / "examples" / "nix" / "valid" / "mixed-fleet.nix"
