@@ -50,6 +50,8 @@ def test_a_two_configuration_three_repeat_sweep_records_every_pass_and_proof(fas
     assert all(p["drafted"] == 0 for p in configs[0]["workloads"]["code"]["passes"])
     assert all(p["drafted"] > 0 for p in configs[1]["workloads"]["code"]["passes"])
     assert rpt.acceptance(configs[1], "code") is not None
+    # greedy text is the same with and without the drafter (the report would warn otherwise)
+    assert rpt.output_mismatches(results) == []
 
     saved = json.loads((fast_settings.out / "results.json").read_text())
     assert saved["meta"]["versions"]["mlx"] and saved["meta"]["device"]

@@ -1,0 +1,144 @@
+"""The sweep's pure parts and its refusals (no worker is started here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import sweep as sw
+from bench.stats import DEFAULT_REPEATS
+from mtpstack.cli import main
+from validator import load_valid_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "valid" / "fleet.yaml"
+
+
+@pytest.fixture
+def example():
+    return load_valid_config(EXAMPLE)
+
+
+@pytest.mark.parametrize("text,depths", [("1-6", [1, 2, 3, 4, 5, 6]), ("1,2,4", [1, 2, 4]), ("2-3,6,3", [2, 3, 6])])
+def test_depths_are_read_as_ranges_and_lists(text, depths):
+    assert sw.parse_depths(text) == depths
+
+
+@pytest.mark.parametrize("text", ["", "a", "4-2", "1-"])
+def test_unreadable_depths_are_refused_with_an_example(text):
+    with pytest.raises(sw.SweepError) as e:
+        sw.parse_depths(text)
+    assert e.value.hint is None or "1-6" in e.value.hint
+
+
+def test_the_plan_puts_the_baseline_first_and_measures_it_once(example):
+    configs, base = sw.plan(example, "qwen-mtp", [1, 2, 3], "configured")
+    assert base.label == "depth 3"
+    assert [c.label for c in configs] == ["depth 3", "depth 1", "depth 2"]
+    configs, base = sw.plan(example, "qwen-mtp", [1, 2], "no-drafter")
+    assert [c.label for c in configs] == ["no-drafter", "depth 1", "depth 2"]
+
+
+def test_an_unknown_worker_gets_a_did_you_mean(example):
+    with pytest.raises(sw.SweepError) as e:
+        sw.plan(example, "qwen-mpt", [1], "configured")
+    assert e.value.hint == "did you mean `qwen-mtp`?"
+
+
+def test_a_depth_the_rules_forbid_stops_the_sweep_naming_the_rule(example):
+    with pytest.raises(sw.SweepError) as e:
+        sw.check_reachable(example, "qwen-mtp", sw.Configuration.of(9), "fleet.yaml")
+    assert "configuration `depth 9` is forbidden by the fleet's rules: out-of-range" in e.value.message
+    sw.check_reachable(example, "qwen-mtp", sw.Configuration.of(8), "fleet.yaml")  # allowed
+
+
+def test_a_port_of_the_fleet_is_refused(example):
+    with pytest.raises(sw.SweepError) as e:
+        sw.ensure_isolated(example, "127.0.0.1", 8101)
+    assert "refusing to bench on port 8101: it belongs to the fleet" in e.value.message
+    with pytest.raises(sw.SweepError):
+        sw.ensure_isolated(example, "127.0.0.1", 8080)  # the proxy
+    port = sw.pick_port(example)
+    assert port not in (8080, 8101)
+    sw.ensure_isolated(example, "127.0.0.1", port)
+
+
+def test_counters_are_read_from_prometheus_text():
+    text = (
+        "# HELP mtpstack_worker_tokens_drafted_total Tokens proposed.\n"
+        "# TYPE mtpstack_worker_tokens_drafted_total counter\n"
+        "mtpstack_worker_tokens_drafted_total 42.0\n"
+        "mtpstack_worker_tokens_drafted_created 1.7e9\n"
+        "mtpstack_worker_tokens_accepted_total 30.0\n"
+        'mtpstack_worker_accepted_by_position_total{position="1"} 20.0\n'
+    )
+    assert sw.parse_counters(text) == {sw.DRAFTED: 42.0, sw.ACCEPTED: 30.0}
+
+
+def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
+    reqs = [
+        {"tokens": 10, "seconds": 1.0, "decode_s": 0.9, "ttft_s": 0.1},
+        {"tokens": 21, "seconds": 2.0, "decode_s": 1.8, "ttft_s": 0.2},
+        {"tokens": 1, "seconds": 0.3, "decode_s": 0.0, "ttft_s": 0.3},
+    ]
+    p = sw.summarize_pass(reqs, {sw.DRAFTED: 100, sw.ACCEPTED: 50}, {sw.DRAFTED: 140, sw.ACCEPTED: 80})
+    assert p["tokens"] == 32
+    assert p["e2e_tps"] == pytest.approx(32 / 3.3)
+    assert p["decode_tps"] == pytest.approx(29 / 2.7)
+    assert p["ttft_s"] == 0.2
+    assert (p["drafted"], p["accepted"], p["acceptance"]) == (40, 30, 0.75)
+
+
+@pytest.mark.parametrize("workload", ["code", "prose"])
+def test_shipped_prompt_sets_have_8_to_16_short_unique_prompts(workload):
+    prompts = sw.load_prompts(workload)
+    assert 8 <= len(prompts) <= 16
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(len(p.prompt) < 200 for p in prompts)
+
+
+def test_an_unknown_workload_names_the_known_ones():
+    with pytest.raises(sw.SweepError) as e:
+        sw.load_prompts("poetry")
+    assert "code" in e.value.hint and "prose" in e.value.hint
+
+
+def test_the_cli_reports_user_mistakes_in_one_sentence_with_a_hint(capsys, tmp_path):
+    code = main(["bench", "sweep", "--config", str(EXAMPLE), "--worker", "qwen-mpt", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: no worker named `qwen-mpt` in the config\n\nhint: did you mean `qwen-mtp`?" in err
+    assert "Traceback" not in err
+
+
+def test_the_cli_stops_before_starting_anything_when_a_depth_is_forbidden(capsys, tmp_path):
+    code = main(["bench", "sweep", "--config", str(EXAMPLE), "--worker", "qwen-mtp", "--depths", "7-9", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 1 and "`depth 9` is forbidden by the fleet's rules: out-of-range" in err
+    assert not (tmp_path / "o").exists()
+
+
+def _results(values: list[float]) -> dict:
+    passes = [{"e2e_tps": v, "requests": []} for v in values]
+    return {"schema": "mtpstack-bench/1", "meta": {"worker": "w"}, "settings": {"workloads": ["code"]}, "baseline": "depth 2",
+            "configurations": [{"label": "depth 2", "depth": 2, "status": "measured", "workloads": {"code": {"passes": passes}}}]}
+
+
+def test_compare_reads_two_files_and_applies_the_rule(capsys, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_results([20.0, 21.0, 22.0])))
+    b.write_text(json.dumps(_results([21.0, 22.0, 20.5])))
+    assert main(["bench", "compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert f"code: {b} `depth 2` vs {a} `depth 2`: not significant: keep the default; ratio" in out
+
+
+def test_report_of_a_missing_file_is_a_plain_error(capsys, tmp_path):
+    assert main(["bench", "report", str(tmp_path / "nope.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no such results file:") and "hint:" in err
+
+
+def test_the_default_repeats_come_from_the_simulation_table():
+    assert DEFAULT_REPEATS == 10
