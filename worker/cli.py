@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="/health turns 503 when work is pending and no step finished for this long (default: 30)")
     w.add_argument("--default-max-tokens", type=int, default=512,
                    help="output tokens when a request sets no max_tokens (default: 512)")
+    w.add_argument("--batching", choices=("on", "off"), default="on",
+                   help="verify the sequences of a step in one batched target forward (default: on)")
     w.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     w.set_defaults(func=run_worker)
 
@@ -93,6 +95,7 @@ def run_worker(args: argparse.Namespace) -> int:
         admission_grace_seconds=args.admission_grace_seconds,
         stall_seconds=args.stall_seconds,
         default_max_tokens=args.default_max_tokens,
+        batching=args.batching == "on",
     )
     return asyncio.run(serve(config))
 

@@ -120,6 +120,7 @@ class Engine:
         self.draft_depth = draft_depth if drafter is not None else 0
         self.context_length: int | None = target.config.get("max_position_embeddings")
         self.eos_token_ids = set(tokenizer.eos_token_ids)
+        self.batchable = can_batch(self)
 
     @classmethod
     def load(
@@ -260,43 +261,44 @@ class Sequence:
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
 
-    def _decode_step(self) -> StepResult:
+    @property
+    def decoding(self) -> bool:
+        """True once the prompt is in the caches: the next step drafts and verifies."""
+        return not self.finished and self._prefilled >= len(self.prompt) - 1
+
+    def plan(self) -> int:
+        """How many tokens the next step drafts: never more than could be emitted (k + 1 <= left)."""
         if not self._y:  # a one-token prompt skips prefill
             self._y = self.prompt[-1:]
             self._draft_y = self.prompt[-1:]
         remaining = self.params.max_tokens - len(self.tokens)
-        # Never draft what could not be emitted: a step emits at most k + 1 tokens.
-        k = min(self.params.depth, remaining - 1) if self.use_drafter else 0
+        return min(self.params.depth, remaining - 1) if self.use_drafter else 0
 
-        draft = None
-        if k > 0:
-            inp = mx.array(self._draft_y, mx.uint32)
-            proposals = []
-            for _ in range(k):
-                logits = self.engine.drafter.model(inp[None], cache=self.draft_cache)[0, -1:, :]
-                inp = mx.argmax(logits, axis=-1).astype(mx.uint32)
-                mx.async_eval(inp)
-                proposals.append(inp)
-            draft = mx.concatenate(proposals)
-            verify_in = mx.concatenate([mx.array(self._y, mx.uint32), draft])
-        else:
-            verify_in = mx.array(self._y, mx.uint32)
+    def draft(self, k: int) -> mx.array | None:
+        """The drafter's k argmax proposals, left lazy so the target's forward joins the same graph."""
+        if k <= 0:
+            return None
+        inp = mx.array(self._draft_y, mx.uint32)
+        proposals = []
+        for _ in range(k):
+            logits = self.engine.drafter.model(inp[None], cache=self.draft_cache)[0, -1:, :]
+            inp = mx.argmax(logits, axis=-1).astype(mx.uint32)
+            mx.async_eval(inp)
+            proposals.append(inp)
+        return mx.concatenate(proposals)
 
-        logits = self.engine.target.model(verify_in[None], cache=self.target_cache)[0, -(k + 1) :, :]
-        sampled = self._sample(logits)
-        if draft is not None:
-            mx.eval(sampled, draft)
-            drafts = draft.tolist()
-        else:
-            mx.eval(sampled)
-            drafts = []
-        sampled = sampled.tolist()
+    def verify_input(self, draft: mx.array | None) -> mx.array:
+        """The target's input for this step: y then the drafted tokens."""
+        y = mx.array(self._y, mx.uint32)
+        return y if draft is None else mx.concatenate([y, draft])
 
+    def accept(self, k: int, sampled: list[int], drafts: list[int], *, trim_target: bool = True) -> StepResult:
+        """Keep the drafted prefix the target agrees with, roll both caches back past the rest, emit."""
         n = 0
         while n < k and sampled[n] == drafts[n]:
             n += 1
         # The target's cache holds y, d1..dk: keep y, d1..dn.
-        if k - n:
+        if trim_target and k - n:
             trim_prompt_cache(self.target_cache, k - n)
         self._y = [sampled[n]]
         if self.use_drafter:
@@ -311,11 +313,18 @@ class Sequence:
                 if k - 1 - n:
                     trim_prompt_cache(self.draft_cache, k - 1 - n)
                 self._draft_y = [sampled[n]]
-
         self.drafted += k
         self.accepted += n
         emitted = self._emit(sampled[: n + 1])
         return StepResult(drafted=k, accepted=n, tokens=emitted)
+
+    def _decode_step(self) -> StepResult:
+        k = self.plan()
+        draft = self.draft(k)
+        logits = self.engine.target.model(self.verify_input(draft)[None], cache=self.target_cache)[0, -(k + 1) :, :]
+        sampled = self._sample(logits)
+        mx.eval(sampled) if draft is None else mx.eval(sampled, draft)
+        return self.accept(k, sampled.tolist(), draft.tolist() if draft is not None else [])
 
     # -- output ------------------------------------------------------------------------
 
@@ -366,18 +375,68 @@ class Sequence:
         return out
 
 
+def batched_verify(seqs: list[Sequence], k: int) -> list[StepResult]:
+    """One target forward for several sequences that all draft k tokens this step.
+
+    Each sequence keeps its own KV cache. For the step they are merged into
+    mlx-lm's left-padded `BatchKVCache`, run as one batch (the weights are read
+    once for all rows, which is what makes width cheap on memory-bound hardware),
+    and split back, each row cut at its own accepted length: the per-row rollback
+    `BatchKVCache.trim` lacks.
+    """
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    target = seqs[0].engine.target.model
+    drafts = [s.draft(k) for s in seqs]
+    inputs = mx.stack([s.verify_input(d) for s, d in zip(seqs, drafts)])
+    lengths = [s.target_cache[0].offset for s in seqs]
+    pads = [max(lengths) - n for n in lengths]
+    batch = [BatchKVCache.merge([s.target_cache[i] for s in seqs]) for i in range(len(seqs[0].target_cache))]
+    logits = target(inputs, cache=batch)[:, -(k + 1) :, :]
+    sampled = [s._sample(logits[row]) for row, s in enumerate(seqs)]
+    mx.eval(sampled, [d for d in drafts if d is not None])
+    results = []
+    for row, (seq, d) in enumerate(zip(seqs, drafts)):
+        toks = sampled[row].tolist()
+        dl = d.tolist() if d is not None else []
+        n = 0
+        while n < k and toks[n] == dl[n]:
+            n += 1
+        end = batch[0].size() - (k - n)
+        caches = []
+        for bc in batch:
+            c = KVCache()
+            c.keys = bc.keys[row : row + 1, :, pads[row] : end]
+            c.values = bc.values[row : row + 1, :, pads[row] : end]
+            c.offset = end - pads[row]
+            caches.append(c)
+        seq.target_cache = caches
+        results.append(seq.accept(k, toks, dl, trim_target=False))
+    return results
+
+
+def can_batch(engine: Engine) -> bool:
+    """Batched verification needs plain KV caches (no rotating or state-space layers)."""
+    from mlx_lm.models.cache import KVCache
+
+    return all(type(c) is KVCache for c in make_prompt_cache(engine.target.model))
+
+
 class Scheduler:
     """The generation loop's seam: `step()` advances every active sequence once.
 
-    Today each sequence runs its own draft-and-verify step in turn (round-robin),
-    so all active sequences make progress and none waits for another to finish.
-    Batched verification (one target forward for all sequences) slots in here:
-    it needs per-row KV rollback, which mlx-lm's BatchKVCache does not have yet.
+    Sequences still prefilling run one prompt chunk each. Decoding sequences that
+    draft the same number of tokens this step share one batched target forward
+    (`batched_verify`) when `batched` is on and the model's caches allow it;
+    otherwise each runs its own draft-and-verify step in turn. Either way every
+    active sequence makes progress every step and none waits for another.
     """
 
-    def __init__(self, max_num_seqs: int):
+    def __init__(self, max_num_seqs: int, *, batched: bool = True):
         self.max_num_seqs = max_num_seqs
+        self.batched = batched
         self.active: list[Sequence] = []
+        self.batched_steps = 0  # target forwards shared by more than one sequence
 
     def add(self, seq: Sequence) -> None:
         if len(self.active) >= self.max_num_seqs:
@@ -395,20 +454,38 @@ class Scheduler:
     def step(self) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
         """One step of each active sequence; finished or cancelled ones leave the active set."""
         results = []
+        groups: dict[int, list[Sequence]] = {}
+        singles: list[Sequence] = []
         for seq in list(self.active):
             if seq.cancelled:
                 seq.cancel()
             if seq.finished:
                 self.active.remove(seq)
                 results.append((seq, None, None))
+            elif self.batched and seq.decoding and seq.engine.batchable:
+                groups.setdefault(seq.plan(), []).append(seq)
+            else:
+                singles.append(seq)
+        for k, group in groups.items():
+            if len(group) == 1:
+                singles.extend(group)
                 continue
             try:
-                result, error = seq.step(), None
+                results.extend((seq, r, None) for seq, r in zip(group, batched_verify(group, k)))
+                self.batched_steps += 1
+            except Exception as e:  # one broken batch must not stop the loop
+                log.exception("batched step failed")
+                for seq in group:
+                    seq.finish_reason = "error"
+                    results.append((seq, None, e))
+        for seq in singles:
+            try:
+                results.append((seq, seq.step(), None))
             except Exception as e:  # one broken request must not stop the others
                 log.exception("sequence failed")
                 seq.finish_reason = "error"
-                result, error = None, e
-            if seq.finished:
+                results.append((seq, None, e))
+        for seq, _, _ in results:
+            if seq.finished and seq in self.active:
                 self.active.remove(seq)
-            results.append((seq, result, error))
         return results

@@ -61,6 +61,7 @@ class WorkerConfig:
     admission_grace_seconds: float = 1.0
     stall_seconds: float = 30.0
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    batching: bool = True
 
 
 class ApiError(Exception):
@@ -188,10 +189,11 @@ class GenerationLoop:
         self.engine = Engine.load(
             c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits
         )
-        self.scheduler = Scheduler(c.max_num_seqs)
+        self.scheduler = Scheduler(c.max_num_seqs, batched=c.batching)
         self.identity = build_identity(c, self.engine)
-        log.info("loaded `%s` in %.2f s (drafter: %s, depth %d)", c.model, time.monotonic() - started,
-                 c.draft_model or "none", self.engine.draft_depth)
+        log.info("loaded `%s` in %.2f s (drafter: %s, depth %d, batched verification: %s)", c.model,
+                 time.monotonic() - started, c.draft_model or "none", self.engine.draft_depth,
+                 "on" if c.batching and self.engine.batchable else "off")
 
     def _run(self) -> None:
         try:
@@ -284,6 +286,7 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "drafter": engine.drafter.identity() if engine.drafter is not None else None,
         "draft_depth": engine.draft_depth if engine.drafter is not None else None,
         "max_num_seqs": config.max_num_seqs,
+        "batched_verification": config.batching and engine.batchable,
         "context_length": engine.context_length,
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),

@@ -132,6 +132,21 @@ def test_interleaved_sequences_produce_what_each_produces_alone(engine, referenc
         assert s.tokens == reference[p]
 
 
+@pytest.mark.parametrize("depth", [0, 2, 5])
+def test_sequences_verified_in_one_batch_produce_what_each_produces_alone(engine, reference, depth):
+    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]  # different lengths: the batch is left-padded
+    sched = Scheduler(max_num_seqs=3, batched=True)
+    seqs = [engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=depth, ignore_eos=True))
+            for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while sched.active:
+        sched.step()
+    assert sched.batched_steps > 0
+    for p, s in zip(prompts, seqs):
+        assert s.tokens == reference[p], p
+
+
 def test_a_cancelled_sequence_leaves_before_its_next_step(engine):
     sched = Scheduler(max_num_seqs=2)
     a = engine.new_sequence(engine.text_prompt("abc"), SamplingParams(max_tokens=20, depth=2, ignore_eos=True))
