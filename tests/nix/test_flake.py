@@ -4,6 +4,7 @@ is this test run's own Python, so the flake's checks run the real validator."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,27 @@ def test_flake_exposes_modules_as_functions(nixh, nixpkgs_lib):
             capture_output=True, text=True, env=env, timeout=120,
         )  # fmt: skip
         assert (proc.returncode, proc.stdout.strip()) == (0, "true"), proc.stderr
+
+
+def build_checked_config(nixpkgs_lib: Path, example: Path) -> subprocess.CompletedProcess:
+    """nix-build the module's `checkConfig` step (modules/config-file.nix) for an example."""
+    stub = Path(__file__).with_name("stub-nixpkgs.nix")
+    expr = (
+        f"let np = import {stub} {{ lib = import {nixpkgs_lib}; python = {json.dumps(sys.executable)}; }};"
+        " pkgs = np.legacyPackages.${builtins.currentSystem}; in"
+        f" import {ROOT / 'modules' / 'config-file.nix'} {{ inherit pkgs;"
+        " cfg = { checkConfig = true; package = pkgs.callPackage null { }; };"
+        f" contents = (import {ROOT / 'modules' / 'lib'}).render (import {example}).services.mtpstack; }}"
+    )
+    env = {**os.environ, "NIX_CONFIG": "substituters =\nbuild-users-group ="}
+    return subprocess.run(["nix-build", "--no-out-link", "-E", expr], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_check_config_builds_a_valid_fleet_and_fails_a_bad_one_with_the_way_out(nixh, nixpkgs_lib, stand_in):
+    good = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "valid" / "single-mtp.nix")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(Path(good.stdout.strip()).read_text())["workers"]["qwen-mtp"]["maxNumSeqs"] == 2
+    bad = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "invalid" / "backend-forbidden.nix")
+    assert bad.returncode != 0
+    assert "error[backend-forbidden]: workers.qwen.backend" in bad.stderr
+    assert "hint: fix the options named above, or set `services.mtpstack.checkConfig = false` to skip this check" in bad.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,27 @@ def test_render_fills_the_defaults_the_config_model_fills(rendered_examples):
 def test_examples_include_both_kinds():
     kinds = {p.parent.name for p in EXAMPLES}
     assert kinds == {"valid", "invalid"}
+
+
+NASTY_ARGS = ["a b", "100%", "%n", "$HOME", "${X}", 'q"uote', "back\\slash", "é ü", "tab\there", "new\nline", "semi;colon", "'single'", ""]
+
+
+def test_exec_start_quoting_is_accepted_by_systemd(nixh, tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("`systemd-analyze` is not on PATH")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mtpstack").write_text("#!/bin/sh\n")
+    (bin_dir / "mtpstack").chmod(0o755)
+    worker = {"target": {"path": "/srv/my models/t%1", "bits": 4}, "maxNumSeqs": 1, "port": 8101, "extraArgs": NASTY_ARGS}
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({"workers": {"w": worker}}))
+    units = nixh.eval(
+        f"(import {nixh.lib}).systemd.units {{ config = (import {nixh.lib}).render (builtins.fromJSON (builtins.readFile {fleet}));"
+        f' configFile = "/etc/mtpstack.json"; binDir = "{bin_dir}"; }}'
+    )
+    exec_start = units["mtpstack-worker-w"]["serviceConfig"]["ExecStart"]
+    unit = tmp_path / "mtpstack-worker-w.service"
+    unit.write_text(f"[Unit]\nDescription=test\n\n[Service]\nExecStart={exec_start}\n")
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
