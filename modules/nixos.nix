@@ -16,8 +16,9 @@ let
     contents = mtpLib.systemd.runtimeConfig cfg.renderedConfig;
   };
 
-  # The same preload `mtpstack up` applies: mlx's CPU wheel bundles a
-  # reference BLAS that is ~40x slower. Not on an accelerator.
+  # The same preload `mtpstack up` applies: an mlx whose matmuls go to a
+  # reference BLAS runs them ~40x slower than with OpenBLAS. Not on an
+  # accelerator.
   preload = if pkgs.config.cudaSupport or false then null else "${pkgs.openblas}/lib/libopenblas.so";
 
   hardening = {

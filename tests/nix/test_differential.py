@@ -1,5 +1,6 @@
 """Nix and Python agree on random fleets: the same coupling verdict and the same
-worker argv (and the same rendered config). Hypothesis draws the fleets; all of
+worker argv (also as systemd's ExecStart and launchd's ProgramArguments), and the
+same rendered config. Hypothesis draws the fleets; all of
 them go to Nix in one JSON file, so hundreds of fleets cost one evaluation."""
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ def draw_fleets(n: int) -> list[dict]:
     return drawn
 
 
+def unquote_exec_start(line: str) -> list[str]:
+    """Undo the ExecStart quoting: `%%` and `$$` back to one, then one JSON string per argument."""
+    text = line.replace("%%", "%").replace("$$", "$")
+    decoder, args, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        value, i = decoder.raw_decode(text, i)
+        args.append(value)
+        i += text[i : i + 1] == " "
+    return args
+
+
 def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     fleets_ = draw_fleets(N_FLEETS)
     assert len(fleets_) >= 200
@@ -92,6 +104,10 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
               rendered = config;
               mismatched = mtp.coupling.mismatched config;
               argv = builtins.mapAttrs (_: mtp.workerArgv) config.workers;
+              execStart = builtins.mapAttrs (_: u: u.serviceConfig.ExecStart)
+                (mtp.systemd.units {{ inherit config; configFile = "/c"; binDir = "/bin"; }});
+              programArguments = builtins.mapAttrs (_: d: d.serviceConfig.ProgramArguments)
+                (mtp.launchd.daemons {{ inherit config; configFile = "/c"; binDir = "/bin"; }});
             }};
         in map verdict (builtins.fromJSON (builtins.readFile {data}))
         """
@@ -106,6 +122,11 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
         assert nix["mismatched"] == sorted(n for n, w in config.workers.items() if not is_coupled(config.proxy, w)), fleet
         assert nix["argv"] == {name: worker_argv(w) for name, w in config.workers.items()}, fleet
         assert nix["rendered"] == config.model_dump(by_alias=True, mode="json"), fleet
+        for name, w in config.workers.items():
+            argv = worker_argv(w)
+            resolved = ["/bin/" + argv[0], *argv[1:]]
+            assert unquote_exec_start(nix["execStart"][f"mtpstack-worker-{name}"]) == resolved, fleet
+            assert nix["programArguments"][f"mtpstack-worker-{name}"] == resolved, fleet
         mismatches_seen += bool(python_mismatched)
     # The draw exercises both verdicts, not only one.
     assert 0 < mismatches_seen < len(fleets_)
