@@ -97,7 +97,8 @@ def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
         except ImportError:
             return DEMO_TARGET, DEMO_DRAFTER, "the trained demo pair (not widened: worker.demo.widen is missing)"
         out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-        return out, DEMO_DRAFTER, f"the demo pair, target widened by worker.demo.widen ({args.widen_layers} layers)"
+        return out, DEMO_DRAFTER, (f"the demo pair, target widened by worker.demo.widen "
+                                   f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers)")
     from worker.demo.tiny import build_tiny_pair
 
     t, d = build_tiny_pair(workdir / "tiny")
@@ -105,13 +106,9 @@ def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
 
 
 def widen_target(src: Path, dest: Path, args) -> Path:
-    from worker.demo import widen
+    from worker.demo.widen import widen
 
-    fn = getattr(widen, "widen_model", None) or getattr(widen, "widen")
-    try:
-        return Path(fn(src, dest, **({"num_layers": args.widen_layers} if args.widen_layers else {})))
-    except TypeError:
-        return Path(fn(src, dest))
+    return Path(widen(src, dest, mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers))
 
 
 # -- servers -------------------------------------------------------------------------------
@@ -126,6 +123,7 @@ def start_servers(target: Path, drafter: Path, depth: int, logdir: Path) -> dict
     specs = {
         "native+drafter": ("native", True),
         "native": ("native", False),
+        "native+drafter unbatched": ("native", True),
         "mlx_lm.server+drafter": ("mlx-lm", True),
         "mlx_lm.server": ("mlx-lm", False),
     }
@@ -142,6 +140,7 @@ def start_servers(target: Path, drafter: Path, depth: int, logdir: Path) -> dict
             "target": {"path": str(target), "bits": "fp32"},
             "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth} if with_drafter else None,
             "maxNumSeqs": 4, "port": port,
+            "extraArgs": ["--batching", "off"] if name.endswith("unbatched") else [],
         })
         proc = WorkerProcess(resolve_command(worker_argv(profile)), host="127.0.0.1", port=port,
                              log_path=logdir / f"{name}.log", name=name, env=env)
@@ -244,6 +243,8 @@ async def run(args) -> dict:
                 prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
+                    if name.endswith("unbatched"):
+                        continue  # same as native+drafter for one stream
                     r = await stream_one(session, proc.url, prompt, args.max_tokens, name.startswith("native"))
                     texts[name] = r.pop("text")
                     if keep:
@@ -256,7 +257,7 @@ async def run(args) -> dict:
                 if len(set(texts.values())) != 1:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
                                  + ", ".join(f"{k}={len(v)} chars" for k, v in texts.items()))
-                for name in ("native+drafter", "native", "mlx_lm.server+drafter", "mlx_lm.server"):
+                for name in servers:
                     c = await concurrent(session, servers[name].url, 4, args.max_tokens, name.startswith("native"))
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
@@ -297,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model directory (default: the demo pair, widened)")
     p.add_argument("--drafter", help="drafter model directory (with --target)")
-    p.add_argument("--widen-layers", type=int, default=0, help="layers of the widened target (default: widen's own)")
+    p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
+    p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
     p.add_argument("--depth", type=int, default=3, help="draft depth (default: 3)")
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens per request (default: 96)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
     p.add_argument("--out", help="write the JSON here instead of stdout")
