@@ -16,6 +16,7 @@ from typing import AsyncIterator
 
 import aiohttp
 from aiohttp import hdrs, web
+from yarl import URL
 
 from proxy.admission import ModelAdmission, Rejected, Upstream
 from proxy.auth import key_accepted, load_api_keys, presented_key
@@ -80,6 +81,7 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
             rewrite_model=w.target.path if w.backend == "mlx-lm" else None,
             order=order,
         )
+        u.endpoints = {path: URL(u.url + path) for path in FORWARDED_PATHS}
         upstreams[name] = u
         metrics.register_upstream(u)
         if w.model not in admissions:
@@ -125,6 +127,7 @@ async def _client_session_ctx(app: web.Application) -> AsyncIterator[None]:
     state.session = aiohttp.ClientSession(
         connector=connector,
         auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),  # workers set no cookies; skip the jar per request
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=state.config.proxy.timeouts.connect_seconds),
         skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING, hdrs.ACCEPT),
     )
@@ -255,7 +258,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 def _finish(state: ProxyState, ex: Exchange) -> None:
-    state.metrics.requests.labels(ex.model, str(ex.status)).inc()
+    state.metrics.count_request(ex.model, ex.status)
     if log.isEnabledFor(logging.INFO):
         log.info(ex.line(time.monotonic()))
 
@@ -305,7 +308,7 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         upstream = await admission.acquire()
     finally:
         ex.queue_wait = time.monotonic() - ex.arrived
-        state.metrics.queue_wait.labels(ex.model).observe(ex.queue_wait)
+        state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
     ex.worker = upstream.name
     admitted = time.monotonic()
     try:
@@ -327,7 +330,7 @@ async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, bo
     sent = time.monotonic()
     try:
         async with asyncio.timeout(t.first_byte_seconds):
-            up = await state.session.post(upstream.url + request.path, data=body, headers=headers, allow_redirects=False)
+            up = await state.session.post(upstream.endpoints[request.path], data=body, headers=headers, allow_redirects=False)
     except aiohttp.ClientConnectorError:
         raise _unreachable(state, upstream, f"worker `{upstream.name}` refused the connection: {upstream.url}") from None
     except aiohttp.ConnectionTimeoutError:
@@ -337,7 +340,7 @@ async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, bo
     except aiohttp.ClientError as e:
         raise _unreachable(state, upstream, f"worker `{upstream.name}` closed the connection before answering: {type(e).__name__}") from None
     ex.first_byte = time.monotonic() - sent
-    state.metrics.first_byte.labels(upstream.name).observe(ex.first_byte)
+    state.metrics.observe_first_byte(upstream.name, ex.first_byte)
     try:
         out_headers = filter_headers(up.headers, RESPONSE_DROP)
         out_headers[REQUEST_ID] = ex.rid
@@ -358,13 +361,13 @@ async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, bo
 
 
 def _unreachable(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
-    state.metrics.upstream_errors.labels(upstream.name, "upstream_unreachable").inc()
+    state.metrics.upstream_error(upstream.name, "upstream_unreachable")
     mark_unhealthy(state, upstream, message)
     return Rejected(HTTPStatus.BAD_GATEWAY, "upstream_unreachable", message)
 
 
 def _upstream_timeout(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
-    state.metrics.upstream_errors.labels(upstream.name, "upstream_timeout").inc()
+    state.metrics.upstream_error(upstream.name, "upstream_timeout")
     return Rejected(HTTPStatus.GATEWAY_TIMEOUT, "upstream_timeout", message)
 
 
@@ -410,7 +413,7 @@ async def _relay_stream(
                 chunk = await content.readany()
             except aiohttp.ClientError:
                 failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
-                state.metrics.upstream_errors.labels(upstream.name, "upstream_disconnected").inc()
+                state.metrics.upstream_error(upstream.name, "upstream_disconnected")
                 mark_unhealthy(state, upstream, "connection lost mid-stream")
                 break
             if not chunk:
@@ -429,7 +432,7 @@ async def _relay_stream(
         current.uncancel()
         idle = state.config.proxy.timeouts.idle_seconds
         failure = ("upstream_timeout", f"worker `{upstream.name}` sent nothing for {idle:g} s mid-stream")
-        state.metrics.upstream_errors.labels(upstream.name, "upstream_timeout").inc()
+        state.metrics.upstream_error(upstream.name, "upstream_timeout")
     finally:
         dog.stop()
     if failure is not None:

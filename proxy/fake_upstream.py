@@ -39,6 +39,9 @@ class FakeState:
     delay: float = 0.0
     grace: float = DEFAULT_GRACE_SECONDS
     health_status: int = 200
+    #: Put the send time (`time.monotonic()`, one clock for every process on the machine)
+    #: into each chunk as `"t"`, so a client can measure each chunk's delivery delay.
+    stamp: bool = False
     active: int = 0
     max_active: int = 0
     violations: int = 0
@@ -83,6 +86,10 @@ def chunk_bytes(i: int, endpoint: str) -> bytes:
     if b is None:
         b = _CHUNK_CACHE[key] = _chunk(i, endpoint)
     return b
+
+
+def _stamped(i: int) -> bytes:
+    return b'data: {"t":%.9f,"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t%d "}}]}\n\n' % (time.monotonic(), i)
 
 
 async def _admit(s: FakeState) -> bool:
@@ -155,7 +162,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 assert request.transport is not None
                 request.transport.abort()  # the worker "dies": no [DONE], no chunk terminator
                 return resp
-            await resp.write(chunk_bytes(i, endpoint))
+            await resp.write(_stamped(i) if s.stamp else chunk_bytes(i, endpoint))
             if interval:
                 await asyncio.sleep(interval)
         s.served += 1
@@ -207,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.0, help="seconds between chunks (default: 0)")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds before answering (default: 0)")
     ap.add_argument("--name", default="fake")
+    ap.add_argument("--stamp", action="store_true", help='put the send time (time.monotonic()) in each chunk as "t"')
     args = ap.parse_args(argv)
-    state = FakeState(gate=args.gate, name=args.name, chunks=args.chunks, interval=args.interval, delay=args.delay)
+    state = FakeState(gate=args.gate, name=args.name, chunks=args.chunks, interval=args.interval, delay=args.delay, stamp=args.stamp)
     web.run_app(make_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True)
     return 0
 

@@ -48,7 +48,7 @@ async def probe(session: aiohttp.ClientSession, upstream: Upstream, timeout: flo
 
 def set_health(state: ProxyState, upstream: Upstream, healthy: bool, detail: str) -> None:
     changed = state.admissions[upstream.model].set_healthy(upstream, healthy, detail)
-    state.metrics.healthy.labels(upstream.name).set(1 if healthy else 0)
+    state.metrics.set_healthy(upstream.name, healthy)
     if changed:
         log.info(json.dumps({"event": "worker_health", "worker": upstream.name, "healthy": healthy, "detail": detail}))
 

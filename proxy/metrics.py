@@ -38,6 +38,32 @@ class ProxyMetrics:
             f"{PREFIX}upstream_errors_total", "Failed exchanges with a worker, by kind.", ["worker", "code"], registry=r
         )
 
+        #: Resolved label children: `labels()` costs a lock and a dict build per call, and label
+        #: values here come from the config (or a status code), so the set is small and fixed.
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        key = (metric._name, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def count_request(self, model: str, status: int) -> None:
+        self._child(self.requests, model, str(status)).inc()
+
+    def observe_queue_wait(self, model: str, seconds: float) -> None:
+        self._child(self.queue_wait, model).observe(seconds)
+
+    def observe_first_byte(self, worker: str, seconds: float) -> None:
+        self._child(self.first_byte, worker).observe(seconds)
+
+    def upstream_error(self, worker: str, code: str) -> None:
+        self._child(self.upstream_errors, worker, code).inc()
+
+    def set_healthy(self, worker: str, healthy: bool) -> None:
+        self._child(self.healthy, worker).set(1 if healthy else 0)
+
     def register_upstream(self, upstream: Upstream) -> None:
         self.gate.labels(upstream.name).set(upstream.gate)
         self.inflight.labels(upstream.name).set(0)
@@ -48,10 +74,10 @@ class ProxyMetrics:
 
     # AdmissionObserver
     def inflight_changed(self, upstream: Upstream) -> None:
-        self.inflight.labels(upstream.name).set(upstream.inflight)
+        self._child(self.inflight, upstream.name).set(upstream.inflight)
 
     def queue_changed(self, model: str, depth: int) -> None:
-        self.queue_depth.labels(model).set(depth)
+        self._child(self.queue_depth, model).set(depth)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

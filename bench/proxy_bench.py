@@ -1,0 +1,473 @@
+"""What the admission proxy costs: added latency and CPU, against calling the upstream directly
+and against nginx as a reverse proxy, measured side by side in interleaved rounds of one run.
+
+    .venv/bin/python bench/proxy_bench.py [--rounds 5] [--out proxy-bench.json]
+
+Three processes per path: this script (the clients), a scripted upstream
+(`proxy.fake_upstream`, one answering at once and one pacing its chunks like a model), and the
+proxy under test: `mtpstack proxy` or Debian's nginx (`worker_processes 1`, one process,
+buffering off, keep-alive to the upstream), both started here on loopback. Cells: plain
+requests and 256-chunk SSE streams, 1 and 4 concurrent clients, instant and paced upstream.
+
+Per cell and round: p50/p99 latency (plain) or time to first chunk and stream duration (SSE),
+each minus the direct path's in the same round ("added"); proxy CPU per request and per chunk
+from the kernel's per-thread run time (/proc/PID/task/*/schedstat, nanoseconds; /proc/PID/stat
+ticks where schedstat is missing). Reported: median and min-max over rounds, and the ratios of
+mtpstack to nginx. Raw values go to the JSON file, the table to stdout, progress to stderr.
+
+A benchmark script, not a test: the machines are shared and noisy; read the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNKS = 256
+#: Pause between chunks of the paced upstream: a few ms, as a model writes tokens.
+PACED_INTERVAL = 0.002
+#: The paced upstream's wait before a plain answer: a short generation.
+PACED_DELAY = 0.02
+#: Per cell, per target, per round: (requests at 1 client, requests at 4 clients).
+COUNTS = {
+    ("plain", "instant"): (200, 400),
+    ("plain", "paced"): (20, 40),
+    ("sse", "instant"): (10, 20),
+    ("sse", "paced"): (2, 8),
+}
+WARMUP_PLAIN, WARMUP_STREAMS = 50, 2
+TARGETS = ("direct", "nginx", "mtpstack")
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
+
+
+# -- processes ----------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks)."""
+    total, found = 0, False
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+                    found = True
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    except FileNotFoundError:
+        pass
+    if found:
+        return total / 1e9
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+def start(name: str, argv: list[str], workdir: Path) -> Proc:
+    log = workdir / f"{name}.log"
+    popen = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), start_new_session=True)
+    return Proc(name, popen, log)
+
+
+async def wait_ready(url: str, proc: Proc, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise SystemExit(f"error: `{proc.name}` exited with {proc.popen.returncode}; its log: {proc.log}")
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise SystemExit(f"error: `{proc.name}` was not ready within {timeout:g} s: {url}")
+
+
+def nginx_conf(workdir: Path, routes: dict[int, int]) -> str:
+    """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's."""
+    upstreams, servers = [], []
+    for listen, upstream in routes.items():
+        upstreams.append(f"  upstream u{listen} {{ server 127.0.0.1:{upstream}; keepalive 16; }}")
+        servers.append(
+            f"""  server {{
+    listen 127.0.0.1:{listen};
+    location / {{
+      proxy_pass http://u{listen};
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}"""
+        )
+    temp = workdir / "nginx-temp"
+    temp.mkdir(exist_ok=True)
+    return "\n".join(
+        [
+            "daemon off;",
+            "master_process off;",
+            "worker_processes 1;",
+            f"pid {workdir}/nginx.pid;",
+            f"error_log {workdir}/nginx-error.log warn;",
+            "events { worker_connections 1024; }",
+            "http {",
+            f"  access_log {workdir}/nginx-access.log;",
+            f"  client_body_temp_path {temp}/body;",
+            f"  proxy_temp_path {temp}/proxy;",
+            f"  fastcgi_temp_path {temp}/fastcgi;",
+            f"  uwsgi_temp_path {temp}/uwsgi;",
+            f"  scgi_temp_path {temp}/scgi;",
+            *upstreams,
+            *servers,
+            "}",
+        ]
+    )
+
+
+# -- clients ------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    latency: list[float] = field(default_factory=list)  # plain: full answer; sse: whole stream
+    first_chunk: list[float] = field(default_factory=list)  # sse only
+    #: stamped streams: per chunk, arrival here minus the upstream's send time
+    chunk_delay: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+_STAMP = re.compile(rb'"t":([0-9.]+)')
+
+
+async def plain(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample) -> None:
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        await r.read()
+        if r.status != 200:
+            s.errors += 1
+            return
+    s.latency.append(time.perf_counter() - t0)
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample, stamped: bool = False) -> None:
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        if r.status != 200:
+            await r.read()
+            s.errors += 1
+            return
+        first = await r.content.readany()
+        t1 = time.perf_counter()
+        tail = first[-32:]
+        if stamped:
+            # Delivery delay of each chunk: our arrival time minus the upstream's send time
+            # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
+            now = time.monotonic()
+            s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(first))
+            while chunk := await r.content.readany():
+                now = time.monotonic()
+                s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(chunk))
+                tail = (tail + chunk)[-32:]
+        else:
+            while chunk := await r.content.readany():
+                tail = (tail + chunk)[-32:]
+    if not tail.endswith(b"data: [DONE]\n\n"):
+        s.errors += 1
+        return
+    s.first_chunk.append(t1 - t0)
+    s.latency.append(time.perf_counter() - t0)
+
+
+async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
+    body = json.dumps({**BODY, "model": model, "stream": kind == "sse"}).encode()
+    s = Sample()
+    per_client = n // clients
+
+    async def client() -> None:
+        for _ in range(per_client):
+            if kind == "sse":
+                await stream(session, url, body, s, stamped=model == "paced")
+            else:
+                await plain(session, url, body, s)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return s
+
+
+# -- statistics and formatting (pure) --------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0-100)."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = max(0, min(len(v) - 1, math.ceil(q / 100 * len(v)) - 1))
+    return v[k]
+
+
+def spread(values: list[float]) -> dict:
+    v = [x for x in values if x == x]
+    if not v:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def fmt_us(s: dict, scale: float = 1e6) -> str:
+    if s["median"] is None:
+        return "-"
+    return f"{s['median'] * scale:.0f} ({s['min'] * scale:.0f}..{s['max'] * scale:.0f})"
+
+
+def fmt_ratio(s: dict) -> str:
+    if s["median"] is None:
+        return "-"
+    return f"{s['median']:.2f}x ({s['min']:.2f}..{s['max']:.2f})"
+
+
+def summarize(rounds: list[dict], proxies: list[str]) -> dict:
+    """Per cell: per-round added latencies and CPU per unit, then their spread over rounds."""
+    out: dict = {}
+    for key in rounds[0]:
+        kind = key.split("/")[0]
+        per: dict[str, dict[str, list[float]]] = {p: {} for p in proxies}
+        for rnd in rounds:
+            cell = rnd[key]
+            direct = cell["direct"]
+            for p in proxies:
+                if p not in cell:
+                    continue
+                m = cell[p]
+                d = per[p]
+                d.setdefault("added_p50", []).append(percentile(m["latency"], 50) - percentile(direct["latency"], 50))
+                d.setdefault("added_p99", []).append(percentile(m["latency"], 99) - percentile(direct["latency"], 99))
+                d.setdefault("cpu_per_request", []).append(m["cpu"] / max(1, m["count"]))
+                if kind == "sse":
+                    d.setdefault("added_first_chunk_p50", []).append(
+                        percentile(m["first_chunk"], 50) - percentile(direct["first_chunk"], 50)
+                    )
+                    d.setdefault("first_chunk_p50", []).append(percentile(m["first_chunk"], 50))
+                    d.setdefault("cpu_per_chunk", []).append(m["cpu"] / max(1, m["count"] * CHUNKS))
+                    if m.get("chunk_delay") and direct.get("chunk_delay"):
+                        d.setdefault("added_chunk_delay_p50", []).append(
+                            percentile(m["chunk_delay"], 50) - percentile(direct["chunk_delay"], 50)
+                        )
+                        d.setdefault("added_chunk_delay_p99", []).append(
+                            percentile(m["chunk_delay"], 99) - percentile(direct["chunk_delay"], 99)
+                        )
+                    d.setdefault("throughput_vs_direct", []).append(
+                        statistics.median(direct["latency"]) / statistics.median(m["latency"])
+                    )
+        cell_out = {p: {k: spread(v) for k, v in per[p].items()} for p in proxies if per[p]}
+        cell_out["direct"] = {
+            "upstream_cpu_per_request": spread([r[key]["direct"]["cpu"] / max(1, r[key]["direct"]["count"]) for r in rounds])
+        }
+        if "mtpstack" in per and "nginx" in per and per["nginx"]:
+            ratios = {}
+            for k in ("cpu_per_request", "cpu_per_chunk", "added_p50"):
+                if k in per["mtpstack"]:
+                    ratios[k] = spread(
+                        [a / b for a, b in zip(per["mtpstack"][k], per["nginx"][k]) if b > 0]
+                    )
+            cell_out["mtpstack_vs_nginx"] = ratios
+        out[key] = cell_out
+    return out
+
+
+def table_lines(summary: dict, proxies: list[str]) -> list[str]:
+    """The printed table: one row per cell and proxy; times in microseconds, median (min..max) over rounds."""
+    head = f"{'cell':<24} {'proxy':<9} {'added p50 us':>18} {'added p99 us':>20} {'first chunk +us':>18} {'CPU/req us':>16} {'CPU/chunk us':>14}"
+    lines = [head, "-" * len(head)]
+    for key, cell in summary.items():
+        up = cell.get("direct", {}).get("upstream_cpu_per_request")
+        if up:
+            lines.append(f"{key:<24} {'(direct)':<9} {'-':>18} {'-':>20} {'-':>18} {fmt_us(up):>16} {'':>14}  <- the upstream's own CPU")
+        for p in proxies:
+            if p not in cell:
+                continue
+            c = cell[p]
+            lines.append(
+                f"{key:<24} {p:<9} {fmt_us(c['added_p50']):>18} {fmt_us(c['added_p99']):>20} "
+                f"{fmt_us(c['added_first_chunk_p50']) if 'added_first_chunk_p50' in c else '-':>18} "
+                f"{fmt_us(c['cpu_per_request']):>16} {fmt_us(c['cpu_per_chunk']) if 'cpu_per_chunk' in c else '-':>14}"
+            )
+        for p in proxies:
+            c = cell.get(p, {})
+            extra = []
+            if "throughput_vs_direct" in c:
+                extra.append(f"stream throughput vs direct {fmt_ratio(c['throughput_vs_direct'])}")
+            if "added_chunk_delay_p50" in c:
+                extra.append(
+                    f"added per-chunk delay p50 {fmt_us(c['added_chunk_delay_p50'])} us, p99 {fmt_us(c['added_chunk_delay_p99'])} us"
+                )
+            if extra:
+                lines.append(f"{'':<24} {p:<9} " + "; ".join(extra))
+        r = cell.get("mtpstack_vs_nginx")
+        if r:
+            parts = [f"{k} {fmt_ratio(v)}" for k, v in r.items()]
+            lines.append(f"{'':<24} {'ratio':<9} mtpstack/nginx: " + ", ".join(parts))
+    return lines
+
+
+# -- the run ------------------------------------------------------------------------------
+async def bench(args: argparse.Namespace) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    procs: list[Proc] = []
+    py = sys.executable
+    ports = {k: free_port() for k in ("up_instant", "up_paced", "proxy", "nginx_instant", "nginx_paced")}
+    up_pids: dict[str, int] = {}
+    try:
+        for mode, interval, delay in (("instant", 0.0, 0.0), ("paced", PACED_INTERVAL, PACED_DELAY)):
+            p = start(
+                f"upstream-{mode}",
+                [py, "-m", "proxy.fake_upstream", "--port", str(ports[f"up_{mode}"]), "--gate", "4",
+                 "--chunks", str(CHUNKS), "--interval", str(interval), "--delay", str(delay), "--name", mode, *(["--stamp"] if mode == "paced" else [])],
+                workdir,
+            )
+            procs.append(p)
+            up_pids[mode] = p.popen.pid
+            await wait_ready(f"http://127.0.0.1:{ports[f'up_{mode}']}/health", p)
+        config = {
+            "proxy": {"port": ports["proxy"], "concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
+            "workers": {
+                mode: {"model": mode, "target": {"path": f"/bench/{mode}", "bits": 4}, "maxNumSeqs": 4, "port": ports[f"up_{mode}"]}
+                for mode in ("instant", "paced")
+            },
+        }
+        (workdir / "fleet.json").write_text(json.dumps(config))
+        mtp = start("mtpstack", [py, "-m", "mtpstack", "proxy", "--config", str(workdir / "fleet.json")], workdir)
+        procs.append(mtp)
+        await wait_ready(f"http://127.0.0.1:{ports['proxy']}/readyz", mtp)
+        pids = {"mtpstack": mtp.popen.pid}
+        targets = ["direct", "mtpstack"]
+        nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
+        nginx_version = None
+        if nginx and not args.no_nginx:
+            conf = workdir / "nginx.conf"
+            conf.write_text(nginx_conf(workdir, {ports["nginx_instant"]: ports["up_instant"], ports["nginx_paced"]: ports["up_paced"]}))
+            nginx_version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
+            ng = start("nginx", [nginx, "-c", str(conf), "-p", str(workdir)], workdir)
+            procs.append(ng)
+            await wait_ready(f"http://127.0.0.1:{ports['nginx_instant']}/health", ng)
+            pids["nginx"] = ng.popen.pid
+            targets.insert(1, "nginx")
+        else:
+            print("note: nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only", file=sys.stderr)
+
+        def url(target: str, mode: str) -> str:
+            port = {"direct": ports[f"up_{mode}"], "nginx": ports.get(f"nginx_{mode}"), "mtpstack": ports["proxy"]}[target]
+            return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+        connector_kw = {"limit": 0, "force_close": False}
+        sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector_kw), auto_decompress=False) for t in targets}
+        try:
+            for t in targets:  # warm-up, discarded
+                for mode in ("instant", "paced"):
+                    await run_cell(sessions[t], url(t, mode), "plain", 1, WARMUP_PLAIN if mode == "instant" else 5, mode)
+                    await run_cell(sessions[t], url(t, mode), "sse", 1, WARMUP_STREAMS, mode)
+            rounds = []
+            started = time.monotonic()
+            for rnd in range(args.rounds):
+                cells: dict = {}
+                for (kind, mode), (n1, n4) in COUNTS.items():
+                    for clients, n in ((1, n1), (4, n4)):
+                        key = f"{kind}/{mode}/{clients}c"
+                        cell = cells[key] = {}
+                        order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                        for t in order:
+                            # Proxies: the proxy's CPU. Direct: the upstream's own, for reference.
+                            pid = pids.get(t, up_pids[mode])
+                            c0 = cpu_seconds(pid)
+                            s = await run_cell(sessions[t], url(t, mode), kind, clients, n, mode)
+                            cpu = cpu_seconds(pid) - c0
+                            if s.errors:
+                                print(f"warning: {s.errors} failed requests: {t} {key}", file=sys.stderr)
+                            cell[t] = {
+                                "latency": s.latency, "first_chunk": s.first_chunk, "chunk_delay": s.chunk_delay,
+                                "count": len(s.latency), "cpu": cpu, "errors": s.errors,
+                            }
+                rounds.append(cells)
+                print(f"round {rnd + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
+        finally:
+            for s in sessions.values():
+                await s.close()
+        proxies = [t for t in targets if t != "direct"]
+        return {
+            "meta": {
+                "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "rounds": args.rounds,
+                "chunks": CHUNKS,
+                "paced_interval_s": PACED_INTERVAL,
+                "paced_delay_s": PACED_DELAY,
+                "counts": {f"{k[0]}/{k[1]}": v for k, v in COUNTS.items()},
+                "warmup": {"plain": WARMUP_PLAIN, "streams": WARMUP_STREAMS},
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "aiohttp": aiohttp.__version__,
+                "nginx": nginx_version,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            "summary": summarize(rounds, proxies),
+            "rounds": rounds,
+            "proxies": proxies,
+        }
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Added latency and CPU of `mtpstack proxy` vs direct and vs nginx.")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
+    ap.add_argument("--out", default="proxy-bench.json", help="raw values and summary as JSON (default: proxy-bench.json)")
+    ap.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
+    args = ap.parse_args(argv)
+    result = asyncio.run(bench(args))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"{result['meta']['rounds']} interleaved rounds; times in microseconds, median (min..max) over rounds; "
+          f"added = proxied minus direct in the same round")
+    print("\n".join(table_lines(result["summary"], result["proxies"])))
+    print(f"raw values: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

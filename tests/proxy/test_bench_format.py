@@ -1,0 +1,36 @@
+"""The proxy benchmark's pure parts: percentiles, the summary over rounds, the table."""
+
+from __future__ import annotations
+
+from bench.proxy_bench import percentile, summarize, table_lines
+
+
+def test_nearest_rank_percentile():
+    v = [float(i) for i in range(1, 101)]
+    assert percentile(v, 50) == 50.0
+    assert percentile(v, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+
+
+def _cell(lat: float, cpu: float, n: int = 10, first: float | None = None) -> dict:
+    return {
+        "latency": [lat] * n,
+        "first_chunk": [] if first is None else [first] * n,
+        "chunk_delay": [],
+        "count": n,
+        "cpu": cpu,
+    }
+
+
+def test_summary_subtracts_the_direct_path_of_the_same_round_and_gives_ratios():
+    rounds = [
+        {"plain/instant/1c": {"direct": _cell(1.0e-3, 0.001), "nginx": _cell(1.1e-3, 0.001), "mtpstack": _cell(1.5e-3, 0.004)}},
+        {"plain/instant/1c": {"direct": _cell(2.0e-3, 0.001), "nginx": _cell(2.2e-3, 0.002), "mtpstack": _cell(2.4e-3, 0.004)}},
+    ]
+    s = summarize(rounds, ["nginx", "mtpstack"])["plain/instant/1c"]
+    added = s["mtpstack"]["added_p50"]
+    assert abs(added["min"] - 0.4e-3) < 1e-9 and abs(added["max"] - 0.5e-3) < 1e-9
+    assert s["mtpstack_vs_nginx"]["cpu_per_request"]["max"] == 4.0
+    assert s["direct"]["upstream_cpu_per_request"]["median"] == 0.0001
+    text = "\n".join(table_lines({"plain/instant/1c": s}, ["nginx", "mtpstack"]))
+    assert "mtpstack/nginx" in text and "450 (400..500)" in text
