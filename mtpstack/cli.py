@@ -11,6 +11,8 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "validate": "validator.cli",
     "schema": "validator.cli",
+    "up": "mtpstack.commands",
+    "status": "mtpstack.commands",
     "worker": "worker.cli",
     "weights": "worker.cli",
     "proxy": "proxy.cli",

@@ -1,0 +1,128 @@
+"""`mtpstack status`: what a `mtpstack up` run is doing, read from its run directory and its processes.
+
+For each process: pid and whether it is alive, health, requests in flight (as the proxy
+counts them) and, for workers, the weights read off the process's own command line and
+checked against its `/identity` (without re-hashing the files: `mtpstack weights PID` does that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mtpstack.up import http_status
+from worker.proof import read_cmdline, weights_from_argv
+
+
+class StatusError(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _weights(pid: int, url: str) -> dict:
+    try:
+        claim = weights_from_argv(read_cmdline(pid))
+    except (ProcessLookupError, ValueError):
+        return {"proved": False, "why": "process gone or not a worker"}
+    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "maxNumSeqs": claim.max_num_seqs}
+    if claim.backend == "mlx-lm":
+        return out | {"proved": True, "why": "from the command line alone (mlx_lm.server has no /identity)"}
+    status, identity = http_status(url + "/identity")
+    if status != 200:
+        return out | {"proved": False, "why": f"/identity answered {status or 'nothing'}"}
+    mismatches = []
+    for role, claimed in (("target", claim.target), ("drafter", claim.drafter)):
+        reported = (identity.get(role) or {}).get("path")
+        if reported != claimed:
+            mismatches.append(f"{role}: argv `{claimed}`, /identity `{reported}`")
+    if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
+        mismatches.append(f"depth: argv {claim.depth}, /identity {identity.get('draft_depth')}")
+    if identity.get("pid") != pid:
+        mismatches.append(f"pid: /identity reports {identity.get('pid')}")
+    if mismatches:
+        return out | {"proved": False, "why": "; ".join(mismatches)}
+    return out | {"proved": True, "why": "argv agrees with /identity", "device": identity.get("device")}
+
+
+def collect(run_dir: Path) -> dict:
+    state_file = run_dir / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        raise StatusError(f"no run found: `{state_file}` does not exist", "start one with `mtpstack up`, or pass `--run-dir`") from None
+    except ValueError:
+        raise StatusError(f"`{state_file}` is not valid JSON") from None
+    up_alive = _alive(state.get("pid"))
+    proxy = state["proxy"]
+    proxy_status, ready = http_status(proxy["url"] + "/readyz") if _alive(proxy.get("pid")) else (0, {})
+    upstreams = ready.get("workers", {}) if isinstance(ready.get("workers"), dict) else {}
+    result = {
+        "run_dir": str(run_dir),
+        "phase": state.get("phase") if up_alive else "not running",
+        "up_pid": state.get("pid"),
+        "proxy": {
+            "pid": proxy.get("pid"),
+            "alive": _alive(proxy.get("pid")),
+            "url": proxy["url"],
+            "ready": proxy_status == 200,
+            "restarts": proxy.get("restarts", 0),
+            "log": proxy.get("log"),
+        },
+        "workers": {},
+    }
+    for name, w in state.get("workers", {}).items():
+        alive = _alive(w.get("pid"))
+        health = http_status(w["url"] + "/health")[0] if alive else 0
+        seen = upstreams.get(name, {})
+        result["workers"][name] = {
+            "pid": w.get("pid"),
+            "alive": alive,
+            "model": w.get("model"),
+            "url": w["url"],
+            "health": health,
+            "inflight": seen.get("inflight"),
+            "gate": seen.get("gate"),
+            "restarts": w.get("restarts", 0),
+            "weights": _weights(w["pid"], w["url"]) if alive else {"proved": False, "why": "not running"},
+            "log": w.get("log"),
+        }
+    return result
+
+
+def render(status: dict) -> list[str]:
+    """Pure: the status as text lines."""
+    p = status["proxy"]
+    lines = [
+        f"run: {status['run_dir']} ({status['phase']})",
+        f"proxy    pid {p['pid'] or '-':>7}  {'up' if p['alive'] else 'down':4}  {'ready' if p['ready'] else 'not ready':9}  {p['url']}"
+        + (f"  restarts {p['restarts']}" if p["restarts"] else ""),
+    ]
+    for name, w in status["workers"].items():
+        health = {200: "healthy", 0: "no answer"}.get(w["health"], f"health {w['health']}")
+        inflight = "-" if w["inflight"] is None else f"{w['inflight']}/{w['gate']}"
+        lines.append(
+            f"worker `{name}`  pid {w['pid'] or '-':>7}  {'up' if w['alive'] else 'down':4}  {health:9}  "
+            f"in flight {inflight}  {w['url']}" + (f"  restarts {w['restarts']}" if w["restarts"] else "")
+        )
+        weights = w["weights"]
+        if weights.get("target"):
+            drafter = f", drafter `{weights['drafter']}` depth {weights['depth']}" if weights.get("drafter") else ", no drafter"
+            mark = "proved" if weights["proved"] else "NOT proved"
+            lines.append(f"    weights {mark} ({weights['why']}): target `{weights['target']}`{drafter}")
+        else:
+            lines.append(f"    weights not proved: {weights['why']}")
+    return lines

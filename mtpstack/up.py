@@ -1,0 +1,377 @@
+"""`mtpstack up`: bring the whole stack up from one config, keep it up, take it down in order.
+
+Validate first; start every worker as its own process with its weights on its command line
+(`validator.worker_argv` through `worker.launcher`, the same argv the Nix units run); wait
+until each `/health` answers 200; then start the proxy and wait for `/readyz`. While running,
+a process that exits unexpectedly is restarted with backoff (the proxy routes around a
+missing worker meanwhile). SIGINT or SIGTERM stops the proxy first, then the workers.
+
+Everything a run leaves lives in the run directory: the effective config (`fleet.json`, local
+model paths made absolute), one log per process, and `state.json`, which `mtpstack status`
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from validator import FleetConfig, worker_argv
+from validator.deep import local_dir
+from validator.load import load_config, validate_data
+from worker.launcher import resolve_command, worker_env
+from worker.process import WorkerProcess, WorkerStartError
+
+DEFAULT_RUN_DIR = Path(".mtpstack/run")
+DEMO_MODEL = "mtpstack-demo"
+#: Restart backoff for a process that exits unexpectedly: 1, 2, 4, ... capped here.
+MAX_BACKOFF_SECONDS = 30.0
+#: A process that stayed up this long has its backoff reset.
+STABLE_AFTER_SECONDS = 60.0
+#: How often the supervisor looks at its processes.
+SUPERVISE_INTERVAL = 0.25
+
+
+class UpError(Exception):
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def default_fleet() -> dict:
+    """The bundled demo: the shipped target with its drafter on one worker, the proxy in front, coupled at 2."""
+    from worker.demo import DEMO_DRAFTER, DEMO_TARGET
+
+    return {
+        "proxy": {"host": "127.0.0.1", "port": 8080, "modelConcurrencyLimits": {DEMO_MODEL: 2}},
+        "workers": {
+            "demo": {
+                "model": DEMO_MODEL,
+                "target": {"path": str(DEMO_TARGET), "bits": "fp32"},
+                "drafter": {"path": str(DEMO_DRAFTER), "bits": "fp32", "depth": 3},
+                "maxNumSeqs": 2,
+                "host": "127.0.0.1",
+                "port": 8101,
+            }
+        },
+    }
+
+
+def effective_config(config_file: Path | None) -> tuple[FleetConfig, dict]:
+    """Validate and return the config plus its plain data, local model paths made absolute
+    (relative to the config file's folder) so every process reads the same file the same way."""
+    if config_file is None:
+        data = default_fleet()
+        config, report = validate_data(data, "<bundled demo fleet>")
+    else:
+        config, report = load_config(config_file)
+        if config is not None:
+            data = config.model_dump(mode="json", by_alias=True)
+    if config is None or not report.ok:
+        text = report.render_text()
+        n = len(report.errors)
+        raise UpError(
+            (text + "\n" if text else "") + f"not starting: the config has {n} error{'s' * (n != 1)}",
+            f"check it with `mtpstack validate {config_file}`" if config_file else None,
+        )
+    base = config_file.resolve().parent if config_file else Path.cwd()
+    for worker in data["workers"].values():
+        for role in ("target", "drafter"):
+            spec = worker.get(role)
+            if spec and (found := local_dir(spec["path"], base)) is not None:
+                spec["path"] = str(found)
+    config, report = validate_data(data, str(config_file))
+    assert config is not None and report.ok, report.render_text()
+    return config, data
+
+
+def _connect_host(host: str) -> str:
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def url_of(host: str, port: int) -> str:
+    h = _connect_host(host)
+    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def http_status(url: str, timeout: float = 2.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        body, status = e.read(), e.code
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, {}
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = {}
+    return status, parsed if isinstance(parsed, dict) else {}
+
+
+@dataclass
+class Managed:
+    """One supervised process: a worker or the proxy."""
+
+    name: str
+    kind: str  # "worker" | "proxy"
+    argv: list[str]
+    host: str
+    port: int
+    log_path: Path
+    ready_path: str
+    model: str | None = None
+    process: WorkerProcess | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return url_of(self.host, self.port)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.process = WorkerProcess(self.argv, host=self.host, port=self.port, log_path=self.log_path, name=self.name, env=env)
+        # the proxy has no /health; readiness is polled by `wait_ready` below
+        self.process.start()
+        self.history.append({"pid": self.process.pid, "started_at": self.process.started_at})
+
+    def ready(self) -> bool:
+        return http_status(self.url + self.ready_path)[0] == 200
+
+    def state(self) -> dict:
+        p = self.process
+        return {
+            "kind": self.kind,
+            "model": self.model,
+            "pid": p.pid if p else None,
+            "started_at": p.started_at if p else None,
+            "url": self.url,
+            "log": str(self.log_path),
+            "argv": self.argv,
+            "restarts": self.restarts,
+        }
+
+
+class Stack:
+    """The processes of one `mtpstack up` run, and the loop that keeps them up."""
+
+    def __init__(self, config: FleetConfig, run_dir: Path, *, health_timeout: float, out=sys.stderr):
+        self.config = config
+        self.run_dir = run_dir
+        self.health_timeout = health_timeout
+        self.out = out
+        self.stopping = threading.Event()
+        self.env = worker_env()
+        self.config_path = run_dir / "fleet.json"
+        logs = run_dir / "logs"
+        self.workers = [
+            Managed(
+                name=name,
+                kind="worker",
+                argv=resolve_command(worker_argv(w)),
+                host=w.host,
+                port=w.port,
+                log_path=logs / f"worker-{name}.log",
+                ready_path="/health",
+                model=w.model,
+            )
+            for name, w in config.workers.items()
+        ]
+        p = config.proxy
+        self.proxy = Managed(
+            name="proxy",
+            kind="proxy",
+            argv=resolve_command(["mtpstack", "proxy", "--config", str(self.config_path)]),
+            host=p.host,
+            port=p.port,
+            log_path=logs / "proxy.log",
+            ready_path="/readyz",
+        )
+
+    # -- state file -------------------------------------------------------------------------
+    def write_state(self, phase: str) -> None:
+        state = {
+            "phase": phase,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "config": str(self.config_path),
+            "proxy": self.proxy.state(),
+            "workers": {m.name: m.state() for m in self.workers},
+        }
+        tmp = self.run_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.run_dir / "state.json")
+
+    # -- start ------------------------------------------------------------------------------
+    def check_ports(self) -> None:
+        for m in [*self.workers, self.proxy]:
+            if not port_is_free(m.host, m.port):
+                where = f"workers.{m.name}.port" if m.kind == "worker" else "proxy.port"
+                raise UpError(
+                    f"port {m.port} on `{m.host}` is already in use; `{m.name}` cannot listen there",
+                    f"stop what uses it (another `mtpstack up`? see `mtpstack status`), or change `{where}`",
+                )
+
+    def start(self) -> None:
+        self.started_at = time.time()
+        self.check_ports()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for m in self.workers:
+            m.start(self.env)
+        self.write_state("starting")
+        self._wait_all(self.workers, "workers")
+        self.proxy.start(self.env)
+        self.write_state("starting")
+        self._wait_all([self.proxy], "proxy")
+        self.write_state("running")
+
+    def _wait_all(self, items: list[Managed], what: str) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        console = Console(file=self.out, no_color="NO_COLOR" in os.environ)
+        pending = {m.name: m for m in items}
+        start = time.monotonic()
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+        ) as progress:
+            tasks = {m.name: progress.add_task(f"starting {m.kind} `{m.name}` ({m.url})") for m in items}
+            while pending:
+                if self.stopping.is_set():
+                    raise KeyboardInterrupt
+                for name, m in list(pending.items()):
+                    if not m.process.alive():
+                        raise UpError(
+                            f"{m.kind} `{name}` exited with code {m.process._proc.returncode} before it was ready\n\n"
+                            f"log tail ({m.log_path}):\n{m.process.log_tail()}",
+                            f"the whole log is at `{m.log_path}`",
+                        )
+                    if m.ready():
+                        del pending[name]
+                        progress.update(tasks[name], description=f"{m.kind} `{name}` ready at {m.url}")
+                        console.print(f"{m.kind} `{name}` ready at {m.url} (pid {m.process.pid})")
+                if pending and time.monotonic() - start > self.health_timeout:
+                    m = next(iter(pending.values()))
+                    raise UpError(
+                        f"{m.kind} `{m.name}` not ready after {self.health_timeout:g} s at {m.url}{m.ready_path}\n\n"
+                        f"log tail ({m.log_path}):\n{m.process.log_tail()}",
+                        "raise `--health-timeout` if loading the model takes longer",
+                    )
+                time.sleep(0.2)
+
+    # -- run --------------------------------------------------------------------------------
+    def supervise(self) -> None:
+        """Restart any process that exits unexpectedly, with backoff, until asked to stop."""
+        while not self.stopping.wait(SUPERVISE_INTERVAL):
+            for m in [*self.workers, self.proxy]:
+                p = m.process
+                if p is not None and p.alive():
+                    if m.restarts and time.time() - (p.started_at or 0) > STABLE_AFTER_SECONDS:
+                        m.restarts = 0
+                    continue
+                now = time.monotonic()
+                if p is not None:  # it just died: schedule the restart
+                    code = p.stop(timeout=1)
+                    delay = min(MAX_BACKOFF_SECONDS, 2.0 ** m.restarts)
+                    m.restarts += 1
+                    m.process = None
+                    m.next_start = now + delay
+                    self.say(f"{m.kind} `{m.name}` exited with code {code}; restarting in {delay:g} s (restart {m.restarts})")
+                    self.write_state("running")
+                elif now >= m.next_start:
+                    if not port_is_free(m.host, m.port):
+                        m.next_start = now + 1.0
+                        continue
+                    m.start(self.env)
+                    self.say(f"{m.kind} `{m.name}` restarted (pid {m.process.pid})")
+                    self.write_state("running")
+
+    def stop(self) -> None:
+        """Proxy first (it drains in-flight requests), then the workers."""
+        grace = self.config.proxy.shutdown_grace_seconds + 5
+        if self.proxy.process is not None:
+            self.proxy.process.stop(timeout=grace)
+        for m in self.workers:
+            if m.process is not None:
+                m.process.stop(timeout=10)
+        if self.run_dir.exists():
+            self.write_state("stopped")
+
+    def say(self, text: str) -> None:
+        print(f"up: {text}", file=self.out, flush=True)
+
+
+def ready_banner(config: FleetConfig) -> str:
+    url = url_of(config.proxy.host, config.proxy.port)
+    model = config.models[0] if config.models else "MODEL"
+    lines = [
+        f"mtpstack is up: {url}/v1 (OpenAI API)",
+        "models: " + ", ".join(config.models),
+        "try:",
+        f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"def fib(n):\"}}], \"max_tokens\": 32}}'",
+        "status: mtpstack status; stop: Ctrl-C",
+    ]
+    return "\n".join(lines)
+
+
+def run_up(config_file: Path | None, run_dir: Path, health_timeout: float) -> int:
+    try:
+        config, data = effective_config(config_file)
+    except UpError as e:
+        _error(e)
+        return 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "fleet.json").write_text(json.dumps(data, indent=2))
+    stack = Stack(config, run_dir.resolve(), health_timeout=health_timeout)
+
+    def on_signal(signum, frame):
+        stack.stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
+    try:
+        stack.start()
+        print(ready_banner(config), flush=True)
+        stack.supervise()
+        stack.say("stopping: proxy first, then workers")
+    except KeyboardInterrupt:
+        stack.say("interrupted while starting; stopping what was started")
+        code = 130
+    except (UpError, WorkerStartError) as e:
+        _error(e if isinstance(e, UpError) else UpError(str(e)))
+        code = 1
+    finally:
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code == 0:
+        stack.say("stopped")
+    return code
+
+
+def _error(e: UpError) -> None:
+    print(f"error: {e.message}" + (f"\n\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)

@@ -1,0 +1,166 @@
+"""A real stack for end-to-end tests: `mtpstack up` as a subprocess, tiny real models, loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from worker.demo.tiny import build_tiny_pair
+
+#: Loading tiny models takes well under a second; the bound covers a busy 2-core CI machine.
+STARTUP_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, {}
+
+
+def get_text(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def metric(text: str, name: str, **labels) -> float | None:
+    """The value of one sample in Prometheus text; None when absent."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head == name or head == f"{name}{{{want}}}":
+            return float(value)
+    return None
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class Stack:
+    """A running `mtpstack up` and the addresses of what it started."""
+
+    def __init__(self, root: Path, config: dict):
+        self.root = root
+        self.config_path = root / "fleet.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.run_dir = root / "run"
+        self.config = config
+        self.proxy_url = f"http://127.0.0.1:{config['proxy']['port']}"
+        self.out = (root / "up.out").open("w")
+        self.err_path = root / "up.err"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "90"],
+            stdout=self.out,
+            stderr=self.err_path.open("w"),
+            stdin=subprocess.DEVNULL,
+            cwd=root,
+        )
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"`mtpstack up` exited with {self.proc.returncode}:\n{self.err_path.read_text()}")
+            return get_json(self.proxy_url + "/readyz", timeout=2)[0] == 200
+
+        wait_until(ready, timeout, "the stack to be ready")
+
+    def state(self) -> dict:
+        return json.loads((self.run_dir / "state.json").read_text())
+
+    def worker_pid(self, name: str) -> int:
+        return self.state()["workers"][name]["pid"]
+
+    def worker_url(self, name: str) -> str:
+        return self.state()["workers"][name]["url"]
+
+    def pids(self) -> list[int]:
+        state = self.state()
+        return [p for p in [state["proxy"]["pid"], *(w["pid"] for w in state["workers"].values())] if p]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.out.close()
+        return self.proc.returncode
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not a live process
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
+    return build_tiny_pair(tmp_path_factory.mktemp("models"), seed=0)
+
+
+def fleet(target: Path, drafter: Path, *, width: int, workers: int = 1, extra_args: list[str] | None = None) -> dict:
+    return {
+        "proxy": {"port": free_port(), "modelConcurrencyLimits": {"tiny": width}, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
+        "workers": {
+            f"w{i}": {
+                "model": "tiny",
+                "target": {"path": str(target), "bits": "fp32"},
+                "drafter": {"path": str(drafter), "bits": "fp32", "depth": 3},
+                "maxNumSeqs": width,
+                "port": free_port(),
+                "extraArgs": extra_args or [],
+            }
+            for i in range(workers)
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_models, tmp_path_factory):
+    """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
+    root = tmp_path_factory.mktemp("stack")
+    s = Stack(root, fleet(*tiny_models, width=2))
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        pids = s.pids() if (s.run_dir / "state.json").exists() else []
+        s.stop()
+        for pid in pids:
+            wait_until(lambda: not alive(pid), 15, f"process {pid} to exit")

@@ -1,0 +1,124 @@
+"""The whole stack as `mtpstack up` starts it, driven with the official `openai` client.
+
+The tests share one stack and run in file order: the fault tests come last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import http.client
+import json
+from urllib.parse import urlsplit
+import openai
+import pytest
+
+from tests.e2e.conftest import alive, get_json, get_text, metric, wait_until
+
+
+
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def test_models_list_names_the_served_model(stack):
+    models = client(stack).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_chat_and_completions_answer_through_the_proxy(stack):
+    c = client(stack)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "def add(a, b):"}], max_tokens=12, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 12 or chat.choices[0].finish_reason == "stop"
+    done = c.completions.create(model="tiny", prompt="import os\n", max_tokens=10, temperature=0)
+    assert done.usage.completion_tokens >= 1
+    assert isinstance(done.choices[0].text, str)
+
+
+def test_streamed_chat_reassembles_to_the_non_streamed_text(stack):
+    c = client(stack)
+    messages = [{"role": "user", "content": "Write a haiku about caches."}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0)
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_eight_concurrent_clients_at_width_2_all_succeed_without_worker_429s(stack):
+    c = client(stack)
+
+    def one(i: int) -> str:
+        r = c.completions.create(model="tiny", prompt=f"# task {i}\ndef f{i}(", max_tokens=16, temperature=0)
+        return r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        reasons = list(pool.map(one, range(8)))
+    assert len(reasons) == 8  # any failure would have raised (max_retries=0)
+    worker_metrics = get_text(stack.worker_url("w0") + "/metrics")
+    assert not metric(worker_metrics, "mtpstack_worker_rejected_total", code="worker_full")
+    proxy_metrics = get_text(stack.proxy_url + "/metrics")
+    assert metric(proxy_metrics, "mtpstack_proxy_requests_total", model="tiny", status="200") >= 8
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(stack):
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    generated = lambda: metric(get_text(stack.worker_url("w0") + "/metrics"), "mtpstack_worker_tokens_generated_total") or 0  # noqa: E731
+    before = generated()
+    url = urlsplit(stack.proxy_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: ")
+    conn.close()  # mid-stream: hundreds of tokens are still to come
+
+    def freed():
+        proxy = get_text(stack.proxy_url + "/metrics")
+        worker = get_text(stack.worker_url("w0") + "/metrics")
+        return metric(proxy, "mtpstack_proxy_inflight", worker="w0") == 0 and metric(worker, "mtpstack_worker_active_sequences") == 0
+
+    wait_until(freed, 10, "the proxy and the worker to free the disconnected request's slot")
+    # the worker stopped generating for the closed connection instead of finishing 400 tokens
+    assert generated() - before < 400
+    closed = metric(get_text(stack.proxy_url + "/metrics"), "mtpstack_proxy_requests_total", model="tiny", status="499")
+    assert closed == 1
+
+
+def test_the_proxy_restarted_while_workers_keep_running(stack):
+    worker_pid = stack.worker_pid("w0")
+    old_proxy = stack.state()["proxy"]["pid"]
+    os.kill(old_proxy, signal.SIGKILL)
+    wait_until(lambda: stack.state()["proxy"]["pid"] not in (None, old_proxy), 30, "`mtpstack up` to restart the proxy")
+    wait_until(lambda: get_json(stack.proxy_url + "/readyz", timeout=2)[0] == 200, 60, "the new proxy to be ready")
+    assert stack.worker_pid("w0") == worker_pid and alive(worker_pid)
+    r = client(stack).completions.create(model="tiny", prompt="x = ", max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_comes_back(stack):
+    pid = stack.worker_pid("w0")
+    stream = client(stack).completions.create(model="tiny", prompt="Once upon a time", max_tokens=400, temperature=0, stream=True)
+    received = 0
+    with pytest.raises(openai.APIError) as caught:
+        for _ in stream:
+            received += 1
+            if received == 1:
+                os.kill(pid, signal.SIGKILL)
+    assert received >= 1
+    assert "w0" in str(caught.value) or "worker" in str(caught.value)
+
+    proxy = lambda: get_text(stack.proxy_url + "/metrics")  # noqa: E731
+    wait_until(lambda: metric(proxy(), "mtpstack_proxy_inflight", worker="w0") == 0, 10, "the slot to be freed")
+    wait_until(lambda: stack.worker_pid("w0") not in (None, pid), 30, "`mtpstack up` to restart the worker")
+    wait_until(lambda: get_json(stack.proxy_url + "/readyz", timeout=2)[0] == 200, 90, "the restarted worker to be healthy")
+    r = client(stack).completions.create(model="tiny", prompt="x = ", max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens >= 1
+    assert stack.state()["workers"]["w0"]["restarts"] >= 1

@@ -1,0 +1,71 @@
+"""`mtpstack up` refusing, failing clearly, and stopping cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+import yaml
+
+from tests.e2e.conftest import Stack, alive, fleet, wait_until
+
+
+def up(config: dict, tmp_path, timeout: float = 120) -> subprocess.CompletedProcess:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [sys.executable, "-m", "mtpstack", "up", str(path), "--run-dir", str(tmp_path / "run"), "--health-timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_an_invalid_fleet_is_refused_with_the_validators_message(tiny_models, tmp_path):
+    config = fleet(*tiny_models, width=2)
+    config["proxy"]["modelConcurrencyLimits"]["tiny"] = 4
+    result = up(config, tmp_path)
+    assert result.returncode == 1
+    assert "error[concurrency-mismatch]" in result.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was started
+
+
+def test_a_worker_that_cannot_load_is_named_with_its_log_tail(tiny_models, tmp_path):
+    target, drafter = tiny_models
+    config = fleet(tmp_path / "no-such-model", drafter, width=1)
+    result = up(config, tmp_path)
+    assert result.returncode == 1
+    assert "worker `w0` exited" in result.stderr
+    assert "log tail" in result.stderr and "no-such-model" in result.stderr
+    assert "Traceback" not in result.stderr.split("log tail")[0]
+
+
+def test_a_busy_port_is_named_before_anything_starts(tiny_models, tmp_path):
+    config = fleet(*tiny_models, width=1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", config["workers"]["w0"]["port"]))
+        busy.listen()
+        result = up(config, tmp_path)
+    assert result.returncode == 1
+    assert f"port {config['workers']['w0']['port']}" in result.stderr and "`w0`" in result.stderr
+    assert "hint: " in result.stderr
+
+
+def test_sigterm_stops_the_proxy_then_the_workers_and_leaves_no_process(tiny_models, tmp_path):
+    s = Stack(tmp_path, fleet(*tiny_models, width=2, workers=2))
+    try:
+        s.wait_ready()
+        pids = s.pids()
+        assert len(pids) == 3 and all(alive(p) for p in pids)
+        wait_until(lambda: "curl -s" in (tmp_path / "up.out").read_text(), 10, "the ready banner")
+    finally:
+        code = s.stop(signal.SIGTERM)
+    assert code == 0
+    for pid in pids:
+        wait_until(lambda: not alive(pid), 15, f"process {pid} to be gone")
+    assert s.state()["phase"] == "stopped"
+    log = s.err_path.read_text()
+    assert log.index("stopping: proxy first") < log.index("stopped")
