@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
@@ -140,6 +140,14 @@ class Engine:
             if m is not None and (problem := bits_mismatch(m)):
                 log.warning("the %s's --%s-bits disagrees with its config.json: %s", role, role, problem)
         tokenizer = load_tokenizer(t.resolved_path, eos_token_ids=t.config.get("eos_token_id"))
+        if d is not None and draft_depth > 0:
+            for role, m, path in (("target", t, target), ("drafter", d, drafter)):
+                cache = make_prompt_cache(m.model)
+                if not can_trim_prompt_cache(cache):
+                    kinds = ", ".join(sorted({type(c).__name__ for c in cache if not c.is_trimmable()}))
+                    raise ValueError(
+                        f"speculative decoding needs a KV cache that can be rolled back, the {role}'s has {kinds}: `{path}`"
+                    )
         if d is not None:
             tv, dv = t.config.get("vocab_size"), d.config.get("vocab_size")
             if tv is not None and dv is not None and tv != dv:

@@ -157,6 +157,7 @@ class GenerationLoop:
         self.scheduler = None
         self.identity: dict | None = None
         self.load_error: BaseException | None = None
+        self.fatal: BaseException | None = None
         self.loaded = threading.Event()
         self.last_progress = time.monotonic()
         self.active_count = 0
@@ -203,6 +204,20 @@ class GenerationLoop:
             self.loaded.set()
             return
         self.loaded.set()
+        try:
+            self._loop()
+        except BaseException as e:  # never leave a client waiting on a dead loop
+            log.exception("the generation loop died")
+            self.fatal = e
+            pending = list(self.scheduler.active)
+            while not self.inbox.empty():
+                pending.append(self.inbox.get_nowait().seq)
+            for seq in pending:
+                seq.finish_reason = seq.finish_reason or "error"
+                if seq.handle is not None:
+                    self.loop.call_soon_threadsafe(seq.handle.deliver, Event("", "error", f"the generation loop died: {e}"))
+
+    def _loop(self) -> None:
         sched = self.scheduler
         while not self._stopping.is_set():
             self._admit(block=not sched.active)
@@ -492,6 +507,8 @@ def _loaded(app: web.Application) -> GenerationLoop:
         raise ApiError(503, "load_failed", f"the worker failed to load its models: {gen.load_error}")
     if not gen.loaded.is_set():
         raise ApiError(503, "loading", "the worker is still loading its models")
+    if not gen.alive:
+        raise ApiError(503, "loop_dead", f"the worker's generation loop is not running: {gen.fatal}")
     return gen
 
 
