@@ -210,3 +210,23 @@ def test_weights_proves_a_live_worker_by_pid_and_by_url(worker, tiny_pair):
     report = json.loads(by_url.stdout)
     assert report["pid"] == worker.proc.pid and report["problems"] == []
     assert report["claim"]["drafter"] == str(tiny_pair[1]) and report["claim"]["depth"] == 3
+
+
+def test_num_draft_tokens_lowers_the_depth_and_never_changes_greedy_text(worker):
+    body = {"prompt": "def main():", "max_tokens": 30, "ignore_eos": True}
+    _, _, deep = worker.post_json("/v1/completions", body)
+    _, _, none = worker.post_json("/v1/completions", {**body, "num_draft_tokens": 0})
+    _, _, more = worker.post_json("/v1/completions", {**body, "num_draft_tokens": 9})
+    assert none["usage"]["draft_tokens"] == 0 and deep["usage"]["draft_tokens"] > 0
+    assert deep["choices"][0]["text"] == none["choices"][0]["text"] == more["choices"][0]["text"]
+    # 9 is capped at the worker's depth 3: each step drafts at most 3 of the 30 tokens' steps.
+    assert more["usage"]["draft_tokens"] == deep["usage"]["draft_tokens"]
+
+
+def test_a_longer_earlier_prompt_never_changes_a_later_answer(worker):
+    # mlx_lm.server with a draft model and its prompt cache fails exactly this; the worker has no reuse.
+    short = {"prompt": "import os\n", "max_tokens": 20, "ignore_eos": True}
+    _, _, first = worker.post_json("/v1/completions", short)
+    worker.post_json("/v1/completions", {**short, "prompt": "import os\nimport sys\n"})
+    _, _, again = worker.post_json("/v1/completions", short)
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
