@@ -49,8 +49,6 @@ class Upstream:
     #: forward the client's body untouched.
     rewrite_model: str | None = None
     order: int = 0
-    #: Request path -> full upstream URL, built once (parsing a URL per request costs).
-    endpoints: dict = field(default_factory=dict)
     inflight: int = 0
     healthy: bool = False
     #: Free-form reason of the last health change, for logs and /readyz.

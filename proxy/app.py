@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import AsyncIterator
 
-import aiohttp
 from aiohttp import hdrs, web
-from yarl import URL
+from multidict import CIMultiDict
 
 from proxy.admission import ModelAdmission, Rejected, Upstream
 from proxy.auth import key_accepted, load_api_keys, presented_key
@@ -31,6 +30,7 @@ from proxy.http import (
     sse_error_event,
 )
 from proxy.metrics import ProxyMetrics
+from proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from validator import FleetConfig, gate_for
 
 log = logging.getLogger("mtpstack.proxy")
@@ -51,7 +51,8 @@ class ProxyState:
     metrics: ProxyMetrics
     health_interval: float
     api_keys: tuple[bytes, ...] | None
-    session: aiohttp.ClientSession | None = None
+    #: One HTTP client (keep-alive pool) per worker, by worker name.
+    clients: dict[str, UpstreamClient] = field(default_factory=dict)
     draining: bool = False
     started: float = field(default_factory=time.time)
 
@@ -71,6 +72,7 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
     metrics = ProxyMetrics()
     unhealthy_retry_after = max(1, round(health_interval + 0.5))
     upstreams: dict[str, Upstream] = {}
+    clients: dict[str, UpstreamClient] = {}
     admissions: dict[str, ModelAdmission] = {}
     for order, (name, w) in enumerate(config.workers.items()):
         u = Upstream(
@@ -81,8 +83,8 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
             rewrite_model=w.target.path if w.backend == "mlx-lm" else None,
             order=order,
         )
-        u.endpoints = {path: URL(u.url + path) for path in FORWARDED_PATHS}
         upstreams[name] = u
+        clients[name] = UpstreamClient(w.host, w.port, p.timeouts.connect_seconds)
         metrics.register_upstream(u)
         if w.model not in admissions:
             metrics.register_model(w.model)
@@ -102,11 +104,12 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
         metrics=metrics,
         health_interval=health_interval,
         api_keys=load_api_keys(p.api_keys_file) if p.api_keys_file else None,
+        clients=clients,
     )
 
     app = web.Application()
     app[STATE] = state
-    app.cleanup_ctx.append(_client_session_ctx)
+    app.cleanup_ctx.append(_clients_ctx)
     app.cleanup_ctx.append(health_ctx(STATE))
     app.on_shutdown.append(_start_draining)
     app.router.add_post("/v1/chat/completions", forward)
@@ -118,21 +121,10 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
     return app
 
 
-async def _client_session_ctx(app: web.Application) -> AsyncIterator[None]:
-    """One client session (one connection pool) for every worker and health check."""
-    state = app[STATE]
-    # No pool limit: the gates bound concurrency. Raw bytes both ways: what a worker
-    # compressed stays compressed. Timeouts are set per phase in `forward`.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False)
-    state.session = aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),  # workers set no cookies; skip the jar per request
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=state.config.proxy.timeouts.connect_seconds),
-        skip_auto_headers=(hdrs.USER_AGENT, hdrs.ACCEPT_ENCODING, hdrs.ACCEPT),
-    )
+async def _clients_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
-    await state.session.close()
+    for client in app[STATE].clients.values():
+        client.close()
 
 
 async def _start_draining(app: web.Application) -> None:
@@ -321,43 +313,41 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
 
 
 async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, body: bytes, ex: Exchange) -> web.StreamResponse:
-    assert state.session is not None
     t = state.config.proxy.timeouts
-    headers = filter_headers(request.headers, REQUEST_DROP)
-    headers[REQUEST_ID] = ex.rid
+    name = upstream.name
+    headers = filter_headers(request.headers.items(), REQUEST_DROP)
+    headers.append((REQUEST_ID, ex.rid))
     if request.remote:
-        headers[hdrs.X_FORWARDED_FOR] = request.remote
+        headers.append((hdrs.X_FORWARDED_FOR, request.remote))
     sent = time.monotonic()
     try:
         async with asyncio.timeout(t.first_byte_seconds):
-            up = await state.session.post(upstream.endpoints[request.path], data=body, headers=headers, allow_redirects=False)
-    except aiohttp.ClientConnectorError:
-        raise _unreachable(state, upstream, f"worker `{upstream.name}` refused the connection: {upstream.url}") from None
-    except aiohttp.ConnectionTimeoutError:
-        raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` did not accept a connection within {t.connect_seconds:g} s") from None
+            up = await state.clients[name].request("POST", request.path, headers, body)
+    except UpstreamRefused as e:
+        raise _unreachable(state, upstream, f"worker `{name}` refused the connection: {upstream.url} ({e})") from None
+    except UpstreamConnectTimeout:
+        raise _upstream_timeout(state, upstream, f"worker `{name}` did not accept a connection within {t.connect_seconds:g} s") from None
     except TimeoutError:
-        raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` sent no answer within {t.first_byte_seconds:g} s") from None
-    except aiohttp.ClientError as e:
-        raise _unreachable(state, upstream, f"worker `{upstream.name}` closed the connection before answering: {type(e).__name__}") from None
+        raise _upstream_timeout(state, upstream, f"worker `{name}` sent no answer within {t.first_byte_seconds:g} s") from None
+    except UpstreamClosed as e:
+        raise _unreachable(state, upstream, f"worker `{name}` closed the connection before answering: {e}") from None
     ex.first_byte = time.monotonic() - sent
-    state.metrics.observe_first_byte(upstream.name, ex.first_byte)
+    state.metrics.observe_first_byte(name, ex.first_byte)
     try:
-        out_headers = filter_headers(up.headers, RESPONSE_DROP)
+        out_headers = CIMultiDict(filter_headers(up.headers, RESPONSE_DROP))
         out_headers[REQUEST_ID] = ex.rid
         if up.content_type == "text/event-stream":
             return await _relay_stream(request, state, upstream, up, out_headers, ex)
         try:
             async with asyncio.timeout(t.idle_seconds):
-                data = await up.read()
+                data = await up.read_all()
         except TimeoutError:
-            raise _upstream_timeout(state, upstream, f"worker `{upstream.name}` stalled for {t.idle_seconds:g} s mid-answer") from None
-        except aiohttp.ClientError:
-            raise _unreachable(state, upstream, f"worker `{upstream.name}` closed the connection mid-answer") from None
-        up.release()
+            raise _upstream_timeout(state, upstream, f"worker `{name}` stalled for {t.idle_seconds:g} s mid-answer") from None
+        except UpstreamClosed:
+            raise _unreachable(state, upstream, f"worker `{name}` closed the connection mid-answer") from None
         return web.Response(status=up.status, body=data, headers=out_headers)
     finally:
-        # Still open here means unfinished: close it rather than return it to the pool.
-        up.close()
+        up.close()  # a no-op for a finished answer, whose connection went back to the pool
 
 
 def _unreachable(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
@@ -397,7 +387,7 @@ class _IdleWatchdog:
 
 
 async def _relay_stream(
-    request: web.Request, state: ProxyState, upstream: Upstream, up: aiohttp.ClientResponse, out_headers, ex: Exchange
+    request: web.Request, state: ProxyState, upstream: Upstream, up: UpstreamResponse, out_headers, ex: Exchange
 ) -> web.StreamResponse:
     """Chunks go out as the worker writes them; `write` waits while the client is slow
     (backpressure), so the proxy holds at most one chunk per stream."""
@@ -406,12 +396,11 @@ async def _relay_stream(
     dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
     failure: tuple[str, str] | None = None
     last = b"\n\n"
-    content = up.content
     try:
         while True:
             try:
-                chunk = await content.readany()
-            except aiohttp.ClientError:
+                chunk = await up.read_chunk()
+            except UpstreamClosed:
                 failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
                 state.metrics.upstream_error(upstream.name, "upstream_disconnected")
                 mark_unhealthy(state, upstream, "connection lost mid-stream")
@@ -421,7 +410,7 @@ async def _relay_stream(
             dog.last = dog.loop.time()
             try:
                 await resp.write(chunk)
-            except (ConnectionError, aiohttp.ClientConnectionResetError):
+            except ConnectionError:
                 raise _ClientGone(resp) from None
             last = chunk
     except asyncio.CancelledError:
@@ -440,12 +429,10 @@ async def _relay_stream(
         try:
             # Close any event the worker left half-written, so the error is an event of its own.
             await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure))
-        except (ConnectionError, aiohttp.ClientConnectionResetError):
+        except ConnectionError:
             raise _ClientGone(resp) from None
-    if failure is None and content.is_eof():
-        up.release()  # a finished exchange keeps its keep-alive connection
     try:
         await resp.write_eof()
-    except (ConnectionError, aiohttp.ClientConnectionResetError):
+    except ConnectionError:
         raise _ClientGone(resp) from None
     return resp

@@ -12,10 +12,10 @@ import json
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-import aiohttp
 from aiohttp import web
 
 from proxy.admission import Upstream
+from proxy.upstream import UpstreamClient, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.app import ProxyState
@@ -30,20 +30,23 @@ HEALTH_INTERVAL_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 3.0
 
 
-async def probe(session: aiohttp.ClientSession, upstream: Upstream, timeout: float) -> tuple[bool, str]:
+async def probe(client: UpstreamClient, timeout: float) -> tuple[bool, str]:
     """(healthy, detail) from one `GET /health`."""
+    resp = None
     try:
-        async with session.get(
-            upstream.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
-        ) as resp:
-            await resp.read()
-            if resp.status == 200:
-                return True, "ok"
-            return False, f"/health answered {resp.status}"
+        async with asyncio.timeout(timeout):
+            resp = await client.request("GET", "/health", [])
+            await resp.read_all()
     except TimeoutError:
         return False, f"/health did not answer within {timeout:g} s"
-    except aiohttp.ClientError as e:
-        return False, f"unreachable: {type(e).__name__}"
+    except UpstreamError as e:
+        return False, f"unreachable: {e}"
+    finally:
+        if resp is not None:
+            resp.close()
+    if resp.status == 200:
+        return True, "ok"
+    return False, f"/health answered {resp.status}"
 
 
 def set_health(state: ProxyState, upstream: Upstream, healthy: bool, detail: str) -> None:
@@ -59,10 +62,10 @@ def mark_unhealthy(state: ProxyState, upstream: Upstream, detail: str) -> None:
 
 
 async def _watch(state: ProxyState, upstream: Upstream) -> None:
-    assert state.session is not None
+    client = state.clients[upstream.name]
     while True:
         await asyncio.sleep(state.health_interval)
-        healthy, detail = await probe(state.session, upstream, min(HEALTH_TIMEOUT_SECONDS, max(state.health_interval, 0.5) * 3))
+        healthy, detail = await probe(client, min(HEALTH_TIMEOUT_SECONDS, max(state.health_interval, 0.5) * 3))
         set_health(state, upstream, healthy, detail)
 
 
@@ -71,9 +74,8 @@ def health_ctx(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[Non
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         state = app[key]
-        assert state.session is not None
         ups = list(state.upstreams.values())
-        results = await asyncio.gather(*(probe(state.session, u, HEALTH_TIMEOUT_SECONDS) for u in ups))
+        results = await asyncio.gather(*(probe(state.clients[u.name], HEALTH_TIMEOUT_SECONDS) for u in ups))
         for u, (healthy, detail) in zip(ups, results):
             set_health(state, u, healthy, detail)
         tasks = [asyncio.create_task(_watch(state, u), name=f"health:{u.name}") for u in ups]

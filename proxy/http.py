@@ -6,7 +6,7 @@ import json
 import re
 import uuid
 from http import HTTPStatus
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -49,19 +49,11 @@ def request_id(headers: Mapping[str, str]) -> str:
     return uuid.uuid4().hex
 
 
-def _connection_named(headers: Mapping[str, str]) -> set[str]:
-    value = headers.get(hdrs.CONNECTION)
-    return {t.strip().lower() for t in value.split(",")} if value else set()
-
-
-def filter_headers(headers: Mapping[str, str], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
-    named = _connection_named(headers)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        low = name.lower()
-        if low not in drop and low not in named:
-            out.add(name, value)
-    return out
+def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> list[tuple[str, str]]:
+    """The end-to-end headers of `headers`: without `drop` and without those `Connection` names."""
+    items = list(headers)
+    named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
+    return [(k, v) for k, v in items if (low := k.lower()) not in drop and low not in named]
 
 
 def error_body(code: str, message: str, status: HTTPStatus) -> dict:
