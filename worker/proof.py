@@ -69,7 +69,8 @@ class WeightsClaim:
 def _program_start(argv: list[str]) -> tuple[str, int] | None:
     """Find the backend and the index after the program name in a full process argv."""
     for i, arg in enumerate(argv):
-        name = Path(arg).name
+        # Nix wraps console scripts as `.NAME-wrapped`.
+        name = Path(arg).name.lstrip(".").removesuffix("-wrapped")
         if name in ("mlx_lm.server",) or (arg == "mlx_lm.server" and i > 0 and argv[i - 1] == "-m"):
             return "mlx-lm", i + 1
         if arg == "mlx_lm" and i + 1 < len(argv) and argv[i + 1] == "server":

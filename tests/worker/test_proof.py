@@ -34,6 +34,17 @@ def test_the_argv_from_a_profile_names_its_weights(backend):
     assert claim.max_num_seqs == (2 if backend == "native" else 1)
 
 
+@pytest.mark.parametrize("head", [
+    ["/usr/bin/python3", "/venv/bin/mtpstack"],
+    ["/usr/bin/python3", "-m", "mtpstack"],
+    ["/nix/store/x-python3/bin/python3.11", "/nix/store/y-mtpstack/bin/.mtpstack-wrapped"],
+])
+def test_a_full_process_command_line_is_understood(head):
+    argv = worker_argv(_profile())
+    claim = weights_from_argv(head + argv[1:])
+    assert (claim.backend, claim.target, claim.depth, claim.max_num_seqs) == ("native", "/models/t", 4, 2)
+
+
 def test_without_a_drafter_there_is_no_depth():
     claim = weights_from_argv(worker_argv(_profile(drafter=False)))
     assert claim.drafter is None and claim.depth is None
