@@ -216,6 +216,8 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
         ("baseline", f"`{results.get('baseline', '?')}`"),
     ]
     lines += [f"- {k}: {v}" for k, v in facts]
+    if meta.get("stopped"):
+        lines += ["", f"error: the sweep stopped early: {meta['stopped']}"]
     aborted = [c for c in results.get("configurations", []) if c.get("status") != "measured"]
     for c in aborted:
         lines += ["", f"error: configuration `{c['label']}` was not measured: {c.get('error', 'unknown reason')}"]

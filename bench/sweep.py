@@ -508,14 +508,19 @@ class Sweep:
         }
         if self.progress is not None:
             self._task = self.progress.add_task("sweep", total=len(configs) * len(s.workloads) * (WARMUP_PASSES + s.repeats))
-        failed = []
-        for c in configs:
-            record = asyncio.run(self._one(c, base, prompts, Expected(with_depth(self.profile, c.depth), expected_target, expected_drafter)))
-            self.results["configurations"].append(record)
-            if record["status"] != "measured":
-                failed.append(record)
-                self.log(f"error: configuration `{c.label}` aborted: {record['error']}")
+        try:
+            for c in configs:
+                expected = Expected(with_depth(self.profile, c.depth), expected_target, expected_drafter)
+                record = asyncio.run(self._one(c, base, prompts, expected))
+                self.results["configurations"].append(record)
+                if record["status"] != "measured":
+                    self.log(f"error: configuration `{c.label}` aborted: {record['error']}")
+                self.write()
+        except BaseException as e:
+            # Keep what was measured; say why the sweep stopped.
+            self.results["meta"]["stopped"] = getattr(e, "message", None) or type(e).__name__
             self.write()
+            raise
         self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self.write()
         return self.results
