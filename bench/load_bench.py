@@ -318,6 +318,7 @@ class LoadTally:
     statuses: dict = None  # type: ignore[assignment]
     codes: dict = None  # type: ignore[assignment]  # error code of each non-200, "status:code"
     retry_after_missing: int = 0
+    retry_after: dict = None  # type: ignore[assignment]  # Retry-After value -> count
     streams: int = 0
     streams_done: int = 0
     stream_errors: int = 0
@@ -325,7 +326,7 @@ class LoadTally:
     latencies: list = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.unanswered_reasons, self.statuses, self.codes, self.latencies = {}, {}, {}, []
+        self.unanswered_reasons, self.statuses, self.codes, self.latencies, self.retry_after = {}, {}, {}, [], {}
 
 
 def _count(d: dict, key) -> None:
@@ -364,8 +365,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, tall
                         except (ValueError, KeyError, TypeError):
                             code = "?"
                         _count(tally.codes, f"{status} {code}")
-                        if status == 429 and "Retry-After" not in r.headers:
-                            tally.retry_after_missing += 1
+                        if status == 429:
+                            if "Retry-After" in r.headers:
+                                _count(tally.retry_after, r.headers["Retry-After"])
+                            else:
+                                tally.retry_after_missing += 1
     except TimeoutError:
         tally.unanswered += 1
         _count(tally.unanswered_reasons, f"no answer within {bound:g} s")
@@ -410,7 +414,7 @@ def tally_dict(t: LoadTally, seconds: float) -> dict:
     pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
     return {
         "sent": t.sent, "answered": t.sent - t.unanswered, "unanswered": t.unanswered, "unanswered_reasons": t.unanswered_reasons,
-        "statuses": t.statuses, "error_codes": t.codes, "retry_after_missing": t.retry_after_missing,
+        "statuses": t.statuses, "error_codes": t.codes, "retry_after_missing": t.retry_after_missing, "retry_after_values": t.retry_after,
         "streams": t.streams, "streams_done": t.streams_done, "stream_errors": t.stream_errors, "stream_truncated": t.stream_truncated,
         "seconds": round(seconds, 2), "requests_per_second": round(t.sent / seconds, 1) if seconds else None,
         "latency_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": round(lat[-1] * 1000, 1) if lat else None},
@@ -429,7 +433,7 @@ async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients
         targets = {f"inflight{{worker={f.name}}}": (setup.proxy.url, "mtpstack_proxy_inflight", {"worker": f.name}) for f in setup.fakes}
         targets["queue_depth{model=fake}"] = (setup.proxy.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
         t0 = time.monotonic()
-        with GaugeSampler(session, targets, interval=0.25) as sampler:
+        with GaugeSampler(session, targets, interval=0.1) as sampler:
             complete = await drive(session, setup.proxy.url, requests, clients, fake_body("fake"), tally, 90.0, deadline)
         seconds = time.monotonic() - t0
         await asyncio.sleep(1.0)
@@ -973,7 +977,7 @@ def checks(result: dict) -> list[tuple[bool, str]]:
         out.append((not others, f"{name}: answers other than 200 and 429 queue_full: {others or 0}"))
         qf = r["error_codes"].get("429 queue_full", 0)
         if r["queue_bound_reachable"]:
-            out.append((qf > 0 and r["retry_after_missing"] == 0, f"{name}: the queue bound was hit and every 429 queue_full had Retry-After: {qf} (without: {r['retry_after_missing']})"))
+            out.append((qf > 0 and r["retry_after_missing"] == 0, f"{name}: the queue bound was hit and every 429 queue_full had Retry-After: {qf} (without: {r['retry_after_missing']}; values: {r.get('retry_after_values') or {}})"))
         else:
             out.append((qf == 0, f"{name}: 429 queue_full while the queue had room for every client: {qf}"))
         out.append((r["stream_errors"] + r["stream_truncated"] == 0, f"{name}: streams ending without [DONE]: {r['stream_errors'] + r['stream_truncated']}"))
@@ -1020,7 +1024,7 @@ def report_lines(result: dict) -> list[str]:
 
 # -- main ----------------------------------------------------------------------------------------
 QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1, "deadline": 240}
-FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 4, "deadline": 900}
+FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5, "deadline": 900}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
