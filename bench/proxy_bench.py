@@ -352,6 +352,7 @@ async def bench(args: argparse.Namespace) -> dict:
     py = sys.executable
     ports = {k: free_port() for k in ("up_instant", "up_paced", "proxy", "nginx_instant", "nginx_paced")}
     up_pids: dict[str, int] = {}
+    load_start = list(os.getloadavg())
     try:
         for mode, interval, delay in (("instant", 0.0, 0.0), ("paced", PACED_INTERVAL, PACED_DELAY)):
             p = start(
@@ -443,6 +444,9 @@ async def bench(args: argparse.Namespace) -> dict:
                 "aiohttp": aiohttp.__version__,
                 "nginx": nginx_version,
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                # Other work on the machine inflates every path's spread; recorded to read it by.
+                "loadavg_start": load_start,
+                "loadavg_end": list(os.getloadavg()),
             },
             "summary": summarize(rounds, proxies),
             "rounds": rounds,
@@ -462,9 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result = asyncio.run(bench(args))
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{result['meta']['rounds']} interleaved rounds; times in microseconds, median (min..max) over rounds; "
-          f"added = proxied minus direct in the same round")
+    meta = result["meta"]
+    print(f"{meta['rounds']} interleaved rounds; times in microseconds, median (min..max) over rounds; "
+          f"added = proxied minus direct in the same round; load average {meta['loadavg_start'][0]:.1f} -> "
+          f"{meta['loadavg_end'][0]:.1f} on {meta['cpus']} CPUs")
     print("\n".join(table_lines(result["summary"], result["proxies"])))
+    if max(meta["loadavg_start"][0], meta["loadavg_end"][0]) > (meta["cpus"] or 1):
+        print(f"warning: the load average exceeded the CPU count ({meta['cpus']}): other work shared the CPUs, "
+              "so the spread is wide; rerun on a quiet machine for tighter figures", file=sys.stderr)
     print(f"raw values: {args.out}", file=sys.stderr)
     return 0
 
