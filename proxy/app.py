@@ -195,6 +195,9 @@ class Exchange:
     stream: bool = False
     queue_wait: float | None = None
     first_byte: float | None = None
+    #: The client's stream once its head has gone out: from then on, errors end the stream
+    #: (a second answer cannot be sent).
+    stream_response: web.StreamResponse | None = None
 
     def line(self, now: float) -> str:
         return json.dumps(
@@ -243,7 +246,15 @@ async def forward(request: web.Request) -> web.StreamResponse:
     except Exception:
         log.exception("unexpected error in request %s", ex.rid)
         ex.code = "internal_error"
-        resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request", rid=ex.rid)
+        if ex.stream_response is not None:
+            resp = ex.stream_response
+            try:
+                await resp.write(sse_error_event("internal_error", "the proxy failed on this stream"))
+                await resp.write_eof()
+            except Exception:  # the connection is beyond repair; aiohttp closes it
+                pass
+        else:
+            resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request", rid=ex.rid)
     ex.status = resp.status
     _finish(state, ex)
     return resp
@@ -393,6 +404,7 @@ async def _relay_stream(
     (backpressure), so the proxy holds at most one chunk per stream."""
     resp = web.StreamResponse(status=up.status, headers=out_headers)
     await resp.prepare(request)
+    ex.stream_response = resp
     dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
     failure: tuple[str, str] | None = None
     last = b"\n\n"

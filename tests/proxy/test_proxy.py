@@ -348,3 +348,27 @@ async def test_models_health_and_metrics_endpoints(make_fleet):
         'mtpstack_proxy_worker_healthy{worker="b1"} 1.0',
     ):
         assert needle in text, needle
+
+
+async def test_a_proxy_bug_mid_stream_still_ends_the_stream_and_frees_the_slot(make_fleet, monkeypatch, caplog):
+    from proxy.upstream import UpstreamResponse
+
+    real = UpstreamResponse.read_chunk
+    calls = 0
+
+    async def flaky(self):
+        nonlocal calls
+        if self.content_type == "text/event-stream":
+            calls += 1
+            if calls == 2:
+                raise RuntimeError("injected")
+        return await real(self)
+
+    monkeypatch.setattr(UpstreamResponse, "read_chunk", flaky)
+    f = await make_fleet({"w1": {"gate": 1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=5, interval=0.02))
+    body = await r.read()
+    last = [e for e in body.split(b"\n\n") if e][-1]
+    assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == "internal_error"
+    assert f.state.upstreams["w1"].inflight == 0
+    assert "injected" in caplog.text
