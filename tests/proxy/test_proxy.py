@@ -203,6 +203,51 @@ async def test_unhealthy_worker_gets_no_traffic_until_it_recovers(make_fleet):
     assert (await f.client.post("/v1/chat/completions", json=chat())).status == 200
 
 
+@pytest.fixture
+def unaccepting_port():
+    """A port whose accept queue is full: the kernel drops new SYNs, so a connect hangs."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(c)
+    yield port
+    for c in fillers:
+        c.close()
+    listener.close()
+
+
+async def test_worker_not_accepting_connections_gives_504(aiohttp_client, unaccepting_port):
+    from proxy import create_app
+    from validator import FleetConfig
+
+    config = FleetConfig.model_validate(
+        {
+            "proxy": {"timeouts": {"connectSeconds": 0.2}},
+            "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 1, "port": unaccepting_port}},
+        }
+    )
+    app = create_app(config, health_interval=60)
+    client = await aiohttp_client(app)
+    from proxy import STATE
+
+    state = app[STATE]
+    state.admissions["m"].set_healthy(state.upstreams["w"], True, "as if a check had just passed")
+    r = await client.post("/v1/chat/completions", json=chat())
+    assert r.status == 504 and (await error_of(r))["code"] == "upstream_timeout"
+    assert "did not accept a connection" in (await r.text())
+
+
 async def test_slow_first_byte_gives_504(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"timeouts": {"firstByteSeconds": 0.1}})
     r = await f.client.post("/v1/chat/completions", json=chat(delay=2))
