@@ -7,9 +7,10 @@ proxy that over-admits fails loudly. Like the native worker, it grants a short g
 refusing, so a slot that frees a moment later (a disconnect noticed late) is not a violation.
 
 Each request may steer the answer with an extension field `x_fake` in its JSON body:
-`{"delay": s, "chunks": n, "interval": s, "die_after": n, "status": code}`: time before the
-answer, number of SSE chunks (when `stream` is true), pause between chunks, drop the
-connection after n chunks (a worker dying mid-stream), and a status to answer with.
+`{"delay": s, "chunks": n, "interval": s, "die_after": n, "status": code, "pad": bytes}`: time
+before the answer, number of SSE chunks (when `stream` is true), pause between chunks, drop the
+connection after n chunks (a worker dying mid-stream), a status to answer with, and padding per
+chunk (an SSE comment) to stream megabytes.
 
 Run alone: `python -m proxy.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
@@ -46,6 +47,8 @@ class FakeState:
     max_active: int = 0
     violations: int = 0
     served: int = 0
+    #: Chunks of the current (latest) stream handed to the socket so far.
+    chunks_written: int = 0
     #: `x_fake.tag` (or the request id) of each request, in arrival order.
     arrivals: list = field(default_factory=list)
     models: list = field(default_factory=list)
@@ -154,6 +157,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return web.json_response(body, status=status)
         chunks = int(ctl.get("chunks", s.chunks))
         interval = float(ctl.get("interval", s.interval))
+        pad = int(ctl.get("pad", 0))  # extra bytes per chunk, to stream megabytes
+        padding = b": " + b"x" * pad + b"\n" if pad else b""  # an SSE comment line
         die_after = ctl.get("die_after")
         resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -162,7 +167,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 assert request.transport is not None
                 request.transport.abort()  # the worker "dies": no [DONE], no chunk terminator
                 return resp
-            await resp.write(_stamped(i) if s.stamp else chunk_bytes(i, endpoint))
+            s.chunks_written = i + 1
+            await resp.write(padding + (_stamped(i) if s.stamp else chunk_bytes(i, endpoint)))
             if interval:
                 await asyncio.sleep(interval)
         s.served += 1

@@ -417,3 +417,21 @@ async def test_a_proxy_bug_mid_stream_still_ends_the_stream_and_frees_the_slot(m
     assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == "internal_error"
     assert f.state.upstreams["w1"].inflight == 0
     assert "injected" in caplog.text
+
+
+async def test_a_client_that_stops_reading_stops_the_worker_too(make_fleet):
+    """Backpressure: the proxy holds a bounded amount of a stream, so a stalled client stalls
+    the worker's writes instead of the proxy buffering the whole answer."""
+    f = await make_fleet({"w1": {"gate": 1}})
+    chunks, pad = 4000, 10_000  # 40 MB: more than every socket buffer on the way can hold
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=chunks, pad=pad))
+    await r.content.readexactly(1000)
+    # Wait until the worker's writes stop advancing, then check it is stuck well short of the end.
+    last = -1
+    while f.fakes["w1"].chunks_written != last:
+        last = f.fakes["w1"].chunks_written
+        await asyncio.sleep(0.2)
+    assert f.fakes["w1"].active == 1 and last < chunks // 2, f"worker wrote {last} of {chunks} chunks"
+    body = await r.read()  # reading again lets the rest through, intact
+    assert body.endswith(b"data: [DONE]\n\n") and body.count(b"\ndata: ") + 1 >= chunks
+    assert f.fakes["w1"].chunks_written == chunks
