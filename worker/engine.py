@@ -226,8 +226,9 @@ class Sequence:
         self.handle = None  # the server's per-request bridge
         self._stop_scan = 0
         self._hold = max((len(s) for s in params.stop), default=1) - 1
-        if params.temperature > 0:
-            self._key = mx.random.key(params.seed if params.seed is not None else random.getrandbits(63))
+        # The key is made on first use, in the generation thread: only that thread touches mlx.
+        self._seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self._key = None
 
     @property
     def finished(self) -> bool:
@@ -266,6 +267,8 @@ class Sequence:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if 0 < p.top_p < 1:
             logprobs = apply_top_p(logprobs, p.top_p)
+        if self._key is None:
+            self._key = mx.random.key(self._seed)
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
 
