@@ -112,8 +112,8 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
     app.cleanup_ctx.append(_clients_ctx)
     app.cleanup_ctx.append(health_ctx(STATE))
     app.on_shutdown.append(_start_draining)
-    app.router.add_post("/v1/chat/completions", forward)
-    app.router.add_post("/v1/completions", forward)
+    for path in FORWARDED_PATHS:
+        app.router.add_post(path, forward)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -292,7 +292,8 @@ def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
         raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request has no `model`")
     if model not in state.admissions:
         served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
-        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", f"model `{model}` is not served here; served models: {served}")
+        shown = model if len(model) <= 100 else model[:100] + "..."
+        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", f"model `{shown}` is not served here; served models: {served}")
     return payload, model
 
 
@@ -307,10 +308,11 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
 
+    queued = time.monotonic()
     try:
         upstream = await admission.acquire()
     finally:
-        ex.queue_wait = time.monotonic() - ex.arrived
+        ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
     ex.worker = upstream.name
     admitted = time.monotonic()
