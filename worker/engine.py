@@ -210,8 +210,9 @@ class Sequence:
         self.prompt = list(prompt)
         self.params = params
         self.use_drafter = engine.drafter is not None and params.depth > 0
-        self.target_cache = make_prompt_cache(engine.target.model)
-        self.draft_cache = make_prompt_cache(engine.drafter.model) if self.use_drafter else None
+        # Caches are made on the first step, in the generation thread.
+        self.target_cache: list | None = None
+        self.draft_cache: list | None = None
         self._prefilled = 0  # prompt tokens (all but the last) already in the caches
         self._y: list[int] = []  # the target's next input
         self._draft_y: list[int] = []  # the drafter's next input (may lag the target by one)
@@ -236,9 +237,15 @@ class Sequence:
 
     # -- the step ----------------------------------------------------------------------
 
+    def _ensure_caches(self) -> None:
+        if self.target_cache is None:
+            self.target_cache = make_prompt_cache(self.engine.target.model)
+            self.draft_cache = make_prompt_cache(self.engine.drafter.model) if self.use_drafter else None
+
     def step(self) -> StepResult:
         if self.finished:
             return StepResult()
+        self._ensure_caches()
         if self._prefilled < len(self.prompt) - 1:
             return self._prefill_chunk()
         return self._decode_step()
@@ -279,6 +286,7 @@ class Sequence:
 
     def plan(self) -> int:
         """How many tokens the next step drafts: never more than could be emitted (k + 1 <= left)."""
+        self._ensure_caches()
         if not self._y:  # a one-token prompt skips prefill
             self._y = self.prompt[-1:]
             self._draft_y = self.prompt[-1:]
