@@ -101,15 +101,16 @@ def format_summary(s: Summary, unit: str) -> str:
     return f"{_num(s.median)} ± {_num(s.mad)} {unit} (min {_num(s.min)} … max {_num(s.max)}, n {s.n})"
 
 
-def spread_warning(where: str, s: Summary, *, repeats_hint: int | None = None) -> str | None:
-    """A warning with its remedy when the MAD is a large share of the median."""
-    if s.n < 2 or s.rel_mad <= SPREAD_WARN:
+def spread_warning(workload: str, summaries: Sequence[tuple[str, Summary]]) -> str | None:
+    """One warning per workload, with its remedy, naming every configuration whose MAD is a
+    large share of its median."""
+    noisy = [(label, s) for label, s in summaries if s.n >= 2 and s.rel_mad > SPREAD_WARN]
+    if not noisy:
         return None
-    more = f"`--repeats {repeats_hint}`" if repeats_hint else "more `--repeats`"
+    which = ", ".join(f"{label} (MAD {s.rel_mad:.0%}, min … max {s.rel_range:.0%} wide)" for label, s in noisy)
     return (
-        f"warning: {where}: the spread is large (MAD {s.rel_mad:.0%} of the median, min … max {s.rel_range:.0%} wide);"
-        f" differences under that size cannot be told apart from noise"
-        f"\n\nhint: rerun with {more} on a quieter machine (close other programs, keep it on mains power)"
+        f"warning: {workload}: the spread is large for {which}; differences under that size cannot be told apart from noise"
+        "\n\nhint: rerun with more `--repeats` on a quieter machine (close other programs, keep it on mains power)"
     )
 
 
@@ -127,15 +128,22 @@ def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DE
     return f"{label} vs {baseline}: not significant: keep the default{slower}; ratio {v.ratio:.3f} ({ci}, needs all of it above {1 + v.margin:.2f})"
 
 
-def noise_note(s: Summary, *, effect: float = 0.15, margin: float = DEFAULT_MARGIN) -> str | None:
-    """How many passes the measured spread calls for, from the simulation's normal approximation."""
+def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: float = DEFAULT_MARGIN) -> str | None:
+    """How many passes the measured spread calls for (normal approximation from the simulation),
+    over the range of spreads the configurations showed."""
     from bench.simulate import repeats_for_power
 
-    if s.n < MIN_PASSES or s.median <= 0 or effect <= margin:
+    usable = [s for s in summaries if s.n >= MIN_PASSES and s.median > 0]
+    if not usable or effect <= margin:
         return None
-    cv = max(1.4826 * s.rel_mad, 1e-4)  # MAD -> sigma, in relative terms
-    need = repeats_for_power(cv=cv, effect=effect, margin=margin)
-    return f"measured spread: CV about {cv:.1%}; detecting a {effect:.0%} win needs about {need} passes per side"
+    cvs = sorted(max(1.4826 * s.rel_mad, 1e-4) for s in usable)  # MAD -> sigma, relative
+    need = [repeats_for_power(cv=cv, effect=effect, margin=margin) for cv in (cvs[0], cvs[-1])]
+    cv_text = f"{cvs[0]:.1%}" if cvs[0] == cvs[-1] else f"{cvs[0]:.1%}-{cvs[-1]:.1%}"
+    need_text = str(need[0]) if need[0] == need[1] else f"{need[0]}-{need[1]}"
+    return (
+        f"measured spread: CV about {cv_text} across configurations;"
+        f" detecting a {effect:.0%} win at that spread needs about {need_text} passes per side"
+    )
 
 
 def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
@@ -224,17 +232,8 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
     for workload in workloads_of(results):
         lines += ["", f"## {workload}", "", *workload_table(results, workload), ""]
         notes = []
-        for c in measured(results):
-            v = values(c, workload)
-            if not v:
-                continue
-            s = summarize(v)
-            warn = spread_warning(f"{workload}, {c['label']}", s)
-            if warn:
-                notes.append(warn)
-        base = baseline_of(results)
-        if base is not None and values(base, workload):
-            note = noise_note(summarize(values(base, workload)), margin=margin)
+        summaries = [(c["label"], summarize(values(c, workload))) for c in measured(results) if values(c, workload)]
+        for note in (spread_warning(workload, summaries), noise_note([s for _, s in summaries], margin=margin)):
             if note:
                 notes.append(note)
         for c, v in verdicts(results, workload, margin):

@@ -69,7 +69,9 @@ def test_report_has_table_warnings_with_a_remedy_and_a_recommendation():
     text = "\n".join(lines)
     assert "| depth 2 | 101 | 5 | 31.0 ± 0.500 | 30.0 … 32.0 |" in text
     assert "| 60.0% |" in text
-    assert "warning: code, depth 3: the spread is large" in text
+    assert "warning: code: the spread is large for depth 3 (MAD 18%, min … max 68% wide);" in text
+    assert "no-drafter (MAD" not in text  # only the noisy configuration is named
+    assert "measured spread: CV about " in text
     assert "hint: rerun with more `--repeats` on a quieter machine" in text
     assert "recommendation: code: use `depth 2`" in text
 

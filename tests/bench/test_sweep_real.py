@@ -141,3 +141,7 @@ def test_the_sweep_fails_when_a_configuration_reuses_a_process(fast_settings):
         if sweep.first is not None:
             sweep.first.stop()
     assert "`no-drafter` and `depth 2` were served by the same process" in e.value.message
+    # what was measured before the refusal is kept, with the reason the sweep stopped
+    saved = json.loads((fast_settings.out / "results.json").read_text())
+    assert [c["label"] for c in saved["configurations"]] == ["no-drafter"]
+    assert "served by the same process" in saved["meta"]["stopped"]
