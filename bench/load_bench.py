@@ -382,9 +382,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, tall
     tally.latencies.append(time.monotonic() - t0)
 
 
-async def drive(session, url: str, n: int, clients: int, make_body, tally: LoadTally, bound: float, deadline: float) -> bool:
-    """`clients` loops sending requests one after another until `n` are sent; False when the deadline cut it short."""
-    counter = iter(range(n))
+async def drive(session, url: str, n: int, clients: int, make_body, tally: LoadTally, bound: float, deadline: float, start: int = 0) -> bool:
+    """`clients` loops sending requests `start`..`n - 1` one after another; False when the deadline cut it short."""
+    counter = iter(range(start, n))
     cut = False
 
     async def client() -> None:
@@ -434,7 +434,11 @@ async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients
         targets["queue_depth{model=fake}"] = (setup.proxy.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
         t0 = time.monotonic()
         with GaugeSampler(session, targets, interval=0.1) as sampler:
-            complete = await drive(session, setup.proxy.url, requests, clients, fake_body("fake"), tally, 90.0, deadline)
+            # in two halves, to tell a one-time growth of the proxy's memory from a steady one
+            half = requests // 2
+            complete = await drive(session, setup.proxy.url, half, clients, fake_body("fake"), tally, 90.0, deadline)
+            middle = memory_kib(pid)
+            complete &= await drive(session, setup.proxy.url, requests, clients, fake_body("fake"), tally, 90.0, deadline, start=half)
         seconds = time.monotonic() - t0
         await asyncio.sleep(1.0)
         after = memory_kib(pid)
@@ -450,7 +454,7 @@ async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients
             "upstream_served": {k: v.get("served") for k, v in stats.items()},
             "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
             "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values()),
-            "proxy_rss_kib": {"before": before.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
+            "proxy_rss_kib": {"before": before.get("VmRSS"), "half": middle.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
         }
         say(f"{label}: {result['statuses']} in {seconds:.1f} s, upstream max concurrency {result['upstream_max_concurrency']}")
         return result
@@ -470,12 +474,13 @@ class RawStream:
     events: int = 0
 
     @classmethod
-    async def open(cls, port: int, body: dict) -> RawStream:
+    async def open(cls, port: int, body: dict, request_id: str | None = None) -> RawStream:
         reader, writer = await asyncio.open_connection(HOST, port)
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         data = json.dumps(body).encode()
+        rid = f"X-Request-Id: {request_id}\r\n" if request_id else ""
         writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n{rid}"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
         )
         await writer.drain()
@@ -649,6 +654,7 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
     20-80 ms after sending without reading (queued, or just admitted), half by FIN, half by RST."""
     rng = random.Random(7)
     kinds: dict = {}
+    ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
     hung = errors = 0
     counter = iter(range(n))
 
@@ -661,9 +667,10 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
             how = "rst" if (i // 4) % 2 else "fin"
             queued = i % 4 == 3
             s = None
+            rid = f"load-bench-{os.getpid()}-{i}"
             try:
                 async with asyncio.timeout(HANG_SECONDS):
-                    s = await RawStream.open(proxy_port, body_for(model))
+                    s = await RawStream.open(proxy_port, body_for(model), rid)
                     if queued:
                         await asyncio.sleep(rng.uniform(0.02, 0.08))
                         kind = f"early/{how}"
@@ -685,10 +692,40 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
                 if s is not None:
                     s.close(how)
             _count(kinds, kind)
+            ids[rid] = kind
 
     await asyncio.gather(*(loop() for _ in range(clients)))
     ok, value = await settle(session, proxy_slots(session, proxy_url))
-    return {"disconnects": sum(kinds.values()), "kinds": kinds, "hung": hung, "connection_errors": errors, "slots_after": value, "leaked_after": not ok}
+    return {"disconnects": sum(kinds.values()), "kinds": kinds, "hung": hung, "connection_errors": errors, "slots_after": value,
+            "leaked_after": not ok, "ids": ids}
+
+
+def logged_statuses(log: Path, ids: dict[str, str]) -> dict:
+    """How the proxy logged each disconnected request (by its X-Request-Id): {kind: {status: n}}."""
+    seen: dict[str, int] = {}
+    try:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"request"' in line:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("request_id") in ids:
+                    seen[e["request_id"]] = e.get("status")
+    except FileNotFoundError:
+        pass
+    out: dict[str, dict] = {}
+    for rid, kind in ids.items():
+        _count(out.setdefault(kind, {}), str(seen.get(rid, "not logged")))
+    return out
+
+
+def status_totals(by_kind: dict) -> dict:
+    totals: dict = {}
+    for statuses in by_kind.values():
+        for status, n in statuses.items():
+            totals[status] = totals.get(status, 0) + n
+    return totals
 
 
 async def serves_again(session, proxy_url: str, bodies: list[dict]) -> dict:
@@ -711,8 +748,9 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
         stats = await setup.stats(session)
         m1 = await get_metrics(session, setup.proxy.url)
         again = await serves_again(session, setup.proxy.url, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
+        by_kind = logged_statuses(setup.proxy.log, r.pop("ids"))
         result = {
-            "target": "fake", "requested": n, **r,
+            "target": "fake", "requested": n, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind,
             "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
             "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
             "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
@@ -841,6 +879,7 @@ async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_d
         if n_disconnects:
             say(f"real disconnects: {n_disconnects} from 4 clients")
             m0 = await get_metrics(session, stack.url)
+            wm0 = await get_metrics(session, worker_url)
             r = await disconnects(
                 session, stack.url, stack.port, ["tiny"], n_disconnects, 4,
                 lambda model: real_body(0, model, max_tokens=400, stream=True), deadline,
@@ -853,9 +892,14 @@ async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_d
 
             idle, active = await settle(session, worker_idle)
             m1 = await get_metrics(session, stack.url)
+            wm1 = await get_metrics(session, worker_url)
+            tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
             again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
+            by_kind = logged_statuses(stack.run_dir / "logs" / "proxy.log", r.pop("ids"))
             out["disconnects"] = {
-                "target": "real", "requested": n_disconnects, **r, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
+                "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
+                # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
+                "tokens_generated": int(tokens(wm1) - tokens(wm0)), "tokens_if_never_stopped": 400 * r["disconnects"],
                 "worker_active_sequences_after": active, "worker_leaked_after": not idle, "serves_again": again,
             }
             say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
@@ -916,7 +960,7 @@ def _statuses(r: dict) -> str:
 
 def load_lines(rows: list[dict]) -> list[str]:
     headers = ["target", "gate", "ups", "clients", "maxWaiting", "requests", "answers", "unanswered", "streams ok",
-               "max conc. per upstream", "proxy inflight max", "RSS MiB before/after/peak", "req/s", "s"]
+               "max conc. per upstream", "proxy inflight max", "proxy RSS MiB before/half/after/peak", "req/s", "s"]
     out = []
     for r in rows:
         if r.get("target") == "fake":
@@ -928,7 +972,7 @@ def load_lines(rows: list[dict]) -> list[str]:
         rss = r["proxy_rss_kib"]
         out.append([r["target"], r["gate"], r["upstreams"], r["clients"], r["max_waiting"], r["sent"], _statuses(r), r["unanswered"],
                     f"{r['streams_done']}/{r['streams']}", conc, _int(inflight),
-                    f"{mib(rss['before'])}/{mib(rss['after'])}/{mib(rss['peak'])}", r["requests_per_second"], r["seconds"]])
+                    "/".join(str(mib(rss.get(k))) for k in ("before", "half", "after", "peak") if k in rss), r["requests_per_second"], r["seconds"]])
     return table(headers, out)
 
 
@@ -942,17 +986,24 @@ def _outcomes(d: dict) -> str:
 
 def fault_lines(result: dict) -> list[str]:
     rows = []
-    for key, kind in (("fake_kills", "worker SIGKILL mid-stream"), ("real_kills", "worker SIGKILL mid-stream")):
+    for key in ("fake_kills", "real_kills"):
         r = result.get(key)
         if r:
-            leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {r['slots_after']}"
-            rows.append([kind, r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"])])
+            leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {_slots(r['slots_after'])}"
+            rows.append(["worker SIGKILL mid-stream", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]), None])
     for key in ("fake_disconnects", "real_disconnects"):
         r = result.get(key)
         if r:
-            leaked = f"after: {r['slots_after']}"
-            rows.append(["client disconnect", r["target"], r["disconnects"], r["disconnects"], r["hung"], leaked, _outcomes(r["kinds"])])
-    return table(["fault", "target", "count", "clients", "hung", "leaked proxy slots", "client outcomes"], rows)
+            logged = ", ".join(f"{n} x {k}" for k, n in sorted(r.get("proxy_logged", {}).items())) or None
+            rows.append(["client disconnect", r["target"], r["disconnects"], r["disconnects"], r["hung"], f"after: {_slots(r['slots_after'])}",
+                         _outcomes(r["kinds"]), logged])
+    return table(["fault", "target", "count", "clients", "hung", "leaked proxy slots", "client outcomes", "proxy logged"], rows)
+
+
+def _slots(v) -> str:
+    if not isinstance(v, dict):
+        return str(v)
+    return f"inflight {_int(v.get('inflight'))}, queued {_int(v.get('queue_depth'))}"
 
 
 def checks(result: dict) -> list[tuple[bool, str]]:
@@ -1001,6 +1052,12 @@ def checks(result: dict) -> list[tuple[bool, str]]:
                 out.append((active == 0, f"{name}: requests still active in the upstreams after settling: {active}"))
             if "worker_active_sequences_after" in r:
                 out.append((not r["worker_leaked_after"], f"{name}: worker active sequences after settling: {_int(r['worker_active_sequences_after'])}"))
+            if "proxy_logged" in r:
+                other = {k: n for k, n in r["proxy_logged"].items() if k != "499"}
+                out.append((not other, f"{name}: disconnects the proxy logged with a status other than 499: {other or 0}"))
+            if "tokens_generated" in r:
+                out.append((r["tokens_generated"] < r["tokens_if_never_stopped"],
+                            f"{name}: tokens the worker generated for them: {r['tokens_generated']} (at most {r['tokens_if_never_stopped']} if it never stopped)"))
             again = r.get("serves_again") or {}
             out.append((again.get("unanswered", 1) == 0 and again.get("statuses", {}).get("200", 0) == again.get("sent", -1),
                         f"{name}: every model serves again afterwards: {again.get('statuses')}"))
