@@ -358,7 +358,8 @@ async def run_request(session: aiohttp.ClientSession, url: str, model: str, prom
                     text.append(piece)
     t_end = time.monotonic()
     out = "".join(text)
-    tokens = int(usage.get("completion_tokens", 0))
+    # Without a usage chunk, count content chunks: exact for servers that send one token per chunk.
+    tokens = int(usage["completion_tokens"]) if "completion_tokens" in usage else len(text)
     return {
         "prompt_id": prompt.id,
         "tokens": tokens,
@@ -559,7 +560,8 @@ class Sweep:
             for k in ("device", "blas", "versions"):
                 if ident.get(k) is not None:
                     meta.setdefault(k, ident[k])
-            model = ident.get("served_model_name") or profile.model
+            # mlx_lm.server serves its model under the path it was given (another name makes it load that model).
+            model = ident.get("served_model_name") or (profile.target.path if profile.backend == "mlx-lm" else profile.model)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 for w in s.workloads:

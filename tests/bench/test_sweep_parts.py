@@ -142,3 +142,56 @@ def test_report_of_a_missing_file_is_a_plain_error(capsys, tmp_path):
 
 def test_the_default_repeats_come_from_the_simulation_table():
     assert DEFAULT_REPEATS == 10
+
+
+def _sse_app(events: list[bytes], status: int = 200):
+    from aiohttp import web
+
+    async def chat(request):
+        if status != 200:
+            return web.json_response({"error": {"message": "nope", "code": "x"}}, status=status)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def _chunk(text: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+async def test_a_streamed_answer_is_timed_and_counted_from_its_usage(aiohttp_server):
+    import aiohttp
+
+    usage = b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 5}}).encode() + b"\n\n"
+    server = await aiohttp_server(_sse_app([_chunk("he"), _chunk("llo"), usage, b"data: [DONE]\n\n"]))
+    async with aiohttp.ClientSession() as session:
+        r = await sw.run_request(session, str(server.make_url("")).rstrip("/"), "m", sw.Prompt("p1", "hi"), 8)
+    assert r["tokens"] == 5 and r["prompt_id"] == "p1"
+    assert r["output_sha256"] == __import__("hashlib").sha256(b"hello").hexdigest()
+    assert 0 < r["ttft_s"] <= r["seconds"]
+
+
+async def test_without_usage_the_content_chunks_are_counted(aiohttp_server):
+    import aiohttp
+
+    server = await aiohttp_server(_sse_app([_chunk("a"), _chunk("b"), _chunk("c"), b"data: [DONE]\n\n"]))
+    async with aiohttp.ClientSession() as session:
+        r = await sw.run_request(session, str(server.make_url("")).rstrip("/"), "m", sw.Prompt("p", "hi"), 8)
+    assert r["tokens"] == 3
+
+
+@pytest.mark.parametrize("status,events", [(429, []), (200, [b'data: {"error": {"message": "generation failed: boom"}}\n\n'])])
+async def test_an_error_answer_aborts_the_configuration(aiohttp_server, status, events):
+    import aiohttp
+
+    server = await aiohttp_server(_sse_app(events, status))
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(sw.ConfigurationAborted) as e:
+            await sw.run_request(session, str(server.make_url("")).rstrip("/"), "m", sw.Prompt("p", "hi"), 8)
+    assert "prompt `p`" in str(e.value)
