@@ -201,6 +201,13 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
     return f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
 
 
+def _load(meta: dict) -> str:
+    start, end = meta.get("load_average_start"), meta.get("load_average_end")
+    if not start:
+        return "?"
+    return f"{start[0]:.2f} at the start" + (f", {end[0]:.2f} at the end" if end else "")
+
+
 def render_report(results: dict, *, margin: float | None = None) -> list[str]:
     """report.md as lines."""
     meta = results.get("meta", {})
@@ -209,7 +216,7 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
     lines = [f"# Bench: worker `{meta.get('worker', '?')}`", ""]
     facts = [
         ("config", f"`{meta.get('config_file', '?')}`"),
-        ("host", meta.get("host", "?")),
+        ("host", f"{meta.get('host', '?')} ({meta.get('cpus', '?')} CPUs, load average {_load(meta)})"),
         ("device", f"{meta.get('device', '?')} (BLAS: {meta.get('blas', '?')})"),
         ("versions", ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items()) or "?"),
         ("git revision", meta.get("git_revision") or "?"),

@@ -22,6 +22,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -419,6 +420,23 @@ class SweepSettings:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
 
 
+def _loadavg() -> list[float] | None:
+    """1, 5 and 15 minute load averages: a busy machine explains a wide spread."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def git_revision() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
@@ -493,6 +511,9 @@ class Sweep:
                 "host": socket.gethostname(),
                 "platform": platform.platform(),
                 "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "load_average_start": _loadavg(),
+                "client_versions": {"aiohttp": aiohttp.__version__, "numpy": _version("numpy")},
                 "git_revision": git_revision(),
                 "command": ["mtpstack", *sys.argv[1:]] if sys.argv and "mtpstack" in Path(sys.argv[0]).name else None,
                 "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -523,6 +544,7 @@ class Sweep:
             self.write()
             raise
         self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.results["meta"]["load_average_end"] = _loadavg()
         self.write()
         return self.results
 
