@@ -231,6 +231,10 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
         ("baseline", f"`{results.get('baseline', '?')}`"),
     ]
     lines += [f"- {k}: {v}" for k, v in facts]
+    if "reference" in str(meta.get("blas", "")):
+        lines += ["", "warning: the workers ran mlx on its bundled reference BLAS, many times slower than OpenBLAS;"
+                  " these figures say little about a configured machine",
+                  "", "hint: install Debian's OpenBLAS (`apt-get install libopenblas0-pthread`); the launcher preloads it"]
     if meta.get("stopped"):
         lines += ["", f"error: the sweep stopped early: {meta['stopped']}"]
     aborted = [c for c in results.get("configurations", []) if c.get("status") != "measured"]

@@ -35,7 +35,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import report as rpt
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, decide
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, decide
 from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from validator.findings import format_path
 from worker.launcher import resolve_command, worker_env
@@ -497,6 +497,9 @@ class Sweep:
         if s.repeats < 1 or s.max_repeats < s.repeats:
             raise SweepError(f"`--max-repeats` ({s.max_repeats}) must be at least `--repeats` ({s.repeats}), which must be at least 1")
         prompts = {w: load_prompts(w, s.prompts_dir) for w in s.workloads}
+        if s.repeats < MIN_PASSES:
+            self.log(f"warning: with {s.repeats} passes per configuration no ratio can be printed (at least {MIN_PASSES} per side)"
+                     f"\n\nhint: rerun with `--repeats {MIN_PASSES}` or more")
         assert self.profile is not None and self.profile.drafter is not None
         try:
             expected_target = local_hash(self.profile.target.path)

@@ -120,3 +120,11 @@ def test_load_results_rejects_other_files(tmp_path):
     with pytest.raises(rpt.ResultsError) as e:
         rpt.load_results(tmp_path / "missing.json")
     assert e.value.hint
+
+
+def test_a_sweep_on_the_reference_blas_is_flagged_with_the_fix():
+    res = results(config("no-drafter", None, BASE))
+    res["meta"]["blas"] = "bundled (reference BLAS, slow)"
+    text = "\n".join(rpt.render_report(res))
+    assert "warning: the workers ran mlx on its bundled reference BLAS" in text
+    assert "hint: install Debian's OpenBLAS" in text
