@@ -460,6 +460,7 @@ class Sweep:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.profile = config.workers[settings.worker] if settings.worker in config.workers else None
         self.seen: dict[tuple[int, str], str] = {}
+        self.pinned: dict[str, str] = {}
         self.results: dict = {}
         self._task = None
 
@@ -535,7 +536,9 @@ class Sweep:
             self._task = self.progress.add_task("sweep", total=len(configs) * len(s.workloads) * (WARMUP_PASSES + s.repeats))
         try:
             for c in configs:
-                expected = Expected(with_depth(self.profile, c.depth), expected_target, expected_drafter)
+                # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
+                expected = Expected(with_depth(self.profile, c.depth), expected_target or self.pinned.get("target"),
+                                    expected_drafter or self.pinned.get("drafter"))
                 record = asyncio.run(self._one(c, base, prompts, expected))
                 self.results["configurations"].append(record)
                 if record["status"] != "measured":
@@ -581,6 +584,9 @@ class Sweep:
                 return record
             record["proof"] = proof
             ident = proof["identity"] or {}
+            for role in ("target", "drafter"):
+                if (ident.get(role) or {}).get("sha256"):
+                    self.pinned.setdefault(role, ident[role]["sha256"])
             meta = self.results["meta"]
             for k in ("device", "blas", "versions"):
                 if ident.get(k) is not None:
