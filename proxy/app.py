@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import AsyncIterator
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
 
 from proxy.admission import ModelAdmission, Rejected, Upstream
@@ -399,34 +399,87 @@ class _IdleWatchdog:
         self.handle.cancel()
 
 
+class _StreamSink:
+    """Writes a worker's stream to the client from the worker connection's receive callback
+    (`UpstreamResponse.pump`), framing chunks itself, and pauses reading from the worker while
+    the client's socket buffer is over `CLIENT_HIGH_WATER` (backpressure)."""
+
+    def __init__(self, up: UpstreamResponse, transport: asyncio.Transport, chunked: bool, dog: _IdleWatchdog, resp: web.StreamResponse):
+        self.up = up
+        self.transport = transport
+        self.chunked = chunked
+        self.dog = dog
+        self.resp = resp
+        self.last = b""
+        self.paused = False
+
+    def __call__(self, data: bytes) -> None:
+        t = self.transport
+        if t.is_closing():
+            raise _ClientGone(self.resp)
+        t.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        self.dog.last = self.dog.loop.time()
+        self.last = data
+        if not self.paused and t.get_write_buffer_size() > CLIENT_HIGH_WATER:
+            self.paused = True
+            self.up.pause_reading()
+            self.dog.loop.call_later(BACKPRESSURE_POLL_SECONDS, self._check)
+
+    def _check(self) -> None:
+        if self.up.done or self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() > CLIENT_HIGH_WATER // 2:
+            # Still full: the client is slow. Its silence must not count as the worker's.
+            self.dog.last = self.dog.loop.time()
+            self.dog.loop.call_later(BACKPRESSURE_POLL_SECONDS, self._check)
+        else:
+            self.paused = False
+            self.up.resume_reading()
+
+
+#: Client socket buffer above which the proxy stops reading from the worker.
+CLIENT_HIGH_WATER = 256 * 1024
+#: How often a paused stream looks whether the client has caught up; only runs while paused.
+BACKPRESSURE_POLL_SECONDS = 0.005
+
+
 async def _relay_stream(
     request: web.Request, state: ProxyState, upstream: Upstream, up: UpstreamResponse, out_headers, ex: Exchange
 ) -> web.StreamResponse:
-    """Chunks go out as the worker writes them; `write` waits while the client is slow
-    (backpressure), so the proxy holds at most one chunk per stream."""
+    """Chunks go out as the worker writes them. The first goes through aiohttp (with the
+    head); the rest are written from the worker connection's receive callback, so a chunk
+    costs no task wake-up. The proxy stops reading from the worker while the client's socket
+    buffer is full (backpressure)."""
     resp = web.StreamResponse(status=up.status, headers=out_headers)
+    chunked = request.version >= HttpVersion11
+    if chunked:
+        resp.enable_chunked_encoding()
     await resp.prepare(request)
     ex.stream_response = resp
     dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
     failure: tuple[str, str] | None = None
     last = b"\n\n"
     try:
-        while True:
-            try:
-                chunk = await up.read_chunk()
-            except UpstreamClosed:
-                failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
-                state.metrics.upstream_error(upstream.name, "upstream_disconnected")
-                mark_unhealthy(state, upstream, "connection lost mid-stream")
-                break
-            if not chunk:
-                break
-            dog.last = dog.loop.time()
-            try:
-                await resp.write(chunk)
-            except ConnectionError:
-                raise _ClientGone(resp) from None
-            last = chunk
+        try:
+            first = await up.read_chunk()
+            if first:
+                dog.last = dog.loop.time()
+                try:
+                    await resp.write(first)
+                except ConnectionError:
+                    raise _ClientGone(resp) from None
+                last = first
+                transport = request.transport
+                if not up.done and transport is not None:
+                    sink = _StreamSink(up, transport, chunked, dog, resp)
+                    try:
+                        await up.pump(sink)
+                    finally:
+                        last = sink.last or last
+        except UpstreamClosed:
+            failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
+            state.metrics.upstream_error(upstream.name, "upstream_disconnected")
+            mark_unhealthy(state, upstream, "connection lost mid-stream")
     except asyncio.CancelledError:
         if not dog.fired:
             raise

@@ -15,6 +15,7 @@ writes them, without one wake-up per chunk when chunks arrive together.
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 #: Idle keep-alive connections kept per worker: more than the widest gate (4), so a full gate
 #: reuses its connections, and few enough that an idle fleet holds no pile of sockets.
@@ -51,6 +52,9 @@ class _Conn(asyncio.Protocol):
         self.eof = False
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
+        #: While an answer is pumped (`UpstreamResponse.pump`): called on every arrival instead
+        #: of waking a task.
+        self.sink: Callable[[], None] | None = None
 
     # Protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,6 +63,9 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if self.sink is not None:
+            self.sink()
+            return
         if len(self.buf) > READ_HIGH_WATER and not self.paused and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
@@ -67,11 +74,15 @@ class _Conn(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         self._wake()
+        if self.sink is not None:
+            self.sink()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self._wake()
+        if self.sink is not None:
+            self.sink()
 
     def _wake(self) -> None:
         w = self._waiter
@@ -135,36 +146,77 @@ class UpstreamResponse:
         self._state = _SIZE
         self._chunk_left = 0
 
+    def _available(self) -> bytes:
+        """The body bytes decodable now, without waiting; marks the answer done at its end.
+        Raises `UpstreamClosed` when the connection ended before the body did."""
+        if self.done:
+            return b""
+        conn = self._conn
+        assert conn is not None
+        if self._framing == "chunked":
+            data = self._decode_chunked(conn)
+        elif self._framing == "length":
+            data = conn.take(self._remaining) if conn.buf else b""
+            self._remaining -= len(data)
+            if self._remaining <= 0:
+                self._finish()
+        elif self._framing == "close":
+            data = conn.take() if conn.buf else b""
+            if not data and conn.eof:
+                self._finish()
+        else:
+            self._finish()
+            return b""
+        if not data and not self.done and conn.eof:
+            self.close()
+            raise UpstreamClosed("the connection closed before the answer was complete")
+        return data
+
     async def read_chunk(self) -> bytes:
         """The body bytes that have arrived (waiting for some if none have); b"" at the end.
         Raises `UpstreamClosed` when the connection ends before the body does."""
         while True:
-            if self.done:
-                return b""
-            conn = self._conn
-            assert conn is not None
-            if self._framing == "chunked":
-                data = self._decode_chunked(conn)
-            elif self._framing == "length":
-                data = conn.take(self._remaining) if conn.buf else b""
-                self._remaining -= len(data)
-                if self._remaining <= 0:
-                    self._finish()
-            elif self._framing == "close":
-                data = conn.take() if conn.buf else b""
-                if not data and conn.eof:
-                    self._finish()
-            else:
-                self._finish()
-                return b""
-            if data:
+            data = self._available()
+            if data or self.done:
                 return data
-            if self.done:
-                return b""
-            if conn.eof:
+            assert self._conn is not None
+            await self._conn.wait_data()
+
+    def pump(self, write: Callable[[bytes], None]) -> asyncio.Future[None]:
+        """From now on hand the body to `write` as it arrives, straight from the connection's
+        receive callback: no task wake-up per chunk. The future ends with the body, or with
+        `UpstreamClosed`, or with whatever `write` raised (the connection is then dropped).
+        Pair with `pause_reading()`/`resume_reading()` for backpressure."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn = self._conn
+
+        def on_data() -> None:
+            try:
+                data = self._available()
+                if data:
+                    write(data)
+            except BaseException as e:
                 self.close()
-                raise UpstreamClosed("the connection closed before the answer was complete")
-            await conn.wait_data()
+                if not fut.done():
+                    fut.set_exception(e)
+                return
+            if self.done and not fut.done():
+                fut.set_result(None)
+
+        if conn is None:
+            fut.set_result(None)
+            return fut
+        conn.sink = on_data
+        on_data()
+        return fut
+
+    def pause_reading(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.resume_reading()
 
     def _decode_chunked(self, conn: _Conn) -> bytes:
         """Every payload byte decodable from the buffer now (possibly several chunks)."""
@@ -233,6 +285,11 @@ class UpstreamResponse:
         self.done = True
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.sink = None
+            if conn.paused or (conn.transport is not None and not conn.transport.is_reading()):
+                conn.paused = False
+                if conn.transport is not None and not conn.transport.is_closing():
+                    conn.transport.resume_reading()
             if self._keep_alive and conn.usable:
                 self._client._put_idle(conn)
             else:
@@ -243,6 +300,7 @@ class UpstreamResponse:
         a no-op once the answer is complete."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.sink = None
             conn.abort()
 
 

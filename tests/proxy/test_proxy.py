@@ -398,18 +398,19 @@ async def test_models_health_and_metrics_endpoints(make_fleet):
 async def test_a_proxy_bug_mid_stream_still_ends_the_stream_and_frees_the_slot(make_fleet, monkeypatch, caplog):
     from proxy.upstream import UpstreamResponse
 
-    real = UpstreamResponse.read_chunk
+    real = UpstreamResponse._available
     calls = 0
 
-    async def flaky(self):
+    def flaky(self):
         nonlocal calls
-        if self.content_type == "text/event-stream":
+        data = real(self)
+        if self.content_type == "text/event-stream" and data:
             calls += 1
             if calls == 2:
                 raise RuntimeError("injected")
-        return await real(self)
+        return data
 
-    monkeypatch.setattr(UpstreamResponse, "read_chunk", flaky)
+    monkeypatch.setattr(UpstreamResponse, "_available", flaky)
     f = await make_fleet({"w1": {"gate": 1}})
     r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=5, interval=0.02))
     body = await r.read()
@@ -435,3 +436,15 @@ async def test_a_client_that_stops_reading_stops_the_worker_too(make_fleet):
     body = await r.read()  # reading again lets the rest through, intact
     assert body.endswith(b"data: [DONE]\n\n") and body.count(b"\ndata: ") + 1 >= chunks
     assert f.fakes["w1"].chunks_written == chunks
+
+
+async def test_an_http10_client_gets_the_stream_unchunked(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}})
+    body = json.dumps(chat(stream=True, chunks=20, interval=0.002)).encode()
+    reader, writer = await asyncio.open_connection(f.client.server.host, f.client.server.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+    answer = await reader.read()  # HTTP/1.0: the body ends when the connection does
+    writer.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"transfer-encoding" not in head.lower()
+    assert payload.count(b"data: ") == 21 and payload.endswith(b"data: [DONE]\n\n")
