@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy.app import STATE, create_app
 from proxy.auth import ApiKeysError
-from validator import ConfigError, FleetConfig, load_valid_config
+from validator import ConfigError, FleetConfig, load_config
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -33,9 +33,20 @@ def _error(message: str, hint: str | None = None) -> None:
     print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
 
 
+def load(file: str) -> FleetConfig:
+    """The validator's loader (what `load_valid_config` does), keeping the report so that
+    warnings are shown too. Raises `ConfigError` on any error."""
+    config, report = load_config(file)
+    if config is None or not report.ok:
+        raise ConfigError(report)
+    if report.warnings:
+        print(report.render_text(), file=sys.stderr)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_valid_config(args.config)
+        config = load(args.config)
     except ConfigError as e:
         text = str(e)
         if text:
