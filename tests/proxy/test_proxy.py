@@ -120,7 +120,8 @@ async def test_a_gate_wider_than_the_worker_turns_the_excess_into_429s(make_flee
 # -- streaming, disconnects, dying workers ------------------------------------------------
 async def test_stream_is_passed_through_chunk_by_chunk(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}})
-    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=5, interval=0.05))
+    # 5 chunks 0.1 s apart: the first is read while the worker has 0.4 s of writing left
+    r = await f.client.post("/v1/chat/completions", json=chat(stream=True, chunks=5, interval=0.1))
     assert r.status == 200 and r.headers[hdrs.CONTENT_TYPE] == "text/event-stream"
     first = await r.content.readuntil(b"\n\n")
     # the first event arrives while the worker is still writing the rest
