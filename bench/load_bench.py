@@ -972,7 +972,7 @@ def load_lines(rows: list[dict]) -> list[str]:
         rss = r["proxy_rss_kib"]
         out.append([r["target"], r["gate"], r["upstreams"], r["clients"], r["max_waiting"], r["sent"], _statuses(r), r["unanswered"],
                     f"{r['streams_done']}/{r['streams']}", conc, _int(inflight),
-                    "/".join(str(mib(rss.get(k))) for k in ("before", "half", "after", "peak") if k in rss), r["requests_per_second"], r["seconds"]])
+                    "/".join(mib(rss.get(k)) or "-" for k in ("before", "half", "after", "peak")), r["requests_per_second"], r["seconds"]])
     return table(headers, out)
 
 
