@@ -1067,7 +1067,10 @@ def checks(result: dict) -> list[tuple[bool, str]]:
 def report_lines(result: dict) -> list[str]:
     meta = result["meta"]
     lines = [f"mtpstack load bench, {meta['date']}", f"command: {meta['command']}",
-             f"machine: {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, commit {meta['commit']}, {meta['seconds']} s", ""]
+             f"machine: {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, commit {meta['commit']}, {meta['seconds']} s"]
+    if meta.get("modified"):
+        lines.append("uncommitted changes in the checkout: " + ", ".join(meta["modified"]))
+    lines.append("")
     lines += ["Load (answers by status; streams ok = streamed requests that ended with [DONE])", *load_lines(result.get("load", [])), ""]
     lines += ["Faults (hung = no end, error or status within %g s; leaked = proxy inflight or queue not back to 0 within %g s)" % (HANG_SECONDS, SETTLE_SECONDS),
               *fault_lines(result), ""]
@@ -1098,6 +1101,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, base[key])
     return args
+
+
+def _modified() -> list[str]:
+    """Tracked files changed in the checkout (shared checkouts run what is on disk, not HEAD)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line[3:] for line in out.splitlines()]
 
 
 def _commit() -> str:
@@ -1171,7 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     result["meta"] = {
         "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
-        "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(),
+        "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(), "modified": _modified(),
         "seconds": round(time.monotonic() - t0), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "settings": {k: getattr(args, k) for k in FULL},
     }

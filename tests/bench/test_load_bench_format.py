@@ -46,6 +46,7 @@ def disconnects(**over) -> dict:
     r = {
         "target": "fake", "requested": 4, "disconnects": 4, "kinds": {"mid-stream/fin": 3, "early/rst": 1}, "hung": 0,
         "connection_errors": 0, "slots_after": {"inflight": 0.0, "queue_depth": 0.0}, "leaked_after": False, "proxy_499": 4,
+        "proxy_logged": {"499": 4}, "proxy_logged_by_kind": {"mid-stream/fin": {"499": 3}, "early/rst": {"499": 1}},
         "upstream_active_after": {"d0": 0}, "upstream_cancelled": 4, "upstream_violations": 0,
         "serves_again": {"sent": 2, "statuses": {"200": 2}, "streams_done": 2, "unanswered": 0},
     }
@@ -103,6 +104,8 @@ def test_a_clean_result_passes_every_check():
         (lambda r: r["fake_disconnects"].update(leaked_after=True, slots_after={"inflight": 1.0, "queue_depth": 0.0}), "leaked proxy slots after settling"),
         (lambda r: r["fake_disconnects"].update(upstream_active_after={"d0": 1}), "still active in the upstreams after settling: 1"),
         (lambda r: r["fake_disconnects"]["serves_again"].update(statuses={"200": 1, "503": 1}), "serves again"),
+        (lambda r: r["fake_disconnects"].update(proxy_logged={"499": 3, "500": 1}), "logged with a status other than 499: {'500': 1}"),
+        (lambda r: r["fake_disconnects"].update(proxy_logged={"499": 3, "not logged": 1}), "other than 499: {'not logged': 1}"),
     ],
 )
 def test_each_broken_property_fails_its_check(change, needle):
@@ -140,4 +143,4 @@ def test_fault_lines_have_one_row_per_fault_kind_present():
     lines = fault_lines(result())
     assert len(lines) == 3
     assert "6 error_event, 3 status_503" in lines[1]
-    assert "client disconnect" in lines[2]
+    assert "client disconnect" in lines[2] and lines[2].rstrip().endswith("4 x 499")
