@@ -650,8 +650,10 @@ async def _await_healthy(session, proxy_url: str, f: Fake, deadline: float) -> N
 
 
 async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str], n: int, clients: int, body_for, deadline: float) -> dict:
-    """`n` streams closed early from `clients` concurrent loops: 3 in 4 after 1-3 chunks, 1 in 4
-    20-80 ms after sending without reading (queued, or just admitted), half by FIN, half by RST."""
+    """`n` requests closed early from `clients` concurrent loops, half by FIN, half by RST: 6 in 8
+    streams after 1-3 chunks (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading
+    (`early`: queued, or just admitted), 1 in 8 non-streamed requests 20-80 ms after sending
+    (`plain`: queued, or the worker still computing the answer)."""
     rng = random.Random(7)
     kinds: dict = {}
     ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
@@ -664,16 +666,16 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
             if time.monotonic() > deadline:
                 return
             model = models[i % len(models)]
-            how = "rst" if (i // 4) % 2 else "fin"
-            queued = i % 4 == 3
+            how = "rst" if (i // 8) % 2 else "fin"
+            early = {3: "early", 7: "plain"}.get(i % 8)
             s = None
             rid = f"load-bench-{os.getpid()}-{i}"
             try:
                 async with asyncio.timeout(HANG_SECONDS):
-                    s = await RawStream.open(proxy_port, body_for(model), rid)
-                    if queued:
+                    s = await RawStream.open(proxy_port, body_for(model, early != "plain"), rid)
+                    if early:
                         await asyncio.sleep(rng.uniform(0.02, 0.08))
-                        kind = f"early/{how}"
+                        kind = f"{early}/{how}"
                     else:
                         status = await s.headers()
                         if status != 200:
@@ -743,16 +745,27 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
         models = [f.model for f in setup.fakes]
         r = await disconnects(
             session, setup.proxy.url, setup.proxy.port, models, n, 16,
-            lambda model: {"model": model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}, deadline,
+            # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
+            lambda model, stream: {"model": model, "prompt": "long", "stream": stream, "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
+            deadline,
         )
-        stats = await setup.stats(session)
+
+        async def upstreams_idle():
+            stats = await setup.stats(session)
+            return all(v.get("active") == 0 for v in stats.values()), stats
+
+        # The proxy frees its slot first and then closes the upstream connection, so the
+        # upstream notices a moment later: poll, and report how long it took.
+        t_idle = time.monotonic()
+        _, stats = await settle(session, upstreams_idle)
+        idle_seconds = time.monotonic() - t_idle
         m1 = await get_metrics(session, setup.proxy.url)
         again = await serves_again(session, setup.proxy.url, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
         by_kind = logged_statuses(setup.proxy.log, r.pop("ids"))
         result = {
             "target": "fake", "requested": n, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind,
             "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
-            "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
+            "upstream_active_after": {k: v.get("active") for k, v in stats.items()}, "upstream_idle_after_seconds": round(idle_seconds, 2),
             "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
             "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
             "serves_again": again,
@@ -882,7 +895,7 @@ async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_d
             wm0 = await get_metrics(session, worker_url)
             r = await disconnects(
                 session, stack.url, stack.port, ["tiny"], n_disconnects, 4,
-                lambda model: real_body(0, model, max_tokens=400, stream=True), deadline,
+                lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
             )
 
             async def worker_idle():
@@ -890,7 +903,9 @@ async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_d
                 v = sample(m, "mtpstack_worker_active_sequences")
                 return v == 0, v
 
+            t_idle = time.monotonic()
             idle, active = await settle(session, worker_idle)
+            idle_seconds = time.monotonic() - t_idle
             m1 = await get_metrics(session, stack.url)
             wm1 = await get_metrics(session, worker_url)
             tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
@@ -900,6 +915,8 @@ async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_d
                 "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
                 # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
                 "tokens_generated": int(tokens(wm1) - tokens(wm0)), "tokens_if_never_stopped": 400 * r["disconnects"],
+                # how long the worker still had active sequences once the last client had left
+                "worker_idle_after_seconds": round(idle_seconds, 2),
                 "worker_active_sequences_after": active, "worker_leaked_after": not idle, "serves_again": again,
             }
             say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
