@@ -255,7 +255,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
                 pass
         else:
             resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request", rid=ex.rid)
-    ex.status = resp.status
+    transport = request.transport
+    if not resp.prepared and (transport is None or transport.is_closing()):
+        # The answer is ready but its client is gone: it will never be delivered.
+        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
+    else:
+        ex.status = resp.status
     _finish(state, ex)
     return resp
 
@@ -454,7 +459,12 @@ async def _relay_stream(
     chunked = request.version >= HttpVersion11
     if chunked:
         resp.enable_chunked_encoding()
-    await resp.prepare(request)
+    try:
+        await resp.prepare(request)
+    except ConnectionError:
+        # The client left in the same loop turn as the worker's head arrived: the handler's
+        # cancellation is still pending, and writing the head is what finds the socket closed.
+        raise _ClientGone(resp) from None
     ex.stream_response = resp
     dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
     failure: tuple[str, str] | None = None
