@@ -13,7 +13,6 @@ fixed seed and step count; it is not bit-reproducible across machines (the text 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from functools import partial
@@ -46,8 +45,8 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def token_stream(tokenizer_dir: Path = TOKENIZER_DIR) -> np.ndarray:
-    """Code and prose documents, tokenized, each followed by `<|endoftext|>`, in one shuffled array."""
+def token_stream(tokenizer_dir: Path = TOKENIZER_DIR) -> list[list[int]]:
+    """Code and prose documents, tokenized, each followed by `<|endoftext|>`."""
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     eot = tok.token_to_id(ENDOFTEXT)
     docs = corpus.sample(corpus.code_texts(), CODE_CHARS) + corpus.sample(corpus.prose_texts(), PROSE_CHARS)
@@ -129,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.demo.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/drafter")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=300)
-    parser.add_argument("--drafter-steps", type=int, default=300)
+    parser.add_argument("--target-steps", type=int, default=250)
+    parser.add_argument("--drafter-steps", type=int, default=250)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
 
