@@ -3,9 +3,6 @@ from pathlib import Path
 import pytest
 
 
-pytest.importorskip("mlx.core", reason="mlx is not installed (Linux: pip install 'mlx[cpu]')")
-
-
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     from worker.demo.tiny import build_tiny_pair
