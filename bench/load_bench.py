@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -271,11 +271,14 @@ def fake_fleet(fakes: list[Fake], proxy_port: int, max_waiting: int, queue_timeo
     }
 
 
-async def wait_status(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen | None, timeout: float, what: str) -> None:
+async def wait_status(
+    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen | None, timeout: float, what: str, proc_name: str | None = None
+) -> None:
+    """Poll `url` until 200; fails when `proc` (named `proc_name`, default `what`) exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+            raise RuntimeError(f"{proc_name or what} exited with code {proc.returncode} while waiting for {what}")
         if (await get_json(session, url))[0] == 200:
             return
         await asyncio.sleep(0.1)
@@ -314,19 +317,18 @@ class FakeSetup:
 class LoadTally:
     sent: int = 0
     unanswered: int = 0
-    unanswered_reasons: dict = None  # type: ignore[assignment]
-    statuses: dict = None  # type: ignore[assignment]
-    codes: dict = None  # type: ignore[assignment]  # error code of each non-200, "status:code"
+    unanswered_reasons: dict = field(default_factory=dict)
+    statuses: dict = field(default_factory=dict)
+    #: "status code" of each non-200 answer -> count
+    codes: dict = field(default_factory=dict)
     retry_after_missing: int = 0
-    retry_after: dict = None  # type: ignore[assignment]  # Retry-After value -> count
+    #: Retry-After value -> count
+    retry_after: dict = field(default_factory=dict)
     streams: int = 0
     streams_done: int = 0
     stream_errors: int = 0
     stream_truncated: int = 0
-    latencies: list = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.unanswered_reasons, self.statuses, self.codes, self.latencies, self.retry_after = {}, {}, {}, [], {}
+    latencies: list = field(default_factory=list)
 
 
 def _count(d: dict, key) -> None:
@@ -848,112 +850,120 @@ def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream
     return {"model": model, "prompt": f"def f{i}(x):\n", "max_tokens": n, "temperature": 0, "stream": stream}
 
 
-async def real_phase(session, workdir: Path, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> dict:
+async def real_phase(session, workdir: Path, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
+    """Fills `out` as it goes, so a failure part-way keeps the figures of what finished."""
     from worker.demo.tiny import build_tiny_pair
 
     say("real: building tiny models and starting `mtpstack up`")
     target, drafter = build_tiny_pair(workdir / "models", seed=0)
     stack = RealStack(workdir, target, drafter)
-    out: dict = {"width": stack.width, "gate": stack.width}
+    out.update({"width": stack.width, "gate": stack.width})
     try:
-        t0 = time.monotonic()
-        await stack.start(session)
-        out["startup_seconds"] = round(time.monotonic() - t0, 1)
-        worker_url = stack.worker()["url"]
-        proxy_pid = stack.state()["proxy"]["pid"]
-
-        # load
-        say(f"real load: {requests} requests from {clients} clients")
-        w0 = await get_metrics(session, worker_url)
-        before = memory_kib(proxy_pid)
-        tally = LoadTally()
-        targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
-                   "worker_active_sequences": (worker_url, "mtpstack_worker_active_sequences", {})}
-        t0 = time.monotonic()
-        with GaugeSampler(session, targets, interval=0.1) as sampler:
-            complete = await drive(session, stack.url, requests, clients, real_body, tally, 180.0, deadline)
-        seconds = time.monotonic() - t0
-        await asyncio.sleep(1.0)
-        after = memory_kib(proxy_pid)
-        w1 = await get_metrics(session, worker_url)
-        full = lambda m: sample(m, "mtpstack_worker_rejected_total", code="worker_full") or 0.0  # noqa: E731
-        out["load"] = {
-            "label": "real-gate2", "target": "real", "gate": stack.width, "upstreams": 1, "clients": clients, "max_waiting": 32,
-            "capacity": stack.width + 32, "queue_bound_reachable": clients > stack.width + 32,
-            "requested": requests, "complete": complete, **tally_dict(tally, seconds),
-            "worker_full_rejections": int(full(w1) - full(w0)),
-            "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
-            "tokens_generated": int((sample(w1, "mtpstack_worker_tokens_generated_total") or 0) - (sample(w0, "mtpstack_worker_tokens_generated_total") or 0)),
-            "proxy_rss_kib": {"before": before.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
-        }
-        say(f"real load: {tally.statuses} in {seconds:.1f} s, sampled max {out['load']['sampled_max']}")
-
-        # disconnects
-        if n_disconnects:
-            say(f"real disconnects: {n_disconnects} from 4 clients")
-            m0 = await get_metrics(session, stack.url)
-            wm0 = await get_metrics(session, worker_url)
-            r = await disconnects(
-                session, stack.url, stack.port, ["tiny"], n_disconnects, 4,
-                lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
-            )
-
-            async def worker_idle():
-                m = await get_metrics(session, worker_url)
-                v = sample(m, "mtpstack_worker_active_sequences")
-                return v == 0, v
-
-            t_idle = time.monotonic()
-            idle, active = await settle(session, worker_idle)
-            idle_seconds = time.monotonic() - t_idle
-            m1 = await get_metrics(session, stack.url)
-            wm1 = await get_metrics(session, worker_url)
-            tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
-            again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
-            by_kind = logged_statuses(stack.run_dir / "logs" / "proxy.log", r.pop("ids"))
-            out["disconnects"] = {
-                "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
-                # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
-                "tokens_generated": int(tokens(wm1) - tokens(wm0)), "tokens_if_never_stopped": 400 * r["disconnects"],
-                # how long the worker still had active sequences once the last client had left
-                "worker_idle_after_seconds": round(idle_seconds, 2),
-                "worker_active_sequences_after": active, "worker_leaked_after": not idle, "serves_again": again,
-            }
-            say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
-
-        # kills
-        if kills:
-            say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
-            rounds = []
-            for i in range(kills):
-                if time.monotonic() > deadline:
-                    break
-                await wait_status(session, stack.url + "/readyz", stack.proc, min(180, max(1, deadline - time.monotonic())), "the restarted worker")
-                pid = stack.worker()["pid"]
-
-                def kill(pid=pid):
-                    _killpg(pid)
-
-                rounds.append(await kill_round(session, stack.url, stack.port, real_body(i, max_tokens=400, stream=True), kill, "w0"))
-                end = time.monotonic() + 60
-                while stack.worker().get("pid") in (None, pid) and time.monotonic() < end:
-                    await asyncio.sleep(0.2)
-                CHILDREN.extra_pids.extend(stack.pids())
-                say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
-            back = True
-            try:
-                await wait_status(session, stack.url + "/readyz", stack.proc, 180, "the restarted worker")
-            except RuntimeError:
-                back = False
-            ok, value = await settle(session, proxy_slots(session, stack.url))
-            again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)]) if back else None
-            out["kills"] = {
-                "target": "real", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok,
-                "restarts": stack.worker().get("restarts"), "serves_again": again,
-            }
-        return out
+        await _real_steps(session, stack, out, requests=requests, clients=clients, n_disconnects=n_disconnects, kills=kills, deadline=deadline)
+    except Exception as e:
+        log = stack.dir / "up.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:]) if log.exists() else ""
+        raise RuntimeError(f"{e}\n`mtpstack up` log tail ({log}):\n{tail}") from e
     finally:
         stack.stop()
+
+
+async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
+    t0 = time.monotonic()
+    await stack.start(session)
+    out["startup_seconds"] = round(time.monotonic() - t0, 1)
+    worker_url = stack.worker()["url"]
+    proxy_pid = stack.state()["proxy"]["pid"]
+
+    # load
+    say(f"real load: {requests} requests from {clients} clients")
+    w0 = await get_metrics(session, worker_url)
+    before = memory_kib(proxy_pid)
+    tally = LoadTally()
+    targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
+               "worker_active_sequences": (worker_url, "mtpstack_worker_active_sequences", {})}
+    t0 = time.monotonic()
+    with GaugeSampler(session, targets, interval=0.1) as sampler:
+        complete = await drive(session, stack.url, requests, clients, real_body, tally, 180.0, deadline)
+    seconds = time.monotonic() - t0
+    await asyncio.sleep(1.0)
+    after = memory_kib(proxy_pid)
+    w1 = await get_metrics(session, worker_url)
+    full = lambda m: sample(m, "mtpstack_worker_rejected_total", code="worker_full") or 0.0  # noqa: E731
+    out["load"] = {
+        "label": "real-gate2", "target": "real", "gate": stack.width, "upstreams": 1, "clients": clients, "max_waiting": 32,
+        "capacity": stack.width + 32, "queue_bound_reachable": clients > stack.width + 32,
+        "requested": requests, "complete": complete, **tally_dict(tally, seconds),
+        "worker_full_rejections": int(full(w1) - full(w0)),
+        "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
+        "tokens_generated": int((sample(w1, "mtpstack_worker_tokens_generated_total") or 0) - (sample(w0, "mtpstack_worker_tokens_generated_total") or 0)),
+        "proxy_rss_kib": {"before": before.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
+    }
+    say(f"real load: {tally.statuses} in {seconds:.1f} s, sampled max {out['load']['sampled_max']}")
+
+    # disconnects
+    if n_disconnects:
+        say(f"real disconnects: {n_disconnects} from 4 clients")
+        m0 = await get_metrics(session, stack.url)
+        wm0 = await get_metrics(session, worker_url)
+        r = await disconnects(
+            session, stack.url, stack.port, ["tiny"], n_disconnects, 4,
+            lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
+        )
+
+        async def worker_idle():
+            m = await get_metrics(session, worker_url)
+            v = sample(m, "mtpstack_worker_active_sequences")
+            return v == 0, v
+
+        t_idle = time.monotonic()
+        idle, active = await settle(session, worker_idle)
+        idle_seconds = time.monotonic() - t_idle
+        m1 = await get_metrics(session, stack.url)
+        wm1 = await get_metrics(session, worker_url)
+        tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
+        again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
+        by_kind = logged_statuses(stack.run_dir / "logs" / "proxy.log", r.pop("ids"))
+        out["disconnects"] = {
+            "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
+            # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
+            "tokens_generated": int(tokens(wm1) - tokens(wm0)), "tokens_if_never_stopped": 400 * r["disconnects"],
+            # how long the worker still had active sequences once the last client had left
+            "worker_idle_after_seconds": round(idle_seconds, 2),
+            "worker_active_sequences_after": active, "worker_leaked_after": not idle, "serves_again": again,
+        }
+        say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
+
+    # kills
+    if kills:
+        say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
+        rounds = []
+        for i in range(kills):
+            if time.monotonic() > deadline:
+                break
+            await wait_status(session, stack.url + "/readyz", stack.proc, min(180, max(1, deadline - time.monotonic())), "the restarted worker", "`mtpstack up`")
+            pid = stack.worker()["pid"]
+
+            def kill(pid=pid):
+                _killpg(pid)
+
+            rounds.append(await kill_round(session, stack.url, stack.port, real_body(i, max_tokens=400, stream=True), kill, "w0"))
+            end = time.monotonic() + 60
+            while stack.worker().get("pid") in (None, pid) and time.monotonic() < end:
+                await asyncio.sleep(0.2)
+            CHILDREN.extra_pids.extend(stack.pids())
+            say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
+        back = True
+        try:
+            await wait_status(session, stack.url + "/readyz", stack.proc, 180, "the restarted worker", "`mtpstack up`")
+        except RuntimeError:
+            back = False
+        ok, value = await settle(session, proxy_slots(session, stack.url))
+        again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)]) if back else None
+        out["kills"] = {
+            "target": "real", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok,
+            "restarts": stack.worker().get("restarts"), "serves_again": again,
+        }
 
 
 # -- report (pure) -----------------------------------------------------------------------------
@@ -1143,6 +1153,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         phases = []
+        real: dict = {}
         for gate in (2, 4):
             phases.append((f"fake load gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.requests, clients=64, max_waiting=64, deadline=deadline), "load"))
         for gate in (2, 4):
@@ -1150,7 +1161,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
         phases.append(("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills"))
         phases.append(("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline), "fake_disconnects"))
         if not args.skip_real:
-            phases.append(("real stack", lambda: real_phase(session, workdir, requests=args.real_requests, clients=16,
+            phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,
                                                              n_disconnects=args.real_disconnects, kills=args.real_kills, deadline=deadline), "real"))
         for name, phase, key in phases:
             if time.monotonic() > deadline:
@@ -1161,10 +1172,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             except Exception as e:  # noqa: BLE001 - one failed phase must not hide the others' figures
                 say(f"{name} failed: {type(e).__name__}: {e}")
                 result["errors"].append(f"{name}: {type(e).__name__}: {e}")
-                continue
+                if key != "real":
+                    continue
+                r = real  # what the real phase measured before it failed
             if key == "load":
                 result["load"].append(r)
             elif key == "real":
+                r = real
                 if "load" in r:
                     result["load"].append(r["load"])
                 if "disconnects" in r:
@@ -1193,11 +1207,12 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(run(args, workdir))
     except KeyboardInterrupt:
         say("interrupted; stopping every process started here")
-        return 130
-    finally:
         CHILDREN.stop_all()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+        return 130
+    finally:
+        CHILDREN.stop_all()
     result["meta"] = {
         "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(), "modified": _modified(),
@@ -1208,6 +1223,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(report_lines(result)))
     say(f"figures written to {args.out}")
     ok = all(passed for passed, _ in checks(result)) and not result["errors"]
+    if args.keep or not ok:
+        say(f"work directory kept{'' if ok else ' for its logs'}: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
 
 
