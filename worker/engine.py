@@ -215,6 +215,7 @@ class Sequence:
         self.draft_cache: list | None = None
         self._prefilled = 0  # prompt tokens (all but the last) already in the caches
         self._y: list[int] = []  # the target's next input
+        self._next: mx.array | None = None  # pipelined: a sampled token whose forward is queued
         self._draft_y: list[int] = []  # the drafter's next input (may lag the target by one)
         self.tokens: list[int] = []
         self.text = ""
@@ -242,10 +243,19 @@ class Sequence:
             self.target_cache = make_prompt_cache(self.engine.target.model)
             self.draft_cache = make_prompt_cache(self.engine.drafter.model) if self.use_drafter else None
 
-    def step(self) -> StepResult:
+    def step(self, pipeline: bool = False) -> StepResult:
+        """One prefill chunk or one decode step.
+
+        `pipeline` (plain decoding only, used when the sequence runs alone): the
+        target's forward for the following token is queued before this token is
+        read back, as mlx-lm's `generate_step` does, so graph building overlaps
+        compute. The queued token is emitted by the next step either way.
+        """
         if self.finished:
             return StepResult()
         self._ensure_caches()
+        if self._next is not None or (pipeline and self.decoding and not self.use_drafter):
+            return self._pipelined_step(pipeline)
         if self._prefilled < len(self.prompt) - 1:
             return self._prefill_chunk()
         return self._decode_step()
@@ -336,6 +346,29 @@ class Sequence:
         self.accepted += n
         emitted = self._emit(sampled[: n + 1])
         return StepResult(drafted=k, accepted=n, tokens=emitted)
+
+    @property
+    def pipelined(self) -> bool:
+        return self._next is not None
+
+    def _pipelined_step(self, keep_going: bool) -> StepResult:
+        if self._next is None:
+            self.plan()  # sets y for a one-token prompt
+            logits = self.engine.target.model(mx.array(self._y, mx.uint32)[None], cache=self.target_cache)[0, -1:, :]
+            self._next = self._sample(logits)
+            mx.async_eval(self._next)
+        current = self._next
+        self._next = None
+        if keep_going and len(self.tokens) + 1 < self.params.max_tokens:
+            # Queue the next forward on the still-lazy token, then read this one back.
+            logits = self.engine.target.model(current[None], cache=self.target_cache)[0, -1:, :]
+            self._next = self._sample(logits)
+            mx.async_eval(self._next)
+        token = current.item()
+        if self._next is None:
+            self._y = [token]  # back to the plain state: y is the next input, not yet in the cache
+        emitted = self._emit([token])
+        return StepResult(tokens=emitted)
 
     def _decode_step(self) -> StepResult:
         k = self.plan()
@@ -451,9 +484,10 @@ class Scheduler:
     active sequence makes progress every step and none waits for another.
     """
 
-    def __init__(self, max_num_seqs: int, *, batched: bool = True):
+    def __init__(self, max_num_seqs: int, *, batched: bool = True, pipeline: bool = True):
         self.max_num_seqs = max_num_seqs
         self.batched = batched
+        self.pipeline = pipeline
         self.active: list[Sequence] = []
         self.batched_steps = 0  # target forwards shared by more than one sequence
 
@@ -481,7 +515,7 @@ class Scheduler:
             if seq.finished:
                 self.active.remove(seq)
                 results.append((seq, None, None))
-            elif self.batched and seq.decoding and seq.engine.batchable:
+            elif self.batched and seq.decoding and seq.engine.batchable and not seq.pipelined:
                 groups.setdefault(seq.plan(), []).append(seq)
             else:
                 singles.append(seq)
@@ -497,9 +531,10 @@ class Scheduler:
                 for seq in group:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
+        alone = len(self.active) == 1
         for seq in singles:
             try:
-                results.append((seq, seq.step(), None))
+                results.append((seq, seq.step(pipeline=alone and self.pipeline), None))
             except Exception as e:  # one broken request must not stop the others
                 log.exception("sequence failed")
                 seq.finish_reason = "error"

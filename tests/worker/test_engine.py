@@ -147,6 +147,22 @@ def test_sequences_verified_in_one_batch_produce_what_each_produces_alone(engine
         assert s.tokens == reference[p], p
 
 
+def test_a_pipelined_sequence_alone_and_then_joined_by_another_keeps_its_text(engine, reference):
+    sched = Scheduler(max_num_seqs=2)
+    a = engine.new_sequence(engine.text_prompt(PROMPTS[0]), SamplingParams(max_tokens=MAX_TOKENS, depth=0, ignore_eos=True))
+    sched.add(a)
+    for _ in range(10):  # alone: the next forward is queued before each token is read back
+        sched.step()
+    assert a.pipelined
+    b = engine.new_sequence(engine.text_prompt(PROMPTS[1]), SamplingParams(max_tokens=MAX_TOKENS, depth=0, ignore_eos=True))
+    sched.add(b)
+    while sched.active:
+        sched.step()
+    assert sched.batched_steps > 0
+    assert a.tokens == reference[PROMPTS[0]]
+    assert b.tokens == reference[PROMPTS[1]]
+
+
 def test_a_cancelled_sequence_leaves_before_its_next_step(engine):
     sched = Scheduler(max_num_seqs=2)
     a = engine.new_sequence(engine.text_prompt("abc"), SamplingParams(max_tokens=20, depth=2, ignore_eos=True))
