@@ -19,9 +19,11 @@ Phases, in one run, every process started here on loopback and stopped at exit (
    one queued) and restarted; a few kills of the real worker, which `mtpstack up` restarts.
    A client whose stream neither ends nor errors within a bound is hung; a proxy slot still
    taken once things settle is leaked.
-4. Client disconnects mid-stream (after the first chunks, or while queued, by FIN or RST):
-   hung clients, leaked proxy slots, slots still held by the upstream (fake `active`, the real
-   worker's `active_sequences`), then a normal request per model to show the slots serve again.
+4. Client disconnects (streams after their first chunks, streams and plain requests 20-80 ms
+   after sending; by FIN or RST): hung clients, leaked proxy slots, requests still held by the
+   upstream (fake `active`, the real worker's `active_sequences`), the status the proxy logged for
+   each (found by its X-Request-Id; must be 499), then a normal request per model to show the
+   slots serve again.
 
 Raw figures go to the JSON file, the table to stdout, progress to stderr. The script exits 1
 when a check fails (the figures are still written).
