@@ -18,7 +18,8 @@ Phases, in one run, every process started here on loopback and stopped at exit (
 3. Worker kills mid-stream: fake upstreams SIGKILLed while they stream (two requests admitted,
    one queued) and restarted; a few kills of the real worker, which `mtpstack up` restarts.
    A client whose stream neither ends nor errors within a bound is hung; a proxy slot still
-   taken once things settle is leaked.
+   taken once things settle is leaked. Failover: one of a model's two upstreams killed while
+   each streams; the survivor's stream must finish and new requests must be answered by it.
 4. Client disconnects (streams after their first chunks, streams and plain requests 20-80 ms
    after sending; by FIN or RST): hung clients, leaked proxy slots, requests still held by the
    upstream (fake `active`, the real worker's `active_sequences`), the status the proxy logged for
@@ -642,6 +643,73 @@ async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dic
         setup.stop()
 
 
+async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict:
+    """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
+    The stream on the other must finish, and once the dead one's stream has its error event (the
+    proxy has then marked it unhealthy), new requests must be answered by the survivor."""
+    setup = FakeSetup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], max_waiting=8)
+    say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
+    rounds: list[dict] = []
+    after = LoadTally()
+    try:
+        await setup.start(session)
+        victim = setup.fakes[0]
+        for i in range(n):
+            if time.monotonic() > deadline:
+                break
+            for f in setup.fakes:
+                await _await_healthy(session, setup.proxy.url, f, deadline)
+            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded)
+            body = {"model": "mm", "prompt": "long", "stream": True, "x_fake": {"chunks": 200, "interval": 0.005}}
+
+            def kill():
+                _killpg(victim.proc.pid)
+                victim.proc.wait(5)
+                victim.restarts += 1
+                victim.start()
+
+            streams = []
+            outcomes = []
+            try:
+                for _ in range(2):
+                    streams.append(await RawStream.open(setup.proxy.port, body))
+                    await asyncio.sleep(0.02)
+                for st in streams:
+                    try:
+                        async with asyncio.timeout(HANG_SECONDS):
+                            await st.headers()
+                            await st.until_events(1)
+                    except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+                        pass
+                kill()
+                for st in streams:
+                    try:
+                        async with asyncio.timeout(HANG_SECONDS):
+                            outcomes.append(await st.outcome())
+                    except TimeoutError:
+                        outcomes.append("hung")
+                    except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+                        outcomes.append("connection_closed")
+            finally:
+                for st in streams:
+                    st.close()
+            # the error event came after the proxy marked the dead upstream unhealthy
+            await asyncio.gather(*(one_request(session, setup.proxy.url, {"model": "mm", "prompt": "x"}, after, HANG_SECONDS) for _ in range(4)))
+            ok, value = await settle(session, proxy_slots(session, setup.proxy.url))
+            rounds.append({"admitted_before_kill": 2, "outcomes": outcomes, "slot_leaked": not ok, "after": value})
+        ok, value = await settle(session, proxy_slots(session, setup.proxy.url))
+        s = summarize_rounds(rounds)
+        result = {
+            "target": "fake", "requested": n, **s, "slots_after": value, "leaked_after": not ok,
+            "survivor_streams_done": s["outcomes"].get("done", 0),
+            "requests_after_failure": {"sent": after.sent, "statuses": after.statuses, "unanswered": after.unanswered, "error_codes": after.codes},
+        }
+        say(f"fake failover: {result['outcomes']}, requests after: {after.statuses}")
+        return result
+    finally:
+        setup.stop()
+
+
 async def _await_healthy(session, proxy_url: str, f: Fake, deadline: float) -> None:
     end = min(deadline, time.monotonic() + 60)
     while time.monotonic() < end:
@@ -1020,6 +1088,13 @@ def fault_lines(result: dict) -> list[str]:
         if r:
             leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {_slots(r['slots_after'])}"
             rows.append(["worker SIGKILL mid-stream", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]), None])
+    r = result.get("fake_failover")
+    if r:
+        leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {_slots(r['slots_after'])}"
+        after = r["requests_after_failure"]
+        answered = ", ".join(f"{n} x {k}" for k, n in sorted(after["statuses"].items())) or "none"
+        rows.append(["SIGKILL, 1 of 2 workers", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]),
+                     f"then {answered} of {after['sent']}"])
     for key in ("fake_disconnects", "real_disconnects"):
         r = result.get(key)
         if r:
@@ -1069,6 +1144,17 @@ def checks(result: dict) -> list[tuple[bool, str]]:
             out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
             out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
             out.append((r["admitted_streams_cut_without_error_event"] == 0, f"{name}: streams cut without an error event: {r['admitted_streams_cut_without_error_event']}"))
+    r = result.get("fake_failover")
+    if r:
+        name = f"fake failover ({r['kills']} of {r['requested']})"
+        out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
+        out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
+        out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
+        want = {"done": r["kills"], "error_event": r["kills"]}
+        out.append((r["outcomes"] == want, f"{name}: the stream on the dead worker ends with an error event, the one on the survivor with [DONE]: {r['outcomes']}"))
+        after = r["requests_after_failure"]
+        out.append((after["sent"] > 0 and after["statuses"].get("200", 0) == after["sent"],
+                    f"{name}: requests right after the failure answered 200 (by the survivor): {after['statuses'].get('200', 0)} of {after['sent']} {after['error_codes'] or ''}".rstrip()))
     for key in ("fake_disconnects", "real_disconnects"):
         r = result.get(key)
         if r:
@@ -1112,8 +1198,8 @@ def report_lines(result: dict) -> list[str]:
 
 
 # -- main ----------------------------------------------------------------------------------------
-QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1, "deadline": 240}
-FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5, "deadline": 900}
+QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1, "deadline": 240}
+FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5, "deadline": 900}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1161,6 +1247,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
         for gate in (2, 4):
             phases.append((f"fake queue bound gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.bound_requests, clients=64, max_waiting=16, deadline=deadline), "load"))
         phases.append(("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills"))
+        phases.append(("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover"))
         phases.append(("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline), "fake_disconnects"))
         if not args.skip_real:
             phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,

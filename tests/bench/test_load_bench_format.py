@@ -54,11 +54,18 @@ def disconnects(**over) -> dict:
     return r
 
 
+def failover(**over) -> dict:
+    r = kills(requested=2, kills=2, clients=4, outcomes={"error_event": 2, "done": 2}, survivor_streams_done=2,
+              requests_after_failure={"sent": 8, "statuses": {"200": 8}, "unanswered": 0, "error_codes": {}})
+    r.update(over)
+    return r
+
+
 def result(**over) -> dict:
     r = {
         "meta": {"date": "2026-11-29 15:00 UTC", "command": "bench/load_bench.py --quick", "cpus": 2, "platform": "Linux",
                  "python": "3.11.7", "commit": "abc1234", "seconds": 60},
-        "load": [fake_load()], "fake_kills": kills(), "fake_disconnects": disconnects(), "errors": [],
+        "load": [fake_load()], "fake_kills": kills(), "fake_failover": failover(), "fake_disconnects": disconnects(), "errors": [],
     }
     r.update(over)
     return r
@@ -101,6 +108,9 @@ def test_a_clean_result_passes_every_check():
         (lambda r: r["fake_kills"].update(rounds_with_leaked_slot=2), "leaked slots: 2 rounds"),
         (lambda r: r["fake_kills"].update(admitted_streams_cut_without_error_event=1), "streams cut without an error event: 1"),
         (lambda r: r["fake_kills"].update(kills=2), "kills done before the deadline: 2"),
+        (lambda r: r["fake_failover"].update(outcomes={"error_event": 3, "done": 1}), "the one on the survivor with [DONE]"),
+        (lambda r: r["fake_failover"]["requests_after_failure"].update(statuses={"200": 7, "502": 1}, error_codes={"502 upstream_unreachable": 1}),
+         "answered 200 (by the survivor): 7 of 8 {'502 upstream_unreachable': 1}"),
         (lambda r: r["fake_disconnects"].update(leaked_after=True, slots_after={"inflight": 1.0, "queue_depth": 0.0}), "leaked proxy slots after settling"),
         (lambda r: r["fake_disconnects"].update(upstream_active_after={"d0": 1}), "still active in the upstreams after settling: 1"),
         (lambda r: r["fake_disconnects"]["serves_again"].update(statuses={"200": 1, "503": 1}), "serves again"),
@@ -141,6 +151,7 @@ def test_report_marks_failures_and_unfinished_phases():
 
 def test_fault_lines_have_one_row_per_fault_kind_present():
     lines = fault_lines(result())
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert "6 error_event, 3 status_503" in lines[1]
-    assert "client disconnect" in lines[2] and lines[2].rstrip().endswith("4 x 499")
+    assert lines[2].rstrip().endswith("then 8 x 200 of 8")
+    assert "client disconnect" in lines[3] and lines[3].rstrip().endswith("4 x 499")
