@@ -287,7 +287,7 @@ async def run(args) -> dict:
             "depth": args.depth, "max_tokens": args.max_tokens, "repeats": args.repeats, "warmup": args.warmup,
             "machine": platform.machine(), "cpus": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD"),
             "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__},
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
         "summary": {"single": single, "speedup": speedup, "speedup_share": share, "concurrent": conc, "notes": notes},
         "samples": samples,
