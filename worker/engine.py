@@ -467,6 +467,47 @@ def batched_verify(seqs: list[Sequence], k: int) -> list[StepResult]:
     return results
 
 
+def batched_prefill(seqs: list[Sequence]) -> list[StepResult]:
+    """Prefill several new sequences' prompts (each within one chunk) in one left-padded forward per model.
+
+    The batch caches are split back into per-sequence caches, padding cut off, so
+    what follows is exactly the state a sequence-by-sequence prefill leaves.
+    """
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    def run(model, group: list[Sequence], attr: str) -> None:
+        rows = [s.prompt[:-1] for s in group]
+        width = max(len(r) for r in rows)
+        pads = [width - len(r) for r in rows]
+        inputs = mx.array([[0] * p + r for p, r in zip(pads, rows)], mx.uint32)
+        batch = [BatchKVCache(pads) for _ in make_prompt_cache(model)]
+        model(inputs, cache=batch)
+        mx.eval([c.state for c in batch])
+        for row, seq in enumerate(group):
+            caches = []
+            for bc in batch:
+                c = KVCache()
+                c.keys = mx.contiguous(bc.keys[row : row + 1, :, pads[row] : bc.size()])
+                c.values = mx.contiguous(bc.values[row : row + 1, :, pads[row] : bc.size()])
+                c.offset = bc.size() - pads[row]
+                caches.append(c)
+            setattr(seq, attr, caches)
+
+    engine = seqs[0].engine
+    run(engine.target.model, seqs, "target_cache")
+    drafting = [s for s in seqs if s.use_drafter]
+    if drafting:
+        run(engine.drafter.model, drafting, "draft_cache")
+    results = []
+    for seq in seqs:
+        n = len(seq.prompt) - 1
+        seq._prefilled = n
+        seq._y = seq.prompt[-1:]
+        seq._draft_y = seq.prompt[-1:]
+        results.append(StepResult(prefill=n))
+    return results
+
+
 def can_batch(engine: Engine) -> bool:
     """Batched verification needs plain KV caches (no rotating or state-space layers)."""
     from mlx_lm.models.cache import KVCache
@@ -529,6 +570,20 @@ class Scheduler:
             except Exception as e:  # one broken batch must not stop the loop
                 log.exception("batched step failed")
                 for seq in group:
+                    seq.finish_reason = "error"
+                    results.append((seq, None, e))
+        fresh = [
+            seq for seq in singles
+            if self.batched and seq.engine.batchable and seq.target_cache is None and 1 < len(seq.prompt) <= PREFILL_CHUNK + 1
+        ]
+        if len(fresh) > 1:
+            singles = [seq for seq in singles if seq not in fresh]
+            try:
+                results.extend((seq, r, None) for seq, r in zip(fresh, batched_prefill(fresh)))
+                self.batched_steps += 1
+            except Exception as e:  # one broken batch must not stop the loop
+                log.exception("batched prefill failed")
+                for seq in fresh:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
         alone = len(self.active) == 1

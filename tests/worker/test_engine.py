@@ -147,6 +147,21 @@ def test_sequences_verified_in_one_batch_produce_what_each_produces_alone(engine
         assert s.tokens == reference[p], p
 
 
+def test_prompts_prefilled_in_one_padded_batch_give_what_each_gives_alone(engine, reference):
+    prompts = PROMPTS[:4]  # 4 to 12 tokens: left padding differs per row
+    sched = Scheduler(max_num_seqs=4)
+    seqs = [engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=2, ignore_eos=True))
+            for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    sched.step()
+    assert sched.batched_steps == 1 and all(s.decoding for s in seqs)
+    while sched.active:
+        sched.step()
+    for p, s in zip(prompts, seqs):
+        assert s.tokens == reference[p], p
+
+
 def test_a_pipelined_sequence_alone_and_then_joined_by_another_keeps_its_text(engine, reference):
     sched = Scheduler(max_num_seqs=2)
     a = engine.new_sequence(engine.text_prompt(PROMPTS[0]), SamplingParams(max_tokens=MAX_TOKENS, depth=0, ignore_eos=True))
