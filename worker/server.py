@@ -35,6 +35,9 @@ log = logging.getLogger("mtpstack.worker")
 #: does not step (it still admits), so tests can hold sequences in flight and see
 #: `/health` report a stall. Never set it in production.
 STALL_FILE_ENV = "MTPSTACK_WORKER_TEST_STALL_FILE"
+#: Test-only hook: seconds the generation thread waits before loading, so tests can
+#: see `/health` answer 503 `loading` with models that load in milliseconds.
+LOAD_DELAY_ENV = "MTPSTACK_WORKER_TEST_LOAD_DELAY"
 #: Output tokens when a request sets no `max_tokens` (capped by the context left).
 DEFAULT_MAX_TOKENS = 512
 #: How long the idle generation thread blocks on its inbox before re-checking shutdown.
@@ -198,6 +201,9 @@ class GenerationLoop:
 
     def _run(self) -> None:
         try:
+            delay = float(os.environ.get(LOAD_DELAY_ENV) or 0)
+            if delay > 0:
+                self._stopping.wait(delay)
             self._load()
         except BaseException as e:  # reported by the CLI, which exits 1
             self.load_error = e

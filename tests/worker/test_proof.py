@@ -142,3 +142,30 @@ def test_weights_proves_an_mlx_lm_server_from_its_command_line_alone(tiny_pair, 
         assert str(tiny_pair[1]) in out.stdout
     finally:
         proc.stop(timeout=5)
+
+
+def test_health_says_loading_until_the_models_are_in(tiny_pair, live_worker):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from worker.server import LOAD_DELAY_ENV
+
+    w = live_worker(*tiny_pair, width=1, env={LOAD_DELAY_ENV: "5"})
+    w.proc.start()
+    seen = None
+    for _ in range(200):  # the server listens at once; loading waits 5 s
+        try:
+            urllib.request.urlopen(w.url + "/health", timeout=5)
+        except urllib.error.HTTPError as e:
+            seen = (e.code, json.loads(e.read())["status"])
+            break
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+            continue
+        break
+    assert seen == (503, "loading")
+    status, _, body = w.post_json("/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert (status, body["error"]["code"]) == (503, "loading")
+    w.proc.wait_healthy(timeout=60)
+    assert w.post_json("/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
