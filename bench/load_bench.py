@@ -53,6 +53,7 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from worker.proof import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -125,12 +126,6 @@ def kill_if_ours(pid: int) -> None:
 
 
 CHILDREN = Children()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def memory_kib(pid: int) -> dict:

@@ -29,7 +29,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from worker.proof import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHUNKS = 256
@@ -59,12 +59,6 @@ BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "m
 
 
 # -- processes ----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks)."""
     total, found = 0, False

@@ -9,7 +9,6 @@ from http import HTTPStatus
 from typing import Iterable, Mapping
 
 from aiohttp import hdrs, web
-from multidict import CIMultiDict
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one connection, so they never
 #: cross the proxy; headers named in `Connection` are dropped with them.

@@ -17,7 +17,6 @@ the proposal most likely to match.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass, field

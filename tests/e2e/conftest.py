@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ import pytest
 import yaml
 
 from worker.demo.tiny import build_tiny_pair
+from worker.proof import free_port
 
 #: Loading tiny models takes well under a second; the bound covers a busy 2-core CI machine.
 STARTUP_TIMEOUT = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:

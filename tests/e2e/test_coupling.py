@@ -4,8 +4,6 @@ worker's batch width turns the excess into the worker's own 429s; a matched pair
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
