@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.demo.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/drafter")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=250)
-    parser.add_argument("--drafter-steps", type=int, default=250)
+    parser.add_argument("--target-steps", type=int, default=700)
+    parser.add_argument("--drafter-steps", type=int, default=400)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
 
