@@ -9,7 +9,6 @@
 let
   cfg = config.services.mtpstack;
   mtpLib = import ./lib;
-  prefix = [ "services" "mtpstack" ];
   user = "_mtpstack";
   stateDir = "/var/lib/mtpstack";
   logDir = "/var/log/mtpstack";
@@ -22,47 +21,38 @@ in
 {
   imports = [ ./options.nix ];
 
-  config = lib.mkMerge [
-    {
-      services.mtpstack.renderedConfig = mtpLib.render {
-        inherit (cfg) proxy policy workers;
-      };
-    }
-    (lib.mkIf cfg.enable {
-      assertions = mtpLib.assertions prefix cfg.renderedConfig;
+  config = lib.mkIf cfg.enable {
+    launchd.daemons = mtpLib.launchd.daemons {
+      config = cfg.renderedConfig;
+      configFile = "${configFile}";
+      binDir = "${cfg.package}/bin";
+      inherit stateDir logDir user;
+      group = user;
+    };
 
-      launchd.daemons = mtpLib.launchd.daemons {
-        config = cfg.renderedConfig;
-        configFile = "${configFile}";
-        binDir = "${cfg.package}/bin";
-        inherit stateDir logDir user;
-        group = user;
-      };
+    # nix-darwin creates only the accounts it is told it owns.
+    users.knownUsers = [ user ];
+    users.knownGroups = [ user ];
+    users.users.${user} = {
+      uid = lib.mkDefault 531;
+      gid = lib.mkDefault 531;
+      home = stateDir;
+      createHome = true;
+      shell = "/usr/bin/false";
+      isHidden = true;
+      description = "mtpstack daemons";
+    };
+    users.groups.${user} = {
+      gid = lib.mkDefault 531;
+      description = "mtpstack daemons";
+    };
 
-      # nix-darwin creates only the accounts it is told it owns.
-      users.knownUsers = [ user ];
-      users.knownGroups = [ user ];
-      users.users.${user} = {
-        uid = lib.mkDefault 531;
-        gid = lib.mkDefault 531;
-        home = stateDir;
-        createHome = true;
-        shell = "/usr/bin/false";
-        isHidden = true;
-        description = "mtpstack daemons";
-      };
-      users.groups.${user} = {
-        gid = lib.mkDefault 531;
-        description = "mtpstack daemons";
-      };
-
-      # The daemons run as ${user}: their state and log directories must
-      # exist and belong to it before launchd loads them.
-      system.activationScripts.postActivation.text = ''
-        mkdir -p ${stateDir}/huggingface/hub ${logDir}
-        chown ${user}:${user} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
-        chmod 0750 ${stateDir} ${logDir}
-      '';
-    })
-  ];
+    # The daemons run as ${user}: their state and log directories must
+    # exist and belong to it before launchd loads them.
+    system.activationScripts.postActivation.text = ''
+      mkdir -p ${stateDir}/huggingface/hub ${logDir}
+      chown ${user}:${user} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
+      chmod 0750 ${stateDir} ${logDir}
+    '';
+  };
 }

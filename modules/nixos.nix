@@ -9,7 +9,6 @@
 let
   cfg = config.services.mtpstack;
   mtpLib = import ./lib;
-  prefix = [ "services" "mtpstack" ];
 
   configFile = import ./config-file.nix {
     inherit pkgs cfg;
@@ -63,18 +62,9 @@ in
 {
   imports = [ ./options.nix ];
 
-  config = lib.mkMerge [
-    {
-      services.mtpstack.renderedConfig = mtpLib.render {
-        inherit (cfg) proxy policy workers;
-      };
-    }
-    (lib.mkIf cfg.enable {
-      assertions = mtpLib.assertions prefix cfg.renderedConfig;
+  config = lib.mkIf cfg.enable {
+    systemd.services = units;
 
-      systemd.services = units;
-
-      networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.proxy.port;
-    })
-  ];
+    networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.proxy.port;
+  };
 }

@@ -1,9 +1,18 @@
 # `services.mtpstack`, shared by the NixOS and the nix-darwin module. Names
 # and meanings are those of the config file (validator/config.py); defaults
-# come from ./lib/defaults.nix, which `render` fills in as well.
-{ lib, pkgs, ... }:
+# come from ./lib/defaults.nix, which `render` fills in as well. The rendered
+# config and the coupling assertions are platform-independent, so they live
+# here too; ./nixos.nix and ./darwin.nix only turn them into units.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
 let
   inherit (lib) mkOption types literalExpression;
+  cfg = config.services.mtpstack;
+  mtpLib = import ./lib;
   defaults = import ./lib/defaults.nix;
   width = types.ints.between defaults.widthMin defaults.widthMax;
   # nixpkgs before 25.05 lacks externalPath: fall back to a string.
@@ -167,5 +176,12 @@ in
       readOnly = true;
       description = "The config file's contents, as rendered from these options.";
     };
+  };
+
+  config = {
+    services.mtpstack.renderedConfig = mtpLib.render {
+      inherit (cfg) proxy policy workers;
+    };
+    assertions = lib.mkIf cfg.enable (mtpLib.assertions [ "services" "mtpstack" ] cfg.renderedConfig);
   };
 }
