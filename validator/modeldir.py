@@ -1,0 +1,132 @@
+"""What a model directory says about itself: the one reader of `config.json` and safetensors headers.
+
+The worker (context length, drafter kind, vocabulary check), `validate --deep`
+and the bench all read model directories through this module. Multimodal
+families (Qwen3.5 and its MTP heads among them) keep the language model's
+settings inside `text_config`; every lookup here falls back to it, so a check
+never silently skips such a model because a key is not at the top level.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DrafterKind = Literal["mtp", "model"]
+#: `drafter.kind` values in the config; `auto` is resolved by `detect_drafter_kind`.
+DRAFTER_KINDS = ("auto", "mtp", "model")
+#: `model_type` of a standalone MTP head folder, per family it drafts for.
+MTP_HEAD_TYPES = {"qwen3_5_mtp": ("qwen3_5", "qwen3_5_moe", "qwen3_next")}
+#: Tensor-name prefix of an MTP head bundled in an original (unconverted) checkpoint.
+BUNDLED_MTP_PREFIX = "mtp."
+#: A safetensors header larger than this is not a header (the format caps it at 100 MB).
+_MAX_HEADER = 100_000_000
+
+
+def read_config(directory: Path) -> dict | None:
+    """`config.json` of `directory` as a dict, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def config_value(config: dict, key: str):
+    """`key` from the top level of a model config, else from its `text_config`."""
+    if key in config:
+        return config[key]
+    text = config.get("text_config")
+    return text.get(key) if isinstance(text, dict) else None
+
+
+def tensor_names(directory: Path) -> list[str]:
+    """Names of every tensor in the directory's `*.safetensors` files, read from their headers only."""
+    names: list[str] = []
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            with file.open("rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                if size > _MAX_HEADER:
+                    continue
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):
+            continue
+        if isinstance(header, dict):
+            names += [k for k in header if k != "__metadata__"]
+    return names
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The facts about one model directory that the stack checks against each other."""
+
+    model_type: str | None
+    text_model_type: str | None  # `text_config.model_type`, the family a head belongs to
+    vocab_size: int | None
+    hidden_size: int | None
+    context_length: int | None
+    has_bundled_mtp: bool  # `mtp.*` tensors in the directory's own safetensors
+
+    @property
+    def is_mtp_head(self) -> bool:
+        return self.model_type in MTP_HEAD_TYPES
+
+    @property
+    def family(self) -> str | None:
+        """The architecture family: a head's is the target family it was made for."""
+        if self.is_mtp_head:
+            return self.text_model_type or self.model_type
+        return self.model_type
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def model_facts(directory: Path, config: dict | None = None) -> ModelFacts | None:
+    """The facts of `directory`, or None when it has no readable `config.json`."""
+    config = read_config(directory) if config is None else config
+    if config is None:
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return ModelFacts(
+        model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+        text_model_type=text.get("model_type") if isinstance(text.get("model_type"), str) else None,
+        vocab_size=_int(config_value(config, "vocab_size")),
+        hidden_size=_int(config_value(config, "hidden_size")),
+        context_length=_int(config_value(config, "max_position_embeddings")),
+        has_bundled_mtp=any(n.startswith(BUNDLED_MTP_PREFIX) for n in tensor_names(directory)),
+    )
+
+
+def same_directory(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def detect_drafter_kind(drafter: Path, target: Path) -> DrafterKind:
+    """`mtp` for a standalone head folder or a head bundled in the target's own checkpoint, else `model`."""
+    facts = model_facts(drafter)
+    if facts is not None and facts.is_mtp_head:
+        return "mtp"
+    if same_directory(drafter, target) and facts is not None and facts.has_bundled_mtp:
+        return "mtp"
+    return "model"
+
+
+def head_mismatch(head: ModelFacts, target: ModelFacts) -> str | None:
+    """Why an MTP head cannot draft for `target` (family, hidden size, vocabulary), or None."""
+    families = MTP_HEAD_TYPES.get(head.model_type or "", ())
+    if head.is_mtp_head and target.model_type not in families:
+        return f"the head drafts for {', '.join(families)} models but the target is `{target.model_type}`"
+    if head.hidden_size is not None and target.hidden_size is not None and head.hidden_size != target.hidden_size:
+        return f"the head's hidden size is {head.hidden_size} but the target's is {target.hidden_size}"
+    if head.vocab_size is not None and target.vocab_size is not None and head.vocab_size != target.vocab_size:
+        return f"the head's vocabulary has {head.vocab_size} tokens but the target's has {target.vocab_size}"
+    return None
