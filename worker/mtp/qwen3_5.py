@@ -1,0 +1,68 @@
+"""The Qwen3.5-family MTP head (`qwen3_5_mtp`), also used by Qwen3.6/3.8 and Qwen3-Next checkpoints.
+
+One draft step: `norm(layers(fc(concat(norm_e(embed(token)), norm_h(hidden)))))`.
+The layers are full-attention decoder layers of the target's own family, built
+with mlx-lm's `qwen3_5.DecoderLayer` so their tensor names and maths are the
+target's; each keeps its own KV cache.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3_5
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+#: RMSNorm weights that original (Hugging Face layout) checkpoints store zero-centred:
+#: the module computes with `1 + w`, as mlx-lm does for the target's own norms.
+ZERO_CENTRED_NORMS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+    "norm.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+)
+
+
+class Qwen35MTPHead(nn.Module):
+    model_type = "qwen3_5_mtp"
+
+    def __init__(self, args: qwen3_5.TextModelArgs, num_layers: int):
+        super().__init__()
+        hidden = args.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(hidden, eps=args.rms_norm_eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(hidden, eps=args.rms_norm_eps)
+        self.layers = [qwen3_5.DecoderLayer(args, layer_idx=0) for _ in range(num_layers)]
+        self.norm = nn.RMSNorm(hidden, eps=args.rms_norm_eps)
+
+    @classmethod
+    def from_config(cls, text_config: dict) -> "Qwen35MTPHead":
+        # Every head layer is a full-attention layer: interval 1 makes layer 0 one.
+        args = qwen3_5.TextModelArgs.from_dict({**text_config, "full_attention_interval": 1})
+        return cls(args, int(text_config.get("mtp_num_hidden_layers", 1)))
+
+    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
+        h = mx.concatenate([self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)], axis=-1)
+        h = self.fc(h)
+        mask = create_attention_mask(h, cache[0])
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer(h, mask=mask, cache=layer_cache)
+        return self.norm(h)
+
+    def make_cache(self) -> list:
+        return [KVCache() for _ in self.layers]
+
+    @staticmethod
+    def sanitize(weights: dict[str, mx.array], *, original: bool) -> dict[str, mx.array]:
+        """Drop the `mtp.` prefix; an original checkpoint's zero-centred norms become `1 + w`."""
+        out = {}
+        for key, value in weights.items():
+            key = key.removeprefix("mtp.")
+            if original and value.ndim == 1 and key.endswith(ZERO_CENTRED_NORMS):
+                value = value + 1.0
+            out[key] = value
+        return out
