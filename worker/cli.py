@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--target-bits", help="the target's quantization as configured (reported on /identity)")
     w.add_argument("--draft-model", help="drafter: a local directory or a cached hub id")
     w.add_argument("--drafter-bits", help="the drafter's quantization as configured (reported on /identity)")
+    w.add_argument("--draft-kind", choices=("auto", "mtp", "model"), default="auto",
+                   help="mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a "
+                   "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
     w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
     w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
     w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
@@ -41,8 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="/health turns 503 when work is pending and no step finished for this long (default: 30)")
     w.add_argument("--default-max-tokens", type=int, default=512,
                    help="output tokens when a request sets no max_tokens (default: 512)")
-    w.add_argument("--batching", choices=("on", "off"), default="on",
-                   help="verify the sequences of a step in one batched target forward (default: on)")
     w.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     w.set_defaults(func=run_worker)
 
@@ -95,7 +96,7 @@ def run_worker(args: argparse.Namespace) -> int:
         admission_grace_seconds=args.admission_grace_seconds,
         stall_seconds=args.stall_seconds,
         default_max_tokens=args.default_max_tokens,
-        batching=args.batching == "on",
+        draft_kind=args.draft_kind,
     )
     return asyncio.run(serve(config))
 

@@ -1,9 +1,14 @@
-"""Per-sequence speculative decoding on mlx-lm: load, tokenize, draft, verify, accept.
+"""Batched speculative decoding on mlx-lm: load, tokenize, draft, verify, accept.
 
-mlx-lm provides the models, tokenizer, chat template, KV caches and top-p
-filtering; this module owns the speculative step so it can count drafted and
-accepted tokens by position, honour a per-request depth, and stop a sequence
-between any two steps.
+mlx-lm provides the models, tokenizer, chat template and top-p filtering; this
+module owns the step. Decoding sequences are rows of one resident batch
+(`Batch`): each step the drafter (an MTP head or a separate draft model,
+`worker.drafting`) proposes up to k tokens per row, the target verifies every
+row in one forward, and each row keeps its own accepted prefix: attention
+caches by length, gated-delta state by the state saved after that position
+(`worker.caches`). Drafted and accepted tokens are counted by position, a
+request's depth is honoured per row, and a sequence can be stopped between any
+two steps.
 
 Acceptance rule (documented in docs/worker.md): the target samples a token at
 every verified position from its own distribution (argmax when greedy); a
@@ -23,10 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
+from validator.modeldir import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from worker.caches import CacheNotSupported, batch_caches, check_rollback
+from worker.drafting import HeadDrafter, ModelDrafter
+from worker.mtp.load import HeadLoadError, load_head
 from worker.proof import hash_weights
 
 log = logging.getLogger("mtpstack.worker")
@@ -70,6 +79,8 @@ class LoadedModel:
     config: dict
     bits: str | None  # the command line's claim (`--target-bits`)
     sha256: str
+    kind: str | None = None  # a drafter's kind: `mtp` (a head) or `model` (a separate draft model)
+    bundled: bool = False  # an MTP head read from the target's own checkpoint
 
     @property
     def quantization(self) -> dict | None:
@@ -85,6 +96,7 @@ class LoadedModel:
             "sha256": self.sha256,
             # Non-null when the command line's bits claim contradicts config.json.
             "bits_mismatch": bits_mismatch(self),
+            **({"kind": self.kind, "bundled": self.bundled} if self.kind else {}),
         }
 
 
@@ -109,17 +121,41 @@ def bits_mismatch(m: LoadedModel) -> str | None:
     return None
 
 
-class Engine:
-    """A target, an optional drafter, and their shared tokenizer."""
+class TargetParts:
+    """The target's embedding, its body up to the final norm, and its LM head, used separately.
 
-    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, tokenizer, draft_depth: int):
+    Speculative verification needs the final hidden state as well as the logits
+    (an MTP head drafts from it), so the engine runs the body and the head itself.
+    """
+
+    def __init__(self, model):
+        lm = getattr(model, "language_model", model)
+        self.body = lm.model
+        self.embed = self.body.embed_tokens
+        tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
+        self.lm_head = self.embed.as_linear if tied or not hasattr(lm, "lm_head") else lm.lm_head
+
+    def hidden(self, tokens: mx.array, cache: list) -> mx.array:
+        return self.body(tokens, cache=cache)
+
+
+class Engine:
+    """A target, an optional drafter (an MTP head or a separate draft model), and their shared tokenizer."""
+
+    def __init__(self, target: LoadedModel, drafter: LoadedModel | None, tokenizer, draft_depth: int, *, cache_kinds: list[str], drafter_factory=None):
         self.target = target
         self.drafter = drafter
+        self.draft_kind = drafter.kind if drafter is not None else None
         self.tokenizer = tokenizer
         self.draft_depth = draft_depth if drafter is not None else 0
-        self.context_length: int | None = target.config.get("max_position_embeddings")
+        self.context_length: int | None = config_value(target.config, "max_position_embeddings")
+        self.vocab_size: int | None = config_value(target.config, "vocab_size")
         self.eos_token_ids = set(tokenizer.eos_token_ids)
-        self.batchable = can_batch(self)
+        self.parts = TargetParts(target.model)
+        self.cache_kinds = cache_kinds
+        self._drafter_factory = drafter_factory
+        # Every supported target is batched with per-row rollback; the attribute stays for /identity.
+        self.batchable = True
 
     @classmethod
     def load(
@@ -130,28 +166,29 @@ class Engine:
         draft_depth: int = 3,
         target_bits: str | None = None,
         drafter_bits: str | None = None,
+        draft_kind: str = "auto",
     ) -> "Engine":
         if not 0 <= draft_depth <= MAX_DEPTH:
             raise ValueError(f"draft depth must be between 0 and {MAX_DEPTH}: {draft_depth}")
+        if draft_kind not in DRAFTER_KINDS:
+            raise ValueError(f"draft kind must be one of {', '.join(DRAFTER_KINDS)}: {draft_kind}")
         t = load_one(target, target_bits)
-        d = load_one(drafter, drafter_bits) if drafter else None
+        try:
+            kinds = check_rollback(t.model)
+        except CacheNotSupported as e:
+            raise ValueError(f"the target cannot be served: {e}: `{target}`") from None
+        d, impl = None, None
+        if drafter:
+            d, impl = _load_drafter(drafter, drafter_bits, draft_kind, t)
         for role, m in (("target", t), ("drafter", d)):
             if m is not None and (problem := bits_mismatch(m)):
                 log.warning("the %s's --%s-bits disagrees with its config.json: %s", role, role, problem)
         tokenizer = load_tokenizer(t.resolved_path, eos_token_ids=t.config.get("eos_token_id"))
-        if d is not None and draft_depth > 0:
-            for role, m, path in (("target", t, target), ("drafter", d, drafter)):
-                cache = make_prompt_cache(m.model)
-                if not can_trim_prompt_cache(cache):
-                    kinds = ", ".join(sorted({type(c).__name__ for c in cache if not c.is_trimmable()}))
-                    raise ValueError(
-                        f"speculative decoding needs a KV cache that can be rolled back, the {role}'s has {kinds}: `{path}`"
-                    )
-        if d is not None:
-            tv, dv = t.config.get("vocab_size"), d.config.get("vocab_size")
-            if tv is not None and dv is not None and tv != dv:
-                raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{drafter}`")
-        return cls(t, d, tokenizer, draft_depth)
+        return cls(t, d, tokenizer, draft_depth, cache_kinds=kinds, drafter_factory=impl)
+
+    def make_drafter(self):
+        """A drafter with batch caches of its own, for one `Batch`; None without a drafter."""
+        return self._drafter_factory(self) if self._drafter_factory is not None else None
 
     # -- prompts -----------------------------------------------------------------------
 
@@ -172,6 +209,42 @@ class Engine:
 
     def new_sequence(self, prompt: list[int], params: "SamplingParams") -> "Sequence":
         return Sequence(self, prompt, params)
+
+
+def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
+    """The drafter as a LoadedModel and a factory for its batched implementation."""
+    resolved = resolve_model_path(path)
+    detected = detect_drafter_kind(resolved, target.resolved_path)
+    if kind == "auto":
+        kind = detected
+    elif kind == "model" and detected == "mtp":
+        raise ValueError(
+            f"`--draft-kind model` names an MTP head folder (it has no embeddings or LM head of its own): `{path}`"
+            "\n\nhint: use `--draft-kind mtp` or `auto`"
+        )
+    digest = hash_weights(resolved)
+    if kind == "mtp":
+        try:
+            head = load_head(resolved, target.resolved_path)
+        except HeadLoadError as e:
+            raise ValueError(str(e)) from None
+        head_facts = model_facts(resolved, head.config)
+        target_facts = model_facts(target.resolved_path, target.config)
+        if head_facts and target_facts and (problem := head_mismatch(head_facts, target_facts)):
+            raise ValueError(f"the MTP head does not fit the target: {problem}: `{path}`")
+        loaded = LoadedModel(path=path, resolved_path=resolved, model=head.module, config=head.config, bits=bits,
+                             sha256=digest, kind="mtp", bundled=head.bundled)
+        return loaded, lambda engine: HeadDrafter(head.module, engine.parts)
+    model, config = load_model(resolved)
+    loaded = LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest, kind="model")
+    tv, dv = config_value(target.config, "vocab_size"), config_value(config, "vocab_size")
+    if tv is not None and dv is not None and tv != dv:
+        raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{path}`")
+    try:
+        kinds = check_rollback(model)
+    except CacheNotSupported as e:
+        raise ValueError(f"the draft model cannot be rolled back: {e}: `{path}`") from None
+    return loaded, lambda engine: ModelDrafter(model, kinds)
 
 
 @dataclass
@@ -196,10 +269,12 @@ class StepResult:
 
 
 class Sequence:
-    """One request's decoding state with its own target and drafter KV caches.
+    """One request's decoding state.
 
-    `step()` runs either one prefill chunk or one draft-and-verify step; between
-    any two steps the sequence can be dropped without affecting any other.
+    While its prompt is prefilled (a chunk per step) the sequence owns its
+    caches; once the prompt is in and its first token sampled, it joins the
+    scheduler's batch as a row and its state lives there. Between any two steps
+    it can be dropped without affecting any other sequence.
     """
 
     def __init__(self, engine: Engine, prompt: list[int], params: SamplingParams):
@@ -209,13 +284,14 @@ class Sequence:
         self.prompt = list(prompt)
         self.params = params
         self.use_drafter = engine.drafter is not None and params.depth > 0
-        # Caches are made on the first step, in the generation thread.
+        # Own caches while prefilling; made on the first step, in the generation thread.
         self.target_cache: list | None = None
         self.draft_cache: list | None = None
-        self._prefilled = 0  # prompt tokens (all but the last) already in the caches
-        self._y: list[int] = []  # the target's next input
-        self._next: mx.array | None = None  # pipelined: a sampled token whose forward is queued
-        self._draft_y: list[int] = []  # the drafter's next input (may lag the target by one)
+        self._prefilled = 0
+        self.y: int | None = None  # the last emitted token, the target's next input
+        self.seed = self.seed_hidden = None  # an MTP head's next first proposal and its state
+        self.draft_y: list[int] = []  # a draft model's next input
+        self.in_batch = False
         self.tokens: list[int] = []
         self.text = ""
         self.sent = 0
@@ -230,152 +306,47 @@ class Sequence:
         # The key is made on first use, in the generation thread: only that thread touches mlx.
         self._seed = params.seed if params.seed is not None else random.getrandbits(63)
         self._key = None
+        self._solo: Scheduler | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    # -- the step ----------------------------------------------------------------------
+    @property
+    def decoding(self) -> bool:
+        """True once the prompt is in and the sequence is a row of the batch."""
+        return self.in_batch and not self.finished
 
-    def _ensure_caches(self) -> None:
-        if self.target_cache is None:
-            self.target_cache = make_prompt_cache(self.engine.target.model)
-            self.draft_cache = make_prompt_cache(self.engine.drafter.model) if self.use_drafter else None
+    def step(self) -> StepResult:
+        """Advance this sequence alone (a one-row scheduler of its own); the server uses `Scheduler`."""
+        if self._solo is None:
+            self._solo = Scheduler(1)
+            self._solo.add(self)
+        for seq, result, error in self._solo.step():
+            if error is not None:
+                raise error
+            if seq is self and result is not None:
+                return result
+        return StepResult()
 
-    def step(self, pipeline: bool = False) -> StepResult:
-        """One prefill chunk or one decode step.
-
-        `pipeline` (plain decoding only, used when the sequence runs alone): the
-        target's forward for the following token is queued before this token is
-        read back, as mlx-lm's `generate_step` does, so graph building overlaps
-        compute. The queued token is emitted by the next step either way.
-        """
-        if self.finished:
-            return StepResult()
-        self._ensure_caches()
-        if self._next is not None or (pipeline and self.decoding and not self.use_drafter):
-            return self._pipelined_step(pipeline)
-        if self._prefilled < len(self.prompt) - 1:
-            return self._prefill_chunk()
-        return self._decode_step()
-
-    def _prefill_chunk(self) -> StepResult:
-        end = min(self._prefilled + PREFILL_CHUNK, len(self.prompt) - 1)
-        chunk = mx.array(self.prompt[self._prefilled : end], mx.uint32)[None]
-        self.engine.target.model(chunk, cache=self.target_cache)
-        states = [c.state for c in self.target_cache]
-        if self.use_drafter:
-            self.engine.drafter.model(chunk, cache=self.draft_cache)
-            states += [c.state for c in self.draft_cache]
-        mx.eval(states)
-        n = end - self._prefilled
-        self._prefilled = end
-        if self._prefilled >= len(self.prompt) - 1:
-            self._y = self.prompt[-1:]
-            self._draft_y = self.prompt[-1:]
-        return StepResult(prefill=n)
+    def plan(self) -> int:
+        """How many tokens this row drafts next step: never more than could be emitted (k + 1 <= left)."""
+        if not self.use_drafter:
+            return 0
+        return max(0, min(self.params.depth, self.params.max_tokens - len(self.tokens) - 1))
 
     def _sample(self, logits: mx.array) -> mx.array:
         """One token per row of `logits` ([n, vocab]) from the target's distribution."""
         p = self.params
         if p.temperature <= 0:
-            return mx.argmax(logits, axis=-1)
+            return mx.argmax(logits, axis=-1).astype(mx.uint32)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if 0 < p.top_p < 1:
             logprobs = apply_top_p(logprobs, p.top_p)
         if self._key is None:
             self._key = mx.random.key(self._seed)
         self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
-
-    @property
-    def decoding(self) -> bool:
-        """True once the prompt is in the caches: the next step drafts and verifies."""
-        return not self.finished and self._prefilled >= len(self.prompt) - 1
-
-    def plan(self) -> int:
-        """How many tokens the next step drafts: never more than could be emitted (k + 1 <= left)."""
-        self._ensure_caches()
-        if not self._y:  # a one-token prompt skips prefill
-            self._y = self.prompt[-1:]
-            self._draft_y = self.prompt[-1:]
-        remaining = self.params.max_tokens - len(self.tokens)
-        return min(self.params.depth, remaining - 1) if self.use_drafter else 0
-
-    def draft(self, k: int) -> mx.array | None:
-        """The drafter's k argmax proposals, left lazy so the target's forward joins the same graph."""
-        if k <= 0:
-            return None
-        inp = mx.array(self._draft_y, mx.uint32)
-        proposals = []
-        for _ in range(k):
-            logits = self.engine.drafter.model(inp[None], cache=self.draft_cache)[0, -1:, :]
-            inp = mx.argmax(logits, axis=-1).astype(mx.uint32)
-            mx.async_eval(inp)
-            proposals.append(inp)
-        return mx.concatenate(proposals)
-
-    def verify_input(self, draft: mx.array | None) -> mx.array:
-        """The target's input for this step: y then the drafted tokens."""
-        y = mx.array(self._y, mx.uint32)
-        return y if draft is None else mx.concatenate([y, draft])
-
-    def accept(self, k: int, sampled: list[int], drafts: list[int], *, trim_target: bool = True) -> StepResult:
-        """Keep the drafted prefix the target agrees with, roll both caches back past the rest, emit."""
-        n = 0
-        while n < k and sampled[n] == drafts[n]:
-            n += 1
-        # The target's cache holds y, d1..dk: keep y, d1..dn.
-        if trim_target and k - n:
-            trim_prompt_cache(self.target_cache, k - n)
-        self._y = [sampled[n]]
-        if self.use_drafter:
-            if k == 0:
-                # The drafter ran nothing this step; it still has to see what it missed.
-                self._draft_y = self._draft_y + [sampled[0]]
-            elif n == k:
-                # The drafter produced dk but never consumed it.
-                self._draft_y = [drafts[-1], sampled[k]]
-            else:
-                # The drafter consumed draft_y, d1..d(k-1): keep d1..dn.
-                if k - 1 - n:
-                    trim_prompt_cache(self.draft_cache, k - 1 - n)
-                self._draft_y = [sampled[n]]
-        self.drafted += k
-        self.accepted += n
-        emitted = self._emit(sampled[: n + 1])
-        return StepResult(drafted=k, accepted=n, tokens=emitted)
-
-    @property
-    def pipelined(self) -> bool:
-        return self._next is not None
-
-    def _pipelined_step(self, keep_going: bool) -> StepResult:
-        if self._next is None:
-            self.plan()  # sets y for a one-token prompt
-            logits = self.engine.target.model(mx.array(self._y, mx.uint32)[None], cache=self.target_cache)[0, -1:, :]
-            self._next = self._sample(logits)
-            mx.async_eval(self._next)
-        current = self._next
-        self._next = None
-        if keep_going and len(self.tokens) + 1 < self.params.max_tokens:
-            # Queue the next forward on the still-lazy token, then read this one back.
-            logits = self.engine.target.model(current[None], cache=self.target_cache)[0, -1:, :]
-            self._next = self._sample(logits)
-            mx.async_eval(self._next)
-        token = current.item()
-        if self._next is None:
-            self._y = [token]  # back to the plain state: y is the next input, not yet in the cache
-        emitted = self._emit([token])
-        return StepResult(tokens=emitted)
-
-    def _decode_step(self) -> StepResult:
-        k = self.plan()
-        draft = self.draft(k)
-        logits = self.engine.target.model(self.verify_input(draft)[None], cache=self.target_cache)[0, -(k + 1) :, :]
-        sampled = self._sample(logits)
-        mx.eval(sampled) if draft is None else mx.eval(sampled, draft)
-        return self.accept(k, sampled.tolist(), draft.tolist() if draft is not None else [])
+        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub).astype(mx.uint32)
 
     # -- output ------------------------------------------------------------------------
 
@@ -426,114 +397,117 @@ class Sequence:
         return out
 
 
-def batched_verify(seqs: list[Sequence], k: int) -> list[StepResult]:
-    """One target forward for several sequences that all draft k tokens this step.
 
-    Each sequence keeps its own KV cache. For the step they are merged into
-    mlx-lm's left-padded `BatchKVCache`, run as one batch (the weights are read
-    once for all rows, which is what makes width cheap on memory-bound hardware),
-    and split back, each row cut at its own accepted length: the per-row rollback
-    `BatchKVCache.trim` lacks.
-    """
-    from mlx_lm.models.cache import BatchKVCache, KVCache
+class Batch:
+    """The resident batch: one row per decoding sequence, in the target's and the drafter's caches."""
 
-    target = seqs[0].engine.target.model
-    drafts = [s.draft(k) for s in seqs]
-    inputs = mx.stack([s.verify_input(d) for s, d in zip(seqs, drafts)])
-    lengths = [s.target_cache[0].offset for s in seqs]
-    pads = [max(lengths) - n for n in lengths]
-    batch = [BatchKVCache.merge([s.target_cache[i] for s in seqs]) for i in range(len(seqs[0].target_cache))]
-    logits = target(inputs, cache=batch)[:, -(k + 1) :, :]
-    sampled = [s._sample(logits[row]) for row, s in enumerate(seqs)]
-    mx.eval(sampled, [d for d in drafts if d is not None])
-    results = []
-    for row, (seq, d) in enumerate(zip(seqs, drafts)):
-        toks = sampled[row].tolist()
-        dl = d.tolist() if d is not None else []
-        n = 0
-        while n < k and toks[n] == dl[n]:
-            n += 1
-        end = batch[0].size() - (k - n)
-        caches = []
-        for bc in batch:
-            c = KVCache()
-            c.keys = bc.keys[row : row + 1, :, pads[row] : end]
-            c.values = bc.values[row : row + 1, :, pads[row] : end]
-            c.offset = end - pads[row]
-            caches.append(c)
-        seq.target_cache = caches
-        results.append(seq.accept(k, toks, dl, trim_target=False))
-    return results
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.caches = batch_caches(engine.cache_kinds)
+        self.drafter = engine.make_drafter()
+        self.rows: list[Sequence] = []
 
+    def prefill(self, seq: Sequence) -> StepResult:
+        """One prompt chunk into the sequence's own caches; after the last, its first token and a place in the batch."""
+        engine = self.engine
+        if seq.target_cache is None:
+            seq.target_cache = make_prompt_cache(engine.target.model)
+            seq.draft_cache = self.drafter.new_cache() if self.drafter is not None else None
+        start = seq._prefilled
+        end = min(start + PREFILL_CHUNK, len(seq.prompt))
+        chunk = seq.prompt[start:end]
+        hidden = engine.parts.hidden(mx.array(chunk, dtype=mx.uint32)[None], seq.target_cache)
+        final = end == len(seq.prompt)
+        bonus = seq._sample(engine.parts.lm_head(hidden[0, -1:, :])) if final else None
+        if self.drafter is not None:
+            lookahead = seq.prompt[start : end + 1]  # each position's next token, where the prompt has it
+            self.drafter.prefill(seq, lookahead, hidden, bonus)
+        mx.eval([c.state for c in seq.target_cache], bonus if bonus is not None else [],
+                [c.state for c in seq.draft_cache] if seq.draft_cache is not None else [],
+                seq.seed if seq.seed is not None else [])
+        seq._prefilled = end
+        if not final:
+            return StepResult(prefill=end - start)
+        seq.y = int(bonus.item())
+        emitted = seq._emit([seq.y])
+        if not seq.finished:
+            if self.drafter is not None:
+                self.drafter.start(seq)
+                self.drafter.extend(seq)
+            for batch, own in zip(self.caches, seq.target_cache):
+                batch.extend(own)
+            seq.target_cache = seq.draft_cache = None
+            seq.in_batch = True
+            self.rows.append(seq)
+        return StepResult(prefill=end - start, tokens=emitted)
 
-def batched_prefill(seqs: list[Sequence]) -> list[StepResult]:
-    """Prefill several new sequences' prompts (each within one chunk) in one left-padded forward per model.
+    def remove_finished(self) -> None:
+        keep = [i for i, seq in enumerate(self.rows) if not seq.finished]
+        if len(keep) == len(self.rows):
+            return
+        for cache in self.caches:
+            cache.filter(keep)
+        if self.drafter is not None:
+            self.drafter.filter(keep)
+        for seq in self.rows:
+            if seq.finished:
+                seq.in_batch = False
+        self.rows = [self.rows[i] for i in keep]
 
-    The batch caches are split back into per-sequence caches, padding cut off, so
-    what follows is exactly the state a sequence-by-sequence prefill leaves.
-    """
-    from mlx_lm.models.cache import BatchKVCache, KVCache
-
-    def run(model, group: list[Sequence], attr: str) -> None:
-        rows = [s.prompt[:-1] for s in group]
-        width = max(len(r) for r in rows)
-        pads = [width - len(r) for r in rows]
-        inputs = mx.array([[0] * p + r for p, r in zip(pads, rows)], mx.uint32)
-        batch = [BatchKVCache(pads) for _ in make_prompt_cache(model)]
-        model(inputs, cache=batch)
-        mx.eval([c.state for c in batch])
-        for row, seq in enumerate(group):
-            caches = []
-            for bc in batch:
-                c = KVCache()
-                c.keys = mx.contiguous(bc.keys[row : row + 1, :, pads[row] : bc.size()])
-                c.values = mx.contiguous(bc.values[row : row + 1, :, pads[row] : bc.size()])
-                c.offset = bc.size() - pads[row]
-                caches.append(c)
-            setattr(seq, attr, caches)
-
-    engine = seqs[0].engine
-    run(engine.target.model, seqs, "target_cache")
-    drafting = [s for s in seqs if s.use_drafter]
-    if drafting:
-        run(engine.drafter.model, drafting, "draft_cache")
-    results = []
-    for seq in seqs:
-        n = len(seq.prompt) - 1
-        seq._prefilled = n
-        seq._y = seq.prompt[-1:]
-        seq._draft_y = seq.prompt[-1:]
-        results.append(StepResult(prefill=n))
-    return results
-
-
-def can_batch(engine: Engine) -> bool:
-    """Batched verification needs plain KV caches (no rotating or state-space layers)."""
-    from mlx_lm.models.cache import KVCache
-
-    return all(type(c) is KVCache for c in make_prompt_cache(engine.target.model))
+    def decode(self) -> list[StepResult]:
+        """One draft-and-verify step of every row: one target forward for the whole batch."""
+        rows, engine = self.rows, self.engine
+        plans = [seq.plan() for seq in rows]
+        depth = max(plans)
+        inputs = mx.array([[seq.y] for seq in rows], dtype=mx.uint32)
+        drafts = self.drafter.draft(rows, depth) if depth else None
+        if drafts is not None:
+            inputs = mx.concatenate([inputs, drafts], axis=1)
+        hidden = engine.parts.hidden(inputs, self.caches)
+        logits = engine.parts.lm_head(hidden)
+        sampled = mx.stack([seq._sample(logits[i]) for i, seq in enumerate(rows)])
+        mx.eval(sampled, drafts if drafts is not None else [])
+        s = sampled.tolist()
+        d = drafts.tolist() if drafts is not None else [[] for _ in rows]
+        accepted = []
+        for k, s_row, d_row in zip(plans, s, d):
+            n = 0
+            while n < k and s_row[n] == d_row[n]:
+                n += 1
+            accepted.append(n)
+        for cache in self.caches:
+            cache.commit([n + 1 for n in accepted], depth + 1)
+        if depth:
+            self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
+        results = []
+        for seq, k, n, s_row in zip(rows, plans, accepted, s):
+            seq.drafted += k
+            seq.accepted += n
+            seq.y = s_row[n]
+            results.append(StepResult(drafted=k, accepted=n, tokens=seq._emit(s_row[: n + 1])))
+        return results
 
 
 class Scheduler:
     """The generation loop's seam: `step()` advances every active sequence once.
 
-    Sequences still prefilling run one prompt chunk each. Decoding sequences that
-    draft the same number of tokens this step share one batched target forward
-    (`batched_verify`) when `batched` is on and the model's caches allow it;
-    otherwise each runs its own draft-and-verify step in turn. Either way every
+    Sequences still prefilling run one prompt chunk each; every decoding
+    sequence is a row of one resident batch that drafts and verifies in one
+    step (rows accept different lengths and may draft different depths). Every
     active sequence makes progress every step and none waits for another.
     """
 
-    def __init__(self, max_num_seqs: int, *, batched: bool = True, pipeline: bool = True):
+    def __init__(self, max_num_seqs: int):
         self.max_num_seqs = max_num_seqs
-        self.batched = batched
-        self.pipeline = pipeline
         self.active: list[Sequence] = []
+        self.batch: Batch | None = None
         self.batched_steps = 0  # target forwards shared by more than one sequence
 
     def add(self, seq: Sequence) -> None:
         if len(self.active) >= self.max_num_seqs:
             raise RuntimeError("scheduler full")
+        if self.batch is None:
+            self.batch = Batch(seq.engine)
         self.active.append(seq)
 
     def drop_cancelled(self) -> list[Sequence]:
@@ -542,57 +516,42 @@ class Scheduler:
         for seq in dropped:
             seq.cancel()
             self.active.remove(seq)
+        if dropped and self.batch is not None:
+            self.batch.remove_finished()
         return dropped
 
     def step(self) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
         """One step of each active sequence; finished or cancelled ones leave the active set."""
-        results = []
-        groups: dict[int, list[Sequence]] = {}
-        singles: list[Sequence] = []
+        results: list[tuple[Sequence, StepResult | None, BaseException | None]] = []
         for seq in list(self.active):
             if seq.cancelled:
                 seq.cancel()
             if seq.finished:
                 self.active.remove(seq)
                 results.append((seq, None, None))
-            elif self.batched and seq.decoding and seq.engine.batchable and not seq.pipelined:
-                groups.setdefault(seq.plan(), []).append(seq)
-            else:
-                singles.append(seq)
-        for k, group in groups.items():
-            if len(group) == 1:
-                singles.extend(group)
-                continue
+        if self.batch is None:
+            return results
+        batch = self.batch
+        batch.remove_finished()
+        decoding = list(batch.rows)
+        if decoding:
             try:
-                results.extend((seq, r, None) for seq, r in zip(group, batched_verify(group, k)))
-                self.batched_steps += 1
-            except Exception as e:  # one broken batch must not stop the loop
+                results.extend(zip(decoding, batch.decode(), [None] * len(decoding)))
+                if len(decoding) > 1:
+                    self.batched_steps += 1
+            except Exception as e:  # one broken step must not stop the loop
                 log.exception("batched step failed")
-                for seq in group:
+                for seq in decoding:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
-        fresh = [
-            seq for seq in singles
-            if self.batched and seq.engine.batchable and seq.target_cache is None and 1 < len(seq.prompt) <= PREFILL_CHUNK + 1
-        ]
-        if len(fresh) > 1:
-            singles = [seq for seq in singles if seq not in fresh]
+        for seq in [s for s in self.active if not s.in_batch and not s.finished]:
             try:
-                results.extend((seq, r, None) for seq, r in zip(fresh, batched_prefill(fresh)))
-                self.batched_steps += 1
-            except Exception as e:  # one broken batch must not stop the loop
-                log.exception("batched prefill failed")
-                for seq in fresh:
-                    seq.finish_reason = "error"
-                    results.append((seq, None, e))
-        alone = len(self.active) == 1
-        for seq in singles:
-            try:
-                results.append((seq, seq.step(pipeline=alone and self.pipeline), None))
+                results.append((seq, batch.prefill(seq), None))
             except Exception as e:  # one broken request must not stop the others
-                log.exception("sequence failed")
+                log.exception("prefill failed")
                 seq.finish_reason = "error"
                 results.append((seq, None, e))
+        batch.remove_finished()
         for seq, _, _ in results:
             if seq.finished and seq in self.active:
                 self.active.remove(seq)

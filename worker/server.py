@@ -55,6 +55,7 @@ class WorkerConfig:
     model: str
     draft_model: str | None = None
     draft_depth: int = 3
+    draft_kind: str = "auto"
     target_bits: str | None = None
     drafter_bits: str | None = None
     max_num_seqs: int = 1
@@ -64,7 +65,6 @@ class WorkerConfig:
     admission_grace_seconds: float = 1.0
     stall_seconds: float = 30.0
     default_max_tokens: int = DEFAULT_MAX_TOKENS
-    batching: bool = True
 
 
 class ApiError(Exception):
@@ -105,9 +105,20 @@ class Metrics:
         )
         self.active = Gauge("mtpstack_worker_active_sequences", "Sequences admitted and not finished.", registry=r)
         self.rejected = Counter("mtpstack_worker_rejected", "Requests refused, by error code.", ["code"], registry=r)
+        self.drafter = Gauge(
+            "mtpstack_worker_drafter_info",
+            "The loaded drafter: kind mtp (an MTP head) or model (a separate draft model), 1 while loaded.",
+            ["kind", "bundled", "depth"],
+            registry=r,
+        )
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
         self.rejected.labels(code="worker_full")
+
+    def drafter_info(self, engine) -> None:
+        if engine.drafter is not None:
+            self.drafter.labels(kind=engine.draft_kind, bundled=str(engine.drafter.bundled).lower(),
+                                depth=str(engine.draft_depth)).set(1)
 
     def record_step(self, drafted: int, accepted: int, tokens: int) -> None:
         if tokens:
@@ -191,13 +202,15 @@ class GenerationLoop:
         c = self.config
         started = time.monotonic()
         self.engine = Engine.load(
-            c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits
+            c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits,
+            draft_kind=c.draft_kind,
         )
-        self.scheduler = Scheduler(c.max_num_seqs, batched=c.batching)
+        self.scheduler = Scheduler(c.max_num_seqs)
         self.identity = build_identity(c, self.engine)
-        log.info("loaded `%s` in %.2f s (drafter: %s, depth %d, batched verification: %s)", c.model,
-                 time.monotonic() - started, c.draft_model or "none", self.engine.draft_depth,
-                 "on" if c.batching and self.engine.batchable else "off")
+        self.metrics.drafter_info(self.engine)
+        log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %d, layers: %s)", c.model,
+                 time.monotonic() - started, c.draft_model or "none", self.engine.draft_kind or "-",
+                 self.engine.draft_depth, ", ".join(f"{k} x{self.engine.cache_kinds.count(k)}" for k in dict.fromkeys(self.engine.cache_kinds)))
 
     def _run(self) -> None:
         try:
@@ -307,7 +320,7 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "drafter": engine.drafter.identity() if engine.drafter is not None else None,
         "draft_depth": engine.draft_depth if engine.drafter is not None else None,
         "max_num_seqs": config.max_num_seqs,
-        "batched_verification": config.batching and engine.batchable,
+        "batched_verification": engine.batchable,
         "context_length": engine.context_length,
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),

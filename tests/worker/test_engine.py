@@ -134,8 +134,8 @@ def test_interleaved_sequences_produce_what_each_produces_alone(engine, referenc
 
 @pytest.mark.parametrize("depth", [0, 2, 5])
 def test_sequences_verified_in_one_batch_produce_what_each_produces_alone(engine, reference, depth):
-    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]  # different lengths: the batch is left-padded
-    sched = Scheduler(max_num_seqs=3, batched=True)
+    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]  # different lengths: the rows are ragged
+    sched = Scheduler(max_num_seqs=3)
     seqs = [engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=depth, ignore_eos=True))
             for p in prompts]
     for s in seqs:
@@ -147,28 +147,27 @@ def test_sequences_verified_in_one_batch_produce_what_each_produces_alone(engine
         assert s.tokens == reference[p], p
 
 
-def test_prompts_prefilled_in_one_padded_batch_give_what_each_gives_alone(engine, reference):
-    prompts = PROMPTS[:4]  # 4 to 12 tokens: left padding differs per row
+def test_prompts_arriving_together_all_emit_their_first_token_in_the_first_step(engine, reference):
+    prompts = PROMPTS[:4]  # 4 to 12 tokens: the rows join the batch with different lengths
     sched = Scheduler(max_num_seqs=4)
     seqs = [engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=2, ignore_eos=True))
             for p in prompts]
     for s in seqs:
         sched.add(s)
     sched.step()
-    assert sched.batched_steps == 1 and all(s.decoding for s in seqs)
+    assert all(len(s.tokens) == 1 and s.decoding for s in seqs)
     while sched.active:
         sched.step()
     for p, s in zip(prompts, seqs):
         assert s.tokens == reference[p], p
 
 
-def test_a_pipelined_sequence_alone_and_then_joined_by_another_keeps_its_text(engine, reference):
+def test_a_sequence_alone_and_then_joined_by_another_keeps_its_text(engine, reference):
     sched = Scheduler(max_num_seqs=2)
     a = engine.new_sequence(engine.text_prompt(PROMPTS[0]), SamplingParams(max_tokens=MAX_TOKENS, depth=0, ignore_eos=True))
     sched.add(a)
-    for _ in range(10):  # alone: the next forward is queued before each token is read back
+    for _ in range(10):
         sched.step()
-    assert a.pipelined
     b = engine.new_sequence(engine.text_prompt(PROMPTS[1]), SamplingParams(max_tokens=MAX_TOKENS, depth=0, ignore_eos=True))
     sched.add(b)
     while sched.active:

@@ -1,0 +1,280 @@
+"""Batch state that stays resident across steps, with exact per-row rollback in every layer type.
+
+A batch holds one row per active sequence. Every step runs the same number of
+positions `T` through every row (a row's real positions first, padding after);
+afterwards each row keeps only its own first `keep[r]` positions:
+
+- Attention layers (`RaggedKVCache`): one key/value buffer for the batch with a
+  length per row. A row's new positions are written at its own length, the mask
+  hides every other row's tail and stale entries, and rolling a row back is
+  lowering its length: nothing is copied.
+- Gated-delta linear-attention layers (`StepStateCache`): their recurrent and
+  conv state cannot be trimmed, and the recurrence only hands back its final
+  state. During a step the layer (switched to `step_state_call` by
+  `install_step_states`) keeps the state after every position instead, and
+  `commit(keep)` selects each row's state after its last kept position. No
+  rejected draft ever touches the state that is kept, and no second forward is
+  needed.
+
+Rows enter once (`extend`, from a sequence's own prefill caches) and leave once
+(`filter`); those are the only copies of a row's cache. Any other cache type
+is refused by `check_rollback`, naming the layer.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+
+class CacheNotSupported(ValueError):
+    """A layer whose state the engine cannot roll back exactly."""
+
+
+class RaggedKVCache:
+    """Keys and values of a batch whose rows have different lengths; per-row rollback by length."""
+
+    step = 256
+
+    def __init__(self):
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.lengths: list[int] = []
+
+    # -- what mlx-lm's attention layers call -------------------------------------------
+
+    @property
+    def offset(self) -> mx.array:
+        """Each row's position of its next token (RoPE offsets)."""
+        return mx.array(self.lengths, dtype=mx.int32)
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """[rows, 1, n, S]: a row's i-th new position sees its own first `length + i + 1` entries."""
+        if window_size is not None:
+            raise CacheNotSupported("sliding-window attention cannot share a ragged batch")
+        span = max(self.lengths) + n
+        query = mx.array(self.lengths, dtype=mx.int32)[:, None] + mx.arange(n, dtype=mx.int32)
+        return (mx.arange(span, dtype=mx.int32)[None, None, :] <= query[:, :, None])[:, None]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        rows, _, n, _ = keys.shape
+        span = max(self.lengths) + n
+        self._reserve(span, keys, values)
+        for r, start in enumerate(self.lengths):
+            self.keys[r : r + 1, :, start : start + n, :] = keys[r : r + 1]
+            self.values[r : r + 1, :, start : start + n, :] = values[r : r + 1]
+        self.lengths = [length + n for length in self.lengths]
+        return self.keys[:, :, :span, :], self.values[:, :, :span, :]
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    # -- batch management ----------------------------------------------------------------
+
+    def _reserve(self, span: int, keys: mx.array, values: mx.array) -> None:
+        have = 0 if self.keys is None else self.keys.shape[2]
+        if span <= have:
+            return
+        size = -(-span // self.step) * self.step
+        rows, heads, _, kd = keys.shape
+        vd = values.shape[3]
+        new_k = mx.zeros((rows, heads, size, kd), keys.dtype)
+        new_v = mx.zeros((rows, heads, size, vd), values.dtype)
+        if self.keys is not None:
+            new_k[:, :, :have, :] = self.keys
+            new_v[:, :, :have, :] = self.values
+        self.keys, self.values = new_k, new_v
+
+    def rollback(self, drop: list[int]) -> None:
+        """Forget each row's last `drop[r]` positions."""
+        self.lengths = [length - d for length, d in zip(self.lengths, drop)]
+
+    def extend(self, other: KVCache) -> None:
+        """Append a sequence's own (single-row) cache as a new last row."""
+        length = other.offset
+        have = 0 if self.keys is None else self.keys.shape[2]
+        size = max(have, -(-max(length, 1) // self.step) * self.step)
+        k = _pad_to(other.keys[:, :, :length, :], size)
+        v = _pad_to(other.values[:, :, :length, :], size)
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = mx.concatenate([_pad_to(self.keys, size), k])
+            self.values = mx.concatenate([_pad_to(self.values, size), v])
+        self.lengths = self.lengths + [length]
+
+    def filter(self, rows: list[int]) -> None:
+        """Keep only `rows`, in that order."""
+        if not rows:
+            self.keys = self.values = None
+            self.lengths = []
+            return
+        index = mx.array(rows, dtype=mx.int32)
+        self.keys, self.values = self.keys[index], self.values[index]
+        self.lengths = [self.lengths[r] for r in rows]
+
+    def commit(self, keep: list[int], ran: int) -> None:
+        """After a step of `ran` positions per row, keep each row's first `keep[r]`."""
+        self.rollback([ran - k for k in keep])
+
+
+def _pad_to(x: mx.array, size: int) -> mx.array:
+    if x.shape[2] >= size:
+        return x
+    pad = mx.zeros(x.shape[:2] + (size - x.shape[2],) + x.shape[3:], x.dtype)
+    return mx.concatenate([x, pad], axis=2)
+
+
+class StepStateCache(ArraysCache):
+    """Conv and recurrent state of a gated-delta layer for a batch, committed per row after each step."""
+
+    def __init__(self):
+        super().__init__(size=2)
+        self.pending: tuple[mx.array, list[mx.array]] | None = None
+
+    def make_mask(self, n: int):
+        return None  # every row runs every position; `commit` decides what is kept
+
+    def commit(self, keep: list[int], ran: int) -> None:
+        conv_input, states = self.pending
+        self.pending = None
+        kernel_tail = self.conv_tail
+        kept = mx.array(keep, dtype=mx.int32)
+        window = (kept[:, None] + mx.arange(kernel_tail, dtype=mx.int32))[..., None]
+        self[0] = mx.take_along_axis(conv_input, window, axis=1)
+        stacked = mx.stack(states, axis=1)  # [rows, ran, ...]
+        pick = (kept - 1).reshape((-1,) + (1,) * (stacked.ndim - 1))
+        self[1] = mx.take_along_axis(stacked, pick, axis=1).squeeze(1)
+
+    def extend(self, other: ArraysCache) -> None:
+        if self[0] is None:
+            self.cache = [other[0], other[1]]
+        else:
+            self.cache = [mx.concatenate([self[0], other[0]]), mx.concatenate([self[1], other[1]])]
+
+    def filter(self, rows: list[int]) -> None:
+        if not rows:
+            self.cache = [None, None]
+            return
+        index = mx.array(rows, dtype=mx.int32)
+        self.cache = [self[0][index], self[1][index]]
+
+
+# -- gated-delta layers that keep every position's state ---------------------------------
+
+
+def _qwen3_5_projections(layer, x: mx.array):
+    b_, s_, _ = x.shape
+    qkv = layer.in_proj_qkv(x)
+    z = layer.in_proj_z(x).reshape(b_, s_, layer.num_v_heads, layer.head_v_dim)
+    return qkv, z, layer.in_proj_b(x), layer.in_proj_a(x)
+
+
+def _qwen3_next_projections(layer, x: mx.array):
+    b_, s_, _ = x.shape
+    q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x), layer.in_proj_ba(x))
+    qkv = mx.concatenate([q.reshape(b_, s_, -1), k.reshape(b_, s_, -1), v.reshape(b_, s_, -1)], axis=-1)
+    return qkv, z, b, a
+
+
+def _projections_by_class() -> dict[type, object]:
+    from mlx_lm.models import qwen3_5, qwen3_next
+
+    return {
+        qwen3_5.GatedDeltaNet: _qwen3_5_projections,
+        qwen3_next.Qwen3NextGatedDeltaNet: _qwen3_next_projections,
+    }
+
+
+def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
+    """The gated-delta layer's forward, keeping the recurrent state after every position.
+
+    Same maths as mlx-lm's layer (the recurrence runs through mlx-lm's own
+    `gated_delta_update`, one position at a time); used only with a
+    `StepStateCache`, whose `commit` then picks each row's state.
+    """
+    if not isinstance(cache, StepStateCache):
+        return type(layer).__mro__[1].__call__(layer, inputs, mask, cache)
+    rows, n, _ = inputs.shape
+    qkv, z, b, a = layer._project(layer, inputs)
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((rows, layer.conv_kernel_size - 1, layer.conv_dim), dtype=inputs.dtype)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    conv_out = nn.silu(layer.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(rows, n, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
+            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
+            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    state = cache[1]
+    outs, states = [], []
+    for t in range(n):
+        p = slice(t, t + 1)
+        y, state = gated_delta_update(
+            q[:, p], k[:, p], v[:, p], a[:, p], b[:, p], layer.A_log, layer.dt_bias, state, None, use_kernel=True
+        )
+        outs.append(y)
+        states.append(state)
+    cache.pending = (conv_input, states)
+    cache.conv_tail = layer.conv_kernel_size - 1
+    out = layer.norm(mx.concatenate(outs, axis=1), z)
+    return layer.out_proj(out.reshape(rows, n, -1))
+
+
+_SWAPPED: dict[type, type] = {}
+
+
+def _step_state_class(cls: type, project) -> type:
+    if cls not in _SWAPPED:
+        _SWAPPED[cls] = type(f"StepState{cls.__name__}", (cls,), {"__call__": step_state_call, "_project": staticmethod(project)})
+    return _SWAPPED[cls]
+
+
+def layers_of(model) -> list:
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise CacheNotSupported(f"`{type(model).__name__}` exposes no `layers`")
+    return list(layers)
+
+
+def check_rollback(model) -> list[str]:
+    """Each layer's cache kind (`kv` or `step-state`); raises `CacheNotSupported` naming any other layer.
+
+    Installs the per-position-state forward on every supported gated-delta layer
+    (the class is swapped in place; weights and plain use are unchanged).
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    projections = _projections_by_class()
+    kinds = []
+    layers = layers_of(model)
+    for i, cache in enumerate(make_prompt_cache(model)):
+        layer = layers[i] if i < len(layers) else None
+        if type(cache) is KVCache:
+            kinds.append("kv")
+            continue
+        linear = getattr(layer, "linear_attn", None)
+        base = type(linear).__mro__[1] if type(linear) in _SWAPPED.values() else type(linear)
+        if type(cache) is ArraysCache and base in projections:
+            linear.__class__ = _step_state_class(base, projections[base])
+            kinds.append("step-state")
+            continue
+        what = type(linear).__name__ if linear is not None else type(layer).__name__
+        raise CacheNotSupported(
+            f"layer {i} (`{what}`) keeps its state in `{type(cache).__name__}`, which the engine cannot roll back "
+            f"exactly; supported: attention layers with a plain KV cache and the gated-delta layers of "
+            f"qwen3_5, qwen3_5_moe and qwen3_next"
+        )
+    return kinds
+
+
+def batch_caches(kinds: list[str]) -> list:
+    return [RaggedKVCache() if kind == "kv" else StepStateCache() for kind in kinds]
