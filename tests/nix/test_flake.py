@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
+#: For the builds: the stand-in's builders run /bin/sh, which Nix's sandbox (on by
+#: default where no /etc/nix/nix.conf says otherwise) does not provide.
+BUILD_NIX_CONFIG = "experimental-features = nix-command flakes\nsubstituters =\nbuild-users-group =\nsandbox = false"
 
 
 def make_stand_in(nixpkgs_lib: Path, tmp_path: Path, python: str) -> Path:
@@ -36,8 +39,7 @@ def stand_in(nixpkgs_lib, tmp_path) -> Path:
 
 
 def flake_check(nixh, stand_in: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ}
-    env["NIX_CONFIG"] = "experimental-features = nix-command flakes\nsubstituters =\nbuild-users-group ="
+    env = {**os.environ, "NIX_CONFIG": BUILD_NIX_CONFIG}
     cmd = ["nix", "flake", "check", "--impure", "--no-write-lock-file", "--override-input", "nixpkgs", f"path:{stand_in}", str(ROOT)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -77,7 +79,7 @@ def build_checked_config(nixpkgs_lib: Path, example: Path) -> subprocess.Complet
         " cfg = { checkConfig = true; package = pkgs.callPackage null { }; };"
         f" contents = (import {ROOT / 'modules' / 'lib'}).render (import {example}).services.mtpstack; }}"
     )
-    env = {**os.environ, "NIX_CONFIG": "substituters =\nbuild-users-group ="}
+    env = {**os.environ, "NIX_CONFIG": BUILD_NIX_CONFIG}
     return subprocess.run(["nix-build", "--no-out-link", "-E", expr], capture_output=True, text=True, env=env, timeout=120)
 
 
