@@ -46,6 +46,7 @@ def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpk
         ("backend", '"vllm"', "one of \"native\", \"mlx-lm\""),
         ("port", "70000", "16 bit unsigned integer"),
         ("drafter", '{ path = "d"; bits = 6; depth = 9; }', "integer between 1 and 8 (both inclusive)"),
+        ("drafter", '{ path = "d"; bits = 6; depth = 3; kind = "eagle"; }', 'one of "auto", "mtp", "model"'),
     ],
 )
 def test_other_options_reject_values_outside_their_types(nixh, nixpkgs_lib, option, value, type_text):
@@ -84,7 +85,7 @@ def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib)
     assert argv[0].endswith("-mtpstack/bin/mtpstack")
     assert argv[1:] == [
         "worker", "--model", TARGET, "--target-bits", "4",
-        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3",
+        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
         "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
     ]  # fmt: skip
 
