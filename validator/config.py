@@ -117,6 +117,16 @@ class WorkerProfile(StrictModel):
     port: Port = Field(description="Port the worker listens on.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the worker's command line.")
 
+    @property
+    def bundled_head(self) -> bool:
+        """The drafter is the MTP head in the target's own checkpoint: `drafter.path` is `target.path`."""
+        return self.drafter is not None and self.drafter.path == self.target.path
+
+    @property
+    def declared_mtp(self) -> bool:
+        """The config alone says the drafter is an MTP head (declared `mtp`, or bundled in the target)."""
+        return self.drafter is not None and (self.drafter.kind == "mtp" or self.bundled_head)
+
 
 class FleetConfig(StrictModel):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
