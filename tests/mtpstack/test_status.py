@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from mtpstack.status import collect, render
-
-SLEEP = "import time; time.sleep(120)"
+from tests.sleeping_process import sleeping_process
 
 
 def worker_argv(kind: str | None) -> list[str]:
@@ -25,12 +23,10 @@ def worker_argv(kind: str | None) -> list[str]:
 @pytest.fixture
 def run(tmp_path):
     """Start a fake worker: (argv kind, /identity drafter kind) -> the status of its run directory."""
-    started: list[subprocess.Popen] = []
-    servers: list[ThreadingHTTPServer] = []
+    stack = ExitStack()
 
     def start(argv_kind: str | None, identity_kind: str | None) -> dict:
-        proc = subprocess.Popen([sys.executable, "-c", SLEEP, *worker_argv(argv_kind)])
-        started.append(proc)
+        proc = stack.enter_context(sleeping_process(worker_argv(argv_kind)))
         drafter = {"path": "/m/drafter"} | ({"kind": identity_kind} if identity_kind else {})
         identity = {"pid": proc.pid, "target": {"path": "/m/target"}, "drafter": drafter, "draft_depth": 3}
 
@@ -46,20 +42,17 @@ def run(tmp_path):
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        servers.append(server)
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        stack.callback(server.server_close)
+        stack.callback(server.shutdown)
         url = f"http://127.0.0.1:{server.server_address[1]}"
         state = {"pid": os.getpid(), "phase": "serving", "proxy": {"pid": None, "url": "http://127.0.0.1:1"},
                  "workers": {"w": {"pid": proc.pid, "url": url, "model": "m"}}}
         (tmp_path / "state.json").write_text(json.dumps(state))
         return collect(tmp_path)
 
-    yield start
-    for server in servers:
-        server.shutdown()
-    for proc in started:
-        proc.kill()
-        proc.wait()
+    with stack:
+        yield start
 
 
 @pytest.mark.parametrize(
