@@ -94,6 +94,15 @@ let
         extraArgs = [ ];
       };
     };
+    renderFillsTheDrafterKind = {
+      expr = fleet.workers.mtp.drafter;
+      expected = {
+        path = "/srv/models/drafter";
+        bits = 6;
+        depth = 3;
+        kind = "auto";
+      };
+    };
     renderKeepsPartialTimeouts = {
       expr = (mtp.render { proxy.timeouts.idleSeconds = 5; }).proxy.timeouts;
       expected = {
