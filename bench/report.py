@@ -152,8 +152,8 @@ def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
 
 def workload_table(results: dict, workload: str) -> list[str]:
     lines = [
-        "| configuration | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | drafter | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in measured(results):
         e2e = values(c, workload, "e2e_tps")
@@ -163,7 +163,7 @@ def workload_table(results: dict, workload: str) -> list[str]:
         dec = values(c, workload, "decode_tps")
         ttft = values(c, workload, "ttft_s")
         lines.append(
-            f"| {c['label']} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
+            f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
             f" {_num(s.min)} … {_num(s.max)} | {_num(summarize(dec).median) if dec else '-'} |"
             f" {_num(summarize(ttft).median) if ttft else '-'} | {_cell(acceptance(c, workload))} |"
         )

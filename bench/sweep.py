@@ -224,6 +224,14 @@ class Expected:
     drafter_sha256: str | None
 
 
+def drafter_kind(profile: WorkerProfile, identity: dict | None) -> str | None:
+    """The drafter's kind as the worker resolved it (`/identity` `drafter.kind`), else as the profile
+    declares it (`auto` from a worker too old to report it); None without a drafter."""
+    if profile.drafter is None:
+        return None
+    return ((identity or {}).get("drafter") or {}).get("kind") or profile.drafter.kind
+
+
 def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] = fetch_identity) -> dict:
     """Check a running worker against the configuration: paths and depth from its own
     command line, content hashes and pid from `/identity`. Raises `ConfigurationAborted`
@@ -262,6 +270,9 @@ def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
         if want_drafter is not None and expected.drafter_sha256 is not None:
             check("drafter sha256 (/identity)", drafter.get("sha256"), expected.drafter_sha256)
         check("draft depth (/identity)", identity.get("draft_depth"), want_depth)
+        # A declared kind must be the one loaded; `auto`, or a worker that does not report it, proves nothing here.
+        if profile.drafter is not None and profile.drafter.kind != "auto" and drafter.get("kind") is not None:
+            check("drafter kind (/identity)", drafter["kind"], profile.drafter.kind)
     if problems:
         raise ConfigurationAborted("the weights proof failed: " + "; ".join(problems))
     return {"cmdline": cmdline, "claim": asdict(claim), "identity": identity, "expected": {
@@ -560,8 +571,8 @@ class Sweep:
         ensure_isolated(self.config, BENCH_HOST, port)
         profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
         expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        record: dict = {"label": c.label, "depth": c.depth, "status": "aborted", "error": None,
-                        "argv": worker_argv(profile), "process": {"port": port}, "proof": None, "workloads": {}}
+        record: dict = {"label": c.label, "depth": c.depth, "drafter_kind": drafter_kind(profile, None), "status": "aborted",
+                        "error": None, "argv": worker_argv(profile), "process": {"port": port}, "proof": None, "workloads": {}}
         if self.progress is not None and self._task is not None:
             self.progress.update(self._task, description=f"{c.label}: starting")
         proc = self.launch(profile, c.label)
@@ -583,6 +594,7 @@ class Sweep:
                 record["error"] = str(e)
                 return record
             record["proof"] = proof
+            record["drafter_kind"] = drafter_kind(profile, proof["identity"])
             ident = proof["identity"] or {}
             for role in ("target", "drafter"):
                 if (ident.get(role) or {}).get("sha256"):

@@ -53,7 +53,11 @@ in
             path = mkOption {
               type = types.nonEmptyStr;
               example = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX";
-              description = "Local directory or hub id of the MTP drafter.";
+              description = ''
+                Local directory or hub id of the drafter: an MTP head, a small
+                model trained with the target, or the target's own path for an
+                MTP head bundled in its checkpoint (`mtp.*` tensors).
+              '';
             };
             bits = mkOption {
               type = bits;
@@ -64,6 +68,17 @@ in
               type = types.ints.between defaults.depthMin defaults.depthMax;
               example = 3;
               description = "Draft depth: tokens the drafter proposes per verification step (1-8).";
+            };
+            kind = mkOption {
+              type = types.enum defaults.drafterKinds;
+              default = defaults.drafter.kind;
+              example = "mtp";
+              description = ''
+                What the drafter is: `mtp` (a head drafting from the target's
+                hidden state) or `model` (a separate small language model);
+                `auto`: detected from the drafter's config and tensors.
+                `mlx_lm.server` loads only `model` drafters.
+              '';
             };
           };
         }
@@ -76,7 +91,7 @@ in
           depth = 3;
         }
       '';
-      description = "The MTP drafter; `null`: no speculation.";
+      description = "The drafter (an MTP head or a small model); `null`: no speculation.";
     };
 
     maxNumSeqs = mkOption {

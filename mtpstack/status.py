@@ -2,7 +2,8 @@
 
 For each process: pid and whether it is alive, health, requests in flight (as the proxy
 counts them) and, for workers, the weights read off the process's own command line and
-checked against its `/identity` (without re-hashing the files: `mtpstack weights PID` does that).
+checked against its `/identity` (without re-hashing the files: `mtpstack weights PID` does that),
+with the drafter's kind (`mtp` or `model`) as the worker resolved it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 from mtpstack.up import http_status
+from validator.argv import draft_kind_from_argv
 from worker.proof import read_cmdline, weights_from_argv
 
 
@@ -35,10 +37,13 @@ def _alive(pid: int | None) -> bool:
 
 def _weights(pid: int, url: str) -> dict:
     try:
-        claim = weights_from_argv(read_cmdline(pid))
+        argv = read_cmdline(pid)
+        claim = weights_from_argv(argv)
     except (ProcessLookupError, ValueError):
         return {"proved": False, "why": "process gone or not a worker"}
-    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "maxNumSeqs": claim.max_num_seqs}
+    # The drafter's kind as the worker resolved it (/identity), else as its command line asks.
+    argv_kind = draft_kind_from_argv(argv) if claim.drafter is not None else None
+    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "maxNumSeqs": claim.max_num_seqs, "kind": argv_kind}
     if claim.backend == "mlx-lm":
         return out | {"proved": True, "why": "from the command line alone (mlx_lm.server has no /identity)"}
     status, identity = http_status(url + "/identity")
@@ -51,6 +56,11 @@ def _weights(pid: int, url: str) -> dict:
             mismatches.append(f"{role}: argv `{claimed}`, /identity `{reported}`")
     if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
         mismatches.append(f"depth: argv {claim.depth}, /identity {identity.get('draft_depth')}")
+    reported_kind = (identity.get("drafter") or {}).get("kind")
+    if reported_kind is not None:
+        if argv_kind not in (None, "auto", reported_kind):
+            mismatches.append(f"drafter kind: argv `{argv_kind}`, /identity `{reported_kind}`")
+        out["kind"] = reported_kind
     if identity.get("pid") != pid:
         mismatches.append(f"pid: /identity reports {identity.get('pid')}")
     if mismatches:
@@ -120,7 +130,11 @@ def render(status: dict) -> list[str]:
         )
         weights = w["weights"]
         if weights.get("target"):
-            drafter = f", drafter `{weights['drafter']}` depth {weights['depth']}" if weights.get("drafter") else ", no drafter"
+            drafter = (
+                f", drafter `{weights['drafter']}` kind {weights.get('kind') or '-'} depth {weights['depth']}"
+                if weights.get("drafter")
+                else ", no drafter"
+            )
             mark = "proved" if weights["proved"] else "NOT proved"
             lines.append(f"    weights {mark} ({weights['why']}): target `{weights['target']}`{drafter}")
         else:

@@ -15,6 +15,8 @@ from validator.config import WorkerProfile
 
 NATIVE_PROGRAM = "mtpstack"
 MLX_LM_PROGRAM = "mlx_lm.server"
+#: The native worker's flag for `drafter.kind` (mlx_lm.server has none: it loads draft models only).
+DRAFT_KIND_FLAG = "--draft-kind"
 
 
 def worker_argv(profile: WorkerProfile) -> list[str]:
@@ -26,6 +28,7 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
             "--draft-model", profile.drafter.path,
             "--drafter-bits", str(profile.drafter.bits),
             "--draft-depth", str(profile.drafter.depth),
+            DRAFT_KIND_FLAG, profile.drafter.kind,
         ]
     argv += [
         "--max-num-seqs", str(profile.max_num_seqs),
@@ -54,3 +57,15 @@ def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
         "--port", str(profile.port),
     ]
     return argv + list(profile.extra_args)
+
+
+def draft_kind_from_argv(argv: list[str]) -> str | None:
+    """The `--draft-kind` value on a worker's command line (`--draft-kind K` or `--draft-kind=K`), if any;
+    the last one counts, as for the worker's own argument parser."""
+    kind = None
+    for i, arg in enumerate(argv):
+        if arg == DRAFT_KIND_FLAG and i + 1 < len(argv):
+            kind = argv[i + 1]
+        elif arg.startswith(DRAFT_KIND_FLAG + "="):
+            kind = arg.split("=", 1)[1]
+    return kind

@@ -14,8 +14,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from validator.modeldir import DRAFTER_KINDS
+
 Backend = Literal["native", "mlx-lm"]
 Bits = Literal[2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"]
+#: `auto`, `mtp` or `model`: the values are `validator.modeldir`'s, which resolves `auto`.
+DrafterKindSetting = Literal[DRAFTER_KINDS]
 
 #: The batch-width range every gate and every worker must sit in.
 WIDTH_MIN, WIDTH_MAX = 1, 4
@@ -83,10 +87,23 @@ class TargetSpec(StrictModel):
 
 
 class DrafterSpec(StrictModel):
-    path: str = Field(min_length=1, description="Local directory or hub id of the MTP drafter.")
+    path: str = Field(
+        min_length=1,
+        description=(
+            "Local directory or hub id of the drafter: an MTP head, a small model trained with the target, "
+            "or the target's own path for an MTP head bundled in its checkpoint (`mtp.*` tensors)."
+        ),
+    )
     bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
     depth: Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})] = Field(
         description="Draft depth: tokens the drafter proposes per verification step (1-8)."
+    )
+    kind: DrafterKindSetting = Field(
+        "auto",
+        description=(
+            "What the drafter is: `mtp` (a head drafting from the target's hidden state) or `model` "
+            "(a separate small language model); `auto`: detected from the drafter's config and tensors."
+        ),
     )
 
 
@@ -94,11 +111,21 @@ class WorkerProfile(StrictModel):
     model: str = Field(min_length=1, description="Served model name: what clients put in `model`.")
     backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
     target: TargetSpec
-    drafter: DrafterSpec | None = Field(None, description="The MTP drafter; null: no speculation.")
+    drafter: DrafterSpec | None = Field(None, description="The drafter (an MTP head or a small model); null: no speculation.")
     max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
     host: Host = Field("127.0.0.1", description="Where the worker listens and the proxy dials it.")
     port: Port = Field(description="Port the worker listens on.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the worker's command line.")
+
+    @property
+    def bundled_head(self) -> bool:
+        """The drafter is the MTP head in the target's own checkpoint: `drafter.path` is `target.path`."""
+        return self.drafter is not None and self.drafter.path == self.target.path
+
+    @property
+    def declared_mtp(self) -> bool:
+        """The config alone says the drafter is an MTP head (declared `mtp`, or bundled in the target)."""
+        return self.drafter is not None and (self.drafter.kind == "mtp" or self.bundled_head)
 
 
 class FleetConfig(StrictModel):

@@ -1,12 +1,17 @@
-"""`--deep` checks: compare what the config claims with the model directories on disk."""
+"""`--deep` checks: compare what the config claims with the model directories on disk.
+
+Model directories are read through `validator.modeldir` only, so settings kept in
+`text_config` (the Qwen3.5 family and its MTP heads) are checked like top-level ones.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from validator.config import FleetConfig
+from validator.config import FleetConfig, WorkerProfile
 from validator.findings import Finding
+from validator.modeldir import config_value, detect_drafter_kind, head_mismatch, model_facts, read_config
+from validator.rules import mlx_lm_cannot_load_mtp
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -21,71 +26,135 @@ def local_dir(path: str, base: Path) -> Path | None:
 
 def recorded_bits(model_config: dict) -> str | None:
     """The precision a model's `config.json` records, spelled as in the fleet config."""
-    quant = model_config.get("quantization") or model_config.get("quantization_config")
+    quant = config_value(model_config, "quantization") or config_value(model_config, "quantization_config")
     if isinstance(quant, dict):
         if quant.get("mode") in {"mxfp4"}:
             return "mxfp4"
         if "bits" in quant:
             return str(quant["bits"])
-    dtype = model_config.get("torch_dtype") or model_config.get("dtype")
+    dtype = config_value(model_config, "torch_dtype") or config_value(model_config, "dtype")
     return _DTYPES.get(str(dtype)) if dtype else None
-
-
-def _read_config(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
     findings: list[Finding] = []
     for name, worker in config.workers.items():
-        parts = [("target", worker.target.path, worker.target.bits)]
-        if worker.drafter is not None:
-            parts.append(("drafter", worker.drafter.path, worker.drafter.bits))
-        vocab: dict[str, int] = {}
-        for role, path, bits in parts:
-            directory = local_dir(path, base)
-            if directory is None:
-                continue  # a hub id: nothing on disk to compare
-            model_config = _read_config(directory)
-            if model_config is None:
-                findings.append(
-                    Finding(
-                        code="model-config-missing",
-                        severity="error",
-                        path=("workers", name, role, "path"),
-                        message=f"`{directory}` has no readable `config.json`",
-                        hint="point the path at a model directory (the one holding config.json and *.safetensors)",
-                    )
-                )
-                continue
-            if isinstance(model_config.get("vocab_size"), int):
-                vocab[role] = model_config["vocab_size"]
-            recorded = recorded_bits(model_config)
-            if recorded is not None and recorded != str(bits):
-                findings.append(
-                    Finding(
-                        code="bits-mismatch",
-                        severity="error",
-                        path=("workers", name, role, "bits"),
-                        message=f"the config says {bits} but `{directory}/config.json` records {recorded}",
-                        hint=f"set `bits` to {recorded}, or point `path` at the {bits} variant",
-                    )
-                )
-        if len(vocab) == 2 and vocab["target"] != vocab["drafter"]:
+        findings += check_worker(name, worker, base)
+    return findings
+
+
+def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
+    """Each local model directory of one worker: readable, at the configured precision; then its drafter."""
+    findings: list[Finding] = []
+    parts = [("target", worker.target.path, worker.target.bits)]
+    if worker.drafter is not None:
+        parts.append(("drafter", worker.drafter.path, worker.drafter.bits))
+    local: dict[str, tuple[Path, dict]] = {}
+    for role, path, bits in parts:
+        directory = local_dir(path, base)
+        if directory is None:
+            continue  # a hub id: nothing on disk to compare
+        model_config = read_config(directory)
+        if model_config is None:
             findings.append(
                 Finding(
-                    code="vocab-mismatch",
+                    code="model-config-missing",
                     severity="error",
-                    path=("workers", name, "drafter", "path"),
-                    message=(
-                        f"the drafter's vocabulary has {vocab['drafter']} tokens but the target's has "
-                        f"{vocab['target']}; its drafts could never be accepted"
-                    ),
-                    hint="use the drafter that was trained with this target",
-                    related=(("workers", name, "target", "path"),),
+                    path=("workers", name, role, "path"),
+                    message=f"`{directory}` has no readable `config.json`",
+                    hint="point the path at a model directory (the one holding config.json and *.safetensors)",
                 )
             )
+            continue
+        local[role] = (directory, model_config)
+        if role == "drafter" and worker.bundled_head:
+            continue  # the target's own files, checked as the target
+        recorded = recorded_bits(model_config)
+        if recorded is not None and recorded != str(bits):
+            findings.append(
+                Finding(
+                    code="bits-mismatch",
+                    severity="error",
+                    path=("workers", name, role, "bits"),
+                    message=f"the config says {bits} but `{directory}/config.json` records {recorded}",
+                    hint=f"set `bits` to {recorded}, or point `path` at the {bits} variant",
+                )
+            )
+    if "drafter" in local:
+        findings += check_drafter(name, worker, local["drafter"], local.get("target"))
+    return findings
+
+
+def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], target: tuple[Path, dict] | None) -> list[Finding]:
+    """The drafter's kind (declared, else detected) against its files, then against the target."""
+    assert worker.drafter is not None
+    directory, drafter_config = drafter
+    facts = model_facts(directory, drafter_config)
+    target_facts = model_facts(*target) if target is not None else None
+    detected = detect_drafter_kind(directory, target[0] if target is not None else None)
+    declared = "mtp" if worker.declared_mtp else worker.drafter.kind
+    path = ("workers", name, "drafter", "path")
+    target_path = ("workers", name, "target", "path")
+    assert facts is not None
+    if declared == "mtp" and detected == "model":
+        if worker.bundled_head:
+            what = f"`drafter.path` is the target's own, but `{directory}` holds no bundled `mtp.*` tensors"
+        else:
+            what = f"`drafter.kind` is `mtp` but `{directory}` is not an MTP head (its `model_type` is `{facts.model_type}`)"
+        return [
+            Finding(
+                code="mtp-head-mismatch",
+                severity="error",
+                path=path,
+                message=f"{what}; the worker would find no head to load",
+                hint="point `drafter.path` at the MTP head made for this target, or set `drafter.kind` to `model` for a separate draft model",
+                related=(("workers", name, "drafter", "kind"),),
+            )
+        ]
+    if declared == "model" and detected == "mtp":
+        return [
+            Finding(
+                code="drafter-kind-mismatch",
+                severity="error",
+                path=("workers", name, "drafter", "kind"),
+                message=(
+                    f"`drafter.kind` is `model` but `{directory}` is an MTP head (`model_type` `{facts.model_type}`): "
+                    "it drafts from the target's hidden state and cannot run as a language model"
+                ),
+                hint="set `drafter.kind` to `mtp`, or leave it `auto`",
+                related=(path,),
+            )
+        ]
+    findings: list[Finding] = []
+    if detected == "mtp":
+        if worker.backend == "mlx-lm" and not worker.declared_mtp:
+            findings.append(mlx_lm_cannot_load_mtp(name, f"`{directory}` holds an MTP head (read from its files)"))
+        problem = head_mismatch(facts, target_facts) if target_facts is not None else None
+        if problem is not None:
+            findings.append(
+                Finding(
+                    code="mtp-head-mismatch",
+                    severity="error",
+                    path=path,
+                    message=f"this MTP head cannot draft for the target: {problem}",
+                    hint="use the MTP head made for this target",
+                    related=(target_path,),
+                )
+            )
+        return findings
+    vocab = (facts.vocab_size, target_facts.vocab_size if target_facts is not None else None)
+    if None not in vocab and vocab[0] != vocab[1]:
+        findings.append(
+            Finding(
+                code="vocab-mismatch",
+                severity="error",
+                path=path,
+                message=(
+                    f"the drafter's vocabulary has {vocab[0]} tokens but the target's has {vocab[1]}; "
+                    "its drafts could never be accepted"
+                ),
+                hint="use the drafter that was trained with this target",
+                related=(target_path,),
+            )
+        )
     return findings

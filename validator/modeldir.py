@@ -110,14 +110,21 @@ def same_directory(a: Path, b: Path) -> bool:
         return False
 
 
-def detect_drafter_kind(drafter: Path, target: Path) -> DrafterKind:
-    """`mtp` for a standalone head folder or a head bundled in the target's own checkpoint, else `model`."""
+def detect_drafter_kind(drafter: Path, target: Path | None) -> DrafterKind:
+    """`mtp` for a standalone head folder or a head bundled in the target's own checkpoint, else `model`.
+
+    `target` None (a hub id, nothing on disk) rules out only the bundled case."""
     facts = model_facts(drafter)
     if facts is not None and facts.is_mtp_head:
         return "mtp"
-    if same_directory(drafter, target) and facts is not None and facts.has_bundled_mtp:
+    if target is not None and same_directory(drafter, target) and facts is not None and facts.has_bundled_mtp:
         return "mtp"
     return "model"
+
+
+def _family_name(model_type: str | None) -> str | None:
+    # A multimodal checkpoint may name its language model `<family>_text` in `text_config`.
+    return model_type.removesuffix("_text") if model_type else None
 
 
 def head_mismatch(head: ModelFacts, target: ModelFacts) -> str | None:
@@ -125,6 +132,10 @@ def head_mismatch(head: ModelFacts, target: ModelFacts) -> str | None:
     families = MTP_HEAD_TYPES.get(head.model_type or "", ())
     if head.is_mtp_head and target.model_type not in families:
         return f"the head drafts for {', '.join(families)} models but the target is `{target.model_type}`"
+    made_for = _family_name(head.text_model_type) if head.is_mtp_head else None
+    target_families = {_family_name(target.model_type), _family_name(target.text_model_type)} - {None}
+    if made_for is not None and made_for not in target_families:
+        return f"the head was made for `{head.text_model_type}` models but the target is `{target.model_type}`"
     if head.hidden_size is not None and target.hidden_size is not None and head.hidden_size != target.hidden_size:
         return f"the head's hidden size is {head.hidden_size} but the target's is {target.hidden_size}"
     if head.vocab_size is not None and target.vocab_size is not None and head.vocab_size != target.vocab_size:

@@ -32,6 +32,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_drafter_precision,
         check_backends,
         check_mlx_lm_drafts,
+        check_mlx_lm_mtp,
         check_ports,
     ):
         findings.extend(rule(config))
@@ -112,7 +113,9 @@ def check_unknown_model_limits(config: FleetConfig) -> Iterator[Finding]:
 
 def check_drafter_precision(config: FleetConfig) -> Iterator[Finding]:
     for name, worker in config.workers.items():
-        if worker.drafter is None:
+        # A bundled head ships inside the target's checkpoint, quantized with it: there is no
+        # separate drafter to quantize differently.
+        if worker.drafter is None or worker.bundled_head:
             continue
         d = EFFECTIVE_BITS[worker.drafter.bits]
         t = EFFECTIVE_BITS[worker.target.bits]
@@ -162,6 +165,29 @@ def check_mlx_lm_drafts(config: FleetConfig) -> Iterator[Finding]:
                 hint="use backend `native` for a wider batch with a drafter, or set the width and its gate to 1",
                 related=(("workers", name, "backend"), ("workers", name, "drafter")),
             )
+
+
+def mlx_lm_cannot_load_mtp(name: str, why: str) -> Finding:
+    """`mlx_lm.server` given an MTP head; `why` says how the head was recognised."""
+    return Finding(
+        code="mlx-lm-cannot-load-mtp",
+        severity="error",
+        path=("workers", name, "drafter"),
+        message=f"`mlx_lm.server` cannot load an MTP head, only a separate draft model: {why}",
+        hint="use backend `native`, or drop the drafter",
+        related=(("workers", name, "backend"),),
+    )
+
+
+def check_mlx_lm_mtp(config: FleetConfig) -> Iterator[Finding]:
+    for name, worker in config.workers.items():
+        if worker.backend != "mlx-lm" or not worker.declared_mtp:
+            continue
+        if worker.bundled_head:
+            why = "`drafter.path` is the target's own path, so the drafter is the head bundled in its checkpoint"
+        else:
+            why = "`drafter.kind` is `mtp`"
+        yield mlx_lm_cannot_load_mtp(name, why)
 
 
 def _canonical_host(host: str) -> str:

@@ -26,6 +26,8 @@ let
           (toString w.drafter.bits)
           "--draft-depth"
           (toString w.drafter.depth)
+          "--draft-kind"
+          w.drafter.kind
         ]
     )
     ++ [

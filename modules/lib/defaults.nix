@@ -29,6 +29,10 @@
     host = "127.0.0.1";
     extraArgs = [ ];
   };
+  # Filled into a worker's drafter when one is set.
+  drafter = {
+    kind = "auto";
+  };
 
   # The range every gate and batch width sits in, and the draft depth range.
   widthMin = 1;
@@ -36,5 +40,7 @@
   depthMin = 1;
   depthMax = 8;
   backends = [ "native" "mlx-lm" ];
+  # `auto`: the worker (and `mtpstack validate --deep`) detect it from the drafter's files.
+  drafterKinds = [ "auto" "mtp" "model" ];
   bits = [ 2 3 4 5 6 8 "mxfp4" "bf16" "fp16" "fp32" ];
 }

@@ -24,8 +24,19 @@ let
       workers = builtins.mapAttrs renderWorker workers;
     };
 
-  # A worker's served model name defaults to its attribute name.
-  renderWorker = name: worker: defaults.worker // { model = name; } // worker;
+  # A worker's served model name defaults to its attribute name; a drafter,
+  # when set, gets its own defaults.
+  renderWorker =
+    name: worker:
+    let
+      drafter = worker.drafter or null;
+    in
+    defaults.worker
+    // { model = name; }
+    // worker
+    // {
+      drafter = if drafter == null then null else defaults.drafter // drafter;
+    };
 in
 {
   inherit render renderWorker;

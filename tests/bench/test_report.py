@@ -11,13 +11,13 @@ from bench.stats import decide, summarize
 
 
 def config(label: str, depth: int | None, e2e: list[float], *, pid: int = 100, drafted: int = 0, accepted: int = 0,
-           digest: str = "same") -> dict:
+           digest: str = "same", kind: str | None = None) -> dict:
     passes = [
         {"e2e_tps": v, "decode_tps": v * 1.2, "ttft_s": 0.05, "tokens": 64, "seconds": 64 / v, "drafted": drafted,
          "accepted": accepted, "requests": [{"prompt_id": "code-01", "output_sha256": digest}]}
         for v in e2e
     ]
-    return {"label": label, "depth": depth, "status": "measured", "process": {"pid": pid},
+    return {"label": label, "depth": depth, "drafter_kind": kind, "status": "measured", "process": {"pid": pid},
             "workloads": {"code": {"warmup": passes[0] if passes else None, "passes": passes}}}
 
 
@@ -63,11 +63,13 @@ def test_a_slower_configuration_is_marked_and_not_adopted():
 
 def test_report_has_table_warnings_with_a_remedy_and_a_recommendation():
     noisy = [15.0, 22.0, 30.0, 18.0, 26.0]
-    res = results(config("no-drafter", None, BASE), config("depth 2", 2, WIN, pid=101, drafted=100, accepted=60),
-                  config("depth 3", 3, noisy, pid=102, drafted=100, accepted=40))
+    res = results(config("no-drafter", None, BASE), config("depth 2", 2, WIN, pid=101, drafted=100, accepted=60, kind="mtp"),
+                  config("depth 3", 3, noisy, pid=102, drafted=100, accepted=40, kind="model"))
     lines = rpt.render_report(res)
     text = "\n".join(lines)
-    assert "| depth 2 | 101 | 5 | 31.0 ± 0.500 | 30.0 … 32.0 |" in text
+    assert "| no-drafter | - | 100 | 5 |" in text
+    assert "| depth 2 | mtp | 101 | 5 | 31.0 ± 0.500 | 30.0 … 32.0 |" in text
+    assert "| depth 3 | model | 102 | 5 |" in text
     assert "| 60.0% |" in text
     assert "warning: code: the spread is large for depth 3 (MAD 18%, min … max 68% wide);" in text
     assert "no-drafter (MAD" not in text  # only the noisy configuration is named

@@ -195,3 +195,51 @@ async def test_an_error_answer_aborts_the_configuration(aiohttp_server, status, 
         with pytest.raises(sw.ConfigurationAborted) as e:
             await sw.run_request(session, str(server.make_url("")).rstrip("/"), "m", sw.Prompt("p", "hi"), 8)
     assert "prompt `p`" in str(e.value)
+
+
+def _with_kind(example, kind: str):
+    profile = example.workers["qwen-mtp"]
+    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"kind": kind})})
+
+
+@pytest.mark.parametrize(
+    ("kind", "identity", "recorded"),
+    [
+        ("auto", {"drafter": {"path": "d", "kind": "mtp"}}, "mtp"),  # what the worker resolved
+        ("model", {"drafter": {"path": "d"}}, "model"),  # a worker that does not report it: the profile's
+        ("auto", None, "auto"),
+    ],
+)
+def test_the_recorded_drafter_kind_is_the_workers_else_the_profiles(example, kind, identity, recorded):
+    assert sw.drafter_kind(_with_kind(example, kind), identity) == recorded
+    assert sw.drafter_kind(sw.with_depth(example.workers["qwen-mtp"], None), identity) is None
+
+
+@pytest.fixture
+def sleeping_worker():
+    """Starts a process whose command line is a profile's worker argv (it only sleeps); its pid."""
+    from contextlib import ExitStack
+
+    from tests.sleeping_process import sleeping_process
+    from validator import worker_argv
+
+    with ExitStack() as stack:
+        yield lambda profile: stack.enter_context(sleeping_process(worker_argv(profile))).pid
+
+
+@pytest.mark.parametrize(
+    ("declared", "reported", "proved"),
+    [("mtp", "model", False), ("mtp", "mtp", True), ("mtp", None, True), ("auto", "model", True)],
+)
+def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(example, sleeping_worker, declared, reported, proved):
+    profile = _with_kind(example, declared)
+    pid = sleeping_worker(profile)
+    drafter = {"path": profile.drafter.path} | ({"kind": reported} if reported else {})
+    identity = {"pid": pid, "target": {"path": profile.target.path}, "drafter": drafter, "draft_depth": profile.drafter.depth}
+    expected = sw.Expected(profile, None, None)
+    if proved:
+        assert sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)["identity"] == identity
+    else:
+        with pytest.raises(sw.ConfigurationAborted) as e:
+            sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)
+        assert str(e.value) == "the weights proof failed: drafter kind (/identity): asked for 'mtp', the process has 'model'"

@@ -45,6 +45,11 @@ def test_a_two_configuration_three_repeat_sweep_records_every_pass_and_proof(fas
     assert proof["identity"]["drafter"]["sha256"] == hash_weights(drafter)
     assert proof["claim"]["depth"] == 2 and proof["identity"]["draft_depth"] == 2
     assert configs[0]["proof"]["claim"]["drafter"] is None
+    # the drafter's kind: the tiny drafter is a separate model, as the worker reports it (an older
+    # worker reports none: then the profile's `auto`)
+    reported = proof["identity"]["drafter"].get("kind")
+    assert reported in (None, "model")
+    assert (configs[0]["drafter_kind"], configs[1]["drafter_kind"]) == (None, reported or "auto")
     # acceptance comes from the worker's /metrics deltas: drafting happened only with a drafter
     assert all(p["drafted"] == 0 for p in configs[0]["workloads"]["code"]["passes"])
     assert all(p["drafted"] > 0 for p in configs[1]["workloads"]["code"]["passes"])
@@ -57,6 +62,7 @@ def test_a_two_configuration_three_repeat_sweep_records_every_pass_and_proof(fas
     assert saved["meta"]["git_revision"] is None or len(saved["meta"]["git_revision"]) >= 40
     report = (fast_settings.out / "report.md").read_text()
     assert "depth 2 vs no-drafter:" in report
+    assert f"| depth 2 | {configs[1]['drafter_kind']} | {configs[1]['process']['pid']} |" in report
     assert (fast_settings.out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {p.name for p in paths} == {"results.json", "report.md", "sweep.png"}
 

@@ -94,6 +94,15 @@ let
         extraArgs = [ ];
       };
     };
+    renderFillsTheDrafterKind = {
+      expr = fleet.workers.mtp.drafter;
+      expected = {
+        path = "/srv/models/drafter";
+        bits = 6;
+        depth = 3;
+        kind = "auto";
+      };
+    };
     renderKeepsPartialTimeouts = {
       expr = (mtp.render { proxy.timeouts.idleSeconds = 5; }).proxy.timeouts;
       expected = {
@@ -165,7 +174,7 @@ let
     };
     workerExecStart = {
       expr = units.mtpstack-worker-mtp.serviceConfig.ExecStart;
-      expected = ''"/pkg/bin/mtpstack" "worker" "--model" "/srv/models/target dir" "--target-bits" "4" "--draft-model" "/srv/models/drafter" "--drafter-bits" "6" "--draft-depth" "3" "--max-num-seqs" "2" "--served-model-name" "qwen3.8-27b" "--host" "127.0.0.1" "--port" "8101"'';
+      expected = ''"/pkg/bin/mtpstack" "worker" "--model" "/srv/models/target dir" "--target-bits" "4" "--draft-model" "/srv/models/drafter" "--drafter-bits" "6" "--draft-depth" "3" "--draft-kind" "auto" "--max-num-seqs" "2" "--served-model-name" "qwen3.8-27b" "--host" "127.0.0.1" "--port" "8101"'';
     };
     workerPreloadsBlas = {
       expr = units.mtpstack-worker-mtp.environment.LD_PRELOAD;

@@ -43,7 +43,10 @@ def workers(draw) -> dict:
         "maxNumSeqs": draw(widths),
         "port": draw(st.integers(1, 65535)),
     }
-    drafter = st.fixed_dictionaries({"path": args, "bits": bits, "depth": st.integers(1, 8)})
+    drafter = st.fixed_dictionaries(
+        {"path": args, "bits": bits, "depth": st.integers(1, 8)},
+        optional={"kind": st.sampled_from(["auto", "mtp", "model"])},
+    )
     for key, strategy in [
         ("backend", st.sampled_from(["native", "mlx-lm"])),
         ("drafter", st.one_of(st.none(), drafter)),

@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
+#: For the builds: the stand-in's builders run /bin/sh, which Nix's sandbox (on by
+#: default where no /etc/nix/nix.conf says otherwise) does not provide.
+BUILD_NIX_CONFIG = "experimental-features = nix-command flakes\nsubstituters =\nbuild-users-group =\nsandbox = false"
 
 
 def make_stand_in(nixpkgs_lib: Path, tmp_path: Path, python: str) -> Path:
@@ -30,14 +33,22 @@ def make_stand_in(nixpkgs_lib: Path, tmp_path: Path, python: str) -> Path:
     return flake
 
 
+def checkout_python(tmp_path: Path) -> str:
+    """This test run's Python importing this checkout first: Nix builders get a clean
+    environment, and the interpreter may belong to a venv installed from another checkout."""
+    script = tmp_path / "checkout-python"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={json.dumps(str(ROOT))} exec {json.dumps(sys.executable)} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 @pytest.fixture
 def stand_in(nixpkgs_lib, tmp_path) -> Path:
-    return make_stand_in(nixpkgs_lib, tmp_path, sys.executable)
+    return make_stand_in(nixpkgs_lib, tmp_path, checkout_python(tmp_path))
 
 
 def flake_check(nixh, stand_in: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ}
-    env["NIX_CONFIG"] = "experimental-features = nix-command flakes\nsubstituters =\nbuild-users-group ="
+    env = {**os.environ, "NIX_CONFIG": BUILD_NIX_CONFIG}
     cmd = ["nix", "flake", "check", "--impure", "--no-write-lock-file", "--override-input", "nixpkgs", f"path:{stand_in}", str(ROOT)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -67,25 +78,26 @@ def test_flake_exposes_modules_as_functions(nixh, nixpkgs_lib):
         assert (proc.returncode, proc.stdout.strip()) == (0, "true"), proc.stderr
 
 
-def build_checked_config(nixpkgs_lib: Path, example: Path) -> subprocess.CompletedProcess:
+def build_checked_config(nixpkgs_lib: Path, example: Path, python: str) -> subprocess.CompletedProcess:
     """nix-build the module's `checkConfig` step (modules/config-file.nix) for an example."""
     stub = Path(__file__).with_name("stub-nixpkgs.nix")
     expr = (
-        f"let np = import {stub} {{ lib = import {nixpkgs_lib}; python = {json.dumps(sys.executable)}; }};"
+        f"let np = import {stub} {{ lib = import {nixpkgs_lib}; python = {json.dumps(python)}; }};"
         " pkgs = np.legacyPackages.${builtins.currentSystem}; in"
         f" import {ROOT / 'modules' / 'config-file.nix'} {{ inherit pkgs;"
         " cfg = { checkConfig = true; package = pkgs.callPackage null { }; };"
         f" contents = (import {ROOT / 'modules' / 'lib'}).render (import {example}).services.mtpstack; }}"
     )
-    env = {**os.environ, "NIX_CONFIG": "substituters =\nbuild-users-group ="}
+    env = {**os.environ, "NIX_CONFIG": BUILD_NIX_CONFIG}
     return subprocess.run(["nix-build", "--no-out-link", "-E", expr], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_check_config_builds_a_valid_fleet_and_fails_a_bad_one_with_the_way_out(nixh, nixpkgs_lib, stand_in):
-    good = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "valid" / "single-mtp.nix")
+def test_check_config_builds_a_valid_fleet_and_fails_a_bad_one_with_the_way_out(nixh, nixpkgs_lib, stand_in, tmp_path):
+    python = checkout_python(tmp_path)
+    good = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "valid" / "single-mtp.nix", python)
     assert good.returncode == 0, good.stderr
     assert json.loads(Path(good.stdout.strip()).read_text())["workers"]["qwen-mtp"]["maxNumSeqs"] == 2
-    bad = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "invalid" / "backend-forbidden.nix")
+    bad = build_checked_config(nixpkgs_lib, ROOT / "examples" / "nix" / "invalid" / "backend-forbidden.nix", python)
     assert bad.returncode != 0
     assert "error[backend-forbidden]: workers.qwen.backend" in bad.stderr
     assert "hint: fix the options named above, or set `services.mtpstack.checkConfig = false` to skip this check" in bad.stderr

@@ -17,6 +17,7 @@ VALID = sorted((ROOT / "examples" / "nix" / "valid").glob("*.nix"))
 SINGLE = ROOT / "examples" / "nix" / "valid" / "single-mtp.nix"
 MIXED = ROOT / "examples" / "nix" / "valid" / "mixed-fleet.nix"
 GATE_MISMATCH = ROOT / "examples" / "nix" / "invalid" / "gate-mismatch.nix"
+BUNDLED = ROOT / "examples" / "nix" / "valid" / "bundled-mtp.nix"
 
 TARGET = "mlx-community/Qwen3.8-27B-4bit"
 DRAFTER = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX"
@@ -46,6 +47,7 @@ def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpk
         ("backend", '"vllm"', "one of \"native\", \"mlx-lm\""),
         ("port", "70000", "16 bit unsigned integer"),
         ("drafter", '{ path = "d"; bits = 6; depth = 9; }', "integer between 1 and 8 (both inclusive)"),
+        ("drafter", '{ path = "d"; bits = 6; depth = 3; kind = "eagle"; }', 'one of "auto", "mtp", "model"'),
     ],
 )
 def test_other_options_reject_values_outside_their_types(nixh, nixpkgs_lib, option, value, type_text):
@@ -84,9 +86,20 @@ def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib)
     assert argv[0].endswith("-mtpstack/bin/mtpstack")
     assert argv[1:] == [
         "worker", "--model", TARGET, "--target-bits", "4",
-        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3",
+        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
         "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
     ]  # fmt: skip
+
+
+def test_a_declared_drafter_kind_reaches_the_worker_and_the_rendered_config(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", f"import {BUNDLED}")
+    argv = shlex.split(result["services"]["mtpstack-worker-qwen35-bundled"]["serviceConfig"]["ExecStart"])
+    assert argv[argv.index("--draft-model") + 1] == argv[argv.index("--model") + 1]  # the bundled head
+    assert argv[argv.index("--draft-depth") + 2 : argv.index("--draft-depth") + 4] == ["--draft-kind", "mtp"]
+    drafters = {n: w["drafter"]["kind"] for n, w in result["renderedConfig"]["workers"].items()}
+    assert drafters == {"qwen35-bundled": "mtp", "qwen3-small-drafter": "model"}
+    default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter='{ path = "d"; bits = 6; depth = 3; }'))
+    assert default["renderedConfig"]["workers"]["w"]["drafter"]["kind"] == "auto"
 
 
 def test_units_are_hardened_with_a_state_directory_and_blas_preload(nixh, nixpkgs_lib):

@@ -1,4 +1,7 @@
+import pytest
+
 from validator import WorkerProfile, worker_argv
+from validator.argv import draft_kind_from_argv
 
 
 def profile(**overrides):
@@ -17,16 +20,29 @@ def test_native_argv_carries_weights_depth_and_width():
     assert worker_argv(profile(extraArgs=["--admission-grace-seconds", "2"])) == [
         "mtpstack", "worker",
         "--model", "/m/target", "--target-bits", "4",
-        "--draft-model", "/m/drafter", "--drafter-bits", "6", "--draft-depth", "3",
+        "--draft-model", "/m/drafter", "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
         "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b",
         "--host", "127.0.0.1", "--port", "8101",
         "--admission-grace-seconds", "2",
     ]
 
 
+@pytest.mark.parametrize("kind", ["mtp", "model"])
+def test_a_declared_drafter_kind_follows_the_depth(kind):
+    argv = worker_argv(profile(drafter={"path": "/m/target", "bits": 4, "depth": 2, "kind": kind}))
+    depth = argv.index("--draft-depth")
+    assert argv[depth + 2 : depth + 4] == ["--draft-kind", kind]
+    assert draft_kind_from_argv(argv) == kind
+
+
+def test_the_last_draft_kind_on_a_command_line_counts_as_for_the_worker():
+    assert draft_kind_from_argv(["mtpstack", "worker", "--draft-kind", "auto", "--draft-kind=mtp"]) == "mtp"
+    assert draft_kind_from_argv(["mtpstack", "worker", "--model", "t"]) is None
+
+
 def test_without_a_drafter_no_draft_flags_appear():
     argv = worker_argv(profile(drafter=None, target={"path": "/m/t", "bits": "bf16"}))
-    assert "--draft-model" not in argv and "--draft-depth" not in argv
+    assert "--draft-model" not in argv and "--draft-depth" not in argv and "--draft-kind" not in argv
     assert argv[argv.index("--target-bits") + 1] == "bf16"
 
 
@@ -37,4 +53,5 @@ def test_mlx_lm_argv_sets_both_concurrency_flags_and_disables_the_prompt_cache_w
     assert argv[argv.index("--prompt-concurrency") + 1] == "1"
     assert argv[argv.index("--prompt-cache-size") + 1] == "0"
     assert argv[argv.index("--num-draft-tokens") + 1] == "3"
+    assert "--draft-kind" not in argv  # mlx_lm.server has no such flag
     assert "--prompt-cache-size" not in worker_argv(profile(backend="mlx-lm", drafter=None))

@@ -115,3 +115,9 @@ def test_schema_is_json_schema_with_camel_case_keys():
     assert {"maxNumSeqs", "extraArgs", "target", "drafter"} <= set(worker["properties"])
     assert worker["properties"]["maxNumSeqs"]["minimum"] == 1
     assert worker["properties"]["maxNumSeqs"]["maximum"] == 4
+
+
+def test_schema_offers_the_drafter_kinds_with_auto_as_default():
+    kind = json.loads(run("schema").stdout)["$defs"]["DrafterSpec"]["properties"]["kind"]
+    assert (kind["enum"], kind["default"]) == (["auto", "mtp", "model"], "auto")
+    assert "detected" in kind["description"]

@@ -1,32 +1,65 @@
 import json
 
+import numpy as np
+import pytest
+import yaml
+from safetensors.numpy import save_file
+
 from validator import load_config
 
+TINY = np.zeros((2, 2), dtype=np.float32)
+TARGET_TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight")
+HEAD_TENSORS = ("fc.weight", "layers.0.self_attn.q_proj.weight", "norm.weight")
 
-def model_dir(root, name, vocab, quant=None, dtype="float32"):
+
+def model_dir(root, name, vocab=None, quant=None, dtype="float32", *, config=None, tensors=()):
+    """A model directory: `config.json` (the flat one from `vocab`, `quant`, `dtype`, or `config`)
+    and, when `tensors` are named, one safetensors file holding a tiny array under each name."""
     d = root / name
     d.mkdir()
-    cfg = {"vocab_size": vocab, "torch_dtype": dtype}
-    if quant:
-        cfg["quantization"] = quant
-    (d / "config.json").write_text(json.dumps(cfg))
+    if config is None:
+        config = {"vocab_size": vocab, "torch_dtype": dtype}
+        if quant:
+            config["quantization"] = quant
+    (d / "config.json").write_text(json.dumps(config))
+    if tensors:
+        save_file({t: TINY for t in tensors}, str(d / "model.safetensors"))
     return d
 
 
-def fleet(tmp_path, target, drafter, tbits, dbits):
+def qwen35(root, name="t", *, hidden=64, vocab=1024, bundled=False):
+    """A Qwen3.5-style target: its language model's settings only inside `text_config`."""
+    text = {"model_type": "qwen3_5_text", "hidden_size": hidden, "vocab_size": vocab, "torch_dtype": "bfloat16"}
+    tensors = TARGET_TENSORS + (("mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight") if bundled else ())
+    return model_dir(root, name, config={"model_type": "qwen3_5", "text_config": text}, tensors=tensors)
+
+
+def mtp_head(root, name="head", *, family="qwen3_5", hidden=64, vocab=1024):
+    text = {"model_type": family, "hidden_size": hidden, "vocab_size": vocab, "torch_dtype": "bfloat16"}
+    return model_dir(root, name, config={"model_type": "qwen3_5_mtp", "text_config": text}, tensors=HEAD_TENSORS)
+
+
+def fleet(tmp_path, target, drafter, tbits, dbits, *, backend="native", kind=None):
+    worker = {
+        "model": "m",
+        "backend": backend,
+        "target": {"path": str(target), "bits": tbits},
+        "drafter": {"path": str(drafter), "bits": dbits, "depth": 2} | ({"kind": kind} if kind else {}),
+        "maxNumSeqs": 1,
+        "port": 8101,
+    }
     cfg = tmp_path / "fleet.yaml"
-    cfg.write_text(
-        "workers:\n  w:\n    model: m\n"
-        f"    target: {{path: {target}, bits: {tbits}}}\n"
-        f"    drafter: {{path: {drafter}, bits: {dbits}, depth: 2}}\n"
-        "    maxNumSeqs: 1\n    port: 8101\n"
-    )
+    cfg.write_text(yaml.safe_dump({"policy": {"allowedBackends": ["native", "mlx-lm"]}, "workers": {"w": worker}}))
     return cfg
 
 
-def deep_codes(cfg):
+def deep_findings(cfg):
     _, report = load_config(cfg, deep=True)
-    return sorted(f.code for f in report.findings)
+    return report.findings
+
+
+def deep_codes(cfg):
+    return sorted(f.code for f in deep_findings(cfg))
 
 
 def test_matching_local_models_pass(tmp_path):
@@ -44,6 +77,18 @@ def test_vocab_and_bits_mismatches_are_found_only_with_deep(tmp_path):
     assert shallow.findings == []
 
 
+def test_vocab_and_bits_kept_in_text_config_are_checked_too(tmp_path):
+    t = qwen35(tmp_path, vocab=1024)
+    d = model_dir(tmp_path, "d", config={"model_type": "qwen3_5", "text_config": {"vocab_size": 2048, "dtype": "float16"}})
+    findings = deep_findings(fleet(tmp_path, t, d, 4, "bf16"))
+    assert sorted((f.code, f.path[-2:]) for f in findings) == [
+        ("bits-mismatch", ("drafter", "bits")),
+        ("bits-mismatch", ("target", "bits")),
+        ("vocab-mismatch", ("drafter", "path")),
+    ]
+    assert any("records bf16" in f.message for f in findings)
+
+
 def test_relative_paths_resolve_against_the_config_folder(tmp_path):
     model_dir(tmp_path, "t", 1024, dtype="bfloat16")
     model_dir(tmp_path, "d", 1024)
@@ -53,3 +98,72 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path):
 
 def test_hub_ids_are_skipped(tmp_path):
     assert deep_codes(fleet(tmp_path, "org/not-here", "org/drafter", 4, 6)) == []
+
+
+@pytest.mark.parametrize("kind", [None, "auto", "mtp"])
+def test_a_head_made_for_the_target_passes_declared_or_detected(tmp_path, kind):
+    assert deep_codes(fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path), "bf16", "bf16", kind=kind)) == []
+
+
+@pytest.mark.parametrize(
+    ("head", "says"),
+    [
+        ({"hidden": 128}, "the head's hidden size is 128 but the target's is 64"),
+        ({"vocab": 4096}, "the head's vocabulary has 4096 tokens but the target's has 1024"),
+        ({"family": "qwen3_5_moe"}, "the head was made for `qwen3_5_moe` models but the target is `qwen3_5`"),
+    ],
+)
+def test_a_head_made_for_another_target_is_a_head_mismatch(tmp_path, head, says):
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path, **head), "bf16", "bf16"))
+    assert (f.code, f.path, f.related) == ("mtp-head-mismatch", ("workers", "w", "drafter", "path"), (("workers", "w", "target", "path"),))
+    assert f.message == f"this MTP head cannot draft for the target: {says}"
+    assert f.hint == "use the MTP head made for this target"
+
+
+def test_a_head_for_another_architecture_is_a_head_mismatch(tmp_path):
+    llama = model_dir(tmp_path, "t", config={"model_type": "llama", "hidden_size": 64, "vocab_size": 1024}, tensors=TARGET_TENSORS)
+    [f] = deep_findings(fleet(tmp_path, llama, mtp_head(tmp_path), 4, "bf16"))
+    assert f.code == "mtp-head-mismatch" and "but the target is `llama`" in f.message
+
+
+def test_a_detected_head_on_mlx_lm_cannot_load(tmp_path):
+    cfg = fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path), "bf16", "bf16", backend="mlx-lm")
+    _, shallow = load_config(cfg)
+    assert shallow.findings == []  # kind auto and two paths: only the files tell
+    [f] = deep_findings(cfg)
+    assert f.code == "mlx-lm-cannot-load-mtp"
+    assert f"`{tmp_path / 'head'}` holds an MTP head (read from its files)" in f.message
+
+
+def test_a_declared_head_on_mlx_lm_is_reported_once(tmp_path):
+    cfg = fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path), "bf16", "bf16", backend="mlx-lm", kind="mtp")
+    assert deep_codes(cfg) == ["mlx-lm-cannot-load-mtp"]
+
+
+def test_declared_mtp_on_a_plain_model_is_a_head_mismatch(tmp_path):
+    plain = model_dir(tmp_path, "d", config={"model_type": "qwen3", "vocab_size": 1024}, tensors=TARGET_TENSORS)
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), plain, "bf16", "fp32", kind="mtp"))
+    assert (f.code, f.path) == ("mtp-head-mismatch", ("workers", "w", "drafter", "path"))
+    assert f.message == f"`drafter.kind` is `mtp` but `{plain}` is not an MTP head (its `model_type` is `qwen3`); the worker would find no head to load"
+    assert f.hint.startswith("point `drafter.path` at the MTP head made for this target")
+
+
+def test_a_bundled_head_passes_and_its_absence_is_a_head_mismatch(tmp_path):
+    with_head = qwen35(tmp_path, "with-head", bundled=True)
+    assert deep_codes(fleet(tmp_path, with_head, with_head, "bf16", "bf16")) == []
+    without = qwen35(tmp_path, "without")
+    [f] = deep_findings(fleet(tmp_path, without, without, "bf16", "bf16"))
+    assert f.code == "mtp-head-mismatch"
+    assert f"`drafter.path` is the target's own, but `{without}` holds no bundled `mtp.*` tensors" in f.message
+
+
+def test_declared_model_on_a_head_is_a_kind_mismatch(tmp_path):
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path), "bf16", "bf16", kind="model"))
+    assert (f.code, f.severity, f.path) == ("drafter-kind-mismatch", "error", ("workers", "w", "drafter", "kind"))
+    assert "is an MTP head (`model_type` `qwen3_5_mtp`)" in f.message
+    assert f.hint == "set `drafter.kind` to `mtp`, or leave it `auto`"
+
+
+def test_a_declared_kind_is_checked_even_when_the_target_is_a_hub_id(tmp_path):
+    cfg = fleet(tmp_path, "org/qwen3.5-target", mtp_head(tmp_path), "bf16", "bf16", kind="model")
+    assert deep_codes(cfg) == ["drafter-kind-mismatch"]

@@ -129,6 +129,51 @@ def test_drafter_precision_warns_only_when_as_hard_as_the_target_and_below_6_bit
         assert found[0].severity == "warning"
 
 
+def test_a_bundled_head_is_not_warned_about_precision_it_shares_with_its_target(fleet):
+    worker = fleet["workers"]["qwen-mtp"]
+    worker["drafter"].update(path=worker["target"]["path"], bits=4)
+    assert codes(fleet) == []
+    worker["drafter"]["path"] = "elsewhere/drafter-4bit"
+    assert codes(fleet) == ["drafter-precision"]
+
+
+def mlx_lm_fleet(fleet, **drafter):
+    fleet["policy"] = {"allowedBackends": ["native", "mlx-lm"]}
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    worker = fleet["workers"]["qwen-mtp"]
+    worker.update(backend="mlx-lm", maxNumSeqs=1)
+    worker["drafter"].update(drafter)
+    return fleet
+
+
+@pytest.mark.parametrize(
+    ("drafter", "why"),
+    [
+        ({"kind": "mtp"}, "`drafter.kind` is `mtp`"),
+        ({"path": "mlx-community/Qwen3.8-27B-4bit"}, "`drafter.path` is the target's own path"),
+        ({"path": "mlx-community/Qwen3.8-27B-4bit", "kind": "auto"}, "bundled in its checkpoint"),
+    ],
+)
+def test_mlx_lm_cannot_load_a_declared_or_bundled_mtp_head(fleet, drafter, why):
+    [f] = only(mlx_lm_fleet(fleet, **drafter), "mlx-lm-cannot-load-mtp")
+    assert (f.severity, f.path, f.related) == ("error", ("workers", "qwen-mtp", "drafter"), (("workers", "qwen-mtp", "backend"),))
+    assert f.message.startswith("`mlx_lm.server` cannot load an MTP head, only a separate draft model: ")
+    assert why in f.message
+    assert f.hint == "use backend `native`, or drop the drafter"
+
+
+@pytest.mark.parametrize("kind", ["auto", "model"])
+def test_mlx_lm_with_a_separate_drafter_not_declared_mtp_passes(fleet, kind):
+    assert codes(mlx_lm_fleet(fleet, kind=kind)) == []
+
+
+def test_the_native_backend_loads_a_declared_or_bundled_head(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"]["kind"] = "mtp"
+    assert codes(fleet) == []
+    fleet["workers"]["qwen-mtp"]["drafter"]["path"] = fleet["workers"]["qwen-mtp"]["target"]["path"]
+    assert codes(fleet) == []
+
+
 def test_a_backend_outside_the_policy_is_wired_but_unreachable(fleet):
     fleet["workers"]["qwen-mtp"]["backend"] = "mlx-lm"
     fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
