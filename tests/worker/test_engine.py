@@ -211,3 +211,12 @@ def test_identity_hash_changes_when_a_weight_file_changes(tiny_pair, tmp_path, p
     data[-1] ^= 0x01
     weights.write_bytes(bytes(data))
     assert hash_weights(target) != before
+
+
+def test_the_demo_chat_template_takes_content_as_a_string_or_as_text_parts(engine):
+    as_string = engine.chat_prompt([{"role": "user", "content": "hi there"}])
+    as_parts = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+        add_generation_prompt=True,
+    )
+    assert as_string == list(as_parts)

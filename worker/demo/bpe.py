@@ -21,9 +21,14 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 MODEL_MAX_LENGTH = 512
 
+#: ChatML. Content may be a string or a list of `{"type": "text", "text": ...}` parts (OpenAI's
+#: multi-part form, which mlx-vlm's server always sends); the parts' texts are joined.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- if message['content'] is string %}{%- set content = message['content'] %}"
+    "{%- else %}{%- set content = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
