@@ -1,16 +1,20 @@
-"""Worker benchmark: the native worker side by side with `mlx_lm.server`, same models, one run.
+"""Worker benchmark: the native worker serving an MTP head, side by side with its peers, same models, one run.
+
+Configurations (all running at once, idle between measurements, so repeats interleave
+and a noisy neighbour hits every one alike):
+  - `native+mtp`, `native`: the native worker with and without the head (maxNumSeqs 4);
+  - `mlx-vlm+mtp`, `mlx-vlm`: mlx-vlm's server, the reference MTP implementation
+    (`--draft-kind mtp --draft-block-size depth+1 --max-num-seqs 4`), with and without the head;
+  - `mlx_lm.server`: plain batched decoding of the same target (no drafter).
 
 Measures, with medians and min-max over repeats (after discarded warm-up rounds):
-  1. single-stream throughput (tok/s, end to end) of each server, with and without the drafter;
-  2. the drafter's speedup over no drafter, natively and in mlx-lm's own `stream_generate`;
-  3. 4 concurrent clients at maxNumSeqs 4: time to first token and aggregate tok/s.
+  1. single-stream throughput (tok/s, end to end) and time to first token;
+  2. the head's speedup over no head (native and mlx-vlm), and the speedup its measured
+     acceptance predicts at this machine's draft cost (target and head forwards timed in-process);
+  3. 4 concurrent clients: aggregate tok/s and time to first token.
 
-Every server is started through `worker.launcher` from `validator.worker_argv`, as
-`mtpstack up` does, and all of them run at once (idle between measurements) so the
-repeats interleave and a noisy neighbour hits every configuration alike.
-
-    python bench/worker_bench.py --out bench-worker.json          # the demo pair, widened if possible
-    python bench/worker_bench.py --target DIR --drafter DIR       # any local pair
+    python bench/worker_bench.py --out bench-worker.json          # the demo pair, target widened
+    python bench/worker_bench.py --target DIR --drafter DIR       # any local target + head
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -38,6 +42,16 @@ PROMPTS = [
     "import os\nimport sys\n\n\ndef main():\n",
     "This program is free software; you can",
 ]
+#: Configuration -> (server, with the head).
+CONFIGS = {
+    "native+mtp": ("native", True),
+    "native": ("native", False),
+    "mlx-vlm+mtp": ("mlx-vlm", True),
+    "mlx-vlm": ("mlx-vlm", False),
+    "mlx_lm.server": ("mlx-lm", False),
+}
+#: Batch width of every server (4 clients at once).
+WIDTH = 4
 #: Bounds every HTTP exchange; a stuck server fails the run instead of hanging it.
 REQUEST_TIMEOUT = 600
 
@@ -67,20 +81,39 @@ def report_lines(summary: dict) -> list[str]:
     lines = ["single stream, end-to-end tok/s (median (min-max, n)):"]
     for name, s in summary["single"].items():
         lines.append(f"  {name:<22} {fmt(s['tok_s'])}   ttft {fmt(s['ttft_s'], ' s', 3)}")
-    lines.append("drafter speedup over no drafter (ratio of medians):")
+    lines.append("the head's speedup over no head (ratio of medians):")
     for name, value in summary["speedup"].items():
         lines.append(f"  {name:<22} {value:.3f}x" if value else f"  {name:<22} n/a")
-    if summary.get("speedup_share") is not None:
-        lines.append(f"  native / stream_generate speedup: {summary['speedup_share']:.3f} (goal >= 0.95)")
-    lines.append("4 concurrent clients, maxNumSeqs 4:")
+    predicted = summary.get("predicted")
+    if predicted:
+        lines.append(
+            f"  predicted from acceptance {predicted['acceptance']:.2f} at depth {predicted['depth']} "
+            f"({predicted['tokens_per_step']:.2f} tokens per step, step cost {predicted['step_cost']:.2f} plain steps): "
+            f"{predicted['speedup']:.3f}x"
+        )
+    lines.append(f"{WIDTH} concurrent clients, maxNumSeqs {WIDTH}:")
     for name, s in summary["concurrent"].items():
         lines.append(
             f"  {name:<22} aggregate {fmt(s['aggregate_tok_s'])} tok/s   "
             f"ttft median {fmt(s['ttft_median_s'], ' s', 3)}   ttft max {fmt(s['ttft_max_s'], ' s', 3)}"
         )
+    for label, value in summary.get("goals", {}).items():
+        lines.append(f"  {label}: {value:.3f}" if value is not None else f"  {label}: n/a")
     for note in summary.get("notes", []):
         lines.append(f"note: {note}")
     return lines
+
+
+def predicted_speedup(acceptance: float, depth: int, costs: dict) -> dict:
+    """What acceptance alone predicts, if every drafted position is accepted with the same probability.
+
+    A step emits 1 + a + a^2 + ... + a^k tokens and costs one verify forward of k+1
+    positions plus k head forwards, measured in plain one-token target forwards.
+    """
+    tokens = sum(acceptance**i for i in range(depth + 1))
+    step = (costs["verify_s"] + depth * costs["head_s"]) / costs["plain_s"]
+    return {"acceptance": acceptance, "depth": depth, "tokens_per_step": tokens, "step_cost": step,
+            "speedup": tokens / step}
 
 
 # -- models --------------------------------------------------------------------------------
@@ -89,20 +122,11 @@ def report_lines(summary: dict) -> list[str]:
 def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
     if args.target:
         return Path(args.target), Path(args.drafter), "given on the command line"
-    from worker.demo import DEMO_DRAFTER, DEMO_TARGET
+    from worker.demo import DEMO_HEAD, DEMO_TARGET
 
-    if (DEMO_TARGET / "config.json").exists() and (DEMO_DRAFTER / "config.json").exists():
-        try:
-            from worker.demo import widen  # noqa: F401
-        except ImportError:
-            return DEMO_TARGET, DEMO_DRAFTER, "the trained demo pair (not widened: worker.demo.widen is missing)"
-        out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-        return out, DEMO_DRAFTER, (f"the demo pair, target widened by worker.demo.widen "
-                                   f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers)")
-    from worker.demo.tiny import build_tiny_pair
-
-    t, d = build_tiny_pair(workdir / "tiny")
-    return t, d, "a random tiny pair (no trained demo models in the checkout)"
+    out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
+    return out, DEMO_HEAD, (f"the demo pair, target widened by worker.demo.widen "
+                            f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers; the head is unchanged)")
 
 
 def widen_target(src: Path, dest: Path, args) -> Path:
@@ -114,37 +138,41 @@ def widen_target(src: Path, dest: Path, args) -> Path:
 # -- servers -------------------------------------------------------------------------------
 
 
-def start_servers(target: Path, drafter: Path, depth: int, logdir: Path) -> dict:
+def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> list[str]:
     from validator import WorkerProfile, worker_argv
-    from worker.launcher import resolve_command, worker_env
+    from worker.launcher import resolve_command
+
+    server, with_head = CONFIGS[name]
+    if server == "mlx-vlm":
+        argv = [sys.executable, "-m", "mlx_vlm.server", "--model", str(target), "--max-num-seqs", str(WIDTH),
+                "--host", "127.0.0.1", "--port", str(port)]
+        if with_head:
+            argv += ["--draft-model", str(head), "--draft-kind", "mtp", "--draft-block-size", str(depth + 1)]
+        return argv
+    profile = WorkerProfile.model_validate({
+        "model": "bench", "backend": server,
+        "target": {"path": str(target), "bits": "fp32"},
+        "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if with_head else None,
+        "maxNumSeqs": WIDTH, "port": port,
+    })
+    return resolve_command(worker_argv(profile))
+
+
+def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> dict:
+    from worker.launcher import worker_env
     from worker.process import WorkerProcess
     from worker.proof import free_port
 
-    specs = {
-        "native+drafter": ("native", True),
-        "native": ("native", False),
-        "native+drafter unbatched": ("native", True),
-        "mlx_lm.server+drafter": ("mlx-lm", True),
-        "mlx_lm.server": ("mlx-lm", False),
-    }
     servers = {}
     env = worker_env()
     # mlx_lm.server answers /v1/models with an empty body when no HF cache dir exists.
     hf_cache = logdir / "hf-cache"
     hf_cache.mkdir(exist_ok=True)
     env.setdefault("HF_HUB_CACHE", str(hf_cache))
-    for name, (backend, with_drafter) in specs.items():
+    for name in names:
         port = free_port()
-        profile = WorkerProfile.model_validate({
-            "model": "bench", "backend": backend,
-            "target": {"path": str(target), "bits": "fp32"},
-            "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth} if with_drafter else None,
-            "maxNumSeqs": 4, "port": port,
-            "extraArgs": ["--batching", "off"] if name.endswith("unbatched") else [],
-        })
-        proc = WorkerProcess(resolve_command(worker_argv(profile)), host="127.0.0.1", port=port,
-                             log_path=logdir / f"{name}.log", name=name, env=env)
-        servers[name] = proc
+        servers[name] = WorkerProcess(server_argv(name, target, head, depth, port), host="127.0.0.1", port=port,
+                                      log_path=logdir / f"{name}.log", name=name, env=env)
     try:
         for proc in servers.values():
             proc.start()
@@ -157,15 +185,13 @@ def start_servers(target: Path, drafter: Path, depth: int, logdir: Path) -> dict
     return servers
 
 
-async def stream_one(session, url: str, prompt: str, max_tokens: int, native: bool) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    if native:
-        body["model"] = "bench"
+async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first = None
     text, usage = [], None
-    async with session.post(url + "/v1/completions", json=body) as resp:
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
         async for line in resp.content:
@@ -175,18 +201,19 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int, native: bo
             if payload.get("usage"):
                 usage = payload["usage"]
             for choice in payload.get("choices") or []:
-                if choice.get("text"):
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
                     first = first or time.perf_counter()
-                    text.append(choice["text"])
+                    text.append(piece)
     end = time.perf_counter()
     tokens = (usage or {}).get("completion_tokens") or 0
     return {"ttft_s": (first or end) - start, "total_s": end - start, "tokens": tokens,
             "tok_s": tokens / (end - start) if end > start else 0.0, "text": "".join(text)}
 
 
-async def concurrent(session, url: str, clients: int, max_tokens: int, native: bool) -> dict:
+async def concurrent(session, url: str, clients: int, max_tokens: int, model: str) -> dict:
     start = time.perf_counter()
-    runs = await asyncio.gather(*(stream_one(session, url, PROMPTS[i % len(PROMPTS)], max_tokens, native)
+    runs = await asyncio.gather(*(stream_one(session, url, PROMPTS[i % len(PROMPTS)], max_tokens, model)
                                   for i in range(clients)))
     wall = time.perf_counter() - start
     ttfts = [r["ttft_s"] for r in runs]
@@ -194,19 +221,50 @@ async def concurrent(session, url: str, clients: int, max_tokens: int, native: b
             "ttft_max_s": max(ttfts), "wall_s": wall, "tokens": [r["tokens"] for r in runs]}
 
 
-def stream_generate_run(model, draft, tokenizer, prompt: str, max_tokens: int, depth: int) -> dict:
-    from mlx_lm.generate import stream_generate
+def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict:
+    """Median seconds of a plain one-token target forward, a verify forward of depth+1 positions and a
+    one-position head forward, in-process, at a 64-token context."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
 
-    start = time.perf_counter()
-    first, n, text = None, 0, []
-    kw = {"draft_model": draft, "num_draft_tokens": depth} if draft is not None else {}
-    for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kw):
-        first = first or time.perf_counter()
-        n = r.generation_tokens
-        text.append(r.text)
-    end = time.perf_counter()
-    return {"ttft_s": (first or end) - start, "total_s": end - start, "tokens": n, "tok_s": n / (end - start),
-            "text": "".join(text)}
+    from worker.engine import Engine
+
+    engine = Engine.load(str(target), str(head), draft_depth=depth, draft_kind="mtp")
+    parts, head_module = engine.parts, engine.drafter.model
+    context = mx.array(engine.text_prompt(" ".join(PROMPTS) * 4)[:64])[None]
+
+    def timed(fn) -> float:
+        values = []
+        for _ in range(repeats):
+            cache = make_prompt_cache(engine.target.model)
+            mx.eval(parts.hidden(context, cache))
+            start = time.perf_counter()
+            mx.eval(fn(cache))
+            values.append(time.perf_counter() - start)
+        return statistics.median(values)
+
+    one = mx.array([[5]], dtype=mx.uint32)
+    wide = mx.array([[5] * (depth + 1)], dtype=mx.uint32)
+    plain = timed(lambda cache: parts.lm_head(parts.hidden(one, cache)))
+    verify = timed(lambda cache: parts.lm_head(parts.hidden(wide, cache)))
+    hidden = parts.hidden(context, None)[:, -1:, :]
+
+    def head_step(_cache):
+        cache = head_module.make_cache()
+        return parts.lm_head(head_module(parts.embed(one), hidden, cache))
+
+    return {"plain_s": plain, "verify_s": verify, "head_s": timed(head_step)}
+
+
+async def counters(session, url: str) -> dict[str, float]:
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        for name in ("mtpstack_worker_tokens_drafted_total", "mtpstack_worker_tokens_accepted_total"):
+            if line.startswith(name + " "):
+                out[name] = float(line.split()[1])
+    return out
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -227,42 +285,38 @@ async def run(args) -> dict:
     import mlx_lm
 
     workdir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
-    target, drafter, source = prepare_models(args, workdir)
-    print(f"models: {source}\n  target {target}\n  drafter {drafter}", file=sys.stderr)
+    target, head, source = prepare_models(args, workdir)
+    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
     samples: dict = {"single": {}, "concurrent": {}}
     notes = []
-
-    model, tokenizer = mlx_lm.load(str(target))
-    draft, _ = mlx_lm.load(str(drafter))
-    servers = start_servers(target, drafter, args.depth, workdir)
+    costs = draft_costs(target, head, args.depth)
+    models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
+    servers = start_servers(target, head, args.depth, workdir, args.configs)
     try:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
+            before = await counters(session, servers["native+mtp"].url) if "native+mtp" in servers else {}
             for rnd in range(args.warmup + args.repeats):
                 keep = rnd >= args.warmup
                 prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
-                    if name.endswith("unbatched"):
-                        continue  # same as native+drafter for one stream
-                    r = await stream_one(session, proc.url, prompt, args.max_tokens, name.startswith("native"))
+                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name])
                     texts[name] = r.pop("text")
                     if keep:
                         samples["single"].setdefault(name, []).append(r)
-                for name, d in (("stream_generate+drafter", draft), ("stream_generate", None)):
-                    r = stream_generate_run(model, d, tokenizer, prompt, args.max_tokens, args.depth)
-                    texts[name] = r.pop("text")
-                    if keep:
-                        samples["single"].setdefault(name, []).append(r)
+                if rnd == args.warmup - 1 and "native+mtp" in servers:
+                    before = await counters(session, servers["native+mtp"].url)
                 if len(set(texts.values())) != 1:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
-                                 + ", ".join(f"{k}={len(v)} chars" for k, v in texts.items()))
+                                 + ", ".join(f"{k}={v[:40]!r}" for k, v in texts.items()))
                 for name in servers:
-                    c = await concurrent(session, servers[name].url, 4, args.max_tokens, name.startswith("native"))
+                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name])
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
                 print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"),
                       file=sys.stderr)
+            after = await counters(session, servers["native+mtp"].url) if "native+mtp" in servers else {}
     finally:
         for proc in servers.values():
             proc.stop()
@@ -271,11 +325,23 @@ async def run(args) -> dict:
     conc = {name: {k: summarize([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
             for name, rs in samples["concurrent"].items()}
     speedup = {
-        "native": ratio(single["native+drafter"]["tok_s"], single["native"]["tok_s"]),
-        "mlx_lm.server": ratio(single["mlx_lm.server+drafter"]["tok_s"], single["mlx_lm.server"]["tok_s"]),
-        "stream_generate": ratio(single["stream_generate+drafter"]["tok_s"], single["stream_generate"]["tok_s"]),
+        "native": ratio(single.get("native+mtp", {}).get("tok_s", {}), single.get("native", {}).get("tok_s", {})),
+        "mlx-vlm": ratio(single.get("mlx-vlm+mtp", {}).get("tok_s", {}), single.get("mlx-vlm", {}).get("tok_s", {})),
     }
-    share = speedup["native"] / speedup["stream_generate"] if speedup["native"] and speedup["stream_generate"] else None
+    predicted = None
+    drafted = after.get("mtpstack_worker_tokens_drafted_total", 0) - before.get("mtpstack_worker_tokens_drafted_total", 0)
+    if drafted > 0:
+        accepted = after["mtpstack_worker_tokens_accepted_total"] - before["mtpstack_worker_tokens_accepted_total"]
+        predicted = predicted_speedup(accepted / drafted, args.depth, costs)
+    agg = {name: s["aggregate_tok_s"] for name, s in conc.items()}
+    goals = {
+        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1)": ratio(
+            single.get("native+mtp", {}).get("tok_s", {}), single.get("mlx-vlm+mtp", {}).get("tok_s", {})),
+        f"aggregate at {WIDTH}: native+mtp / mlx-vlm+mtp (goal >= 1.3)": ratio(
+            agg.get("native+mtp", {}), agg.get("mlx-vlm+mtp", {})),
+        f"aggregate at {WIDTH}: native+mtp / mlx_lm.server (goal >= 1)": ratio(
+            agg.get("native+mtp", {}), agg.get("mlx_lm.server", {})),
+    }
     if args.repeats < 5:
         notes.append(f"only {args.repeats} repeats on a shared machine: treat ratios within ~10% as noise; rerun with --repeats 5 or more")
     import mlx.core as mx
@@ -283,21 +349,33 @@ async def run(args) -> dict:
     return {
         "meta": {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "models": source, "target": str(target), "drafter": str(drafter),
+            "models": source, "target": str(target), "head": str(head),
             "depth": args.depth, "max_tokens": args.max_tokens, "repeats": args.repeats, "warmup": args.warmup,
             "machine": platform.machine(), "cpus": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD"),
-            "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__},
+            "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mlx_vlm": _version("mlx-vlm")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
-        "summary": {"single": single, "speedup": speedup, "speedup_share": share, "concurrent": conc, "notes": notes},
+        "summary": {"single": single, "speedup": speedup, "predicted": predicted, "costs": costs,
+                    "concurrent": conc, "goals": goals, "notes": notes},
         "samples": samples,
     }
 
 
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="target model directory (default: the demo pair, widened)")
-    p.add_argument("--drafter", help="drafter model directory (with --target)")
+    p.add_argument("--target", help="target model directory (default: the demo target, widened)")
+    p.add_argument("--drafter", help="MTP head folder (with --target)")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                   help="configurations to run (default: all)")
     p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
     p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
     p.add_argument("--depth", type=int, default=3, help="draft depth (default: 3)")

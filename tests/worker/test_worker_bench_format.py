@@ -24,12 +24,20 @@ def test_a_ratio_needs_both_medians():
 def test_report_lines_name_every_configuration():
     s = wb.summarize([10.0])
     summary = {
-        "single": {"native+drafter": {"tok_s": s, "ttft_s": s}},
-        "speedup": {"native": 1.2, "stream_generate": None},
-        "speedup_share": 0.97,
-        "concurrent": {"native+drafter": {"aggregate_tok_s": s, "ttft_median_s": s, "ttft_max_s": s}},
+        "single": {"native+mtp": {"tok_s": s, "ttft_s": s}},
+        "speedup": {"native": 1.2, "mlx-vlm": None},
+        "predicted": wb.predicted_speedup(0.5, 2, {"plain_s": 1.0, "verify_s": 1.5, "head_s": 0.25}),
+        "concurrent": {"native+mtp": {"aggregate_tok_s": s, "ttft_median_s": s, "ttft_max_s": s}},
+        "goals": {"aggregate at 4: native+mtp / mlx_lm.server (goal >= 1)": 1.25},
         "notes": ["only 1 repeats"],
     }
     text = "\n".join(wb.report_lines(summary))
-    assert "native+drafter" in text and "1.200x" in text and "n/a" in text and "0.970" in text
+    assert "native+mtp" in text and "1.200x" in text and "n/a" in text and "1.25" in text
+    assert "predicted from acceptance 0.50 at depth 2" in text
     assert text.splitlines()[-1] == "note: only 1 repeats"
+
+
+def test_the_prediction_counts_tokens_per_step_against_the_step_cost():
+    # acceptance 0.5 at depth 2: 1 + 0.5 + 0.25 tokens per step; a step costs (1.5 + 2 * 0.25) plain forwards
+    p = wb.predicted_speedup(0.5, 2, {"plain_s": 1.0, "verify_s": 1.5, "head_s": 0.25})
+    assert p["tokens_per_step"] == 1.75 and p["step_cost"] == 2.0 and p["speedup"] == 0.875
