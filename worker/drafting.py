@@ -75,11 +75,13 @@ class HeadDrafter:
         return mx.argmax(self.parts.lm_head(out), axis=-1).astype(mx.uint32), out
 
     def prefill(self, seq, tokens: list[int], hidden: mx.array, bonus: mx.array | None) -> None:
-        """Head entries for one prompt chunk: position t pairs token t+1 with the target's hidden state at t."""
-        nxt = mx.array(tokens[1:], dtype=mx.uint32)
-        if bonus is None:
-            hidden = hidden[:, :-1, :]  # the chunk's last token pairs with the next chunk's first
-        else:
+        """Head entries for one prompt chunk: position t pairs token t+1 with the target's hidden state at t.
+
+        `tokens` is the chunk plus the prompt's next token when there is one; after the
+        last chunk `bonus` (the first generated token) takes that place.
+        """
+        nxt = mx.array(tokens[1:], dtype=mx.uint32)  # `tokens` runs one past the chunk where the prompt does
+        if bonus is not None:  # the prompt's last position pairs with the first generated token
             nxt = mx.concatenate([nxt, bonus.reshape(-1).astype(mx.uint32)])
         if nxt.size == 0:
             return

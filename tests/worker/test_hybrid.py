@@ -199,3 +199,19 @@ def test_a_target_whose_cache_cannot_be_rolled_back_is_refused_naming_the_layer(
                                         use_conv_bias=False, time_step_rank=2))
     with pytest.raises(CacheNotSupported, match="layer 0 .*cannot roll back"):
         check_rollback(model)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_a_prompt_prefilled_over_several_chunks_drafts_as_one_prefilled_at_once(engine, reference, monkeypatch, chunk):
+    import worker.engine as engine_module
+
+    prompt = PROMPTS[3]  # 12 tokens
+    whole = engine.new_sequence(engine.text_prompt(prompt), params(3))
+    while not whole.finished:
+        whole.step()
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", chunk)
+    chunked = engine.new_sequence(engine.text_prompt(prompt), params(3))
+    while not chunked.finished:
+        chunked.step()
+    assert chunked.tokens == whole.tokens == reference[prompt]
+    assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
