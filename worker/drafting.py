@@ -147,7 +147,8 @@ class ModelDrafter:
         return make_prompt_cache(self.model)
 
     def prefill(self, seq, tokens: list[int], hidden: mx.array, bonus: mx.array | None) -> None:
-        self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=seq.draft_cache)
+        chunk = tokens[: hidden.shape[1]]  # the lookahead token belongs to the next chunk
+        self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=seq.draft_cache)
 
     def start(self, seq) -> None:
         seq.draft_y = [seq.y]  # the first generated token, not yet seen by the drafter

@@ -220,3 +220,15 @@ def test_the_demo_chat_template_takes_content_as_a_string_or_as_text_parts(engin
         add_generation_prompt=True,
     )
     assert as_string == list(as_parts)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_a_prompt_prefilled_over_several_chunks_gives_what_one_chunk_gives(engine, reference, monkeypatch, chunk):
+    import worker.engine as engine_module
+
+    prompt = PROMPTS[3]
+    whole = run(engine, engine.text_prompt(prompt), depth=3)
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", chunk)
+    chunked = run(engine, engine.text_prompt(prompt), depth=3)
+    assert chunked.tokens == whole.tokens == reference[prompt]
+    assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
