@@ -34,6 +34,8 @@ class StrictModel(BaseModel):
         frozen=True,
         alias_generator=to_camel,
         populate_by_name=True,
+        # YAML reads `.nan` and `.inf` as floats; neither is a usable timeout.
+        allow_inf_nan=False,
     )
 
 
