@@ -68,10 +68,16 @@ def alias_bomb(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _odd(rng: random.Random):
+    return copy.deepcopy(rng.choice(ODD_VALUES))  # a fresh copy: a shared one could be nested into itself
+
+
 def mutate_structure(rng: random.Random, data: dict) -> dict:
     data = copy.deepcopy(data)
     for _ in range(rng.randint(1, 4)):
         paths = [p for p in _paths(data) if p]
+        if not paths:
+            break
         path = rng.choice(paths)
         action = rng.randrange(5)
         parent = data
@@ -81,11 +87,11 @@ def mutate_structure(rng: random.Random, data: dict) -> dict:
             del parent[path[-1]]
         elif action == 1 and isinstance(parent, dict):
             key = str(path[-1])
-            parent[key[:-1] + key[-1:].swapcase() + rng.choice(["", "s", "_"])] = rng.choice(ODD_VALUES)
+            parent[key[:-1] + key[-1:].swapcase() + rng.choice(["", "s", "_"])] = _odd(rng)
         elif action == 2 and isinstance(parent, dict):
-            parent[rng.choice(["extra", "x-anchor", "<<", "1", ""])] = rng.choice(ODD_VALUES)
+            parent[rng.choice(["extra", "x-anchor", "<<", "1", ""])] = _odd(rng)
         else:
-            _set(data, path, rng.choice(ODD_VALUES))
+            _set(data, path, _odd(rng))
     return data
 
 
@@ -171,12 +177,11 @@ MALFORMED_HTTP: dict[str, bytes] = {
 }
 
 
-def random_http(rng: random.Random, path: str = "/v1/completions") -> bytes:
-    """A fixed malformed case, or a valid request with random bytes flipped, dropped or added."""
-    if rng.random() < 0.3:
-        return rng.choice(list(MALFORMED_HTTP.values()))
-    raw = bytearray(request_bytes(path, random_body(rng)))
-    for _ in range(rng.randint(1, 6)):
+def _mutate(rng: random.Random, data: bytes, times: int) -> bytes:
+    raw = bytearray(data)
+    for _ in range(times):
+        if not raw:
+            break
         i = rng.randrange(len(raw))
         op = rng.randrange(3)
         if op == 0:
@@ -186,6 +191,20 @@ def random_http(rng: random.Random, path: str = "/v1/completions") -> bytes:
         else:
             raw.insert(i, rng.choice(b"\r\n\x00:; \t{}[]\"\\"))
     return bytes(raw)
+
+
+def random_http(rng: random.Random, path: str = "/v1/completions", model: str = "m") -> bytes:
+    """A fixed malformed case, or a request whose body and head have random bytes flipped,
+    dropped or added. The Content-Length line is left whole and counts the mutated body: a
+    body shorter than announced is a slow client, which `slow_client` covers."""
+    if rng.random() < 0.3:
+        return rng.choice(list(MALFORMED_HTTP.values()))
+    body = _mutate(rng, random_body(rng, model), rng.randint(0, 3))
+    head, _, _ = request_bytes(path, body).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(i for i, line in enumerate(lines) if line.startswith(b"Content-Length:"))
+    mutated = [line if i == length else _mutate(rng, line, rng.choice([0, 0, 1, 2])) for i, line in enumerate(lines)]
+    return b"\r\n".join(mutated) + b"\r\n\r\n" + body
 
 
 #: Field values that no endpoint can serve.
@@ -210,7 +229,8 @@ ODD_FIELDS = {
 
 
 def random_body(rng: random.Random, model: str = "m") -> bytes:
-    """An odd JSON body: a plausible request with odd fields, or JSON (or not) of odd shape."""
+    """An odd JSON body: a plausible request with odd fields, or JSON (or not) of odd shape.
+    A body that happens to be valid asks for 2 tokens, so a real worker answers it quickly."""
     kind = rng.randrange(6)
     if kind == 0:
         depth = rng.choice([63, 64, 65, 200, 1000, 50_000])
@@ -222,7 +242,7 @@ def random_body(rng: random.Random, model: str = "m") -> bytes:
             ('{"model": "%s", "prompt": "x", "max_tokens": 1e999}' % model).encode(),
             '{"model": "m", "prompt": "\\ud800\\udfff\\u0000"}'.encode(),
         ])
-    body: dict = {"model": model}
+    body: dict = {"model": model, "max_tokens": 2}
     body["messages" if rng.random() < 0.5 else "prompt"] = rng.choice(
         [[{"role": "user", "content": "hi"}], "hi"]
     )
@@ -241,8 +261,10 @@ class RawResult:
 
 
 def raw_exchange(host: str, port: int, data: bytes, timeout: float = 10.0) -> RawResult:
-    """Send `data` on a fresh connection and read the answer's status line; `Connection: close`
-    is not added, so a server that waits for more is seen waiting (`timed_out`)."""
+    """Send `data` on a fresh connection and read the answer's status line. The sending side
+    stays open (aiohttp takes a half-close for a client gone), so a request that promises more
+    body than it sends is a slow client: `slow_client` sends those on purpose. A server that
+    neither answers nor closes within `timeout` is `timed_out`."""
     start = time.monotonic()
     with socket.create_connection((host, port), timeout=timeout) as s:
         try:

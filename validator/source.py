@@ -184,8 +184,12 @@ def parse_yaml(text: str) -> Source:
         mark = e.problem_mark or e.context_mark
         problem = e.problem or e.context or "syntax error"
         raise Unreadable(f"invalid YAML: {problem}", line=mark.line + 1 if mark else None) from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, most controls)
+        character = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise Unreadable(f"invalid YAML: character {character} is not allowed ({e.reason})",
+                         line=_line_at(text, e.position) if isinstance(e.position, int) else None) from None
     except yaml.YAMLError as e:
-        raise Unreadable(f"invalid YAML: {e}") from None
+        raise Unreadable(f"invalid YAML: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     finally:
         loader.dispose()
 

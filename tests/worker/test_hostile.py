@@ -4,12 +4,16 @@ and the process stays up with every slot free."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
+
+from bench.hostile import random_body, random_http, raw_exchange, request_bytes
 
 CHAT = [{"role": "user", "content": "hi"}]
 #: The tiny pair's vocabulary (`build_tiny_pair`'s config.json).
 VOCAB = 1024
+FUZZ_SEED, FUZZ_COUNT = 7, 150
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +99,20 @@ def test_the_worker_echoes_the_request_id_it_was_given(worker):
         assert e.code == 400 and e.headers["X-Request-Id"] == "proxy-rid-42"
     else:
         pytest.fail("a negative token id was served")
+
+
+def test_generated_malformed_http_and_odd_json_get_no_5xx_and_no_hang(worker):
+    rng = random.Random(FUZZ_SEED)
+    port = int(worker.url.rsplit(":", 1)[1])
+    statuses = []
+    for _ in range(FUZZ_COUNT):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        data = random_http(rng, path, model="tiny") if rng.random() < 0.4 else request_bytes(path, random_body(rng, "tiny"))
+        got = raw_exchange("127.0.0.1", port, data, timeout=60)
+        assert not got.timed_out, data[:200]
+        statuses.append(got.status)
+    assert not [s for s in statuses if s is not None and s >= 500], statuses
+    assert worker.proc.alive()
 
 
 def test_after_all_of_that_the_process_is_alive_and_every_slot_free(worker):
