@@ -5,11 +5,16 @@ fuzz tests (`tests/*/test_fuzz*.py`) and `bench/hostile_bench.py` both draw from
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -339,3 +344,58 @@ def slow_client(host: str, port: int, kind: str, interval: float, bound: float) 
             return RawResult(None, False, time.monotonic() - start, timed_out=True)
     status = int(buf.split(b" ", 2)[1]) if buf.startswith(b"HTTP/1.") else None
     return RawResult(status, True, time.monotonic() - start)
+
+
+# -- processes ----------------------------------------------------------------------------
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until `url` answers 200; fails when `proc` exits first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode} while starting: {proc.args}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready within {timeout:g} s")
+
+
+@dataclass
+class RunningProxy:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+
+@contextlib.contextmanager
+def proxy_before_fake(tmp: Path, client_seconds: float) -> Iterator[RunningProxy]:
+    """`mtpstack proxy` (its log in `tmp/proxy.log`) in front of one fake worker of model `m`
+    at a gate of 2; both stopped on exit."""
+    from worker.proof import free_port
+
+    up_port, port = free_port(), free_port()
+    fake = subprocess.Popen([sys.executable, "-m", "proxy.fake_upstream", "--port", str(up_port), "--gate", "2"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cfg = tmp / "fleet.json"
+    cfg.write_text(json.dumps({
+        "proxy": {"port": port, "concurrencyLimit": 2, "timeouts": {"clientSeconds": client_seconds}},
+        "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 2, "port": up_port}},
+    }))
+    log = tmp / "proxy.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "mtpstack", "proxy", "--config", str(cfg)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_http(f"http://127.0.0.1:{up_port}/health", fake)
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        yield RunningProxy(proc, port, log)
+    finally:
+        for p in (proc, fake):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)

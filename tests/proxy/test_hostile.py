@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from bench.hostile import MALFORMED_HTTP, SLOW_KINDS, raw_exchange, random_body, random_http, request_bytes, slow_client
-from worker.proof import free_port
+from bench.hostile import (
+    MALFORMED_HTTP,
+    SLOW_KINDS,
+    proxy_before_fake,
+    random_body,
+    random_http,
+    raw_exchange,
+    request_bytes,
+    slow_client,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 #: The deadline under test, short so that slow clients are cut off quickly.
 CLIENT_SECONDS = 1.0
 #: Longest a slow client may be held: the deadline plus a margin for a busy 2-core machine.
@@ -31,46 +34,10 @@ def _get_json(url: str) -> dict:
         return json.loads(r.read())
 
 
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} not ready within {timeout} s")
-
-
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile-proxy")
-    up_port, port = free_port(), free_port()
-    fake = subprocess.Popen([sys.executable, "-m", "proxy.fake_upstream", "--port", str(up_port), "--gate", "2"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cfg = tmp / "fleet.json"
-    cfg.write_text(json.dumps({
-        "proxy": {"port": port, "concurrencyLimit": 2, "timeouts": {"clientSeconds": CLIENT_SECONDS}},
-        "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 2, "port": up_port}},
-    }))
-    log = tmp / "proxy.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "mtpstack", "proxy", "--config", str(cfg)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        _wait(f"http://127.0.0.1:{up_port}/health", fake)
-        _wait(f"http://127.0.0.1:{port}/readyz", proc)
-        proc.port, proc.log = port, log
-        yield proc
-    finally:
-        for p in (proc, fake):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+    with proxy_before_fake(tmp_path_factory.mktemp("hostile-proxy"), CLIENT_SECONDS) as running:
+        yield running
 
 
 def _log(proxy) -> list[dict]:
@@ -125,7 +92,7 @@ def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
 
 def test_afterwards_the_proxy_is_alive_holds_nothing_and_logged_only_json(proxy):
     # Runs last in this module: everything above went to this process.
-    assert proxy.poll() is None
+    assert proxy.proc.poll() is None
     ready = _get_json(f"http://127.0.0.1:{proxy.port}/readyz")
     assert ready["workers"]["w"]["inflight"] == 0 and ready["models"]["m"]["waiting"] == 0
     entries = _log(proxy)

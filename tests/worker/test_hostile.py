@@ -120,3 +120,6 @@ def test_after_all_of_that_the_process_is_alive_and_every_slot_free(worker):
     assert worker.proc.alive()
     health = worker.get_json("/health")
     assert (health["status"], health["active"]) == ("ok", 0)
+    # aiohttp's refusals of malformed HTTP are logged in one line each, without a traceback.
+    log = worker.proc.log_path.read_text()
+    assert "Error handling request" in log and "Traceback" not in log
