@@ -66,24 +66,11 @@ def _fail(message: str, hint: str | None = None) -> int:
     return 1
 
 
-class _MalformedHttpInOneLine(logging.Filter):
-    """aiohttp logs a client's malformed HTTP (already answered 400) with its parser's
-    traceback: the client's mistake, not the worker's, so one line says enough. The worker's
-    own failures keep their tracebacks."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from aiohttp.http_exceptions import HttpProcessingError
-
-        error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
-            record.msg = f"{record.getMessage()}: {type(error).__name__}: {' '.join(str(error).split())}"
-            record.args, record.exc_info, record.exc_text = (), None, None
-        return True
-
-
 def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("aiohttp.server").addFilter(_MalformedHttpInOneLine())
+    from proxy.logs import MalformedHttpInOneLine
+
+    logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
     if args.max_num_seqs < 1:
         return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if not 0 <= args.draft_depth <= 16:
