@@ -12,7 +12,7 @@ def result(**over) -> dict:
                           "crashed": 0},
             "slow": {"slow_clients": 2, "answered_408": 1, "closed": 1, "held_seconds_median": 2.0, "held_seconds_max": 2.1,
                      "5xx": 0, "hangs": 0},
-            "log": {"lines": 9, "not_one_json_object": 0, "with_traceback_field": 3, "internal_errors": 0, "logged_5xx": 0},
+            "log": {"lines": 9, "not_one_json_object": 0, "with_traceback_field": 0, "internal_errors": 0, "logged_5xx": 0},
             "leaked_slots": 0,
             "crashed": 0,
         },
