@@ -1,7 +1,9 @@
 """A sequence that fails inside generation ends only its own request: a 500 `generation_failed`
 before the first byte, an SSE error event after it, either way with the request's id, while the
 worker keeps serving the others. The worker runs in-process (real aiohttp, real mlx, the tiny pair);
-the failure is injected from the test into `Sequence.step`, keyed on the request's seed."""
+the failure is injected from the test at the server's seam, `Scheduler.step()`'s per-sequence
+`(seq, result, exc)` results, keyed on the request's seed, so it does not depend on how the engine
+steps or batches."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 
 import pytest
 
-from worker.engine import Sequence
+from worker.engine import Scheduler
 from worker.server import WorkerConfig, create_app
 
 #: Seeds the injected fault keys on: fail at the first step, or once 3 tokens are out.
@@ -19,18 +21,24 @@ FAIL_AT_ONCE, FAIL_LATER = 666, 667
 
 @pytest.fixture
 async def client(tiny_pair, aiohttp_client, monkeypatch):
-    real_step = Sequence.step
+    real_step = Scheduler.step
 
-    def step(self, pipeline=False):
-        if self.params.seed == FAIL_AT_ONCE or (self.params.seed == FAIL_LATER and len(self.tokens) >= 3):
-            raise RuntimeError("injected fault")
-        return real_step(self, pipeline)
+    def step(self):
+        out = []
+        for seq, result, error in real_step(self):
+            seed = seq.params.seed
+            if error is None and not seq.cancelled and (seed == FAIL_AT_ONCE or (seed == FAIL_LATER and len(seq.tokens) >= 3)):
+                # What the scheduler does with a sequence whose step raised.
+                seq.finish_reason = "error"
+                if seq in self.active:
+                    self.active.remove(seq)
+                result, error = None, RuntimeError("injected fault")
+            out.append((seq, result, error))
+        return out
 
-    monkeypatch.setattr(Sequence, "step", step)
+    monkeypatch.setattr(Scheduler, "step", step)
     target, drafter = tiny_pair
-    # Batching off: every sequence steps through `Sequence.step`, where the fault is.
-    config = WorkerConfig(model=str(target), draft_model=str(drafter), draft_depth=2, max_num_seqs=2,
-                          served_model_name="tiny", batching=False)
+    config = WorkerConfig(model=str(target), draft_model=str(drafter), draft_depth=2, max_num_seqs=2, served_model_name="tiny")
     client = await aiohttp_client(create_app(config))
 
     async def ready():
