@@ -1,8 +1,11 @@
 """How long `validate` takes on large fleets: parse + model + rules, end to end from a YAML file.
 
-    .venv/bin/python bench/validator_bench.py [--workers 1000] [--repeats 15]
+    .venv/bin/python bench/validator_bench.py [--workers 1000] [--repeats 15] [--kind valid rules structure]
 
-Prints median and min-max over repeats for each fleet size (and JSON with --json).
+Prints median and min-max over repeats for each fleet size and kind (and JSON with --json).
+Kinds: `valid`; `rules`, every worker's width disagreeing with its gate and every port taken
+twice (a finding per worker from the rules); `structure`, a misspelled key in every worker (a
+finding per worker from the model, each with its did-you-mean). 4,500 workers make a 1 MB file.
 A benchmark script, not a test: the machines are shared and noisy.
 """
 
@@ -21,9 +24,9 @@ import yaml
 from validator import load_config
 
 
-def fleet(workers: int) -> dict:
+def fleet(workers: int, kind: str = "valid") -> dict:
     models = [f"model-{i}" for i in range(max(1, workers // 10))]
-    return {
+    data = {
         "proxy": {"concurrencyLimit": 1, "modelConcurrencyLimits": {m: 1 + i % 4 for i, m in enumerate(models)}},
         "workers": {
             f"w{i}": {
@@ -37,16 +40,23 @@ def fleet(workers: int) -> dict:
             for i in range(workers)
         },
     }
+    for w in data["workers"].values():
+        if kind == "rules":
+            w["maxNumSeqs"] = 1 + w["maxNumSeqs"] % 4
+            w["host"] = "127.0.0.1"
+        elif kind == "structure":
+            w["maxNumSeq"] = w.pop("maxNumSeqs")
+    return data
 
 
-def measure(path: Path, repeats: int) -> list[float]:
+def measure(path: Path, repeats: int, kind: str) -> list[float]:
     load_config(path)  # warm-up: imports, pydantic schema build
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         config, report = load_config(path)
         times.append(time.perf_counter() - start)
-        assert config is not None and report.ok, report.render_text()[:500]
+        assert report.ok == (kind == "valid"), report.render_text()[:500]
     return times
 
 
@@ -54,21 +64,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--kind", nargs="+", choices=("valid", "rules", "structure"), default=["valid"])
     parser.add_argument("--json", action="store_true", help="print raw times as JSON")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:
-            path = Path(tmp) / f"fleet-{n}.yaml"
-            path.write_text(yaml.safe_dump(fleet(n)))
-            results[n] = measure(path, args.repeats)
+            for kind in args.kind:
+                path = Path(tmp) / f"fleet-{n}-{kind}.yaml"
+                path.write_text(yaml.safe_dump(fleet(n, kind)))
+                results[(n, kind)] = (path.stat().st_size, measure(path, args.repeats, kind))
     if args.json:
-        json.dump({str(n): t for n, t in results.items()}, sys.stdout, indent=2)
+        json.dump([{"workers": n, "kind": k, "bytes": b, "seconds": t} for (n, k), (b, t) in results.items()], sys.stdout, indent=2)
         print()
         return 0
-    print(f"{'workers':>8}  {'median':>9}  {'min':>9}  {'max':>9}  n")
-    for n, times in results.items():
-        print(f"{n:>8}  {statistics.median(times) * 1e3:>7.1f}ms  {min(times) * 1e3:>7.1f}ms  {max(times) * 1e3:>7.1f}ms  {len(times)}")
+    print(f"{'workers':>8}  {'kind':>9}  {'bytes':>9}  {'median':>9}  {'min':>9}  {'max':>9}  n")
+    for (n, kind), (size, times) in results.items():
+        print(f"{n:>8}  {kind:>9}  {size:>9}  {statistics.median(times) * 1e3:>7.1f}ms  {min(times) * 1e3:>7.1f}ms"
+              f"  {max(times) * 1e3:>7.1f}ms  {len(times)}")
     return 0
 
 

@@ -104,6 +104,16 @@ in
           example = 120;
           description = "Longest pause between two chunks of a streamed answer before 504.";
         };
+        clientSeconds = mkOption {
+          type = types.numbers.positive;
+          default = defaults.proxy.timeouts.clientSeconds;
+          example = 10;
+          description = ''
+            Deadline for a client to send a whole request (head and body),
+            counted from the connection's opening or the previous answer's end;
+            a late body gets 408, a late head has its connection closed.
+          '';
+        };
       };
       maxBodyBytes = mkOption {
         type = types.ints.positive;

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import AsyncIterator
@@ -19,6 +20,8 @@ from multidict import CIMultiDict
 
 from proxy.admission import ModelAdmission, Rejected, Upstream
 from proxy.auth import key_accepted, load_api_keys, presented_key
+from proxy.deadline import ClientDeadlines, deadline_of
+from proxy.deadline import middleware as client_deadline_middleware
 from proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
 from proxy.http import (
     REQUEST_DROP,
@@ -32,6 +35,7 @@ from proxy.http import (
 from proxy.metrics import ProxyMetrics
 from proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from validator import FleetConfig, gate_for
+from validator.bounds import BodyError, parse_json_body
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -53,6 +57,8 @@ class ProxyState:
     api_keys: tuple[bytes, ...] | None
     #: One HTTP client (keep-alive pool) per worker, by worker name.
     clients: dict[str, UpstreamClient] = field(default_factory=dict)
+    #: The client deadline of every connection `mtpstack proxy` accepts (`proxy.deadline`).
+    deadlines: ClientDeadlines | None = None
     draining: bool = False
     started: float = field(default_factory=time.time)
 
@@ -107,7 +113,8 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
         clients=clients,
     )
 
-    app = web.Application()
+    state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
+    app = web.Application(middlewares=[client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
     app.cleanup_ctx.append(_clients_ctx)
     app.cleanup_ctx.append(health_ctx(STATE))
@@ -186,7 +193,7 @@ class Exchange:
     """What one log line says about one request."""
 
     rid: str
-    path: str
+    path: str | None  # None: the request head never arrived whole
     arrived: float
     model: str = NO_MODEL
     worker: str | None = None
@@ -235,6 +242,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
     except Rejected as r:
         ex.code = r.code
         resp = error_response(r.status, r.code, r.message, rid=ex.rid, retry_after=r.retry_after)
+        if r.code == CLIENT_TIMEOUT:
+            resp.force_close()  # the rest of the body may still be on its way: do not wait for it
     except asyncio.CancelledError:
         ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
         _finish(state, ex)
@@ -271,25 +280,45 @@ def _finish(state: ProxyState, ex: Exchange) -> None:
         log.info(ex.line(time.monotonic()))
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+def _late_head(state: ProxyState, peer) -> None:
+    """A client sent part of a request head and not the rest within the deadline: its
+    connection is closed without an answer (none can be framed), and logged as 408."""
+    seconds = state.config.proxy.timeouts.client_seconds
+    now = time.monotonic()
+    ex = Exchange(rid=uuid.uuid4().hex, path=None, arrived=now - seconds, status=HTTPStatus.REQUEST_TIMEOUT, code=CLIENT_TIMEOUT)
+    _finish(state, ex)
+
+
+#: Error code of a request that did not arrive whole within `proxy.timeouts.clientSeconds`.
+CLIENT_TIMEOUT = "client_timeout"
+
+
+async def _read_body(request: web.Request, limit: int, client_seconds: float) -> bytes:
     too_large = Rejected(
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body_too_large", f"the request body is larger than the limit: {limit} bytes"
     )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async with asyncio.timeout_at(deadline_of(request, client_seconds)):
+            async for chunk in request.content.iter_any():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except TimeoutError:
+        raise Rejected(
+            HTTPStatus.REQUEST_TIMEOUT, CLIENT_TIMEOUT,
+            f"the request did not arrive whole within {client_seconds:g} s (`proxy.timeouts.clientSeconds`)",
+        ) from None
     return bytes(body)
 
 
 def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request body is not valid JSON") from None
+        payload = parse_json_body(body)
+    except BodyError as e:
+        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", str(e)) from None
     if not isinstance(payload, dict):
         raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request body must be a JSON object")
     model = payload.get("model")
@@ -308,7 +337,7 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         ex.code = "invalid_api_key"
         return denied
     p = state.config.proxy
-    body = await _read_body(request, p.max_body_bytes)
+    body = await _read_body(request, p.max_body_bytes, p.timeouts.client_seconds)
     payload, ex.model = _parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy.app import STATE, create_app
 from proxy.auth import ApiKeysError
+from proxy.logs import configure as configure_logs
 from validator import ConfigError, FleetConfig, load_config
 
 log = logging.getLogger("mtpstack.proxy")
@@ -54,11 +55,7 @@ def run(args: argparse.Namespace) -> int:
         n = len(e.report.errors)
         _error(f"not starting the proxy: the config has {n} error{'s' * (n != 1)}: `{args.config}`")
         return 1
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    configure_logs()
     try:
         app = create_app(config)
     except ApiKeysError as e:
@@ -82,10 +79,12 @@ async def serve(app: web.Application, config: FleetConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    state = app[STATE]
+    server = None
     try:
-        site = web.TCPSite(runner, p.host, p.port)
-        await site.start()
-        state = app[STATE]
+        # Not `web.TCPSite`: each connection's protocol is wrapped in its client deadline.
+        assert runner.server is not None and state.deadlines is not None
+        server = await loop.create_server(state.deadlines.protocol_factory(runner.server), p.host, p.port, reuse_address=True)
         log.info(
             json.dumps(
                 {
@@ -99,6 +98,8 @@ async def serve(app: web.Application, config: FleetConfig) -> int:
         inflight = sum(u.inflight for u in state.upstreams.values()) + sum(a.waiting for a in state.admissions.values())
         log.info(json.dumps({"event": "draining", "in_flight": inflight, "grace_seconds": p.shutdown_grace_seconds}))
     finally:
+        if server is not None:
+            server.close()
         await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

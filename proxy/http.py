@@ -36,6 +36,7 @@ _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "invalid_request_error",
     HTTPStatus.UNAUTHORIZED: "authentication_error",
     HTTPStatus.NOT_FOUND: "invalid_request_error",
+    HTTPStatus.REQUEST_TIMEOUT: "invalid_request_error",
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "invalid_request_error",
     HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
 }

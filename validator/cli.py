@@ -7,6 +7,7 @@ import json
 import sys
 
 from validator.config import FleetConfig
+from validator.findings import Finding, format_finding
 from validator.load import load_config
 
 
@@ -22,8 +23,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_schema)
 
 
+#: Exit status when `validate` itself failed: distinct from 1 (invalid) and 2 (unreadable), so
+#: CI can tell a crash from a rejection (`mtpstack status` uses 3 for "unhealthy" the same way).
+INTERNAL_ERROR = 3
+
+
 def run_validate(args: argparse.Namespace) -> int:
-    _, report = load_config(args.file, deep=args.deep)
+    try:
+        _, report = load_config(args.file, deep=args.deep)
+    except Exception as e:  # a bug of ours, whatever the input: a finding, never a traceback
+        return _internal_error(args, e)
     if args.format == "json":
         print(report.render_json())
     else:
@@ -39,6 +48,21 @@ def run_validate(args: argparse.Namespace) -> int:
             )
         print(summary, file=sys.stderr)
     return report.exit_code(strict=args.strict)
+
+
+def _internal_error(args: argparse.Namespace, error: Exception) -> int:
+    finding = Finding(
+        code="internal-error",
+        severity="error",
+        path=(),
+        message=f"the validator failed on this file: {type(error).__name__}: {str(error)[:200]}",
+        hint="this is a bug in mtpstack, not in the config; please report it with the file",
+    )
+    if args.format == "json":
+        print(json.dumps({"ok": False, "errors": [finding.to_json()], "warnings": []}, indent=2))
+    else:
+        print(format_finding(args.file, finding), file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def config_schema() -> dict:

@@ -38,6 +38,8 @@ class StrictModel(BaseModel):
         frozen=True,
         alias_generator=to_camel,
         populate_by_name=True,
+        # YAML reads `.nan` and `.inf` as floats; neither is a usable timeout.
+        allow_inf_nan=False,
     )
 
 
@@ -54,6 +56,14 @@ class TimeoutsConfig(StrictModel):
         description="Time to the first byte of the worker's answer; a non-streamed answer's first byte comes when generation ends.",
     )
     idle_seconds: float = Field(60.0, gt=0, description="Longest pause between two chunks of a streamed answer before 504.")
+    client_seconds: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "Deadline for a client to send a whole request (head and body), counted from the connection's opening or "
+            "the previous answer's end; a late body gets 408, a late head has its connection closed."
+        ),
+    )
 
 
 class ProxyConfig(StrictModel):

@@ -171,7 +171,7 @@ def validate_data(data: Any, source_name: str = "<config>", source: Source | Non
                 code="duplicate-key",
                 severity="error",
                 path=path,
-                message=f"key `{path[-1]}` appears twice (lines {first} and {again}); only the last would count",
+                message=f"key `{display_key(path[-1])}` appears twice{f' (lines {first} and {again})' if first else ''}; only the last would count",
                 hint="remove one of them",
                 line=again,
             )

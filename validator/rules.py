@@ -200,21 +200,28 @@ def _canonical_host(host: str) -> str:
         return host.lower()
 
 
-def _hosts_overlap(a: str, b: str) -> bool:
-    return a in WILDCARD_HOSTS or b in WILDCARD_HOSTS or _canonical_host(a) == _canonical_host(b)
-
-
 def check_ports(config: FleetConfig) -> Iterator[Finding]:
+    """Each listener against the first earlier one it overlaps with (same port, same host or
+    either a wildcard). Linear: per port, the first listener, the first wildcard and the first
+    on each canonical host are all that an overlap can be with first."""
     listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)]
     listeners += [(("workers", name, "port"), w.host, w.port) for name, w in config.workers.items()]
-    seen: dict[int, list[tuple[tuple[str, ...], str]]] = {}
-    for path, host, port in listeners:
-        earlier = seen.setdefault(port, [])
-        clash = next(((p, h) for p, h in earlier if _hosts_overlap(host, h)), None)
-        earlier.append((path, host))
+    first_on_port: dict[int, tuple[int, tuple[str, ...], str]] = {}
+    first_wildcard: dict[int, tuple[int, tuple[str, ...], str]] = {}
+    first_on_host: dict[tuple[int, str], tuple[int, tuple[str, ...], str]] = {}
+    for order, (path, host, port) in enumerate(listeners):
+        me = (order, path, host)
+        if host in WILDCARD_HOSTS:
+            clash = first_on_port.get(port)
+            first_wildcard.setdefault(port, me)
+        else:
+            key = (port, _canonical_host(host))
+            clash = min((c for c in (first_wildcard.get(port), first_on_host.get(key)) if c is not None), default=None)
+            first_on_host.setdefault(key, me)
+        first_on_port.setdefault(port, me)
         if clash is None:
             continue
-        other_path, other_host = clash
+        _, other_path, other_host = clash
         owner = format_path(other_path[:-1])
         yield Finding(
             code="port-conflict",

@@ -69,6 +69,9 @@ def _fail(message: str, hint: str | None = None) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from proxy.logs import MalformedHttpInOneLine
+
+    logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
     if args.max_num_seqs < 1:
         return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if not 0 <= args.draft_depth <= 16:

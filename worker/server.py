@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import platform
 import queue
@@ -27,6 +28,9 @@ from pathlib import Path
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from proxy.http import REQUEST_ID, request_id
+from validator.bounds import BodyError, parse_json_body
+from validator.modeldir import config_value
 from worker.proof import read_cmdline
 
 log = logging.getLogger("mtpstack.worker")
@@ -48,6 +52,13 @@ SHUTDOWN_GRACE = 5.0
 RETRY_AFTER = 1
 #: Parameters that would change the response's shape or meaning, refused rather than ignored.
 UNSUPPORTED_IF_SET = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "suffix", "echo")
+#: Largest integer accepted in a count (`max_tokens`, `n`, `num_draft_tokens`): mlx indexes
+#: with 32-bit integers, and no context comes near it.
+MAX_COUNT = 2**31 - 1
+#: Seeds become a 64-bit mlx random key: 0 <= seed < 2^63, as mlx-lm's own server takes them.
+SEED_LIMIT = 2**63
+#: Largest request body the worker reads; the proxy's own limit (`proxy.maxBodyBytes`) is lower.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -73,9 +84,14 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.param = status, code, message, param
         self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
 
-    def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
-        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else None
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def response(self, rid: str | None = None) -> web.Response:
+        body = self.body()
+        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else {}
+        if rid is not None:
+            headers[REQUEST_ID] = rid
         return web.json_response(body, status=self.status, headers=headers)
 
 
@@ -148,6 +164,7 @@ class RequestHandle:
     seq: object
     loop: asyncio.AbstractEventLoop
     release: object  # callable releasing the slot, run on the loop
+    rid: str = ""  # the request's X-Request-Id, echoed on its answer and named in its errors
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     done: bool = False
 
@@ -275,10 +292,21 @@ class GenerationLoop:
                 return
 
     def _publish(self, seq, error: BaseException | None) -> None:
-        text = seq.take_text()
+        """Hand a sequence's new text (and its end) to its request. A failure here ends that
+        sequence only: the loop, and every other sequence, goes on."""
+        try:
+            text = seq.take_text()
+        except Exception as e:
+            log.exception("request %s: its output could not be decoded", seq.handle.rid)
+            text, error = "", error or e
+            seq.finish_reason = "error"
+            if seq in self.scheduler.active:
+                self.scheduler.active.remove(seq)
         finish = seq.finish_reason
         if not text and finish is None:
             return
+        if error is not None:
+            log.error("request %s: generation failed: %s: %s", seq.handle.rid, type(error).__name__, error)
         event = Event(text=text, finish_reason=finish, error=f"{type(error).__name__}: {error}" if error else None)
         self.loop.call_soon_threadsafe(seq.handle.deliver, event)
 
@@ -365,43 +393,96 @@ def _unsupported(message: str, param: str) -> ApiError:
 
 
 def _number(body: dict, key: str, kind, lo=None, hi=None):
+    """`body[key]` as `kind` within [lo, hi] (either may be None: unbounded), or None when absent.
+    Floats must be finite: NaN compares false with every bound and would slip through."""
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise _bad(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {value!r}", key)
+        raise _bad(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {_shown(value)}", key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(f"`{key}` must be a finite number: {value!r}", key)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise _bad(f"`{key}` is out of range [{lo}, {hi}]: {value!r}", key)
+        raise _bad(f"`{key}` is out of range [{lo}, {hi}]: {_shown(value)}", key)
     return kind(value)
 
 
+def _shown(value) -> str:
+    """A client's value inside a message: short, so an error never echoes a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: str, param: str, where: str | None = None) -> str:
+    """`value` unless it cannot be encoded (a lone surrogate such as `\\ud800`), which tokenizers reject."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(f"`{param}` holds text that is not valid Unicode (a lone surrogate){': ' + where if where else ''}", param) from None
+    return value
+
+
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(f"`{key}` must be a boolean: {_shown(value)}", key)
+    return value
+
+
 def _message_text(content, i: int) -> str:
+    where = f"messages[{i}]"
     if isinstance(content, str):
-        return content
+        return _text(content, "messages", where)
     if isinstance(content, list):
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _unsupported(f"only text content parts are supported: messages[{i}]", "messages")
-            parts.append(part["text"])
+                raise _unsupported(f"only text content parts are supported: {where}", "messages")
+            parts.append(_text(part["text"], "messages", where))
         return "".join(parts)
     if content is None:
         return ""
-    raise _bad(f"message content must be a string or a list of text parts: messages[{i}]", "messages")
+    raise _bad(f"message content must be a string or a list of text parts: {where}", "messages")
+
+
+def vocab_size(engine) -> int | None:
+    """Rows of the target's embedding: from config.json (or its `text_config`), else the table itself."""
+    size = config_value(engine.target.config, "vocab_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    embed = getattr(getattr(engine.target.model, "model", None), "embed_tokens", None)
+    weight = getattr(embed, "weight", None)
+    return int(weight.shape[0]) if weight is not None else None
+
+
+def _tokenize(make, param: str) -> list[int]:
+    # The tokenizer and the chat template are third-party code fed client text; whatever they
+    # refuse (a template's `raise_exception`, an input type they reject) is the client's to fix.
+    try:
+        return make()
+    except Exception as e:
+        raise _bad(f"`{param}` cannot be tokenized: {type(e).__name__}: {_shown(str(e))}", param) from None
 
 
 def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedRequest:
+    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
+    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
     from worker.engine import SamplingParams
 
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad(f"`model` must be a string: {_shown(model)}", "model")
     if model is not None and model != config.served_model_name:
-        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{model}`", "model")
-    n = body.get("n")
+        shown = model if len(model) <= 100 else model[:100] + "..."
+        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{shown}`", "model")
+    n = _number(body, "n", int, 1, MAX_COUNT)
     if n is not None and n != 1:
         raise _unsupported(f"only n=1 is supported: {n!r}", "n")
-    best_of = body.get("best_of")
+    best_of = _number(body, "best_of", int, 1, MAX_COUNT)
     if best_of not in (None, 1):
         raise _unsupported(f"only best_of=1 is supported: {best_of!r}", "best_of")
     for key in UNSUPPORTED_IF_SET:
@@ -419,25 +500,32 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _bad(f"each message needs a string `role`: messages[{i}]", "messages")
-            norm.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
-        prompt = engine.chat_prompt(norm)
+            norm.append({"role": _text(m["role"], "messages", f"messages[{i}]"), "content": _message_text(m.get("content"), i)})
+        prompt = _tokenize(lambda: engine.chat_prompt(norm), "messages")
     else:
         raw = body.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
             raw = raw[0]
         if isinstance(raw, str):
-            prompt = engine.text_prompt(raw)
+            text = _text(raw, "prompt")
+            prompt = _tokenize(lambda: engine.text_prompt(text), "prompt")
         elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
             prompt = [int(t) for t in raw]
-        elif isinstance(raw, list) and len(raw) > 1:
+        elif isinstance(raw, list) and len(raw) > 1 and all(isinstance(t, (str, list)) for t in raw):
             raise _unsupported("only one prompt per request is supported", "prompt")
         else:
             raise _bad("`prompt` must be a string or a list of token ids", "prompt")
+    prompt_key = "messages" if kind == "chat" else "prompt"
     if not prompt:
-        raise _bad("the prompt is empty", "prompt" if kind == "text" else "messages")
+        raise _bad("the prompt is empty", prompt_key)
+    vocab = vocab_size(engine)
+    low, high = min(prompt), max(prompt)
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        raise _bad(f"token id {_shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1 if vocab else 'the vocabulary size'}", prompt_key)
 
     max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, max_key, int, 1)
+    max_tokens = _number(body, max_key, int, 1, MAX_COUNT)
     ctx = engine.context_length
     if ctx is not None:
         if max_tokens is not None and len(prompt) + max_tokens > ctx:
@@ -450,15 +538,15 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
             raise ApiError(
                 400, "context_length_exceeded",
                 f"the prompt ({len(prompt)} tokens) leaves no room in the model's context: {ctx} tokens",
-                "messages" if kind == "chat" else "prompt",
+                prompt_key,
             )
     if max_tokens is None:
         max_tokens = config.default_max_tokens if ctx is None else min(config.default_max_tokens, ctx - len(prompt))
 
     temperature = _number(body, "temperature", float, 0, 2)
     top_p = _number(body, "top_p", float, 0, 1)
-    seed = _number(body, "seed", int)
-    depth_req = _number(body, "num_draft_tokens", int, 0)
+    seed = _number(body, "seed", int, 0, SEED_LIMIT - 1)
+    depth_req = _number(body, "num_draft_tokens", int, 0, MAX_COUNT)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -466,14 +554,15 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
         raise _bad("`stop` must be a string or a list of up to 4 strings", "stop")
-    stop = [s for s in stop if s]
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("`stream` must be a boolean", "stream")
+    stop = [_text(s, "stop") for s in stop if s]
+    stream = _flag(body, "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise _bad("`stream_options` must be an object", "stream_options")
-    ignore_eos = body.get("ignore_eos", False)
+    include_usage = opts.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad(f"`stream_options.include_usage` must be a boolean: {_shown(include_usage)}", "stream_options")
+    ignore_eos = _flag(body, "ignore_eos")
 
     depth = engine.draft_depth if depth_req is None else min(depth_req, engine.draft_depth)
     params = SamplingParams(
@@ -483,9 +572,9 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         seed=seed,
         depth=depth,
         stop=stop,
-        ignore_eos=bool(ignore_eos),
+        ignore_eos=ignore_eos,
     )
-    return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")))
+    return ParsedRequest(kind, prompt, params, stream, bool(include_usage))
 
 
 # -- the application ---------------------------------------------------------------------
@@ -497,7 +586,7 @@ SLOTS = web.AppKey("slots", asyncio.Semaphore)
 
 
 def create_app(config: WorkerConfig) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[CONFIG] = config
     app[METRICS] = Metrics(max(config.draft_depth, 1) if config.draft_model else 0)
     app.cleanup_ctx.append(_generation_ctx)
@@ -576,18 +665,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
+    """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
+    seen by a client can be found in both logs."""
     app = request.app
+    rid = request_id(request.headers)
     try:
         gen = _loaded(app)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _bad("the request body is not valid JSON") from None
+            body = parse_json_body(await request.read())
+        except BodyError as e:
+            raise _bad(str(e)) from None
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "body_too_large", f"the request body is larger than the limit: {MAX_BODY_BYTES} bytes") from None
         parsed = parse_request(body, kind, gen.engine, app[CONFIG])
     except ApiError as e:
-        if e.status == 400:
+        if e.status in (400, 404, 413):
             app[METRICS].rejected.labels(code=e.code).inc()
-        return e.response()
+        return e.response(rid)
 
     slots = app[SLOTS]
     try:
@@ -598,10 +692,15 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
             429, "worker_full",
             f"all {app[CONFIG].max_num_seqs} sequence slots are busy",
             type_="rate_limit_error",
-        ).response()
+        ).response(rid)
 
-    seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
-    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release)
+    try:
+        seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
+    except Exception as e:  # nothing was submitted: give the slot back
+        slots.release()
+        log.exception("request %s: the sequence could not be created", rid)
+        return _generation_failed(e, rid).response(rid)
+    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid)
     seq.handle = handle
     gen.submit(handle)
     try:
@@ -613,6 +712,10 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
             # The client went away (or writing failed): stop generating. The slot is
             # released when the generation thread drops the sequence, within one step.
             seq.cancelled = True
+
+
+def _generation_failed(error, rid: str) -> ApiError:
+    return ApiError(500, "generation_failed", f"generation failed for request `{rid}`: {error}")
 
 
 def _usage(parsed: ParsedRequest, seq) -> dict:
@@ -639,7 +742,7 @@ async def _collect(request: web.Request, parsed: ParsedRequest, handle: RequestH
         if event.finish_reason is not None:
             break
     if event.error:
-        return ApiError(500, "generation_failed", f"generation failed: {event.error}").response()
+        return _generation_failed(event.error, handle.rid).response(handle.rid)
     text = "".join(parts)
     rid, obj, created = _ids(parsed.kind)
     name = request.app[CONFIG].served_model_name
@@ -650,7 +753,8 @@ async def _collect(request: web.Request, parsed: ParsedRequest, handle: RequestH
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
     return web.json_response(
         {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
-         "usage": _usage(parsed, handle.seq)}
+         "usage": _usage(parsed, handle.seq)},
+        headers={REQUEST_ID: handle.rid},
     )
 
 
@@ -660,7 +764,8 @@ async def _stream(request: web.Request, parsed: ParsedRequest, handle: RequestHa
     name = request.app[CONFIG].served_model_name
     resp = web.StreamResponse(
         status=HTTPStatus.OK,
-        headers={hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no"},
+        headers={hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no",
+                 REQUEST_ID: handle.rid},
     )
     await resp.prepare(request)
 
@@ -684,8 +789,7 @@ async def _stream(request: web.Request, parsed: ParsedRequest, handle: RequestHa
         if event.text:
             await resp.write(chunk(event.text, None))
     if event.error:
-        err = {"error": {"message": f"generation failed: {event.error}", "type": "server_error",
-                         "code": "generation_failed", "param": None}}
+        err = _generation_failed(event.error, handle.rid).body()
         await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
     else:
         tail = chunk(event.text or None, event.finish_reason) if parsed.kind == "chat" else chunk(event.text, event.finish_reason)

@@ -15,6 +15,7 @@
       connectSeconds = 5;
       firstByteSeconds = 300;
       idleSeconds = 60;
+      clientSeconds = 30;
     };
     maxBodyBytes = 1048576;
     shutdownGraceSeconds = 30;

@@ -109,6 +109,7 @@ let
         connectSeconds = 5;
         firstByteSeconds = 300;
         idleSeconds = 5;
+        clientSeconds = 30;
       };
     };
     gateFromModelLimit = {

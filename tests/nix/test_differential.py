@@ -63,7 +63,7 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("concurrencyLimit", widths)))
     proxy.update(draw(optional("modelConcurrencyLimits", st.dictionaries(models, widths, max_size=4))))
     proxy.update(draw(optional("queue", st.fixed_dictionaries({}, optional={"maxWaiting": st.integers(0, 100), "timeoutSeconds": seconds}))))
-    proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds}))))
+    proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds, "clientSeconds": seconds}))))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
     fleet.update(draw(optional("policy", st.fixed_dictionaries({"allowedBackends": st.lists(st.sampled_from(["native", "mlx-lm"]), max_size=2)}))))
     return fleet

@@ -18,7 +18,10 @@
         maxWaiting = 32;
         timeoutSeconds = 12.5;
       };
-      timeouts.firstByteSeconds = 600;
+      timeouts = {
+        firstByteSeconds = 600;
+        clientSeconds = 10; # clients on a LAN: a slow one is a broken one
+      };
       apiKeysFile = "/run/secrets/mtpstack-api-keys";
     };
     policy.allowedBackends = [ "native" "mlx-lm" ];

@@ -1,0 +1,243 @@
+"""Hostile input at volume: generated configs through `validate`, malformed requests to a real
+proxy and a real worker, slow clients. Counts what must stay 0: tracebacks, 5xx, hangs, crashes,
+leaked slots.
+
+    .venv/bin/python bench/hostile_bench.py [--configs 10000] [--requests 2000] [--slow 200] [--seed 1] [--json]
+
+The proxy runs as `mtpstack proxy` in front of a fake worker (`proxy.fake_upstream`) with
+`clientSeconds` 2; the worker runs as `mtpstack worker` on the bundled demo pair. Requests are
+sent one at a time on fresh connections (`bench.hostile.raw_exchange`), slow clients all at once
+in threads (`bench.hostile.slow_client`). A benchmark script, not a test: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.hostile import (
+    SLOW_KINDS,
+    proxy_before_fake,
+    random_body,
+    random_config,
+    random_http,
+    raw_exchange,
+    request_bytes,
+    slow_client,
+    wait_http,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "worker" / "demo" / "models"
+#: The proxy's deadline in this bench: short, so 200 slow clients finish in seconds.
+CLIENT_SECONDS = 2.0
+#: A request unanswered this long is a hang (the demo worker answers a 2-token request in ~0.1 s).
+HANG_SECONDS = 30.0
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def configs(n: int, seed: int, tmp: Path) -> dict:
+    from mtpstack.cli import main
+
+    counts = {"configs": n, "exit_0": 0, "exit_1": 0, "exit_2": 0, "tracebacks": 0, "internal_errors": 0, "no_json": 0}
+    started = time.monotonic()
+    for i in range(n):
+        suffix, content = random_config(random.Random(seed * 1_000_003 + i))
+        path = tmp / f"fleet{suffix}"
+        path.write_bytes(content)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(["validate", str(path), "--format", "json"])
+        except Exception:
+            counts["tracebacks"] += 1
+            continue
+        try:
+            json.loads(out.getvalue())
+        except ValueError:
+            counts["no_json"] += 1
+        if code == 3:
+            counts["internal_errors"] += 1
+        elif code in (0, 1, 2):
+            counts[f"exit_{code}"] += 1
+    counts["seconds"] = round(time.monotonic() - started, 1)
+    return counts
+
+
+def requests(host: str, port: int, n: int, seed: int, model: str, alive) -> dict:
+    rng = random.Random(seed)
+    counts = {"requests": n, "answered": 0, "closed_without_answer": 0, "4xx": 0, "2xx": 0, "5xx": 0, "hangs": 0}
+    statuses: dict[int, int] = {}
+    started = time.monotonic()
+    for _ in range(n):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        data = random_http(rng, path, model) if rng.random() < 0.5 else request_bytes(path, random_body(rng, model))
+        got = raw_exchange(host, port, data, timeout=HANG_SECONDS)
+        if got.timed_out:
+            counts["hangs"] += 1
+        elif got.status is None:
+            counts["closed_without_answer"] += 1
+        else:
+            counts["answered"] += 1
+            statuses[got.status] = statuses.get(got.status, 0) + 1
+            counts[f"{got.status // 100}xx"] = counts.get(f"{got.status // 100}xx", 0) + 1
+    counts["crashed"] = int(not alive())
+    counts["statuses"] = dict(sorted(statuses.items()))
+    counts["seconds"] = round(time.monotonic() - started, 1)
+    return counts
+
+
+def slow(host: str, port: int, n: int) -> dict:
+    kinds = [SLOW_KINDS[i % len(SLOW_KINDS)] for i in range(n)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        results = list(pool.map(lambda k: slow_client(host, port, k, 0.1, CLIENT_SECONDS + HANG_SECONDS), kinds))
+    held = sorted(r.seconds for r in results)
+    return {
+        "slow_clients": n,
+        "hangs": sum(r.timed_out for r in results),
+        "answered_408": sum(r.status == 408 for r in results),
+        "closed": sum(r.status is None and not r.timed_out for r in results),
+        "5xx": sum(1 for r in results if r.status is not None and r.status >= 500),
+        "held_seconds_median": round(held[len(held) // 2], 2),
+        "held_seconds_max": round(held[-1], 2),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _log_lines(path: Path) -> tuple[int, int, int]:
+    """(lines, lines that are not one JSON object, lines carrying a traceback)."""
+    lines = path.read_text(errors="replace").splitlines()
+    bad = tracebacks = 0
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            ok = isinstance(entry, dict)
+        except ValueError:
+            ok = False
+        bad += not ok
+        tracebacks += "Traceback" in line
+    return len(lines), bad, tracebacks
+
+
+def run_proxy(tmp: Path, n: int, n_slow: int, seed: int) -> dict:
+    with proxy_before_fake(tmp, CLIENT_SECONDS) as running:
+        proc, port, log = running.proc, running.port, running.log
+        out = {"malformed": requests("127.0.0.1", port, n, seed, "m", lambda: proc.poll() is None),
+               "slow": slow("127.0.0.1", port, n_slow)}
+        time.sleep(0.5)
+        ready = _get(f"http://127.0.0.1:{port}/readyz")
+        out["leaked_slots"] = sum(w["inflight"] for w in ready["workers"].values()) + sum(m["waiting"] for m in ready["models"].values())
+        out["crashed"] = int(proc.poll() is not None)
+    lines, not_json, tracebacks = _log_lines(log)
+    out["log"] = {"lines": lines, "not_one_json_object": not_json, "with_traceback_field": tracebacks}
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    out["log"]["internal_errors"] = sum(e.get("code") == "internal_error" for e in entries)
+    out["log"]["logged_5xx"] = sum(e.get("event") == "request" and e.get("status", 0) >= 500 for e in entries)
+    return out
+
+
+def run_worker(tmp: Path, n: int, seed: int) -> dict:
+    from worker.launcher import worker_env
+
+    from worker.proof import free_port
+
+    port = free_port()
+    log = tmp / "worker.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mtpstack", "worker", "--model", str(DEMO / "target"), "--draft-model", str(DEMO / "drafter"),
+             "--max-num-seqs", "2", "--served-model-name", "tiny", "--port", str(port)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=worker_env())
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=120)
+        out = {"malformed": requests("127.0.0.1", port, n, seed, "tiny", lambda: proc.poll() is None)}
+        time.sleep(0.5)
+        out["leaked_slots"] = _get(f"http://127.0.0.1:{port}/health")["active"]
+        out["crashed"] = int(proc.poll() is not None)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    out["log_tracebacks"] = log.read_text(errors="replace").count("Traceback")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=2_000, help="malformed requests to each of proxy and worker")
+    parser.add_argument("--slow", type=int, default=200, help="slow clients, all at once, against the proxy")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print the raw counts as JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        result = {
+            "seed": args.seed,
+            "validate": configs(args.configs, args.seed, tmp),
+            "proxy": run_proxy(tmp, args.requests, args.slow, args.seed),
+            "worker": run_worker(tmp, args.requests, args.seed),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for line in report(result):
+            print(line)
+    return 0 if all(v == 0 for v in must_be_zero(result).values()) else 1
+
+
+def must_be_zero(r: dict) -> dict[str, int]:
+    """The counts the hardening promises are 0."""
+    v, p, w = r["validate"], r["proxy"], r["worker"]
+    return {
+        "validate tracebacks": v["tracebacks"] + v["internal_errors"] + v["no_json"],
+        "proxy 5xx": p["malformed"]["5xx"] + p["slow"]["5xx"] + p["log"]["logged_5xx"],
+        "proxy log lines not JSON": p["log"]["not_one_json_object"],
+        "proxy log tracebacks": p["log"]["with_traceback_field"],
+        "proxy internal errors": p["log"]["internal_errors"],
+        "proxy hangs": p["malformed"]["hangs"] + p["slow"]["hangs"],
+        "proxy crashes": p["crashed"] + p["malformed"]["crashed"],
+        "proxy leaked slots": p["leaked_slots"],
+        "worker 5xx": w["malformed"]["5xx"],
+        "worker tracebacks": w["log_tracebacks"],
+        "worker hangs": w["malformed"]["hangs"],
+        "worker crashes": w["crashed"] + w["malformed"]["crashed"],
+        "worker leaked slots": w["leaked_slots"],
+    }
+
+
+def report(r: dict) -> list[str]:
+    """Pure: the lines printed for a result."""
+    v, p, w = r["validate"], r["proxy"], r["worker"]
+    lines = [
+        f"validate: {v['configs']} configs in {v['seconds']} s: exit 0/1/2 = {v['exit_0']}/{v['exit_1']}/{v['exit_2']}",
+        f"proxy: {p['malformed']['requests']} malformed requests in {p['malformed']['seconds']} s, statuses {p['malformed']['statuses']}, "
+        f"{p['malformed']['closed_without_answer']} closed without an answer",
+        f"proxy: {p['slow']['slow_clients']} slow clients at once: {p['slow']['answered_408']} answered 408, {p['slow']['closed']} closed; "
+        f"held {p['slow']['held_seconds_median']} s median, {p['slow']['held_seconds_max']} s max (deadline {CLIENT_SECONDS:g} s)",
+        f"proxy log: {p['log']['lines']} lines",
+        f"worker: {w['malformed']['requests']} malformed requests in {w['malformed']['seconds']} s, statuses {w['malformed']['statuses']}, "
+        f"{w['malformed']['closed_without_answer']} closed without an answer",
+        "",
+    ]
+    lines += [f"{name:>26}: {count}" for name, count in must_be_zero(r).items()]
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""`bench/hostile_bench.py`'s report: pure functions over a result."""
+
+from bench.hostile_bench import must_be_zero, report
+
+
+def result(**over) -> dict:
+    r = {
+        "validate": {"configs": 10, "seconds": 0.1, "exit_0": 1, "exit_1": 4, "exit_2": 5, "tracebacks": 0, "internal_errors": 0,
+                     "no_json": 0},
+        "proxy": {
+            "malformed": {"requests": 5, "seconds": 0.1, "statuses": {400: 5}, "closed_without_answer": 0, "5xx": 0, "hangs": 0,
+                          "crashed": 0},
+            "slow": {"slow_clients": 2, "answered_408": 1, "closed": 1, "held_seconds_median": 2.0, "held_seconds_max": 2.1,
+                     "5xx": 0, "hangs": 0},
+            "log": {"lines": 9, "not_one_json_object": 0, "with_traceback_field": 0, "internal_errors": 0, "logged_5xx": 0},
+            "leaked_slots": 0,
+            "crashed": 0,
+        },
+        "worker": {"malformed": {"requests": 5, "seconds": 0.1, "statuses": {400: 5}, "closed_without_answer": 0, "5xx": 0,
+                                 "hangs": 0, "crashed": 0},
+                   "leaked_slots": 0, "crashed": 0, "log_tracebacks": 0},
+    }
+    for path, value in over.items():
+        *keys, last = path.split("__")
+        d = r
+        for k in keys:
+            d = d[k]
+        d[last] = value
+    return r
+
+
+def test_a_clean_run_has_every_promised_count_at_zero():
+    assert set(must_be_zero(result()).values()) == {0}
+
+
+def test_a_worker_5xx_or_a_leaked_proxy_slot_is_counted():
+    counts = must_be_zero(result(worker__malformed__5xx=2, proxy__leaked_slots=1))
+    assert counts["worker 5xx"] == 2 and counts["proxy leaked slots"] == 1
+
+
+def test_the_report_names_each_count_and_the_slow_clients_hold_time():
+    lines = report(result(validate__tracebacks=3))
+    assert "validate tracebacks: 3" in "\n".join(lines)
+    assert any("held 2.0 s median, 2.1 s max" in line for line in lines)
