@@ -27,6 +27,7 @@ in
       configFile = "${configFile}";
       binDir = "${cfg.package}/bin";
       inherit stateDir logDir user;
+      inherit (cfg) hostName;
       group = user;
     };
 

@@ -54,10 +54,17 @@ let
     configFile = "${configFile}";
     binDir = "${cfg.package}/bin";
     inherit preload hardening;
+    inherit (cfg) hostName;
     workerHardening = {
       MemoryDenyWriteExecute = false; # mlx compiles CPU kernels at run time and maps them executable
     };
   };
+
+  firewall = mtpLib.firewall.rules {
+    config = cfg.renderedConfig;
+    inherit (cfg) hostName;
+  };
+  nftables = config.networking.nftables.enable or false;
 in
 {
   imports = [ ./options.nix ];
@@ -65,6 +72,20 @@ in
   config = lib.mkIf cfg.enable {
     systemd.services = units;
 
-    networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.proxy.port;
+    networking.firewall = lib.mkIf cfg.openFirewall {
+      allowedTCPPorts = firewall.allowedTCPPorts;
+      # allowedTCPPorts cannot filter by source: the workers the proxy dials
+      # from another host get rules that admit the proxy host only.
+      extraInputRules = lib.mkIf nftables firewall.nftables;
+      extraCommands = lib.mkIf (!nftables) firewall.iptables;
+    };
+
+    assertions = map (rule: {
+      assertion = mtpLib.firewall.isIpLiteral rule.source;
+      message =
+        "`services.mtpstack.openFirewall` opens worker `${rule.worker}`'s port to the proxy host only, by its address,"
+        + " but `services.mtpstack.hosts.${cfg.proxy.deployOn}.address` is `${rule.source}`, not an IP address (nftables rules take none)."
+        + " Set it to the proxy host's IP address, or open the port yourself";
+    }) (lib.optionals cfg.openFirewall firewall.sourceFiltered);
   };
 }

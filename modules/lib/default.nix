@@ -8,13 +8,14 @@ let
   systemd = import ./systemd.nix;
   launchd = import ./launchd.nix;
   placement = import ./placement.nix;
+  firewall = import ./firewall.nix;
 in
 {
   defaults = import ./defaults.nix;
   optionPath = import ./option-path.nix;
   inherit (render) render;
   inherit (argv) workerArgv proxyArgv resolve;
-  inherit coupling systemd launchd placement;
+  inherit coupling systemd launchd placement firewall;
 
   # Every check the modules assert, as NixOS-style { assertion, message }.
   # `prefix` is the module's option path, e.g. [ "services" "mtpstack" ].

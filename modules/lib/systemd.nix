@@ -2,6 +2,7 @@
 # `systemd.services.<name>`): one unit per worker and one for the proxy.
 let
   argv = import ./argv.nix;
+  placement = import ./placement.nix;
 
   # systemd splits ExecStart= like a shell but with C-style escapes and
   # expands `%` specifiers and `$` variables: quote every argument as a JSON
@@ -40,6 +41,7 @@ let
   #   preload     a BLAS library to LD_PRELOAD into workers, or null
   #   hardening   serviceConfig shared by every unit
   #   workerHardening  serviceConfig that only the workers get (wins over hardening)
+  #   hostName    only the parts placed on this host (placement.nix); null: all
   units =
     {
       config,
@@ -49,8 +51,10 @@ let
       preload ? null,
       hardening ? { },
       workerHardening ? { },
+      hostName ? null,
     }:
     let
+      parts = placement.partsOn config hostName;
       common = {
         Type = "simple";
         Restart = "on-failure";
@@ -86,7 +90,8 @@ let
           };
         };
       };
-      workerUnits = map (name: "${workerUnit name}.service") (builtins.attrNames config.workers);
+      # Only the workers on this host: the others are dialled over the network.
+      workerUnits = map (name: "${workerUnit name}.service") parts.workers;
       proxy = {
         description = "mtpstack admission proxy";
         wantedBy = [ "multi-user.target" ];
@@ -108,10 +113,8 @@ let
           );
       };
     in
-    builtins.listToAttrs (builtins.attrValues (builtins.mapAttrs worker config.workers))
-    // {
-      ${proxyUnit} = proxy;
-    };
+    builtins.listToAttrs (map (name: worker name config.workers.${name}) parts.workers)
+    // (if parts.proxy then { ${proxyUnit} = proxy; } else { });
 in
 {
   inherit

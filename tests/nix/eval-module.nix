@@ -47,13 +47,37 @@ let
       if platform == "nixos" then
         {
           systemd.services = any;
+          networking.hostName = mkOption {
+            type = types.str;
+            default = "nixos";
+          };
+          networking.nftables.enable = mkOption {
+            type = types.bool;
+            default = false;
+          };
           networking.firewall.allowedTCPPorts = mkOption {
             type = types.listOf types.port;
             default = [ ];
           };
+          networking.firewall.extraInputRules = mkOption {
+            type = types.lines;
+            default = "";
+          };
+          networking.firewall.extraCommands = mkOption {
+            type = types.lines;
+            default = "";
+          };
         }
       else
         {
+          networking.hostName = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+          };
+          networking.localHostName = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+          };
           launchd.daemons = any;
           users.users = any;
           users.groups = any;
@@ -100,12 +124,17 @@ let
 
   result = {
     renderedConfig = config.services.mtpstack.renderedConfig;
+    inherit (config) warnings;
   }
   // (
     if platform == "nixos" then
       {
         services = config.systemd.services;
         firewall = config.networking.firewall.allowedTCPPorts;
+        firewallRules = {
+          nftables = config.networking.firewall.extraInputRules;
+          iptables = config.networking.firewall.extraCommands;
+        };
       }
     else
       {
