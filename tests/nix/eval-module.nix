@@ -89,10 +89,12 @@ let
             type = types.listOf types.str;
             default = [ ];
           };
-          system.activationScripts.postActivation.text = mkOption {
-            type = types.lines;
-            default = "";
-          };
+          system.activationScripts = lib.genAttrs [ "extraActivation" "postActivation" ] (_: {
+            text = mkOption {
+              type = types.lines;
+              default = "";
+            };
+          });
         }
     );
   };
@@ -140,7 +142,10 @@ let
       {
         daemons = config.launchd.daemons;
         knownUsers = config.users.knownUsers;
-        activation = config.system.activationScripts.postActivation.text;
+        activation = {
+          extraActivation = config.system.activationScripts.extraActivation.text;
+          postActivation = config.system.activationScripts.postActivation.text;
+        };
       }
   );
 in

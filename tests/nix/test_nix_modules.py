@@ -166,3 +166,17 @@ def test_the_modules_rendered_config_validates(nixh, nixpkgs_lib, tmp_path):
         file.write_text(json.dumps(rendered))
         proc = subprocess.run([sys.executable, "-m", "mtpstack", "validate", str(file)], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_darwin_makes_the_directories_before_launchd_loads_the_daemons_by_numeric_id(nixh, nixpkgs_lib):
+    """nix-darwin's activation runs extraActivation, then `users` (the account is made), then
+    `launchd`, then postActivation: the directories come first, owned by the ids the account gets."""
+    activation = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")["activation"]
+    assert activation["postActivation"] == ""
+    lines = activation["extraActivation"].splitlines()
+    assert lines[0] == "mkdir -p /var/lib/mtpstack/huggingface/hub /var/log/mtpstack"
+    assert lines[1].startswith("chown 531:531 /var/lib/mtpstack ") and lines[1].endswith(" /var/log/mtpstack")
+    moved = nixh.eval_module(
+        nixpkgs_lib, "darwin", f"{{ imports = [ {SINGLE} ]; users.users._mtpstack.uid = 610; users.groups._mtpstack.gid = 620; }}"
+    )
+    assert moved["activation"]["extraActivation"].splitlines()[1].startswith("chown 610:620 ")
