@@ -15,11 +15,6 @@ let
     contents = mtpLib.systemd.runtimeConfig cfg.renderedConfig;
   };
 
-  # The same preload `mtpstack up` applies: an mlx whose matmuls go to a
-  # reference BLAS runs them ~40x slower than with OpenBLAS. Not on an
-  # accelerator.
-  preload = if pkgs.config.cudaSupport or false then null else "${pkgs.openblas}/lib/libopenblas.so";
-
   hardening = {
     CapabilityBoundingSet = [ "" ];
     DevicePolicy = "closed";
@@ -53,7 +48,11 @@ let
     config = cfg.renderedConfig;
     configFile = "${configFile}";
     binDir = "${cfg.package}/bin";
-    inherit preload hardening;
+    # No BLAS preload, unlike `mtpstack up` on Debian (whose PyPI mlx-cpu
+    # bundles a slow reference BLAS): nixpkgs' `openblas` is ILP64 on
+    # x86_64-linux under the same symbol names as the LP64 BLAS numpy links,
+    # and nixpkgs' mlx links its BLAS itself. See docs/nix.md.
+    inherit hardening;
     inherit (cfg) hostName;
     workerHardening = {
       MemoryDenyWriteExecute = false; # mlx compiles CPU kernels at run time and maps them executable

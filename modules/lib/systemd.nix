@@ -38,7 +38,6 @@ let
   #   configFile  the path of the runtime config file (see runtimeConfig)
   #   binDir      where `mtpstack` and `mlx_lm.server` live
   #   stateDir    the model cache (the units' StateDirectory)
-  #   preload     a BLAS library to LD_PRELOAD into workers, or null
   #   hardening   serviceConfig shared by every unit
   #   workerHardening  serviceConfig that only the workers get (wins over hardening)
   #   hostName    only the parts placed on this host (placement.nix); null: all
@@ -48,7 +47,6 @@ let
       configFile,
       binDir,
       stateDir ? "/var/lib/mtpstack",
-      preload ? null,
       hardening ? { },
       workerHardening ? { },
       hostName ? null,
@@ -81,8 +79,7 @@ let
           description = "mtpstack worker ${name} (model ${w.model}, batch width ${toString w.maxNumSeqs})";
           wantedBy = [ "multi-user.target" ];
           after = [ "network.target" ];
-          environment =
-            environment // (if preload == null then { } else { LD_PRELOAD = preload; });
+          inherit environment;
           # The worker reads its settings at start-up only: any change restarts it.
           restartTriggers = [ (builtins.toJSON w) ];
           serviceConfig = common // workerHardening // {

@@ -27,7 +27,6 @@ let
   pkgs = {
     writeText = name: _text: "${(fakeDrv name).outPath}";
     runCommand = name: _env: _script: fakeDrv name;
-    openblas = fakeDrv "openblas";
     callPackage = _: _: fakeDrv "mtpstack";
     config = { };
   };
