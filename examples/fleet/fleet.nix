@@ -8,11 +8,8 @@
     enable = true;
     openFirewall = true;
 
-    hosts = {
-      gateway.address = "10.0.0.1";
-      mac1.address = "10.0.0.11";
-      mac2.address = "10.0.0.12";
-    };
+    # gateway, mac1, mac2 and their addresses, from ./hosts.nix.
+    hosts = builtins.mapAttrs (_: h: { inherit (h) address; }) (import ./hosts.nix);
 
     proxy = {
       deployOn = "gateway";

@@ -1,10 +1,10 @@
-"""A fleet placed on three hosts (examples/fleet/fleet.nix), each host's module evaluated with
-nixpkgs' `lib` (NIXPKGS_LIB): each gets exactly its own units, its firewall rule and the same
-rendered fleet; a fleet-wide mistake fails on every host with the same message."""
+"""A fleet placed on three hosts (examples/fleet: the hosts' modules from hosts.nix, as the
+example's flake deploys them), each host's module evaluated with nixpkgs' `lib` (NIXPKGS_LIB):
+each gets exactly its own units, its firewall rule and the same rendered fleet; a fleet-wide
+mistake fails on every host with the same message."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,13 +12,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
 FLEET = ROOT / "examples" / "fleet" / "fleet.nix"
-#: host -> the platform its example configuration runs (examples/fleet/flake.nix).
+HOSTS_NIX = ROOT / "examples" / "fleet" / "hosts.nix"
+#: host -> the platform its example configuration runs (examples/fleet/hosts.nix).
 HOSTS = {"gateway": "nixos", "mac1": "darwin", "mac2": "darwin"}
 
 
-def on_host(host: str, *extra: str, hostname_option: str = "networking.hostName") -> str:
-    """The example fleet as imported by `host`, plus `extra` module definitions."""
-    return f"{{ lib, ... }}: {{ imports = [ {FLEET} ]; {hostname_option} = {json.dumps(host)}; {' '.join(extra)} }}"
+def on_host(host: str, *extra: str) -> str:
+    """Host `host`'s modules from the example, plus `extra` module definitions."""
+    return f"{{ lib, ... }}: {{ imports = (import {HOSTS_NIX}).{host}.modules; {' '.join(extra)} }}"
+
+
+def test_the_examples_hosts_are_the_ones_tested(nixh):
+    hosts = nixh.eval(f"builtins.mapAttrs (_: h: h.platform) (import {HOSTS_NIX})")
+    assert hosts == HOSTS
 
 
 def units(result: dict, platform: str) -> list[str]:
@@ -41,7 +47,8 @@ def test_each_host_runs_exactly_its_own_parts_and_renders_the_same_fleet(nixh, n
 
 
 def test_the_darwin_host_name_falls_back_to_the_local_host_name(nixh, nixpkgs_lib):
-    result = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac2", hostname_option="networking.localHostName"))
+    settings = f'{{ imports = [ {FLEET} ]; networking.localHostName = "mac2"; }}'
+    result = nixh.eval_module(nixpkgs_lib, "darwin", settings)
     assert units(result, "darwin") == ["mtpstack-worker-qwen-b"]
 
 
@@ -111,7 +118,7 @@ def test_placement_errors_fail_every_hosts_evaluation(nixh, nixpkgs_lib, extra, 
 
 def test_a_host_name_outside_the_declared_hosts_is_refused(nixh, nixpkgs_lib):
     with pytest.raises(nixh.NixError) as e:
-        nixh.eval_module(nixpkgs_lib, "nixos", on_host("gatewy"))
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway", 'networking.hostName = lib.mkForce "gatewy";'))
     assert "this machine's name `services.mtpstack.hostName` is `gatewy`, which is not declared" in e.value.stderr
 
 
@@ -124,3 +131,39 @@ def test_an_unplaced_fleet_runs_whole_on_any_host_name(nixh, nixpkgs_lib):
     single = ROOT / "examples" / "nix" / "valid" / "single-mtp.nix"
     result = nixh.eval_module(nixpkgs_lib, "nixos", f'{{ imports = [ {single} ]; networking.hostName = "anything"; }}')
     assert units(result, "nixos") == ["mtpstack-proxy", "mtpstack-worker-qwen-mtp"]
+
+
+def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_deploy_rs(nixh, nixpkgs_lib):
+    """The example flake's outputs with its inputs replaced by stand-ins that return their arguments."""
+    flake = ROOT / "examples" / "fleet" / "flake.nix"
+    outputs = nixh.eval(
+        f"""
+        let
+          lib = import {nixpkgs_lib};
+          module = name: {{ _file = name; }};
+          outputs = (import {flake}).outputs {{
+            self = outputs;
+            nixpkgs.lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
+            nix-darwin.lib.darwinSystem = args: {{ kind = "darwin"; inherit (args) system; n = builtins.length args.modules; }};
+            deploy-rs.lib.aarch64-darwin.activate.darwin = config: {{ activates = config; }};
+            mtpstack = {{ nixosModules.default = module "nixos"; darwinModules.default = module "darwin"; }};
+          }};
+          hosts = import {HOSTS_NIX};
+        in {{
+          nixos = outputs.nixosConfigurations;
+          darwin = outputs.darwinConfigurations;
+          deploy = builtins.mapAttrs (_: n: {{ inherit (n) hostname; inherit (n.profiles.system) path; }}) outputs.deploy.nodes;
+          colmena = builtins.mapAttrs (_: n: n.deployment.targetHost) (builtins.removeAttrs outputs.colmena [ "meta" ]);
+          hostModules = builtins.mapAttrs (_: h: builtins.length h.modules) hosts;
+        }}
+        """
+    )
+    # Each configuration: the platform module, the platform's base settings, then the host's modules.
+    plus = 2
+    assert outputs["nixos"] == {"gateway": {"kind": "nixos", "system": "x86_64-linux", "n": outputs["hostModules"]["gateway"] + plus}}
+    assert set(outputs["darwin"]) == {"mac1", "mac2"}
+    assert outputs["colmena"] == {"gateway": "10.0.0.1"}
+    assert outputs["deploy"] == {
+        name: {"hostname": address, "path": {"activates": outputs["darwin"][name]}}
+        for name, address in (("mac1", "10.0.0.11"), ("mac2", "10.0.0.12"))
+    }
