@@ -76,6 +76,11 @@ _DEPLOY_ON = (
 
 class HostConfig(StrictModel):
     address: Host = Field(description="Where the other hosts reach this one: the proxy dials its workers here, and firewall rules admit the proxy host from here.")
+    memory_gib: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        alias="memoryGiB",  # not to_camel's `memoryGib`
+        description="Memory the host's workers may use, in GiB; `validate --deep` refuses a host whose workers need more. Null: not checked.",
+    )
 
 
 class ProxyConfig(StrictModel):

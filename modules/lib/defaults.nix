@@ -32,6 +32,10 @@
     extraArgs = [ ];
     deployOn = null;
   };
+  # Filled into each of `hosts`.
+  host = {
+    memoryGiB = null;
+  };
   # Filled into a worker's drafter when one is set.
   drafter = {
     kind = "auto";
