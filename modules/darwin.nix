@@ -12,6 +12,8 @@ let
   user = "_mtpstack";
   stateDir = "/var/lib/mtpstack";
   logDir = "/var/log/mtpstack";
+  uid = config.users.users.${user}.uid;
+  gid = config.users.groups.${user}.gid;
 
   configFile = import ./config-file.nix {
     inherit pkgs cfg;
@@ -27,6 +29,7 @@ in
       configFile = "${configFile}";
       binDir = "${cfg.package}/bin";
       inherit stateDir logDir user;
+      inherit (cfg) hostName;
       group = user;
     };
 
@@ -48,10 +51,13 @@ in
     };
 
     # The daemons run as ${user}: their state and log directories must
-    # exist and belong to it before launchd loads them.
-    system.activationScripts.postActivation.text = ''
+    # exist and belong to it before launchd loads them. nix-darwin runs
+    # extraActivation before its `users` step (which makes the account) and
+    # `launchd` after it, so on a first switch the user does not exist yet:
+    # chown by numeric id, which the account then gets.
+    system.activationScripts.extraActivation.text = ''
       mkdir -p ${stateDir}/huggingface/hub ${logDir}
-      chown ${user}:${user} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
+      chown ${toString uid}:${toString gid} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
       chmod 0750 ${stateDir} ${logDir}
     '';
   };

@@ -15,11 +15,6 @@ let
     contents = mtpLib.systemd.runtimeConfig cfg.renderedConfig;
   };
 
-  # The same preload `mtpstack up` applies: an mlx whose matmuls go to a
-  # reference BLAS runs them ~40x slower than with OpenBLAS. Not on an
-  # accelerator.
-  preload = if pkgs.config.cudaSupport or false then null else "${pkgs.openblas}/lib/libopenblas.so";
-
   hardening = {
     CapabilityBoundingSet = [ "" ];
     DevicePolicy = "closed";
@@ -53,11 +48,22 @@ let
     config = cfg.renderedConfig;
     configFile = "${configFile}";
     binDir = "${cfg.package}/bin";
-    inherit preload hardening;
+    # No BLAS preload, unlike `mtpstack up` on Debian (whose PyPI mlx-cpu
+    # bundles a slow reference BLAS): nixpkgs' `openblas` is ILP64 on
+    # x86_64-linux under the same symbol names as the LP64 BLAS numpy links,
+    # and nixpkgs' mlx links its BLAS itself. See docs/nix.md.
+    inherit hardening;
+    inherit (cfg) hostName;
     workerHardening = {
       MemoryDenyWriteExecute = false; # mlx compiles CPU kernels at run time and maps them executable
     };
   };
+
+  firewall = mtpLib.firewall.rules {
+    config = cfg.renderedConfig;
+    inherit (cfg) hostName;
+  };
+  nftables = config.networking.nftables.enable or false;
 in
 {
   imports = [ ./options.nix ];
@@ -65,6 +71,20 @@ in
   config = lib.mkIf cfg.enable {
     systemd.services = units;
 
-    networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.proxy.port;
+    networking.firewall = lib.mkIf cfg.openFirewall {
+      allowedTCPPorts = firewall.allowedTCPPorts;
+      # allowedTCPPorts cannot filter by source: the workers the proxy dials
+      # from another host get rules that admit the proxy host only.
+      extraInputRules = lib.mkIf nftables firewall.nftables;
+      extraCommands = lib.mkIf (!nftables) firewall.iptables;
+    };
+
+    assertions = map (rule: {
+      assertion = mtpLib.firewall.isIpLiteral rule.source;
+      message =
+        "`services.mtpstack.openFirewall` opens worker `${rule.worker}`'s port to the proxy host only, by its address,"
+        + " but `services.mtpstack.hosts.${cfg.proxy.deployOn}.address` is `${rule.source}`, not an IP address (nftables rules take none)."
+        + " Set it to the proxy host's IP address, or open the port yourself";
+    }) (lib.optionals cfg.openFirewall firewall.sourceFiltered);
   };
 }

@@ -12,7 +12,9 @@
 let
   inherit (lib) mkOption types literalExpression;
   cfg = config.services.mtpstack;
+  prefix = [ "services" "mtpstack" ];
   mtpLib = import ./lib;
+  optionPath = import ./lib/option-path.nix;
   defaults = import ./lib/defaults.nix;
   width = types.ints.between defaults.widthMin defaults.widthMax;
   # nixpkgs before 25.05 lacks externalPath: fall back to a string.
@@ -33,7 +35,47 @@ in
       '';
     };
 
+    hostName = mkOption {
+      type = types.nullOr types.nonEmptyStr;
+      default =
+        let
+          n = config.networking;
+        in
+        if (n.hostName or null) != null && n.hostName != "" then n.hostName else n.localHostName or null;
+      defaultText = literalExpression "config.networking.hostName (nix-darwin: else config.networking.localHostName)";
+      example = "mac1";
+      description = ''
+        This machine's name among `hosts`: it starts only the parts whose
+        `deployOn` is this name or null. Needed once anything is placed.
+      '';
+    };
+
+    hosts = mkOption {
+      type = types.attrsOf (types.submodule ./host-options.nix);
+      default = { };
+      example = literalExpression ''
+        {
+          gateway.address = "10.0.0.1";
+          mac1.address = "10.0.0.11";
+        }
+      '';
+      description = ''
+        The machines of a placed fleet, by host name. Declare the same fleet
+        (workers, proxy, hosts) on every host; each runs its own part.
+      '';
+    };
+
     proxy = {
+      deployOn = mkOption {
+        type = types.nullOr types.nonEmptyStr;
+        default = defaults.proxy.deployOn;
+        example = "gateway";
+        description = ''
+          The host (a name under `hosts`) that runs the proxy; `null`: every
+          host that imports this. Once any worker is placed, the proxy must be
+          placed on exactly one host.
+        '';
+      };
       host = mkOption {
         type = types.nonEmptyStr;
         default = defaults.proxy.host;
@@ -177,7 +219,12 @@ in
       type = types.bool;
       default = false;
       example = true;
-      description = "Open the proxy's port in the firewall (NixOS). Worker ports stay closed.";
+      description = ''
+        NixOS: open the proxy's port on the host that runs the proxy, and the
+        port of each worker placed here while the proxy runs elsewhere, to the
+        proxy host's `hosts.<name>.address` only (nftables or iptables rules
+        filtered by source). nix-darwin opens nothing: see docs/nix.md.
+      '';
     };
 
     renderedConfig = mkOption {
@@ -190,8 +237,25 @@ in
 
   config = {
     services.mtpstack.renderedConfig = mtpLib.render {
-      inherit (cfg) proxy policy workers;
+      inherit (cfg) proxy policy workers hosts;
     };
-    assertions = lib.mkIf cfg.enable (mtpLib.assertions [ "services" "mtpstack" ] cfg.renderedConfig);
+    assertions = lib.mkIf cfg.enable (
+      mtpLib.assertions prefix cfg.renderedConfig
+      ++ [
+        {
+          # A name that is not among the hosts would start no placed part, silently.
+          assertion =
+            !mtpLib.placement.isPlaced cfg.renderedConfig
+            || (cfg.hostName != null && cfg.hosts ? ${cfg.hostName});
+          message =
+            "this fleet is placed on hosts, but this machine's name `${optionPath [ "services" "mtpstack" "hostName" ]}` is "
+            + (if cfg.hostName == null then "null" else "`${cfg.hostName}`")
+            + ", which is not declared in `${optionPath (prefix ++ [ "hosts" ])}` (declared: ${
+              lib.concatMapStringsSep ", " (h: "`${h}`") (builtins.attrNames cfg.hosts)
+            }). Set `networking.hostName` or `${optionPath (prefix ++ [ "hostName" ])}` to one of them";
+        }
+      ]
+    );
+    warnings = lib.mkIf cfg.enable (map (w: w.message) (mtpLib.placement.warnings prefix cfg.renderedConfig));
   };
 }

@@ -17,12 +17,13 @@ let
     packageOverrides =
       final: prev:
       lib.optionalAttrs onAppleSilicon {
+        # A nixpkgs without mlx-bin still evaluates (a default config must),
+        # with a warning naming the consequence.
         mlx =
-          prev.mlx-bin or (throw ''
-            mtpstack needs the Metal build of mlx on aarch64-darwin, but this nixpkgs has no `python3Packages.mlx-bin`
+          prev.mlx-bin or (lib.warn ''
+            mtpstack: this nixpkgs has no `python3Packages.mlx-bin` (the Metal build of mlx), so workers on aarch64-darwin run mlx on the CPU only, many times slower
 
-            hint: use a nixpkgs that carries pkgs/development/python-modules/mlx/bin.nix, or set `services.mtpstack.package` to a build with a Metal-enabled mlx
-          '');
+            hint: use a nixpkgs that carries pkgs/development/python-modules/mlx/bin.nix, or set `services.mtpstack.package` to a build with a Metal-enabled mlx; a running worker reports its device on /identity'' prev.mlx);
       };
   };
   ps = python.pkgs;

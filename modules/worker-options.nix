@@ -108,8 +108,22 @@ in
     host = mkOption {
       type = types.nonEmptyStr;
       default = defaults.worker.host;
-      example = "127.0.0.1";
-      description = "Where the worker listens and the proxy dials it.";
+      example = "0.0.0.0";
+      description = ''
+        Where the worker listens. The proxy dials it here, or at
+        `hosts.<deployOn>.address` when it runs on another host (then it must
+        not listen on loopback only).
+      '';
+    };
+
+    deployOn = mkOption {
+      type = types.nullOr types.nonEmptyStr;
+      default = defaults.worker.deployOn;
+      example = "mac1";
+      description = ''
+        The host (a name under `services.mtpstack.hosts`) that runs this
+        worker; `null`: every host that imports this.
+      '';
     };
 
     port = mkOption {

@@ -21,6 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("file", nargs="?", type=Path, help="the fleet config (YAML or JSON); default: the bundled demo")
     up.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help=f"logs and state (default: {DEFAULT_RUN_DIR})")
     up.add_argument("--health-timeout", type=float, default=300.0, metavar="SECONDS", help="how long a process may take to become ready (default: 300)")
+    up.add_argument(
+        "--host",
+        metavar="NAME",
+        help="run the parts placed on this host (a name under `hosts`); default: the host named like this machine, "
+        "or everything when nothing is placed",
+    )
     up.set_defaults(func=run_up)
 
     st = subparsers.add_parser("status", help="show the processes of a `mtpstack up` run", description="Show each process of a run: pid, health, in-flight requests and the weights it proved.")
@@ -32,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_up(args: argparse.Namespace) -> int:
     from mtpstack.up import run_up as up
 
-    return up(args.file, args.run_dir, args.health_timeout)
+    return up(args.file, args.run_dir, args.health_timeout, args.host)
 
 
 def run_status(args: argparse.Namespace) -> int:

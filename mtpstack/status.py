@@ -4,6 +4,10 @@ For each process: pid and whether it is alive, health, requests in flight (as th
 counts them) and, for workers, the weights read off the process's own command line and
 checked against its `/identity` (without re-hashing the files: `mtpstack weights PID` does that),
 with the drafter's kind (`mtp` or `model`) as the worker resolved it.
+
+A part placed on another host (see `mtpstack up`) has no pid here: it is probed over HTTP at
+the address its host is reached at, and its weights are as its `/identity` reports them
+(proved only by `mtpstack status` on that host, which can read the process's command line).
 """
 
 from __future__ import annotations
@@ -68,6 +72,23 @@ def _weights(pid: int, url: str) -> dict:
     return out | {"proved": True, "why": "argv agrees with /identity", "device": identity.get("device")}
 
 
+def _remote_weights(part: dict) -> dict:
+    status, identity = http_status(part["url"] + "/identity")
+    where = f"on host `{part['host']}`"
+    if status != 200:
+        return {"proved": False, "why": f"{where}: /identity answered {status or 'nothing'}"}
+    drafter = identity.get("drafter") or {}
+    return {
+        "proved": False,
+        "why": f"{where}, as its /identity reports (proved by `mtpstack status` there)",
+        "target": (identity.get("target") or {}).get("path"),
+        "drafter": drafter.get("path"),
+        "kind": drafter.get("kind"),
+        "depth": identity.get("draft_depth"),
+        "device": identity.get("device"),
+    }
+
+
 def collect(run_dir: Path) -> dict:
     state_file = run_dir / "state.json"
     try:
@@ -78,15 +99,19 @@ def collect(run_dir: Path) -> dict:
         raise StatusError(f"`{state_file}` is not valid JSON") from None
     up_alive = _alive(state.get("pid"))
     proxy = state["proxy"]
-    proxy_status, ready = http_status(proxy["url"] + "/readyz") if _alive(proxy.get("pid")) else (0, {})
+    proxy_remote = bool(proxy.get("remote"))
+    proxy_alive = proxy_remote or _alive(proxy.get("pid"))
+    proxy_status, ready = http_status(proxy["url"] + "/readyz") if proxy_alive else (0, {})
     upstreams = ready.get("workers", {}) if isinstance(ready.get("workers"), dict) else {}
     result = {
         "run_dir": str(run_dir),
         "phase": state.get("phase") if up_alive else "not running",
         "up_pid": state.get("pid"),
+        "host": state.get("host"),
         "proxy": {
             "pid": proxy.get("pid"),
-            "alive": _alive(proxy.get("pid")),
+            "host": proxy.get("host") if proxy_remote else None,
+            "alive": proxy_status != 0 if proxy_remote else proxy_alive,
             "url": proxy["url"],
             "ready": proxy_status == 200,
             "restarts": proxy.get("restarts", 0),
@@ -95,37 +120,49 @@ def collect(run_dir: Path) -> dict:
         "workers": {},
     }
     for name, w in state.get("workers", {}).items():
-        alive = _alive(w.get("pid"))
+        remote = bool(w.get("remote"))
+        alive = remote or _alive(w.get("pid"))
         health = http_status(w["url"] + "/health")[0] if alive else 0
+        if remote:
+            weights = _remote_weights(w) if health else {"proved": False, "why": f"on host `{w['host']}`: no answer"}
+        else:
+            weights = _weights(w["pid"], w["url"]) if alive else {"proved": False, "why": "not running"}
         seen = upstreams.get(name, {})
         result["workers"][name] = {
             "pid": w.get("pid"),
-            "alive": alive,
+            "host": w.get("host") if remote else None,
+            "alive": health != 0 if remote else alive,
             "model": w.get("model"),
             "url": w["url"],
             "health": health,
             "inflight": seen.get("inflight"),
             "gate": seen.get("gate"),
             "restarts": w.get("restarts", 0),
-            "weights": _weights(w["pid"], w["url"]) if alive else {"proved": False, "why": "not running"},
+            "weights": weights,
             "log": w.get("log"),
         }
     return result
 
 
+def _where(part: dict) -> str:
+    """`pid 1234` for a process of this run, `on host `mac1`` for a part placed elsewhere."""
+    return f"on host `{part['host']}`" if part.get("host") else f"pid {part['pid'] or '-':>7}"
+
+
 def render(status: dict) -> list[str]:
     """Pure: the status as text lines."""
     p = status["proxy"]
+    here = f", host `{status['host']}`" if status.get("host") else ""
     lines = [
-        f"run: {status['run_dir']} ({status['phase']})",
-        f"proxy    pid {p['pid'] or '-':>7}  {'up' if p['alive'] else 'down':4}  {'ready' if p['ready'] else 'not ready':9}  {p['url']}"
+        f"run: {status['run_dir']} ({status['phase']}{here})",
+        f"proxy    {_where(p)}  {'up' if p['alive'] else 'down':4}  {'ready' if p['ready'] else 'not ready':9}  {p['url']}"
         + (f"  restarts {p['restarts']}" if p["restarts"] else ""),
     ]
     for name, w in status["workers"].items():
         health = {200: "healthy", 0: "no answer"}.get(w["health"], f"health {w['health']}")
         inflight = "-" if w["inflight"] is None else f"{w['inflight']}/{w['gate']}"
         lines.append(
-            f"worker `{name}`  pid {w['pid'] or '-':>7}  {'up' if w['alive'] else 'down':4}  {health:9}  "
+            f"worker `{name}`  {_where(w)}  {'up' if w['alive'] else 'down':4}  {health:9}  "
             f"in flight {inflight}  {w['url']}" + (f"  restarts {w['restarts']}" if w["restarts"] else "")
         )
         weights = w["weights"]

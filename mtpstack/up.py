@@ -6,6 +6,10 @@ until each `/health` answers 200; then start the proxy and wait for `/readyz`. W
 a process that exits unexpectedly is restarted with backoff (the proxy routes around a
 missing worker meanwhile). SIGINT or SIGTERM stops the proxy first, then the workers.
 
+A fleet placed on hosts (`deployOn`) runs here only the parts placed on this machine: the
+host named by `--host`, else the declared host whose name is this machine's. The other parts
+are recorded in `state.json` by the address they are reached at, for `mtpstack status`.
+
 Everything a run leaves lives in the run directory: the effective config (`fleet.json`, local
 model paths made absolute), one log per process, and `state.json`, which `mtpstack status`
 reads.
@@ -27,7 +31,10 @@ from pathlib import Path
 
 from validator import FleetConfig, worker_argv
 from validator.deep import local_dir
+from validator.findings import display_name
 from validator.load import load_config, validate_data
+from validator.placement import is_placed, parts_on
+from validator.rules import did_you_mean
 from worker.launcher import resolve_command, worker_env
 from worker.process import WorkerProcess, WorkerStartError
 
@@ -131,6 +138,46 @@ def http_status(url: str, timeout: float = 2.0) -> tuple[int, dict]:
     return status, parsed if isinstance(parsed, dict) else {}
 
 
+def this_host(config: FleetConfig, chosen: str | None, machine: str | None = None) -> str | None:
+    """The host whose parts run here: `chosen` (`--host`), else the declared host named like this
+    machine (its full name or the part before the first dot); None when nothing is placed."""
+    declared = list(config.hosts)
+    listed = ", ".join(f"`{display_name(h)}`" for h in declared) or "none"
+    if chosen is not None:
+        if chosen not in config.hosts:
+            guess = did_you_mean(chosen, declared)
+            raise UpError(
+                f"no host `{display_name(chosen)}` is declared under `hosts` (declared: {listed})",
+                f"did you mean `--host {guess}`?" if guess else "pass the name of a declared host",
+            )
+        return chosen
+    if not is_placed(config):
+        return None
+    machine = machine or socket.gethostname()
+    for name in (machine, machine.split(".")[0]):
+        if name in config.hosts:
+            return name
+    raise UpError(
+        f"the fleet is placed on hosts ({listed}) but this machine's name is none of them: `{display_name(machine)}`",
+        "pass `--host NAME` to run that host's parts here",
+    )
+
+
+def remote_parts(config: FleetConfig, host: str | None) -> dict[str, dict]:
+    """The parts that run on other hosts, by name (`proxy` or `worker NAME`), with where they are reached."""
+    if host is None:
+        return {}
+    with_proxy, names = parts_on(config, host)
+    remote: dict[str, dict] = {}
+    p = config.proxy
+    if not with_proxy and p.deploy_on is not None:
+        remote["proxy"] = {"kind": "proxy", "remote": True, "host": p.deploy_on, "url": url_of(config.hosts[p.deploy_on].address, p.port)}
+    for name, w in config.workers.items():
+        if name not in names and w.deploy_on is not None:
+            remote[name] = {"kind": "worker", "remote": True, "model": w.model, "host": w.deploy_on, "url": url_of(config.hosts[w.deploy_on].address, w.port)}
+    return remote
+
+
 @dataclass
 class Managed:
     """One supervised process: a worker or the proxy."""
@@ -178,8 +225,11 @@ class Managed:
 class Stack:
     """The processes of one `mtpstack up` run, and the loop that keeps them up."""
 
-    def __init__(self, config: FleetConfig, run_dir: Path, *, health_timeout: float, out=sys.stderr):
+    def __init__(self, config: FleetConfig, run_dir: Path, *, health_timeout: float, host: str | None = None, out=sys.stderr):
         self.config = config
+        self.host = host
+        with_proxy, local_workers = parts_on(config, host)
+        self.remote = remote_parts(config, host)
         self.run_dir = run_dir
         self.health_timeout = health_timeout
         self.out = out
@@ -199,9 +249,10 @@ class Stack:
                 model=w.model,
             )
             for name, w in config.workers.items()
+            if name in local_workers
         ]
         p = config.proxy
-        self.proxy = Managed(
+        self.proxy = None if not with_proxy else Managed(
             name="proxy",
             kind="proxy",
             argv=resolve_command(["mtpstack", "proxy", "--config", str(self.config_path)]),
@@ -218,16 +269,23 @@ class Stack:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "config": str(self.config_path),
-            "proxy": self.proxy.state(),
-            "workers": {m.name: m.state() for m in self.workers},
+            "host": self.host,
+            "proxy": self.proxy.state() if self.proxy else self.remote.get("proxy"),
+            "workers": {m.name: m.state() for m in self.workers}
+            | {n: part for n, part in self.remote.items() if part["kind"] == "worker"},
         }
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
 
     # -- start ------------------------------------------------------------------------------
+    @property
+    def local(self) -> list[Managed]:
+        """The processes this run starts: this host's workers, then the proxy if it runs here."""
+        return [*self.workers, *([self.proxy] if self.proxy else [])]
+
     def check_ports(self) -> None:
-        for m in [*self.workers, self.proxy]:
+        for m in self.local:
             if not port_is_free(m.host, m.port):
                 where = f"workers.{m.name}.port" if m.kind == "worker" else "proxy.port"
                 raise UpError(
@@ -243,9 +301,10 @@ class Stack:
             m.start(self.env)
         self.write_state("starting")
         self._wait_all(self.workers, "workers")
-        self.proxy.start(self.env)
-        self.write_state("starting")
-        self._wait_all([self.proxy], "proxy")
+        if self.proxy is not None:
+            self.proxy.start(self.env)
+            self.write_state("starting")
+            self._wait_all([self.proxy], "proxy")
         self.write_state("running")
 
     def _wait_all(self, items: list[Managed], what: str) -> None:
@@ -286,7 +345,7 @@ class Stack:
     def supervise(self) -> None:
         """Restart any process that exits unexpectedly, with backoff, until asked to stop."""
         while not self.stopping.wait(SUPERVISE_INTERVAL):
-            for m in [*self.workers, self.proxy]:
+            for m in self.local:
                 p = m.process
                 if p is not None and p.alive():
                     if m.restarts and time.time() - (p.started_at or 0) > STABLE_AFTER_SECONDS:
@@ -312,7 +371,7 @@ class Stack:
     def stop(self) -> None:
         """Proxy first (it drains in-flight requests), then the workers."""
         grace = self.config.proxy.shutdown_grace_seconds + 5
-        if self.proxy.process is not None:
+        if self.proxy is not None and self.proxy.process is not None:
             self.proxy.process.stop(timeout=grace)
         for m in self.workers:
             if m.process is not None:
@@ -324,7 +383,16 @@ class Stack:
         print(f"up: {text}", file=self.out, flush=True)
 
 
-def ready_banner(config: FleetConfig) -> str:
+def ready_banner(config: FleetConfig, host: str | None = None) -> str:
+    with_proxy, names = parts_on(config, host)
+    if not with_proxy:
+        proxy_host = config.proxy.deploy_on
+        where = config.hosts[proxy_host].address if proxy_host in config.hosts else config.proxy.host
+        return "\n".join([
+            f"host `{host}` is up: " + (", ".join(f"worker `{n}`" for n in names) or "nothing placed here"),
+            f"the proxy runs on host `{proxy_host}`: {url_of(where, config.proxy.port)}/v1",
+            "status: mtpstack status; stop: Ctrl-C",
+        ])
     url = url_of(config.proxy.host, config.proxy.port)
     model = config.models[0] if config.models else "MODEL"
     lines = [
@@ -338,15 +406,16 @@ def ready_banner(config: FleetConfig) -> str:
     return "\n".join(lines)
 
 
-def run_up(config_file: Path | None, run_dir: Path, health_timeout: float) -> int:
+def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host: str | None = None) -> int:
     try:
         config, data = effective_config(config_file)
+        host = this_host(config, host)
     except UpError as e:
         _error(e)
         return 1
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "fleet.json").write_text(json.dumps(data, indent=2))
-    stack = Stack(config, run_dir.resolve(), health_timeout=health_timeout)
+    stack = Stack(config, run_dir.resolve(), health_timeout=health_timeout, host=host)
 
     def on_signal(signum, frame):
         stack.stopping.set()
@@ -355,7 +424,7 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float) -> in
     code = 0
     try:
         stack.start()
-        print(ready_banner(config), flush=True)
+        print(ready_banner(config, host), flush=True)
         stack.supervise()
         stack.say("stopping: proxy first, then workers")
     except KeyboardInterrupt:

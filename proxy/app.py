@@ -36,6 +36,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from validator import FleetConfig, gate_for
 from validator.bounds import BodyError, parse_json_body
+from validator.placement import dial_host
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -81,16 +82,17 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
     clients: dict[str, UpstreamClient] = {}
     admissions: dict[str, ModelAdmission] = {}
     for order, (name, w) in enumerate(config.workers.items()):
+        host = dial_host(config, name)  # a worker placed on another host: that host's address
         u = Upstream(
             name=name,
             model=w.model,
-            url=upstream_url(w.host, w.port),
+            url=upstream_url(host, w.port),
             gate=gate_for(p, w.model),
             rewrite_model=w.target.path if w.backend == "mlx-lm" else None,
             order=order,
         )
         upstreams[name] = u
-        clients[name] = UpstreamClient(w.host, w.port, p.timeouts.connect_seconds)
+        clients[name] = UpstreamClient(host, w.port, p.timeouts.connect_seconds)
         metrics.register_upstream(u)
         if w.model not in admissions:
             metrics.register_model(w.model)

@@ -66,8 +66,26 @@ class TimeoutsConfig(StrictModel):
     )
 
 
+#: `deployOn`: a name under top-level `hosts`; null: every host that imports the fleet.
+DeployOn = Annotated[str, Field(min_length=1)] | None
+_DEPLOY_ON = (
+    "The host (a name under top-level `hosts`) that runs this; null: every host that runs the fleet. "
+    "Once any worker is placed, the proxy must be placed on exactly one host."
+)
+
+
+class HostConfig(StrictModel):
+    address: Host = Field(description="Where the other hosts reach this one: the proxy dials its workers here, and firewall rules admit the proxy host from here.")
+    memory_gib: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        alias="memoryGiB",  # not to_camel's `memoryGib`
+        description="Memory the host's workers may use, in GiB; `validate --deep` refuses a host whose workers need more. Null: not checked.",
+    )
+
+
 class ProxyConfig(StrictModel):
     host: Host = Field("127.0.0.1", description="Address the proxy listens on.")
+    deploy_on: DeployOn = Field(None, description=_DEPLOY_ON)
     port: Port = Field(8080, description="Port the proxy listens on.")
     concurrency_limit: Width = Field(
         1,
@@ -123,9 +141,13 @@ class WorkerProfile(StrictModel):
     target: TargetSpec
     drafter: DrafterSpec | None = Field(None, description="The drafter (an MTP head or a small model); null: no speculation.")
     max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
-    host: Host = Field("127.0.0.1", description="Where the worker listens and the proxy dials it.")
+    host: Host = Field(
+        "127.0.0.1",
+        description="Where the worker listens; the proxy dials it here, or at `hosts.<deployOn>.address` from another host.",
+    )
     port: Port = Field(description="Port the worker listens on.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the worker's command line.")
+    deploy_on: DeployOn = Field(None, description=_DEPLOY_ON)
 
     @property
     def bundled_head(self) -> bool:
@@ -142,6 +164,10 @@ class FleetConfig(StrictModel):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     workers: dict[str, WorkerProfile] = Field(default_factory=dict, description="Worker profiles by name.")
+    hosts: dict[str, HostConfig] = Field(
+        default_factory=dict,
+        description="The machines a placed fleet runs on, by host name (matched against each machine's own name).",
+    )
 
     def workers_of(self, model: str) -> dict[str, WorkerProfile]:
         return {name: w for name, w in self.workers.items() if w.model == model}

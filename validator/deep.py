@@ -37,9 +37,12 @@ def recorded_bits(model_config: dict) -> str | None:
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
+    from validator.memory import check_memory
+
     findings: list[Finding] = []
     for name, worker in config.workers.items():
         findings += check_worker(name, worker, base)
+    findings += check_memory(config, base)
     return findings
 
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 from validator.config import DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from validator.coupling import gate_for, gate_source
-from validator.findings import Finding, display_name, format_path
+from validator.findings import Finding, display_key, display_name, format_path
+from validator.placement import is_loopback, is_placed, is_remote, parts_on
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*"})
 
@@ -33,6 +34,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_backends,
         check_mlx_lm_drafts,
         check_mlx_lm_mtp,
+        check_hosts,
         check_ports,
     ):
         findings.extend(rule(config))
@@ -201,11 +203,27 @@ def _canonical_host(host: str) -> str:
 
 
 def check_ports(config: FleetConfig) -> Iterator[Finding]:
+    """Listeners that overlap on one host. A placed fleet is checked host by host, each with the
+    parts that run there; a conflict among parts that run on every host is reported once."""
+    if not is_placed(config):
+        yield from _port_conflicts(config, parts_on(config, None), None)
+        return
+    hosts = list(dict.fromkeys([*config.hosts, *(p.deploy_on for p in [config.proxy, *config.workers.values()] if p.deploy_on)]))
+    seen: set[tuple] = set()
+    for host in hosts:
+        for f in _port_conflicts(config, parts_on(config, host), host):
+            if (f.path, f.related) not in seen:
+                seen.add((f.path, f.related))
+                yield f
+
+
+def _port_conflicts(config: FleetConfig, parts: tuple[bool, list[str]], host_name: str | None) -> Iterator[Finding]:
     """Each listener against the first earlier one it overlaps with (same port, same host or
     either a wildcard). Linear: per port, the first listener, the first wildcard and the first
     on each canonical host are all that an overlap can be with first."""
-    listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)]
-    listeners += [(("workers", name, "port"), w.host, w.port) for name, w in config.workers.items()]
+    with_proxy, names = parts
+    listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)] if with_proxy else []
+    listeners += [(("workers", name, "port"), config.workers[name].host, config.workers[name].port) for name in names]
     first_on_port: dict[int, tuple[int, tuple[str, ...], str]] = {}
     first_wildcard: dict[int, tuple[int, tuple[str, ...], str]] = {}
     first_on_host: dict[tuple[int, str], tuple[int, tuple[str, ...], str]] = {}
@@ -223,14 +241,73 @@ def check_ports(config: FleetConfig) -> Iterator[Finding]:
             continue
         _, other_path, other_host = clash
         owner = format_path(other_path[:-1])
+        on = f" of host `{display_name(host_name)}`" if host_name is not None else ""
         yield Finding(
             code="port-conflict",
             severity="error",
             path=path,
             message=(
-                f"port {port} on `{display_name(host)}` is already taken by `{owner}` "
+                f"port {port} on `{display_name(host)}`{on} is already taken by `{owner}` "
                 f"on `{display_name(other_host)}`"
             ),
             hint="give each listener its own port",
             related=(other_path,),
         )
+
+
+def check_hosts(config: FleetConfig) -> Iterator[Finding]:
+    """Placement: every `deployOn` names a declared host; once a worker is placed the proxy is
+    too; the proxy can reach each worker; a declared host runs something."""
+    declared = list(config.hosts)
+    placements = [(("proxy", "deployOn"), config.proxy.deploy_on)]
+    placements += [(("workers", name, "deployOn"), w.deploy_on) for name, w in config.workers.items()]
+    for path, host in placements:
+        if host is None or host in config.hosts:
+            continue
+        guess = did_you_mean(host, declared)
+        listed = ", ".join(f"`{display_name(h)}`" for h in declared) or "none"
+        yield Finding(
+            code="unknown-host",
+            severity="error",
+            path=path,
+            message=f"no host `{display_name(host)}` is declared under `hosts` (declared: {listed})",
+            hint=f"did you mean `{display_name(guess)}`?" if guess else f"declare it as `hosts.{display_key(host)}.address`",
+        )
+    placed_workers = [name for name, w in config.workers.items() if w.deploy_on is not None]
+    if placed_workers and config.proxy.deploy_on is None:
+        yield Finding(
+            code="proxy-not-placed",
+            severity="error",
+            path=("proxy", "deployOn"),
+            message=(
+                f"worker `{placed_workers[0]}` is placed on a host but the proxy is not, so every host would run a proxy; "
+                "two proxies each fill the same worker's gate and together admit more than its batch width"
+            ),
+            hint="set `proxy.deployOn` to the one host that runs the proxy",
+            related=(("workers", placed_workers[0], "deployOn"),),
+        )
+    for name, w in config.workers.items():
+        if is_remote(config, name) and config.proxy.deploy_on is not None and is_loopback(w.host):
+            yield Finding(
+                code="worker-unreachable",
+                severity="error",
+                path=("workers", name, "host"),
+                message=(
+                    f"the worker runs on host `{display_name(w.deploy_on)}` and listens on `{display_name(w.host)}` only, "
+                    f"so the proxy on host `{display_name(config.proxy.deploy_on)}` cannot reach it"
+                ),
+                hint="listen on `0.0.0.0` (or the host's own address) and open the port to the proxy host only (`openFirewall` on NixOS)",
+                related=(("workers", name, "deployOn"), ("proxy", "deployOn")),
+            )
+    if not is_placed(config):
+        return
+    for host in declared:
+        with_proxy, names = parts_on(config, host)
+        if not with_proxy and not names:
+            yield Finding(
+                code="host-runs-nothing",
+                severity="warning",
+                path=("hosts", host),
+                message=f"no part of the fleet is placed on host `{display_name(host)}`",
+                hint="place a worker or the proxy there with `deployOn`, or remove the host",
+            )

@@ -7,13 +7,15 @@ let
   coupling = import ./coupling.nix;
   systemd = import ./systemd.nix;
   launchd = import ./launchd.nix;
+  placement = import ./placement.nix;
+  firewall = import ./firewall.nix;
 in
 {
   defaults = import ./defaults.nix;
   optionPath = import ./option-path.nix;
   inherit (render) render;
   inherit (argv) workerArgv proxyArgv resolve;
-  inherit coupling systemd launchd;
+  inherit coupling systemd launchd placement firewall;
 
   # Every check the modules assert, as NixOS-style { assertion, message }.
   # `prefix` is the module's option path, e.g. [ "services" "mtpstack" ].
@@ -31,5 +33,9 @@ in
         "worker names become unit names, so they may hold only letters, digits and `_.:-`, got: `${name}`"
         + " in `${optionPath (prefix ++ [ "workers" ])}`";
     }) badNames
-    ++ coupling.assertions prefix config;
+    ++ coupling.assertions prefix config
+    ++ map (e: {
+      assertion = false;
+      inherit (e) message;
+    }) (placement.errors prefix config);
 }

@@ -20,6 +20,7 @@
     maxBodyBytes = 1048576;
     shutdownGraceSeconds = 30;
     apiKeysFile = null;
+    deployOn = null;
   };
   policy = {
     allowedBackends = [ "native" ];
@@ -29,6 +30,11 @@
     drafter = null;
     host = "127.0.0.1";
     extraArgs = [ ];
+    deployOn = null;
+  };
+  # Filled into each of `hosts`.
+  host = {
+    memoryGiB = null;
   };
   # Filled into a worker's drafter when one is set.
   drafter = {

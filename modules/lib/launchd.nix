@@ -3,6 +3,7 @@
 # list (no shell, no escaping) and knows no systemd specifiers.
 let
   argv = import ./argv.nix;
+  placement = import ./placement.nix;
 
   label = name: "org.nixos.${name}";
 
@@ -13,6 +14,7 @@ let
   #   stateDir    the model cache
   #   logDir      where stdout and stderr go
   #   user/group  the account the daemons run as
+  #   hostName    only the parts placed on this host (placement.nix); null: all
   daemons =
     {
       config,
@@ -22,8 +24,10 @@ let
       logDir ? "/var/log/mtpstack",
       user ? "_mtpstack",
       group ? "_mtpstack",
+      hostName ? null,
     }:
     let
+      parts = placement.partsOn config hostName;
       daemon = name: programArguments: {
         serviceConfig = {
           Label = label name;
@@ -47,10 +51,13 @@ let
         value = daemon "mtpstack-worker-${name}" (argv.resolve binDir (argv.workerArgv w));
       };
     in
-    builtins.listToAttrs (builtins.attrValues (builtins.mapAttrs worker config.workers))
-    // {
-      mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile));
-    };
+    builtins.listToAttrs (map (name: worker name config.workers.${name}) parts.workers)
+    // (
+      if parts.proxy then
+        { mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile)); }
+      else
+        { }
+    );
 in
 {
   inherit label daemons;

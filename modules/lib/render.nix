@@ -22,6 +22,7 @@ let
         };
       policy = defaults.policy // (settings.policy or { });
       workers = builtins.mapAttrs renderWorker workers;
+      hosts = builtins.mapAttrs (_: host: defaults.host // host) (settings.hosts or { });
     };
 
   # A worker's served model name defaults to its attribute name; a drafter,

@@ -2,6 +2,7 @@
 # `systemd.services.<name>`): one unit per worker and one for the proxy.
 let
   argv = import ./argv.nix;
+  placement = import ./placement.nix;
 
   # systemd splits ExecStart= like a shell but with C-style escapes and
   # expands `%` specifiers and `$` variables: quote every argument as a JSON
@@ -37,20 +38,21 @@ let
   #   configFile  the path of the runtime config file (see runtimeConfig)
   #   binDir      where `mtpstack` and `mlx_lm.server` live
   #   stateDir    the model cache (the units' StateDirectory)
-  #   preload     a BLAS library to LD_PRELOAD into workers, or null
   #   hardening   serviceConfig shared by every unit
   #   workerHardening  serviceConfig that only the workers get (wins over hardening)
+  #   hostName    only the parts placed on this host (placement.nix); null: all
   units =
     {
       config,
       configFile,
       binDir,
       stateDir ? "/var/lib/mtpstack",
-      preload ? null,
       hardening ? { },
       workerHardening ? { },
+      hostName ? null,
     }:
     let
+      parts = placement.partsOn config hostName;
       common = {
         Type = "simple";
         Restart = "on-failure";
@@ -77,8 +79,7 @@ let
           description = "mtpstack worker ${name} (model ${w.model}, batch width ${toString w.maxNumSeqs})";
           wantedBy = [ "multi-user.target" ];
           after = [ "network.target" ];
-          environment =
-            environment // (if preload == null then { } else { LD_PRELOAD = preload; });
+          inherit environment;
           # The worker reads its settings at start-up only: any change restarts it.
           restartTriggers = [ (builtins.toJSON w) ];
           serviceConfig = common // workerHardening // {
@@ -86,7 +87,8 @@ let
           };
         };
       };
-      workerUnits = map (name: "${workerUnit name}.service") (builtins.attrNames config.workers);
+      # Only the workers on this host: the others are dialled over the network.
+      workerUnits = map (name: "${workerUnit name}.service") parts.workers;
       proxy = {
         description = "mtpstack admission proxy";
         wantedBy = [ "multi-user.target" ];
@@ -108,10 +110,8 @@ let
           );
       };
     in
-    builtins.listToAttrs (builtins.attrValues (builtins.mapAttrs worker config.workers))
-    // {
-      ${proxyUnit} = proxy;
-    };
+    builtins.listToAttrs (map (name: worker name config.workers.${name}) parts.workers)
+    // (if parts.proxy then { ${proxyUnit} = proxy; } else { });
 in
 {
   inherit

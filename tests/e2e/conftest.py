@@ -61,7 +61,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 class Stack:
     """A running `mtpstack up` and the addresses of what it started."""
 
-    def __init__(self, root: Path, config: dict):
+    def __init__(self, root: Path, config: dict, up_args: list[str] = ()):
         self.root = root
         self.config_path = root / "fleet.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
@@ -71,7 +71,7 @@ class Stack:
         self.out = (root / "up.out").open("w")
         self.err_path = root / "up.err"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "90"],
+            [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "90", *up_args],
             stdout=self.out,
             stderr=self.err_path.open("w"),
             stdin=subprocess.DEVNULL,
@@ -97,7 +97,7 @@ class Stack:
 
     def pids(self) -> list[int]:
         state = self.state()
-        return [p for p in [state["proxy"]["pid"], *(w["pid"] for w in state["workers"].values())] if p]
+        return [p for p in [state["proxy"].get("pid"), *(w.get("pid") for w in state["workers"].values())] if p]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:

@@ -103,6 +103,7 @@ def nixh(nix):
     return SimpleNamespace(
         eval=nix_eval,
         run=run_nix,
+        env=nix_env,
         string=nix_string,
         NixError=NixError,
         eval_module=eval_module,

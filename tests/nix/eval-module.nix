@@ -27,7 +27,6 @@ let
   pkgs = {
     writeText = name: _text: "${(fakeDrv name).outPath}";
     runCommand = name: _env: _script: fakeDrv name;
-    openblas = fakeDrv "openblas";
     callPackage = _: _: fakeDrv "mtpstack";
     config = { };
   };
@@ -47,13 +46,37 @@ let
       if platform == "nixos" then
         {
           systemd.services = any;
+          networking.hostName = mkOption {
+            type = types.str;
+            default = "nixos";
+          };
+          networking.nftables.enable = mkOption {
+            type = types.bool;
+            default = false;
+          };
           networking.firewall.allowedTCPPorts = mkOption {
             type = types.listOf types.port;
             default = [ ];
           };
+          networking.firewall.extraInputRules = mkOption {
+            type = types.lines;
+            default = "";
+          };
+          networking.firewall.extraCommands = mkOption {
+            type = types.lines;
+            default = "";
+          };
         }
       else
         {
+          networking.hostName = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+          };
+          networking.localHostName = mkOption {
+            type = types.nullOr types.str;
+            default = null;
+          };
           launchd.daemons = any;
           users.users = any;
           users.groups = any;
@@ -65,10 +88,12 @@ let
             type = types.listOf types.str;
             default = [ ];
           };
-          system.activationScripts.postActivation.text = mkOption {
-            type = types.lines;
-            default = "";
-          };
+          system.activationScripts = lib.genAttrs [ "extraActivation" "postActivation" ] (_: {
+            text = mkOption {
+              type = types.lines;
+              default = "";
+            };
+          });
         }
     );
   };
@@ -100,18 +125,26 @@ let
 
   result = {
     renderedConfig = config.services.mtpstack.renderedConfig;
+    inherit (config) warnings;
   }
   // (
     if platform == "nixos" then
       {
         services = config.systemd.services;
         firewall = config.networking.firewall.allowedTCPPorts;
+        firewallRules = {
+          nftables = config.networking.firewall.extraInputRules;
+          iptables = config.networking.firewall.extraCommands;
+        };
       }
     else
       {
         daemons = config.launchd.daemons;
         knownUsers = config.users.knownUsers;
-        activation = config.system.activationScripts.postActivation.text;
+        activation = {
+          extraActivation = config.system.activationScripts.extraActivation.text;
+          postActivation = config.system.activationScripts.postActivation.text;
+        };
       }
   );
 in

@@ -36,7 +36,6 @@ let
     config = fleet;
     configFile = "/etc/mtpstack.json";
     binDir = "/pkg/bin";
-    preload = "/blas.so";
   };
 
   daemons = mtp.launchd.daemons {
@@ -177,9 +176,9 @@ let
       expr = units.mtpstack-worker-mtp.serviceConfig.ExecStart;
       expected = ''"/pkg/bin/mtpstack" "worker" "--model" "/srv/models/target dir" "--target-bits" "4" "--draft-model" "/srv/models/drafter" "--drafter-bits" "6" "--draft-depth" "3" "--draft-kind" "auto" "--max-num-seqs" "2" "--served-model-name" "qwen3.8-27b" "--host" "127.0.0.1" "--port" "8101"'';
     };
-    workerPreloadsBlas = {
-      expr = units.mtpstack-worker-mtp.environment.LD_PRELOAD;
-      expected = "/blas.so";
+    workerEnvironmentHasNoPreload = {
+      expr = units.mtpstack-worker-mtp.environment ? LD_PRELOAD;
+      expected = false;
     };
     proxyNeedsItsWorkers = {
       expr = {

@@ -58,7 +58,6 @@ let
       mkShell = args: build "shell" "touch $out" { nativeBuildInputs = args.packages ++ args.inputsFrom; };
       nix = tool "nix";
       nixfmt = tool "nixfmt";
-      openblas = tool "openblas";
       config = { };
     };
 in

@@ -1,6 +1,7 @@
-"""Nix and Python agree on random fleets: the same coupling verdict and the same
-worker argv (also as systemd's ExecStart and launchd's ProgramArguments), and the
-same rendered config. Hypothesis draws the fleets; all of
+"""Nix and Python agree on random fleets: the same coupling verdict, the same
+placement verdicts (errors, warnings, the parts each host runs, the address the
+proxy dials), the same worker argv (also as systemd's ExecStart and launchd's
+ProgramArguments), and the same rendered config. Hypothesis draws the fleets; all of
 them go to Nix in one JSON file, so hundreds of fleets cost one evaluation."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from validator.argv import worker_argv
 from validator.coupling import is_coupled
 from validator.load import validate_data
+from validator.placement import dial_host, parts_on
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix
@@ -28,6 +30,10 @@ bits = st.sampled_from([2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"])
 args = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
 worker_names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True)
 seconds = st.sampled_from([0.5, 1, 2.5, 30, 60.0, 300])
+#: Host names a fleet may declare; `mac-1` is also drawn undeclared (a typo of `mac1`).
+HOST_NAMES = ["gw", "mac1", "mac2"]
+deploy_on = st.sampled_from([None, *HOST_NAMES, "mac-1"])
+PLACEMENT_CODES = {"unknown-host", "proxy-not-placed", "worker-unreachable"}
 
 
 def optional(key: str, strategy: st.SearchStrategy) -> st.SearchStrategy:
@@ -50,8 +56,9 @@ def workers(draw) -> dict:
     for key, strategy in [
         ("backend", st.sampled_from(["native", "mlx-lm"])),
         ("drafter", st.one_of(st.none(), drafter)),
-        ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost"])),
+        ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost", "[::1]", "LocalHost", "127.0.0.2", "10.0.0.5"])),
         ("extraArgs", st.lists(args, max_size=3)),
+        ("deployOn", deploy_on),
     ]:
         w.update(draw(optional(key, strategy)))
     return w
@@ -64,7 +71,12 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("modelConcurrencyLimits", st.dictionaries(models, widths, max_size=4))))
     proxy.update(draw(optional("queue", st.fixed_dictionaries({}, optional={"maxWaiting": st.integers(0, 100), "timeoutSeconds": seconds}))))
     proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds, "clientSeconds": seconds}))))
+    proxy.update(draw(optional("deployOn", deploy_on)))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
+    addresses = st.fixed_dictionaries(
+        {"address": st.sampled_from(["10.0.0.1", "fd00::2", "mac1.lan"])}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}
+    )
+    fleet.update(draw(optional("hosts", st.dictionaries(st.sampled_from(HOST_NAMES), addresses, max_size=3))))
     fleet.update(draw(optional("policy", st.fixed_dictionaries({"allowedBackends": st.lists(st.sampled_from(["native", "mlx-lm"]), max_size=2)}))))
     return fleet
 
@@ -111,12 +123,18 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
                 (mtp.systemd.units {{ inherit config; configFile = "/c"; binDir = "/bin"; }});
               programArguments = builtins.mapAttrs (_: d: d.serviceConfig.ProgramArguments)
                 (mtp.launchd.daemons {{ inherit config; configFile = "/c"; binDir = "/bin"; }});
+              placementErrors = map (e: {{ inherit (e) code path; }}) (mtp.placement.errors [ ] config);
+              placementWarnings = map (w: w.path) (mtp.placement.warnings [ ] config);
+              partsOn = builtins.listToAttrs (map (h: {{ name = h; value = mtp.placement.partsOn config h; }})
+                (builtins.fromJSON {nixh.string(json.dumps(HOST_NAMES))}));
+              dialHost = builtins.mapAttrs (name: _: mtp.placement.dialHost config name) config.workers;
             }};
         in map verdict (builtins.fromJSON (builtins.readFile {data}))
         """
     )
     assert len(results) == len(fleets_)
     mismatches_seen = 0
+    placement_codes_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
         assert config is not None, (fleet, report.render_text())
@@ -131,5 +149,15 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             assert unquote_exec_start(nix["execStart"][f"mtpstack-worker-{name}"]) == resolved, fleet
             assert nix["programArguments"][f"mtpstack-worker-{name}"] == resolved, fleet
         mismatches_seen += bool(python_mismatched)
+        placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES)
+        assert sorted((e["code"], e["path"]) for e in nix["placementErrors"]) == placement, fleet
+        # Nix lists hosts by name, Python in the file's order: the same set.
+        assert sorted(nix["placementWarnings"]) == sorted(list(f.path) for f in report.findings if f.code == "host-runs-nothing"), fleet
+        for host in HOST_NAMES:
+            proxy_runs, names = parts_on(config, host)
+            assert nix["partsOn"][host] == {"proxy": proxy_runs, "workers": sorted(names)}, (fleet, host)
+        assert nix["dialHost"] == {name: dial_host(config, name) for name in config.workers}, fleet
+        placement_codes_seen.update(code for code, _ in placement)
     # The draw exercises both verdicts, not only one.
     assert 0 < mismatches_seen < len(fleets_)
+    assert placement_codes_seen == PLACEMENT_CODES

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix
 NIX_FILES = sorted(
     p.relative_to(ROOT)
-    for p in [ROOT / "flake.nix", *ROOT.glob("modules/**/*.nix"), *ROOT.glob("examples/nix/**/*.nix"), *ROOT.glob("tests/nix/*.nix")]
+    for p in [ROOT / "flake.nix", *ROOT.glob("modules/**/*.nix"), *ROOT.glob("examples/nix/**/*.nix"), *ROOT.glob("examples/fleet/*.nix"), *ROOT.glob("tests/nix/*.nix")]
     if p.exists()
 )
 EXAMPLES = sorted((ROOT / "examples" / "nix").glob("*/*.nix"))

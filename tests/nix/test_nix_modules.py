@@ -102,7 +102,7 @@ def test_a_declared_drafter_kind_reaches_the_worker_and_the_rendered_config(nixh
     assert default["renderedConfig"]["workers"]["w"]["drafter"]["kind"] == "auto"
 
 
-def test_units_are_hardened_with_a_state_directory_and_blas_preload(nixh, nixpkgs_lib):
+def test_units_are_hardened_with_a_state_directory_and_no_blas_preload(nixh, nixpkgs_lib):
     services = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["services"]
     worker, proxy = services["mtpstack-worker-qwen-mtp"], services["mtpstack-proxy"]
     for unit in (worker, proxy):
@@ -112,8 +112,8 @@ def test_units_are_hardened_with_a_state_directory_and_blas_preload(nixh, nixpkg
         assert "@system-service" in sc["SystemCallFilter"]
         assert "mtpstack" in sc["StateDirectory"]
         assert unit["environment"]["HF_HOME"] == "/var/lib/mtpstack/huggingface"
-    assert worker["environment"]["LD_PRELOAD"].endswith("-openblas/lib/libopenblas.so")
-    assert "LD_PRELOAD" not in proxy["environment"]
+    # nixpkgs' openblas is ILP64 on x86_64-linux: never preloaded into numpy's LP64 processes.
+    assert "LD_PRELOAD" not in worker["environment"] and "LD_PRELOAD" not in proxy["environment"]
     assert proxy["serviceConfig"]["ExecStart"].split()[1:3] == ['"proxy"', '"--config"']
     workers = sorted(f"mtpstack-worker-{n}.service" for n in ("qwen-mlx-lm", "qwen-mtp", "small"))
     assert sorted(proxy["wants"]) == workers and set(workers) <= set(proxy["after"])
@@ -166,3 +166,17 @@ def test_the_modules_rendered_config_validates(nixh, nixpkgs_lib, tmp_path):
         file.write_text(json.dumps(rendered))
         proc = subprocess.run([sys.executable, "-m", "mtpstack", "validate", str(file)], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_darwin_makes_the_directories_before_launchd_loads_the_daemons_by_numeric_id(nixh, nixpkgs_lib):
+    """nix-darwin's activation runs extraActivation, then `users` (the account is made), then
+    `launchd`, then postActivation: the directories come first, owned by the ids the account gets."""
+    activation = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")["activation"]
+    assert activation["postActivation"] == ""
+    lines = activation["extraActivation"].splitlines()
+    assert lines[0] == "mkdir -p /var/lib/mtpstack/huggingface/hub /var/log/mtpstack"
+    assert lines[1].startswith("chown 531:531 /var/lib/mtpstack ") and lines[1].endswith(" /var/log/mtpstack")
+    moved = nixh.eval_module(
+        nixpkgs_lib, "darwin", f"{{ imports = [ {SINGLE} ]; users.users._mtpstack.uid = 610; users.groups._mtpstack.gid = 620; }}"
+    )
+    assert moved["activation"]["extraActivation"].splitlines()[1].startswith("chown 610:620 ")

@@ -1,0 +1,92 @@
+{
+  description = "An mtpstack fleet on three hosts: two Macs with one worker each, a NixOS gateway with the proxy";
+
+  # Edit `mtpstack.url` to where you get mtpstack from; `nix flake lock`
+  # pins every input (run it where GitHub is reachable).
+  inputs = {
+    nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
+    nix-darwin = {
+      url = "github:nix-darwin/nix-darwin";
+      inputs.nixpkgs.follows = "nixpkgs";
+    };
+    deploy-rs = {
+      url = "github:serokell/deploy-rs";
+      inputs.nixpkgs.follows = "nixpkgs";
+    };
+    mtpstack = {
+      url = "git+https://example.org/mtpstack";
+      inputs.nixpkgs.follows = "nixpkgs";
+    };
+  };
+
+  outputs =
+    {
+      self,
+      nixpkgs,
+      nix-darwin,
+      deploy-rs,
+      mtpstack,
+    }:
+    let
+      hosts = import ./hosts.nix;
+      nixosHosts = nixpkgs.lib.filterAttrs (_: h: h.platform == "nixos") hosts;
+      darwinHosts = nixpkgs.lib.filterAttrs (_: h: h.platform == "darwin") hosts;
+
+      # The gateway's own machine settings: replace with your hardware's.
+      nixosBase = {
+        boot.loader.grub.device = "nodev";
+        fileSystems."/" = {
+          device = "/dev/disk/by-label/nixos";
+          fsType = "ext4";
+        };
+        system.stateVersion = "25.11";
+      };
+      darwinBase = {
+        system.stateVersion = 6;
+      };
+
+      nixosModules = h: [ mtpstack.nixosModules.default nixosBase ] ++ h.modules;
+      darwinModules = h: [ mtpstack.darwinModules.default darwinBase ] ++ h.modules;
+    in
+    {
+      # NixOS hosts: `nixos-rebuild` or colmena.
+      nixosConfigurations = builtins.mapAttrs (
+        name: h:
+        nixpkgs.lib.nixosSystem {
+          inherit (h) system;
+          modules = nixosModules h;
+        }
+      ) nixosHosts;
+
+      # `colmena apply --on gateway`
+      colmena = {
+        meta.nixpkgs = import nixpkgs { system = "x86_64-linux"; };
+      }
+      // builtins.mapAttrs (name: h: {
+        imports = nixosModules h;
+        deployment = {
+          targetHost = h.address;
+          targetUser = "root";
+        };
+        nixpkgs.hostPlatform = h.system;
+      }) nixosHosts;
+
+      # nix-darwin hosts: `darwin-rebuild` on the Mac, or deploy-rs.
+      darwinConfigurations = builtins.mapAttrs (
+        name: h:
+        nix-darwin.lib.darwinSystem {
+          inherit (h) system;
+          modules = darwinModules h;
+        }
+      ) darwinHosts;
+
+      # `deploy .#mac1` (deploy-rs activates nix-darwin with `activate.darwin`)
+      deploy.nodes = builtins.mapAttrs (name: h: {
+        hostname = h.address;
+        profiles.system = {
+          user = "root";
+          path = deploy-rs.lib.${h.system}.activate.darwin self.darwinConfigurations.${name};
+        };
+      }) darwinHosts;
+    };
+}

@@ -1,0 +1,51 @@
+# The whole fleet, declared once and imported by every host: two Macs serve
+# one worker each, a NixOS gateway runs the proxy in front of both. Each host
+# starts only the parts placed on it (`deployOn`), matched against its own
+# `networking.hostName` (or `services.mtpstack.hostName`), and every host's
+# evaluation checks the coupling of the whole fleet.
+{
+  services.mtpstack = {
+    enable = true;
+    openFirewall = true;
+
+    # gateway, mac1, mac2 and their addresses, from ./hosts.nix.
+    hosts = builtins.mapAttrs (_: h: { inherit (h) address; }) (import ./hosts.nix);
+
+    proxy = {
+      deployOn = "gateway";
+      host = "0.0.0.0";
+      port = 8080;
+      # The gate for this model, per worker: equals each worker's maxNumSeqs.
+      modelConcurrencyLimits."qwen3.8-27b" = 2;
+    };
+
+    workers =
+      let
+        qwen = {
+          model = "qwen3.8-27b";
+          target = {
+            path = "mlx-community/Qwen3.8-27B-4bit";
+            bits = 4;
+          };
+          drafter = {
+            path = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX";
+            bits = 6;
+            depth = 3;
+          };
+          maxNumSeqs = 2;
+          # Reached from the gateway: listen on the network, the firewall
+          # admits the gateway's address only.
+          host = "0.0.0.0";
+          port = 8101;
+        };
+      in
+      {
+        qwen-a = qwen // {
+          deployOn = "mac1";
+        };
+        qwen-b = qwen // {
+          deployOn = "mac2";
+        };
+      };
+  };
+}

@@ -1,0 +1,169 @@
+"""A fleet placed on three hosts (examples/fleet: the hosts' modules from hosts.nix, as the
+example's flake deploys them), each host's module evaluated with nixpkgs' `lib` (NIXPKGS_LIB):
+each gets exactly its own units, its firewall rule and the same rendered fleet; a fleet-wide
+mistake fails on every host with the same message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.nix, pytest.mark.nixpkgs_lib]
+FLEET = ROOT / "examples" / "fleet" / "fleet.nix"
+HOSTS_NIX = ROOT / "examples" / "fleet" / "hosts.nix"
+#: host -> the platform its example configuration runs (examples/fleet/hosts.nix).
+HOSTS = {"gateway": "nixos", "mac1": "darwin", "mac2": "darwin"}
+
+
+def on_host(host: str, *extra: str) -> str:
+    """Host `host`'s modules from the example, plus `extra` module definitions."""
+    return f"{{ lib, ... }}: {{ imports = (import {HOSTS_NIX}).{host}.modules; {' '.join(extra)} }}"
+
+
+def test_the_examples_hosts_are_the_ones_tested(nixh):
+    hosts = nixh.eval(f"builtins.mapAttrs (_: h: h.platform) (import {HOSTS_NIX})")
+    assert hosts == HOSTS
+
+
+def units(result: dict, platform: str) -> list[str]:
+    return sorted(result["services" if platform == "nixos" else "daemons"])
+
+
+def test_each_host_runs_exactly_its_own_parts_and_renders_the_same_fleet(nixh, nixpkgs_lib):
+    results = {host: nixh.eval_module(nixpkgs_lib, platform, on_host(host)) for host, platform in HOSTS.items()}
+    assert {host: units(r, HOSTS[host]) for host, r in results.items()} == {
+        "gateway": ["mtpstack-proxy"],
+        "mac1": ["mtpstack-worker-qwen-a"],
+        "mac2": ["mtpstack-worker-qwen-b"],
+    }
+    rendered = [r["renderedConfig"] for r in results.values()]
+    assert rendered[0] == rendered[1] == rendered[2]
+    assert set(rendered[0]["workers"]) == {"qwen-a", "qwen-b"}  # the whole fleet, on every host
+    # The proxy waits for no worker unit: both run elsewhere and are dialled over the network.
+    assert results["gateway"]["services"]["mtpstack-proxy"]["wants"] == []
+    assert all(r["warnings"] == [] for r in results.values())
+
+
+def test_the_darwin_host_name_falls_back_to_the_local_host_name(nixh, nixpkgs_lib):
+    settings = f'{{ imports = [ {FLEET} ]; networking.localHostName = "mac2"; }}'
+    result = nixh.eval_module(nixpkgs_lib, "darwin", settings)
+    assert units(result, "darwin") == ["mtpstack-worker-qwen-b"]
+
+
+def test_the_gateway_opens_the_proxy_port_and_no_worker_port(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway"))
+    assert result["firewall"] == [8080]
+    assert result["firewallRules"] == {"nftables": "", "iptables": ""}
+
+
+@pytest.mark.parametrize(
+    ("nftables", "rules"),
+    [
+        ("false", {"nftables": "", "iptables": "iptables -A nixos-fw -p tcp -s 10.0.0.1 --dport 8101 -j nixos-fw-accept\n"}),
+        ("true", {"nftables": "ip saddr 10.0.0.1 tcp dport 8101 accept\n", "iptables": ""}),
+    ],
+)
+def test_a_worker_host_opens_the_worker_port_to_the_proxy_host_only(nixh, nixpkgs_lib, nftables, rules):
+    # mac1's part on a Linux worker box: nix-darwin has no firewall option to set.
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", f"networking.nftables.enable = {nftables};"))
+    assert result["firewall"] == []  # never to everyone
+    assert result["firewallRules"] == rules
+
+
+def test_an_ipv6_proxy_address_gets_ipv6_rules(nixh, nixpkgs_lib):
+    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1"; networking.nftables.enable = true;'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
+    assert result["firewallRules"]["nftables"] == "ip6 saddr fd00::1 tcp dport 8101 accept\n"
+
+
+def test_a_proxy_address_that_is_no_ip_fails_when_the_firewall_is_opened(nixh, nixpkgs_lib):
+    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "gateway.lan";'
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
+    assert "`services.mtpstack.hosts.gateway.address` is `gateway.lan`, not an IP address" in e.value.stderr
+
+
+def test_a_mismatched_gate_fails_on_every_host_with_the_same_message(nixh, nixpkgs_lib):
+    extra = 'services.mtpstack.proxy.modelConcurrencyLimits."qwen3.8-27b" = lib.mkForce 3;'
+    messages = set()
+    for host, platform in HOSTS.items():
+        with pytest.raises(nixh.NixError) as e:
+            nixh.eval_module(nixpkgs_lib, platform, on_host(host, extra))
+        failed = e.value.stderr[e.value.stderr.index("Failed assertions:") :]
+        messages.add(failed)
+        # Both workers are named, also on the hosts that do not run them.
+        assert "workers.qwen-a.maxNumSeqs` is 2" in failed and "workers.qwen-b.maxNumSeqs` is 2" in failed
+    assert len(messages) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('services.mtpstack.workers.qwen-b.deployOn = lib.mkForce "mac3";',
+         "`services.mtpstack.workers.qwen-b.deployOn` is `mac3`, which is not declared in `services.mtpstack.hosts`"),
+        ("services.mtpstack.proxy.deployOn = lib.mkForce null;",
+         "two proxies each fill the same worker's gate"),
+        ('services.mtpstack.workers.qwen-a.host = lib.mkForce "127.0.0.1";',
+         "`services.mtpstack.workers.qwen-a.host` is `127.0.0.1`: the worker runs on host `mac1` and listens on loopback only"),
+    ],
+)  # fmt: skip
+def test_placement_errors_fail_every_hosts_evaluation(nixh, nixpkgs_lib, extra, message):
+    for host, platform in HOSTS.items():
+        with pytest.raises(nixh.NixError) as e:
+            nixh.eval_module(nixpkgs_lib, platform, on_host(host, extra))
+        assert message in e.value.stderr, host
+
+
+def test_a_host_name_outside_the_declared_hosts_is_refused(nixh, nixpkgs_lib):
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway", 'networking.hostName = lib.mkForce "gatewy";'))
+    assert "this machine's name `services.mtpstack.hostName` is `gatewy`, which is not declared" in e.value.stderr
+
+
+def test_a_declared_host_that_runs_nothing_is_a_warning(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway", 'services.mtpstack.hosts.spare.address = "10.0.0.99";'))
+    assert result["warnings"] == ["no part of the fleet is placed on host `spare` (`services.mtpstack.hosts.spare`)"]
+
+
+def test_an_unplaced_fleet_runs_whole_on_any_host_name(nixh, nixpkgs_lib):
+    single = ROOT / "examples" / "nix" / "valid" / "single-mtp.nix"
+    result = nixh.eval_module(nixpkgs_lib, "nixos", f'{{ imports = [ {single} ]; networking.hostName = "anything"; }}')
+    assert units(result, "nixos") == ["mtpstack-proxy", "mtpstack-worker-qwen-mtp"]
+
+
+def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_deploy_rs(nixh, nixpkgs_lib):
+    """The example flake's outputs with its inputs replaced by stand-ins that return their arguments."""
+    flake = ROOT / "examples" / "fleet" / "flake.nix"
+    outputs = nixh.eval(
+        f"""
+        let
+          lib = import {nixpkgs_lib};
+          module = name: {{ _file = name; }};
+          outputs = (import {flake}).outputs {{
+            self = outputs;
+            nixpkgs.lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
+            nix-darwin.lib.darwinSystem = args: {{ kind = "darwin"; inherit (args) system; n = builtins.length args.modules; }};
+            deploy-rs.lib.aarch64-darwin.activate.darwin = config: {{ activates = config; }};
+            mtpstack = {{ nixosModules.default = module "nixos"; darwinModules.default = module "darwin"; }};
+          }};
+          hosts = import {HOSTS_NIX};
+        in {{
+          nixos = outputs.nixosConfigurations;
+          darwin = outputs.darwinConfigurations;
+          deploy = builtins.mapAttrs (_: n: {{ inherit (n) hostname; inherit (n.profiles.system) path; }}) outputs.deploy.nodes;
+          colmena = builtins.mapAttrs (_: n: n.deployment.targetHost) (builtins.removeAttrs outputs.colmena [ "meta" ]);
+          hostModules = builtins.mapAttrs (_: h: builtins.length h.modules) hosts;
+        }}
+        """
+    )
+    # Each configuration: the platform module, the platform's base settings, then the host's modules.
+    plus = 2
+    assert outputs["nixos"] == {"gateway": {"kind": "nixos", "system": "x86_64-linux", "n": outputs["hostModules"]["gateway"] + plus}}
+    assert set(outputs["darwin"]) == {"mac1", "mac2"}
+    assert outputs["colmena"] == {"gateway": "10.0.0.1"}
+    assert outputs["deploy"] == {
+        name: {"hostname": address, "path": {"activates": outputs["darwin"][name]}}
+        for name, address in (("mac1", "10.0.0.11"), ("mac2", "10.0.0.12"))
+    }

@@ -1,0 +1,112 @@
+"""`--deep` memory budget: what each worker needs (weights of its target and drafter, plus the
+KV cache at its batch width and its model's own maximum context) against `hosts.<name>.memoryGiB`.
+
+Model files are read, never downloaded: a local directory, else a hub id's snapshot in the local
+Hugging Face cache. A worker whose files are not at hand leaves its host unchecked, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from validator.config import FleetConfig, WorkerProfile
+from validator.deep import local_dir
+from validator.findings import Finding, display_name
+from validator.modeldir import config_value, read_config
+from validator.placement import is_placed, parts_on
+
+GIB = 1024**3
+#: The KV cache's element size: mlx keeps keys and values in the activations' dtype (fp16/bf16).
+KV_BYTES_PER_ELEMENT = 2
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The newest local snapshot of a hub id in the Hugging Face cache, offline; None when absent."""
+    if repo_id.count("/") != 1:
+        return None
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    snapshots = hub / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    found = sorted((d for d in snapshots.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1] if found else None
+
+
+def model_files(path: str, base: Path) -> Path | None:
+    return local_dir(path, base) or hub_snapshot(path)
+
+
+def weight_bytes(directory: Path) -> int:
+    """Bytes of the model's weights: its safetensors files (links followed, as in the HF cache)."""
+    return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+
+
+def kv_cache_bytes(model_config: dict, width: int) -> int | None:
+    """Keys and values for `width` sequences at the model's maximum context, every layer counted
+    (an upper bound for hybrid models whose linear-attention layers keep a fixed-size state)."""
+    layers = config_value(model_config, "num_hidden_layers")
+    context = config_value(model_config, "max_position_embeddings")
+    heads = config_value(model_config, "num_attention_heads")
+    kv_heads = config_value(model_config, "num_key_value_heads") or heads
+    head_dim = config_value(model_config, "head_dim")
+    hidden = config_value(model_config, "hidden_size")
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads
+    if not all(isinstance(v, int) and v > 0 for v in (layers, context, kv_heads, head_dim)):
+        return None
+    return 2 * layers * kv_heads * head_dim * KV_BYTES_PER_ELEMENT * context * width
+
+
+def worker_need(worker: WorkerProfile, base: Path) -> tuple[int | None, str]:
+    """(bytes, how they add up) for one worker, or (None, which files are missing)."""
+    target = model_files(worker.target.path, base)
+    if target is None or (model_config := read_config(target)) is None:
+        return None, f"no local files for `{display_name(worker.target.path)}`"
+    weights = weight_bytes(target)
+    parts = [f"target weights {weights / GIB:.1f} GiB"]
+    if worker.drafter is not None and not worker.bundled_head:
+        drafter = model_files(worker.drafter.path, base)
+        if drafter is None:
+            return None, f"no local files for `{display_name(worker.drafter.path)}`"
+        drafter_weights = weight_bytes(drafter)
+        weights += drafter_weights
+        parts.append(f"drafter weights {drafter_weights / GIB:.1f} GiB")
+    kv = kv_cache_bytes(model_config, worker.max_num_seqs)
+    if kv is None:
+        return None, f"`{target}/config.json` lacks the sizes the KV cache needs"
+    context = config_value(model_config, "max_position_embeddings")
+    parts.append(f"KV cache {kv / GIB:.1f} GiB ({worker.max_num_seqs} x {context} tokens)")
+    return weights + kv, ", ".join(parts)
+
+
+def check_memory(config: FleetConfig, base: Path) -> Iterator[Finding]:
+    for host, spec in config.hosts.items():
+        if spec.memory_gib is None:
+            continue
+        _, names = parts_on(config, host if is_placed(config) else None)
+        needs = {name: worker_need(config.workers[name], base) for name in names}
+        missing = [(name, why) for name, (need, why) in needs.items() if need is None]
+        path = ("hosts", host, "memoryGiB")
+        if missing:
+            name, why = missing[0]
+            yield Finding(
+                code="memory-check-skipped",
+                severity="warning",
+                path=path,
+                message=f"the memory of host `{display_name(host)}` was not checked: worker `{name}` has {why}",
+                hint="download the models first (`huggingface-cli download ID`), or point `path` at a local directory",
+            )
+            continue
+        total = sum(need for need, _ in needs.values())
+        if total > spec.memory_gib * GIB:
+            each = "; ".join(f"`{name}` {need / GIB:.1f} GiB ({why})" for name, (need, why) in needs.items())
+            yield Finding(
+                code="host-memory-exceeded",
+                severity="error",
+                path=path,
+                message=(
+                    f"the workers on host `{display_name(host)}` need about {total / GIB:.1f} GiB "
+                    f"but it has {spec.memory_gib:g} GiB: {each}"
+                ),
+                hint="place a worker on another host, lower a batch width (and its gate), or use a smaller quantization",
+            )
