@@ -24,6 +24,8 @@ from worker.demo.bpe import ENDOFTEXT, IM_END, IM_START
 from worker.demo.modeldir import build_model, qwen3_config, save_model_dir
 from worker.demo.tiny import LATER_LAYER_GAIN, PROJECTION_GAIN, TINY_TARGET
 
+#: Tool definitions fill the system prompt: the demo's 512-token context is too small for them.
+CONTEXT = 4096
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 #: The Qwen3.5 family's chat format, condensed to what the API exercises.
@@ -74,6 +76,7 @@ def build_agent_tokenizer(out_dir: Path) -> int:
         }
     config["additional_special_tokens"] = [IM_START, IM_END, *MARKERS]
     config["chat_template"] = CHAT_TEMPLATE
+    config["model_max_length"] = CONTEXT
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     special = {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": config["additional_special_tokens"]}
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
@@ -86,7 +89,7 @@ def build_agent_pair(out_dir: Path, *, seed: int = 0, drafter_from_target: bool 
     tok_dir = out_dir / "tokenizer"
     vocab = build_agent_tokenizer(tok_dir)
     mx.random.seed(seed)
-    config = qwen3_config(**TINY_TARGET, vocab_size=vocab)
+    config = qwen3_config(**TINY_TARGET, vocab_size=vocab, max_position_embeddings=CONTEXT)
     config["tie_word_embeddings"] = False
     config["eos_token_id"] = [Tokenizer.from_file(str(tok_dir / "tokenizer.json")).token_to_id(t) for t in (IM_END, ENDOFTEXT)]
     target = build_model(config)

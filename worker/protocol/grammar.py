@@ -24,8 +24,9 @@ MAX_SCHEMA_BYTES = 64 * 1024
 LIMITS_KW = dict(initial_lexer_fuel=250_000, max_grammar_size=100_000, step_lexer_fuel=200_000)
 #: JSON is written compact: a random or confused model cannot spin in whitespace forever.
 JSON_OPTIONS = {"whitespace_flexible": False}
-#: A string parameter's value in the XML call form: one line, no `<` (the closing tag must stay unambiguous).
-XML_STRING = r"/[^<\n]+/"
+#: A string parameter's value in the XML call form: one line, no `<` (the closing tag must stay
+#: unambiguous to llguidance's greedy lexer), within the schema's `minLength`/`maxLength`.
+XML_STRING_CHARS = r"[^<\n]"
 
 
 class GrammarError(ValueError):
@@ -70,7 +71,7 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
         if pschema.get("type") == "string" and isinstance(pschema.get("enum"), list):
             rules.append(f"{value}: " + " | ".join(_lit(str(v)) for v in pschema["enum"]))
         elif pschema.get("type") == "string" or not pschema:
-            rules.append(f"{value}: {XML_STRING}")
+            rules.append(f"{value}: {_xml_string(pschema)}")
         else:
             rules.append(f"{value}: %json {_schema_text(pschema, f'the schema of parameter `{pname}` of tool `{name}`')}")
         rule = f"p{idx}_{j}"
@@ -78,6 +79,14 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
         parts.append(rule if pname in required else f"{rule}?")
     head = _lit(f"\n<function={name}>\n")
     return f"{head} {' '.join(parts)} {_lit('</function>' + chr(10))}", rules
+
+
+def _xml_string(schema: dict) -> str:
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo > 0 else 1
+    if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo:
+        return f"/{XML_STRING_CHARS}{{{lo},{hi}}}/"
+    return f"/{XML_STRING_CHARS}{{{lo},}}/"
 
 
 def tool_grammar(tools: list[dict], fmt: str) -> str:
