@@ -32,7 +32,7 @@ from proxy.http import REQUEST_ID, request_id
 from validator.bounds import BodyError, parse_json_body
 from validator.modeldir import config_value
 from worker.proof import read_cmdline
-from worker.protocol import render
+from worker.protocol import render, responses
 from worker.protocol.chat import AgentRequest, ProtocolError, prepare
 
 log = logging.getLogger("mtpstack.worker")
@@ -388,6 +388,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
+    responses: object = None  # worker.protocol.responses.ResponseBuilder for `/v1/responses`
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -585,6 +586,7 @@ def create_app(config: WorkerConfig) -> web.Application:
     app.cleanup_ctx.append(_generation_ctx)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/identity", identity)
@@ -657,7 +659,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _completion(request, "text")
 
 
-async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
+async def create_response(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat", api="responses")
+
+
+async def _completion(request: web.Request, kind: str, api: str = "completions") -> web.StreamResponse:
     """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
     seen by a client can be found in both logs."""
     app = request.app
@@ -670,8 +676,18 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
             raise _bad(str(e)) from None
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, "body_too_large", f"the request body is larger than the limit: {MAX_BODY_BYTES} bytes") from None
+        original = body
+        if api == "responses":
+            try:
+                body = responses.to_chat(body)
+            except ProtocolError as e:
+                raise ApiError(400, e.code, e.message, e.param) from None
         parsed = parse_request(body, kind, gen.engine, app[CONFIG])
+        if api == "responses":
+            parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
     except ApiError as e:
+        if api == "responses":
+            e.param = responses.RESPONSES_PARAM.get(e.param, e.param)
         if e.status in (400, 404, 413):
             app[METRICS].rejected.labels(code=e.code).inc()
         return e.response(rid)
@@ -698,6 +714,8 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
     seq.handle = handle
     gen.submit(handle)
     try:
+        if parsed.responses is not None:
+            return await _respond(request, parsed, handle)
         if parsed.stream:
             return await _stream(request, parsed, handle)
         return await _collect(request, parsed, handle)
@@ -827,6 +845,42 @@ async def _stream(request: web.Request, parsed: ParsedRequest, handle: RequestHa
                      "usage": _usage(parsed, handle.seq)}
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _respond(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+    """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
+    builder = parsed.responses
+    resp = None
+    if parsed.stream:
+        resp = web.StreamResponse(status=HTTPStatus.OK, headers={
+            hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no",
+            REQUEST_ID: handle.rid})
+        await resp.prepare(request)
+
+    async def send(events: list[dict]) -> None:
+        for e in events if resp is not None else ():
+            await resp.write(f"event: {e['type']}\ndata: ".encode() + json.dumps(e).encode() + b"\n\n")
+
+    await send(builder.start())
+    while True:
+        event = await handle.events.get()
+        if event.finish_reason is not None:
+            break
+        await send(builder.feed(event.text))
+    if event.error:
+        err = _generation_failed(event.error, handle.rid)
+        if resp is None:
+            return err.response(handle.rid)
+        await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
+                     "param": None}])
+    else:
+        seq = handle.seq
+        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens)))
+        if resp is None:
+            return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
+        await send(events)
     await resp.write_eof()
     return resp
 

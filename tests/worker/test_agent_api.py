@@ -261,3 +261,77 @@ def test_agent_fields_it_cannot_honour_are_a_400_naming_the_field(worker, body, 
 def test_completions_logprobs_past_five_are_refused(worker):
     status, _, payload = worker.post_json("/v1/completions", {"prompt": "x", "logprobs": 6})
     assert (status, payload["error"]["param"]) == (400, "logprobs")
+
+
+# -- the Responses API ------------------------------------------------------------------
+
+
+def test_responses_answers_text_with_usage(client):
+    r = client.responses.create(model="tiny", input="Say hi", max_output_tokens=12, temperature=0,
+                                extra_body=NO_THINK)
+    assert r.object == "response" and r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output_text and r.usage.output_tokens == 12 and r.usage.input_tokens > 0
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Say hi"}], max_tokens=12,
+                                          temperature=0, extra_body=NO_THINK)
+    assert r.output_text == chat.choices[0].message.content
+
+
+def test_responses_reasoning_is_its_own_output_item(client):
+    r = client.responses.create(model="tiny", input="Say hi", max_output_tokens=12, temperature=0)
+    assert [item.type for item in r.output] == ["reasoning"] and r.output_text == ""
+    assert r.output[0].content[0].text
+
+
+def test_responses_forced_function_call_round_trips_through_its_output(client):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    r = client.responses.create(model="tiny", input="Weather in Paris?", tools=[tool], tool_choice="required",
+                                max_output_tokens=120, temperature=0, extra_body=NO_THINK)
+    [call] = [item for item in r.output if item.type == "function_call"]
+    check_weather_args(json.loads(call.arguments))
+    follow = client.responses.create(
+        model="tiny", max_output_tokens=4, temperature=0, tools=[tool], extra_body=NO_THINK,
+        input=[{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert follow.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_responses_text_format_json_schema_is_enforced(client):
+    r = client.responses.create(model="tiny", input="A person", max_output_tokens=120, temperature=0, extra_body=NO_THINK,
+                                text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    check_person(json.loads(r.output_text))
+
+
+def test_responses_stream_events_reassemble_to_the_non_streamed_response(client):
+    kw = dict(model="tiny", input="Say hi", max_output_tokens=16, temperature=0)
+    whole = client.responses.create(**kw)
+    types, text, reasoning, final = [], "", "", None
+    for event in client.responses.create(**kw, stream=True):
+        types.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        elif event.type == "response.reasoning_text.delta":
+            reasoning += event.delta
+        elif event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.incomplete"
+    assert text == whole.output_text and reasoning == whole.output[0].content[0].text
+    assert [i.type for i in final.output] == [i.type for i in whole.output]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"store": True}, "store"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "frob"}}}}, "text"),
+        ({"input": []}, "input"),
+        ({"modalities": ["audio"]}, "modalities"),
+    ],
+)
+def test_responses_refusals_name_the_responses_field(worker, body, param):
+    status, _, payload = worker.post_json("/v1/responses", {"input": "hi", **body})
+    assert (status, payload["error"]["param"]) == (400, param), payload
