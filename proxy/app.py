@@ -1,6 +1,6 @@
 """The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
 
-Routes: POST /v1/chat/completions and /v1/completions (admitted and forwarded to a worker),
+Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (admitted and forwarded to a worker),
 GET /v1/models, /healthz, /readyz, /metrics.
 """
 
@@ -40,7 +40,9 @@ from validator.bounds import BodyError, parse_json_body
 log = logging.getLogger("mtpstack.proxy")
 
 #: The only paths forwarded to workers; anything else is answered by the proxy itself.
-FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
+FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+#: Paths only the native worker serves: `mlx_lm.server` 0.32 has no Responses API (it would answer 404).
+NATIVE_ONLY_PATHS = ("/v1/responses",)
 #: Label for requests whose model is unknown or missing, so a client cannot mint label values.
 NO_MODEL = "-"
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
@@ -341,6 +343,8 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     payload, ex.model = _parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
+    if request.path in NATIVE_ONLY_PATHS:
+        _refuse_other_backends(state, admission, request.path, ex.model)
 
     queued = time.monotonic()
     try:
@@ -357,6 +361,18 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         return await _relay(request, state, upstream, body, ex)
     finally:
         admission.release(upstream, time.monotonic() - admitted)
+
+
+def _refuse_other_backends(state: ProxyState, admission: ModelAdmission, path: str, model: str) -> None:
+    """Refused before admission, so the answer never depends on which worker would have been picked."""
+    for u in admission.upstreams:
+        backend = state.config.workers[u.name].backend
+        if backend != "native":
+            raise Rejected(
+                HTTPStatus.BAD_REQUEST, "unsupported_endpoint",
+                f"`{path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
+                "which has no Responses API; use `/v1/chat/completions`",
+            )
 
 
 async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, body: bytes, ex: Exchange) -> web.StreamResponse:

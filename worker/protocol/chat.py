@@ -61,7 +61,8 @@ def grammars_for(engine) -> Grammars:
     return _grammars[engine]
 
 
-def _text(content, where: str) -> str:
+def content_text(content, where: str, param: str = "messages") -> str:
+    """A message's text: a string, None, or a list of text parts (chat's `text`, Responses' `input_text`/`output_text`)."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -71,10 +72,10 @@ def _text(content, where: str) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text") \
                     or not isinstance(part.get("text"), str):
-                raise ProtocolError(f"only text content parts are supported: {where}", "messages", "unsupported_parameter")
+                raise ProtocolError(f"only text content parts are supported: {where}", param, "unsupported_parameter")
             parts.append(part["text"])
         return "".join(parts)
-    raise ProtocolError(f"message content must be a string or a list of text parts: {where}", "messages")
+    raise ProtocolError(f"message content must be a string or a list of text parts: {where}", param)
 
 
 def _call_in_history(call, where: str) -> dict:
@@ -109,7 +110,7 @@ def normalize_messages(messages) -> list[dict]:
         role = m["role"]
         if role not in ROLES:
             raise ProtocolError(f"unknown role `{role[:40]}`: {where}", "messages")
-        msg = {"role": "system" if role == "developer" else role, "content": _text(m.get("content"), where)}
+        msg = {"role": "system" if role == "developer" else role, "content": content_text(m.get("content"), where)}
         if role == "assistant":
             calls = m.get("tool_calls")
             if calls is not None:
@@ -118,7 +119,7 @@ def normalize_messages(messages) -> list[dict]:
                 msg["tool_calls"] = [_call_in_history(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if reasoning is not None:
-                msg["reasoning_content"] = _text(reasoning, where)
+                msg["reasoning_content"] = content_text(reasoning, where)
         if role == "tool":
             for key in ("tool_call_id", "name"):
                 if isinstance(m.get(key), str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from worker.protocol.chat import OutputSpec, ProtocolError
+from worker.protocol.chat import OutputSpec, ProtocolError, content_text
 from worker.protocol.output import Markers, OutputSplitter, Piece
 
 #: Fields that need state the worker does not keep.
@@ -30,20 +30,6 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def _content_text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
-                    or not isinstance(part.get("text"), str):
-                raise ProtocolError(f"only text content parts are supported: {where}", "input", "unsupported_parameter")
-            out.append(part["text"])
-        return "".join(out)
-    raise ProtocolError(f"content must be a string or a list of text parts: {where}", "input")
-
-
 def _messages(body: dict) -> list[dict]:
     messages = []
     instructions = body.get("instructions")
@@ -60,7 +46,7 @@ def _messages(body: dict) -> list[dict]:
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message" and isinstance(item.get("role"), str):
-            messages.append({"role": item["role"], "content": _content_text(item.get("content"), where)})
+            messages.append({"role": item["role"], "content": content_text(item.get("content"), where, "input")})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
@@ -72,7 +58,7 @@ def _messages(body: dict) -> list[dict]:
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _content_text(output, where)})
+                             "content": output if isinstance(output, str) else content_text(output, where, "input")})
         elif kind == "reasoning":
             continue  # the family's templates drop earlier turns' reasoning anyway
         else:
