@@ -335,3 +335,34 @@ def test_responses_stream_events_reassemble_to_the_non_streamed_response(client)
 def test_responses_refusals_name_the_responses_field(worker, body, param):
     status, _, payload = worker.post_json("/v1/responses", {"input": "hi", **body})
     assert (status, payload["error"]["param"]) == (400, param), payload
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _nested(25),  # deeper bodies stop at the JSON parser's 64-level bound
+        {"type": "string", "pattern": "(a+)+(b|c|d)*{9}" * 40},
+        {"type": "string", "pattern": "a{1000}{1000}"},
+        {"enum": [f"value-{i}" for i in range(4000)]},
+        {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": f"[a-z]{{{i % 50}}}x"} for i in range(800)},
+         "required": [f"k{i}" for i in range(800)]},
+        {"anyOf": [{"type": "object", "properties": {str(i): {"type": "number"}}} for i in range(500)]},
+        {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    ],
+    ids=["nested-25", "nested-quantifiers", "huge-repeat", "enum-4000", "800-patterns", "anyof-500", "self-ref"],
+)
+def test_hostile_schemas_are_served_or_refused_with_a_400_and_the_worker_stays_healthy(worker, schema):
+    status, _, payload = worker.post_json("/v1/chat/completions", {
+        "messages": ASK, "max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert status in (200, 400), payload
+    if status == 400:
+        assert payload["error"]["param"] == "response_format"
+    assert worker.get_json("/health")["status"] == "ok"
