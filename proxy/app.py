@@ -343,8 +343,7 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     payload, ex.model = _parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
-    if request.path in NATIVE_ONLY_PATHS:
-        _refuse_other_backends(state, admission, request.path, ex.model)
+    _refuse_what_backends_ignore(state, admission, request.path, payload, ex.model)
 
     queued = time.monotonic()
     try:
@@ -363,15 +362,34 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         admission.release(upstream, time.monotonic() - admitted)
 
 
-def _refuse_other_backends(state: ProxyState, admission: ModelAdmission, path: str, model: str) -> None:
+def _ignored_field(payload: dict) -> str | None:
+    """A field `mlx_lm.server` 0.32 accepts and silently ignores, whose answer would then differ in kind."""
+    choice = payload.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return "tool_choice"
+    fmt = payload.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        return "response_format"
+    return None
+
+
+def _refuse_what_backends_ignore(state: ProxyState, admission: ModelAdmission, path: str, payload: dict, model: str) -> None:
     """Refused before admission, so the answer never depends on which worker would have been picked."""
     for u in admission.upstreams:
         backend = state.config.workers[u.name].backend
-        if backend != "native":
+        if backend == "native":
+            continue
+        if path in NATIVE_ONLY_PATHS:
             raise Rejected(
                 HTTPStatus.BAD_REQUEST, "unsupported_endpoint",
                 f"`{path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
                 "which has no Responses API; use `/v1/chat/completions`",
+            )
+        if (field := _ignored_field(payload)) is not None:
+            raise Rejected(
+                HTTPStatus.BAD_REQUEST, "unsupported_parameter",
+                f"`{field}` cannot be honoured for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
+                "which ignores it",
             )
 
 

@@ -18,7 +18,7 @@ from worker.protocol.output import Markers, OutputSplitter, Piece
 STATEFUL = ("previous_response_id", "conversation", "background")
 #: Fields passed through to the chat request unchanged.
 PASSED = ("model", "temperature", "top_p", "stream", "seed", "stop", "chat_template_kwargs", "num_draft_tokens",
-          "top_logprobs", "stream_options")
+          "stream_options")
 #: Fields accepted and not acted on: they change nothing about the answer.
 IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "service_tier",
            "store", "reasoning", "truncation", "include", "max_tool_calls")
