@@ -1,6 +1,6 @@
 """The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
 
-Routes: POST /v1/chat/completions and /v1/completions (admitted and forwarded to a worker),
+Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (admitted and forwarded to a worker),
 GET /v1/models, /healthz, /readyz, /metrics.
 """
 
@@ -41,7 +41,9 @@ from validator.placement import dial_host
 log = logging.getLogger("mtpstack.proxy")
 
 #: The only paths forwarded to workers; anything else is answered by the proxy itself.
-FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
+FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+#: Paths only the native worker serves: `mlx_lm.server` 0.32 has no Responses API (it would answer 404).
+NATIVE_ONLY_PATHS = ("/v1/responses",)
 #: Label for requests whose model is unknown or missing, so a client cannot mint label values.
 NO_MODEL = "-"
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
@@ -343,6 +345,7 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     payload, ex.model = _parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
+    _refuse_what_backends_ignore(state, admission, request.path, payload, ex.model)
 
     queued = time.monotonic()
     try:
@@ -359,6 +362,37 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         return await _relay(request, state, upstream, body, ex)
     finally:
         admission.release(upstream, time.monotonic() - admitted)
+
+
+def _ignored_field(payload: dict) -> str | None:
+    """A field `mlx_lm.server` 0.32 accepts and silently ignores, whose answer would then differ in kind."""
+    choice = payload.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return "tool_choice"
+    fmt = payload.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        return "response_format"
+    return None
+
+
+def _refuse_what_backends_ignore(state: ProxyState, admission: ModelAdmission, path: str, payload: dict, model: str) -> None:
+    """Refused before admission, so the answer never depends on which worker would have been picked."""
+    for u in admission.upstreams:
+        backend = state.config.workers[u.name].backend
+        if backend == "native":
+            continue
+        if path in NATIVE_ONLY_PATHS:
+            raise Rejected(
+                HTTPStatus.BAD_REQUEST, "unsupported_endpoint",
+                f"`{path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
+                "which has no Responses API; use `/v1/chat/completions`",
+            )
+        if (field := _ignored_field(payload)) is not None:
+            raise Rejected(
+                HTTPStatus.BAD_REQUEST, "unsupported_parameter",
+                f"`{field}` cannot be honoured for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
+                "which ignores it",
+            )
 
 
 async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, body: bytes, ex: Exchange) -> web.StreamResponse:

@@ -206,6 +206,7 @@ def make_app(state: FakeState) -> web.Application:
     app.cleanup_ctx.append(_events_ctx)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", completions)  # answered in the chat shape: the proxy only relays
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
     return app

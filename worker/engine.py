@@ -301,6 +301,10 @@ class Sequence:
         self._detok = engine.tokenizer.detokenizer
         self.cancelled = False  # set from another thread; honoured before the next step
         self.handle = None  # the server's per-request bridge
+        # Optional per-request view of the target's logits (worker.protocol.hooks): `constrain(logits,
+        # drafted)` returns the [n, vocab] logits to sample from (a grammar mask), `observe(logits,
+        # tokens)` sees the raw logits of the tokens just emitted (logprobs, the grammar's advance).
+        self.hook = None
         self._stop_scan = 0
         self._hold = max((len(s) for s in params.stop), default=1) - 1
         # The key is made on first use, in the generation thread: only that thread touches mlx.
@@ -418,7 +422,8 @@ class Batch:
         chunk = seq.prompt[start:end]
         hidden = engine.parts.hidden(mx.array(chunk, dtype=mx.uint32)[None], seq.target_cache)
         final = end == len(seq.prompt)
-        bonus = seq._sample(engine.parts.lm_head(hidden[0, -1:, :])) if final else None
+        last = engine.parts.lm_head(hidden[0, -1:, :]) if final else None
+        bonus = seq._sample(seq.hook.constrain(last, []) if seq.hook else last) if final else None
         if self.drafter is not None:
             lookahead = seq.prompt[start : end + 1]  # each position's next token, where the prompt has it
             self.drafter.prefill(seq, lookahead, hidden, bonus)
@@ -430,6 +435,8 @@ class Batch:
             return StepResult(prefill=end - start)
         seq.y = int(bonus.item())
         emitted = seq._emit([seq.y])
+        if seq.hook is not None:
+            seq.hook.observe(last[:emitted], [seq.y][:emitted])
         if not seq.finished:
             if self.drafter is not None:
                 self.drafter.start(seq)
@@ -465,7 +472,11 @@ class Batch:
             inputs = mx.concatenate([inputs, drafts], axis=1)
         hidden = engine.parts.hidden(inputs, self.caches)
         logits = engine.parts.lm_head(hidden)
-        sampled = mx.stack([seq._sample(logits[i]) for i, seq in enumerate(rows)])
+        proposed = drafts.tolist() if drafts is not None and any(seq.hook for seq in rows) else None
+        sampled = mx.stack([
+            seq._sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i])
+            for i, (seq, k) in enumerate(zip(rows, plans))
+        ])
         mx.eval(sampled, drafts if drafts is not None else [])
         s = sampled.tolist()
         d = drafts.tolist() if drafts is not None else [[] for _ in rows]
@@ -480,11 +491,14 @@ class Batch:
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
         results = []
-        for seq, k, n, s_row in zip(rows, plans, accepted, s):
+        for i, (seq, k, n, s_row) in enumerate(zip(rows, plans, accepted, s)):
             seq.drafted += k
             seq.accepted += n
             seq.y = s_row[n]
-            results.append(StepResult(drafted=k, accepted=n, tokens=seq._emit(s_row[: n + 1])))
+            emitted = seq._emit(s_row[: n + 1])
+            if seq.hook is not None:
+                seq.hook.observe(logits[i, :emitted], s_row[:emitted])
+            results.append(StepResult(drafted=k, accepted=n, tokens=emitted))
         return results
 
 

@@ -32,6 +32,8 @@ from proxy.http import REQUEST_ID, request_id
 from validator.bounds import BodyError, parse_json_body
 from validator.modeldir import config_value
 from worker.proof import read_cmdline
+from worker.protocol import render, responses
+from worker.protocol.chat import AgentRequest, ProtocolError, prepare
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -51,7 +53,7 @@ SHUTDOWN_GRACE = 5.0
 #: Seconds a rejected client is told to wait.
 RETRY_AFTER = 1
 #: Parameters that would change the response's shape or meaning, refused rather than ignored.
-UNSUPPORTED_IF_SET = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "suffix", "echo")
+UNSUPPORTED_IF_SET = ("functions", "function_call", "suffix", "echo")
 #: Largest integer accepted in a count (`max_tokens`, `n`, `num_draft_tokens`): mlx indexes
 #: with 32-bit integers, and no context comes near it.
 MAX_COUNT = 2**31 - 1
@@ -155,6 +157,7 @@ class Event:
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list = field(default_factory=list)  # worker.protocol.hooks.TokenLogprob, when asked for
 
 
 @dataclass
@@ -303,11 +306,13 @@ class GenerationLoop:
             if seq in self.scheduler.active:
                 self.scheduler.active.remove(seq)
         finish = seq.finish_reason
-        if not text and finish is None:
+        logprobs = seq.hook.take() if seq.hook is not None else []
+        if not text and finish is None and not logprobs:
             return
         if error is not None:
             log.error("request %s: generation failed: %s: %s", seq.handle.rid, type(error).__name__, error)
-        event = Event(text=text, finish_reason=finish, error=f"{type(error).__name__}: {error}" if error else None)
+        event = Event(text=text, finish_reason=finish, error=f"{type(error).__name__}: {error}" if error else None,
+                      logprobs=logprobs)
         self.loop.call_soon_threadsafe(seq.handle.deliver, event)
 
 
@@ -382,6 +387,8 @@ class ParsedRequest:
     params: object  # engine.SamplingParams
     stream: bool
     include_usage: bool
+    agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
+    responses: object = None  # worker.protocol.responses.ResponseBuilder for `/v1/responses`
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -431,20 +438,13 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     return value
 
 
-def _message_text(content, i: int) -> str:
-    where = f"messages[{i}]"
-    if isinstance(content, str):
-        return _text(content, "messages", where)
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _unsupported(f"only text content parts are supported: {where}", "messages")
-            parts.append(_text(part["text"], "messages", where))
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise _bad(f"message content must be a string or a list of text parts: {where}", "messages")
+def _valid_unicode(body: dict) -> None:
+    """Text that cannot be encoded (a lone surrogate such as `\\ud800`) is refused before any template or tokenizer sees it."""
+    for key in ("messages", "tools", "tool_choice", "chat_template_kwargs", "response_format"):
+        try:
+            json.dumps(body.get(key), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad(f"`{key}` holds text that is not valid Unicode (a lone surrogate)", key) from None
 
 
 def vocab_size(engine) -> int | None:
@@ -488,20 +488,14 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
     for key in UNSUPPORTED_IF_SET:
         if body.get(key) not in (None, False, [], 0, ""):
             raise _unsupported(f"this worker does not support `{key}`", key)
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise _unsupported("only the text response format is supported", "response_format")
+    _valid_unicode(body)
+    try:
+        agent = prepare(body, kind, engine)
+    except ProtocolError as e:
+        raise ApiError(400, e.code, e.message, e.param) from None
 
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("`messages` must be a non-empty list", "messages")
-        norm = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"each message needs a string `role`: messages[{i}]", "messages")
-            norm.append({"role": _text(m["role"], "messages", f"messages[{i}]"), "content": _message_text(m.get("content"), i)})
-        prompt = _tokenize(lambda: engine.chat_prompt(norm), "messages")
+        prompt = agent.prompt
     else:
         raw = body.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
@@ -574,7 +568,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    return ParsedRequest(kind, prompt, params, stream, bool(include_usage))
+    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent)
 
 
 # -- the application ---------------------------------------------------------------------
@@ -592,6 +586,7 @@ def create_app(config: WorkerConfig) -> web.Application:
     app.cleanup_ctx.append(_generation_ctx)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/identity", identity)
@@ -664,7 +659,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _completion(request, "text")
 
 
-async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
+async def create_response(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat", api="responses")
+
+
+async def _completion(request: web.Request, kind: str, api: str = "completions") -> web.StreamResponse:
     """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
     seen by a client can be found in both logs."""
     app = request.app
@@ -677,8 +676,18 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
             raise _bad(str(e)) from None
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, "body_too_large", f"the request body is larger than the limit: {MAX_BODY_BYTES} bytes") from None
+        original = body
+        if api == "responses":
+            try:
+                body = responses.to_chat(body)
+            except ProtocolError as e:
+                raise ApiError(400, e.code, e.message, e.param) from None
         parsed = parse_request(body, kind, gen.engine, app[CONFIG])
+        if api == "responses":
+            parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
     except ApiError as e:
+        if api == "responses":
+            e.param = responses.RESPONSES_PARAM.get(e.param, e.param)
         if e.status in (400, 404, 413):
             app[METRICS].rejected.labels(code=e.code).inc()
         return e.response(rid)
@@ -700,10 +709,13 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
         slots.release()
         log.exception("request %s: the sequence could not be created", rid)
         return _generation_failed(e, rid).response(rid)
+    seq.hook = parsed.agent.hook if parsed.agent is not None else None
     handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid)
     seq.handle = handle
     gen.submit(handle)
     try:
+        if parsed.responses is not None:
+            return await _respond(request, parsed, handle)
         if parsed.stream:
             return await _stream(request, parsed, handle)
         return await _collect(request, parsed, handle)
@@ -734,11 +746,22 @@ def _ids(kind: str) -> tuple[str, str, int]:
     return f"{prefix}-{uuid.uuid4().hex[:24]}", obj, int(time.time())
 
 
+def _logprobs(parsed: ParsedRequest, entries: list, tokenizer, offset: int = 0):
+    """The answer's `logprobs` for these tokens in the request's shape; None when not asked for."""
+    shape = parsed.agent.logprobs_shape if parsed.agent else None
+    if shape == "chat":
+        return {"content": render.chat_logprobs(entries, tokenizer)}
+    if shape == "completion":
+        return render.completion_logprobs(entries, tokenizer, offset)
+    return None
+
+
 async def _collect(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.Response:
-    parts = []
+    parts, entries = [], []
     while True:
         event = await handle.events.get()
         parts.append(event.text)
+        entries += event.logprobs
         if event.finish_reason is not None:
             break
     if event.error:
@@ -746,11 +769,16 @@ async def _collect(request: web.Request, parsed: ParsedRequest, handle: RequestH
     text = "".join(parts)
     rid, obj, created = _ids(parsed.kind)
     name = request.app[CONFIG].served_model_name
+    tokenizer = handle.seq.engine.tokenizer
+    logprobs = _logprobs(parsed, entries, tokenizer)
     if parsed.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": event.finish_reason}
+        answer = render.ChatText(parsed.agent.output)
+        answer.feed(text)
+        answer.finish()
+        choice = {"index": 0, "message": answer.message(), "logprobs": logprobs,
+                  "finish_reason": answer.finish_reason(event.finish_reason)}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
     return web.json_response(
         {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
          "usage": _usage(parsed, handle.seq)},
@@ -762,43 +790,97 @@ async def _stream(request: web.Request, parsed: ParsedRequest, handle: RequestHa
     rid, obj, created = _ids(parsed.kind)
     obj += ".chunk" if parsed.kind == "chat" else ""
     name = request.app[CONFIG].served_model_name
+    tokenizer = handle.seq.engine.tokenizer
     resp = web.StreamResponse(
         status=HTTPStatus.OK,
         headers={hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no",
                  REQUEST_ID: handle.rid},
     )
     await resp.prepare(request)
+    answer = render.ChatText(parsed.agent.output) if parsed.kind == "chat" else None
+    sent = 0  # characters of text answered so far (completions' `text_offset`)
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+    def chunk(delta_or_text, finish: str | None, logprobs=None) -> bytes:
         if parsed.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": delta_or_text or "", "logprobs": logprobs, "finish_reason": finish}
         payload = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
         if parsed.include_usage:
             payload["usage"] = None
         return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
-    if parsed.kind == "chat":
-        await resp.write(chunk(None, None, role=True))
+    async def write(event: Event, finish: str | None) -> None:
+        nonlocal sent
+        logprobs = _logprobs(parsed, event.logprobs, tokenizer, sent) if event.logprobs else None
+        if answer is None:
+            if event.text or logprobs or finish:
+                await resp.write(chunk(event.text, finish, logprobs))
+            sent += len(event.text)
+            return
+        deltas = answer.feed(event.text)
+        if finish is not None:
+            deltas += answer.finish()
+        if logprobs and not deltas:
+            deltas = [{}]  # logprobs of text still held back travel on their own
+        for i, delta in enumerate(deltas):
+            await resp.write(chunk(delta, None, logprobs if i == 0 else None))
+        if finish is not None:
+            await resp.write(chunk({}, answer.finish_reason(finish)))
+
+    if answer is not None:
+        await resp.write(chunk({"role": "assistant", "content": ""}, None))
     while True:
         event = await handle.events.get()
         if event.finish_reason is not None:
             break
-        if event.text:
-            await resp.write(chunk(event.text, None))
+        await write(event, None)
     if event.error:
         err = _generation_failed(event.error, handle.rid).body()
         await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
     else:
-        tail = chunk(event.text or None, event.finish_reason) if parsed.kind == "chat" else chunk(event.text, event.finish_reason)
-        await resp.write(tail)
+        await write(event, event.finish_reason)
         if parsed.include_usage:
             usage = {"id": rid, "object": obj, "created": created, "model": name, "choices": [],
                      "usage": _usage(parsed, handle.seq)}
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _respond(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+    """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
+    builder = parsed.responses
+    resp = None
+    if parsed.stream:
+        resp = web.StreamResponse(status=HTTPStatus.OK, headers={
+            hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache", "X-Accel-Buffering": "no",
+            REQUEST_ID: handle.rid})
+        await resp.prepare(request)
+
+    async def send(events: list[dict]) -> None:
+        for e in events if resp is not None else ():
+            await resp.write(f"event: {e['type']}\ndata: ".encode() + json.dumps(e).encode() + b"\n\n")
+
+    await send(builder.start())
+    while True:
+        event = await handle.events.get()
+        if event.finish_reason is not None:
+            break
+        await send(builder.feed(event.text))
+    if event.error:
+        err = _generation_failed(event.error, handle.rid)
+        if resp is None:
+            return err.response(handle.rid)
+        await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
+                     "param": None}])
+    else:
+        seq = handle.seq
+        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens)))
+        if resp is None:
+            return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
+        await send(events)
     await resp.write_eof()
     return resp
 

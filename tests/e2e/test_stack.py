@@ -23,6 +23,23 @@ def client(stack) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
+def test_responses_and_logprobs_answer_through_the_proxy_like_the_worker(stack):
+    c = client(stack)
+    r = c.responses.create(model="tiny", input="def add(a, b):", max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.usage.output_tokens == 8
+    direct = openai.OpenAI(base_url=stack.worker_url("w0") + "/v1", api_key="unused", timeout=60, max_retries=0)
+    assert direct.responses.create(model="tiny", input="def add(a, b):", max_output_tokens=8, temperature=0).output_text == r.output_text
+    streamed = "".join(e.delta for e in c.responses.create(model="tiny", input="def add(a, b):", max_output_tokens=8,
+                                                          temperature=0, stream=True) if e.type == "response.output_text.delta")
+    assert streamed == r.output_text
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.responses.create(model="tiny", input="x", previous_response_id="resp_1")
+    assert refused.value.body["param"] == "previous_response_id"
+    lp = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+                                   logprobs=True, top_logprobs=2)
+    assert len(lp.choices[0].logprobs.content) == lp.usage.completion_tokens
+
+
 def test_models_list_names_the_served_model(stack):
     models = client(stack).models.list()
     assert [m.id for m in models.data] == ["tiny"]

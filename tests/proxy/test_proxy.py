@@ -449,3 +449,32 @@ async def test_an_http10_client_gets_the_stream_unchunked(make_fleet):
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 200") and b"transfer-encoding" not in head.lower()
     assert payload.count(b"data: ") == 21 and payload.endswith(b"data: [DONE]\n\n")
+
+
+async def test_responses_are_forwarded_to_native_workers_through_the_same_gate(make_fleet):
+    f = await make_fleet({"native": {"gate": 1, "model": "a"}})
+    r = await f.client.post("/v1/responses", json={"model": "a", "input": "hi"})
+    assert r.status == 200 and f.fakes["native"].models == ["a"]
+    assert (await f.client.post("/v1/responses", json={"model": "zzz", "input": "hi"})).status == 404
+
+
+async def test_responses_for_an_mlx_lm_backend_are_a_400_naming_the_backend(make_fleet):
+    f = await make_fleet({"mlxlm": {"gate": 1, "model": "b", "backend": "mlx-lm", "target": "/srv/models/b-4bit"}})
+    r = await f.client.post("/v1/responses", json={"model": "b", "input": "hi"})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["code"] == "unsupported_endpoint"
+    assert "`mlx-lm` backend" in body["error"]["message"] and "`/v1/chat/completions`" in body["error"]["message"]
+    assert f.fakes["mlxlm"].models == []
+
+
+@pytest.mark.parametrize("field", [{"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+                                   {"response_format": {"type": "json_object"}}])
+async def test_fields_an_mlx_lm_backend_would_ignore_are_a_400_naming_the_backend(make_fleet, field):
+    f = await make_fleet({"mlxlm": {"gate": 1, "model": "b", "backend": "mlx-lm", "target": "/srv/models/b-4bit"}})
+    r = await f.client.post("/v1/chat/completions", json={"model": "b", "messages": [{"role": "user", "content": "x"}], **field})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["code"] == "unsupported_parameter"
+    assert f"`{next(iter(field))}`" in body["error"]["message"] and "`mlx-lm` backend" in body["error"]["message"]
+    ok = await f.client.post("/v1/chat/completions", json={"model": "b", "messages": [{"role": "user", "content": "x"}],
+                                                           "tool_choice": "auto", "response_format": {"type": "text"}})
+    assert ok.status == 200 and f.fakes["mlxlm"].models == ["/srv/models/b-4bit"]

@@ -1,0 +1,83 @@
+"""Grammars and the constraint hook on a real tokenizer: masks per verified position, drafts cut at the first rejected token."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from tests.worker.agent_models import build_agent_tokenizer
+from worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
+from worker.protocol.hooks import Constraint
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}, "s": {"type": "string", "maxLength": 4}}, "required": ["x"]}}}
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    vocab = build_agent_tokenizer(d)
+    return load_tokenizer(d), vocab
+
+
+def constraint(tok, grammar, **kw):
+    tokenizer, vocab = tok
+    return Constraint(Grammars(tokenizer, vocab).matcher(grammar), vocab, **kw)
+
+
+def test_a_draft_is_cut_at_its_first_token_the_grammar_rejects_and_the_matcher_is_left_unchanged(tok):
+    tokenizer, vocab = tok
+    c = constraint(tok, json_grammar({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    good = tokenizer.encode('{"a":', add_special_tokens=False)
+    bad = tokenizer.encode("x", add_special_tokens=False)
+    drafted = good + bad + good
+    logits = mx.zeros((len(drafted) + 1, vocab))
+    masked = c.mask(logits, drafted)
+    finite = [{i for i, v in enumerate(mx.isfinite(masked[j]).tolist()) if v} for j in range(len(drafted) + 1)]
+    for j, t in enumerate(good):
+        assert t in finite[j] and len(finite[j]) < vocab
+    assert bad[0] not in finite[len(good)]  # the cut: the target cannot confirm this token
+    assert all(len(f) == vocab for f in finite[len(good) + 1:])  # past the cut: never emitted, left alone
+    assert c.mask(logits, drafted).tolist() == masked.tolist()  # mask() consumed nothing
+
+
+def test_the_constraint_starts_where_the_reasoning_ends(tok):
+    tokenizer, vocab = tok
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    [end_id] = end
+    c = constraint(tok, json_grammar(None), think_end_id=end_id, reasoning=True)
+    words = tokenizer.encode("hello", add_special_tokens=False)
+    rows = c.mask(mx.zeros((len(words) + 2, vocab)), words + [end_id])
+    finite = [int(mx.isfinite(rows[j]).sum().item()) for j in range(len(words) + 2)]
+    assert finite[:-1] == [vocab] * (len(words) + 1) and finite[-1] < vocab
+    c.advance(words + [end_id])
+    assert not c.reasoning
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "json_tools"])
+def test_a_forced_call_accepts_a_valid_call_and_nothing_else(tok, fmt):
+    tokenizer, _ = tok
+    if fmt == "qwen3_coder":
+        good = "<tool_call>\n<function=f>\n<parameter=x>\n7\n</parameter>\n<parameter=s>\nab\n</parameter>\n</function>\n</tool_call>"
+        bad = "<tool_call>\n<function=f>\n<parameter=x>\nseven\n</parameter>\n</function>\n</tool_call>"
+    else:
+        good = '<tool_call>\n{"name": "f", "arguments": {"x":7}}\n</tool_call>'
+        bad = '<tool_call>\n{"name": "g", "arguments": {"x":7}}\n</tool_call>'
+    for text, ok in ((good, True), (bad, False)):
+        m = Grammars(tokenizer, tok[1]).matcher(tool_grammar([TOOL], fmt))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) is ok, text
+
+
+def test_schemas_past_the_size_bound_or_invalid_are_refused_with_a_reason(tok):
+    big = {"type": "object", "description": "x" * MAX_SCHEMA_BYTES}
+    with pytest.raises(GrammarError, match="larger than the limit"):
+        json_grammar(big)
+    with pytest.raises(GrammarError):
+        Grammars(tok[0], tok[1]).matcher(json_grammar({"type": "frob"}))
+    with pytest.raises(GrammarError, match="cannot be forced"):
+        tool_grammar([TOOL], "mistral")
+    assert json.loads(json.dumps(TOOL))  # the fixture itself is plain JSON

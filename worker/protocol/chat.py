@@ -1,0 +1,280 @@
+"""The agent-facing request fields: history with tool calls, `tools`/`tool_choice`, reasoning,
+`chat_template_kwargs`, `response_format` and logprobs, checked and turned into a prompt, an
+output splitter's settings and a logits hook.
+
+Every refusal is a `ProtocolError` naming the field; the server answers it as a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+
+from worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
+from worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook
+from worker.protocol.output import Markers
+
+#: Tools a request may declare: agent frameworks send tens; the prompt pays for every one.
+MAX_TOOLS = 128
+#: Keys of `chat_template_kwargs` the worker sets itself.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize", "conversation",
+                                      "chat_template", "return_dict", "continue_final_message"})
+#: Completions' integer `logprobs`: OpenAI's own bound.
+MAX_COMPLETION_LOGPROBS = 5
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+class ProtocolError(ValueError):
+    def __init__(self, message: str, param: str, code: str = "invalid_request"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class OutputSpec:
+    """How the answer's text is split: see `worker.protocol.output.OutputSplitter`."""
+
+    markers: Markers
+    reasoning: bool = False
+    tools: list | None = None
+    parse_tools: bool = False
+
+
+@dataclass
+class AgentRequest:
+    prompt: list[int] | None  # None: not a chat (the caller tokenizes)
+    output: OutputSpec | None
+    hook: RowHook | None
+    logprobs_shape: str | None  # "chat", "completion" or None
+
+
+_grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def grammars_for(engine) -> Grammars:
+    if engine not in _grammars:
+        from validator.modeldir import config_value
+
+        vocab = config_value(engine.target.config, "vocab_size") or len(engine.tokenizer._tokenizer)
+        _grammars[engine] = Grammars(engine.tokenizer, vocab)
+    return _grammars[engine]
+
+
+def content_text(content, where: str, param: str = "messages") -> str:
+    """A message's text: a string, None, or a list of text parts (chat's `text`, Responses' `input_text`/`output_text`)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text") \
+                    or not isinstance(part.get("text"), str):
+                raise ProtocolError(f"only text content parts are supported: {where}", param, "unsupported_parameter")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ProtocolError(f"message content must be a string or a list of text parts: {where}", param)
+
+
+def _call_in_history(call, where: str) -> dict:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ProtocolError(f"each tool call needs a `function` with a string `name`: {where}", "messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise ProtocolError(f"tool call `arguments` must be a JSON object: {where}", "messages") from None
+    if not isinstance(args, dict):
+        raise ProtocolError(f"tool call `arguments` must be a JSON object: {where}", "messages")
+    out = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def normalize_messages(messages) -> list[dict]:
+    """The history as chat templates read it: text content, `tool_calls` with object arguments,
+    `tool` messages with their `tool_call_id`, and reasoning as `reasoning_content` (the field the
+    family's templates render; `reasoning` is accepted too)."""
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolError("`messages` must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ProtocolError(f"each message needs a string `role`: {where}", "messages")
+        role = m["role"]
+        if role not in ROLES:
+            raise ProtocolError(f"unknown role `{role[:40]}`: {where}", "messages")
+        msg = {"role": "system" if role == "developer" else role, "content": content_text(m.get("content"), where)}
+        if role == "assistant":
+            calls = m.get("tool_calls")
+            if calls is not None:
+                if not isinstance(calls, list):
+                    raise ProtocolError(f"`tool_calls` must be a list: {where}", "messages")
+                msg["tool_calls"] = [_call_in_history(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if reasoning is not None:
+                msg["reasoning_content"] = content_text(reasoning, where)
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _tools(body) -> list[dict] | None:
+    tools = body.get("tools")
+    if tools in (None, []):
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise ProtocolError(f"`tools` must be a list of at most {MAX_TOOLS} tools", "tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ProtocolError(f"each tool must be `{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}`: tools[{i}]", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise ProtocolError(f"a tool's `parameters` must be a JSON schema object: tools[{i}]", "tools")
+    return tools
+
+
+def _tool_choice(body, tools):
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise ProtocolError(f"`tool_choice` must be `auto`, `none`, `required` or a named function: {choice[:40]!r}", "tool_choice")
+        if choice == "required" and not tools:
+            raise ProtocolError("`tool_choice` is `required` but no `tools` are given", "tool_choice")
+        return choice
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(name, str):
+        raise ProtocolError("a named `tool_choice` must be `{\"type\": \"function\", \"function\": {\"name\": ...}}`", "tool_choice")
+    if not any(t["function"]["name"] == name for t in tools or []):
+        raise ProtocolError(f"`tool_choice` names a function that is not in `tools`: `{name[:100]}`", "tool_choice")
+    return name
+
+
+def _template_kwargs(body) -> dict:
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) for k in kw):
+        raise ProtocolError("`chat_template_kwargs` must be an object", "chat_template_kwargs")
+    if reserved := sorted(RESERVED_TEMPLATE_KWARGS & kw.keys()):
+        raise ProtocolError(f"`chat_template_kwargs` may not set `{reserved[0]}`", "chat_template_kwargs")
+    return kw
+
+
+def response_grammar(body) -> str | None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    try:
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return json_grammar(None)
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ProtocolError("`response_format.json_schema.schema` must be a JSON schema object", "response_format")
+            return json_grammar(spec["schema"])
+    except GrammarError as e:
+        raise ProtocolError(f"`response_format` cannot be enforced: {e}", "response_format") from None
+    raise ProtocolError("`response_format.type` must be `text`, `json_object` or `json_schema`", "response_format")
+
+
+def _logprobs(body, kind: str) -> tuple[int | None, str | None]:
+    lp = body.get("logprobs")
+    if kind == "chat":
+        if lp is not None and not isinstance(lp, bool):
+            raise ProtocolError(f"`logprobs` must be a boolean: {str(lp)[:40]}", "logprobs")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise ProtocolError(f"`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+            if not lp:
+                raise ProtocolError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+        return (top or 0, "chat") if lp else (None, None)
+    if lp is None or lp is False:
+        return None, None
+    if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_COMPLETION_LOGPROBS:
+        raise ProtocolError(f"`logprobs` must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}", "logprobs")
+    return lp, "completion"
+
+
+def _tool_format(tokenizer) -> str | None:
+    parser = getattr(tokenizer, "tool_parser", None)
+    return parser.__module__.rsplit(".", 1)[-1] if parser is not None else None
+
+
+def _single_id(tokenizer, text: str | None) -> int | None:
+    if not text:
+        return None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def prepare(body: dict, kind: str, engine) -> AgentRequest:
+    """The agent fields of a chat (`kind` "chat") or completions ("text") request."""
+    tok = engine.tokenizer
+    top, shape = _logprobs(body, kind)
+    grammar = response_grammar(body)
+    prompt = output = None
+    ban = None
+    reasoning = False
+    if kind == "chat":
+        tools = _tools(body)
+        choice = _tool_choice(body, tools)
+        if tools and not getattr(tok, "has_tool_calling", False):
+            raise ProtocolError("this model's chat template has no tool-call format, so `tools` cannot be served", "tools",
+                                "unsupported_parameter")
+        messages = normalize_messages(body.get("messages"))
+        kwargs = _template_kwargs(body)
+        prompt = _template(tok, messages, tools, kwargs)
+        if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
+            reasoning = tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt)
+        output = OutputSpec(Markers.of(tok), reasoning, tools, parse_tools=choice != "none" and tools is not None)
+        if choice not in ("auto", "none"):
+            if grammar is not None:
+                raise ProtocolError("`response_format` cannot be combined with a forced tool call", "response_format")
+            chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
+            try:
+                grammar = tool_grammar(chosen, _tool_format(tok))
+            except GrammarError as e:
+                raise ProtocolError(f"`tool_choice` cannot be enforced: {e}", "tool_choice") from None
+        elif choice == "none" and tools and (tid := _single_id(tok, tok.tool_call_start)) is not None:
+            ban = BanTokens([tid])
+    constraint = ban
+    if grammar is not None:
+        g = grammars_for(engine)
+        try:
+            matcher = g.matcher(grammar)
+        except GrammarError as e:
+            param = "tool_choice" if kind == "chat" and body.get("tool_choice") not in (None, "auto", "none") else "response_format"
+            raise ProtocolError(f"`{param}` cannot be enforced: {e}", param) from None
+        think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
+        constraint = Constraint(matcher, g._vocab, think_end, reasoning)
+    hook = RowHook(top, constraint) if (top is not None or constraint is not None) else None
+    return AgentRequest(prompt, output, hook, shape)
+
+
+def _template(tok, messages, tools, kwargs) -> list[int]:
+    if not tok.has_chat_template:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return list(tok.encode(text))
+    try:
+        tokens = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, **kwargs)
+    except Exception as e:  # third-party template code fed client input
+        raise ProtocolError(f"`messages` cannot be tokenized: {type(e).__name__}: {str(e)[:120]}", "messages") from None
+    if isinstance(tokens, dict):
+        tokens = tokens["input_ids"]
+    return [int(t) for t in tokens]

@@ -1,0 +1,237 @@
+"""`POST /v1/responses`, stateless: a Responses request becomes a chat request, and the chat's
+split output (reasoning, text, tool calls) becomes Responses output items and stream events.
+
+Stateless means nothing is stored: `previous_response_id`, `conversation` and `store: true` are
+400s naming the field, and a client carries its history in `input` (function calls and their
+outputs included), as with Chat Completions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from worker.protocol.chat import OutputSpec, ProtocolError, content_text
+from worker.protocol.output import Markers, OutputSplitter, Piece
+
+#: Fields that need state the worker does not keep.
+STATEFUL = ("previous_response_id", "conversation", "background")
+#: Fields passed through to the chat request unchanged.
+PASSED = ("model", "temperature", "top_p", "stream", "seed", "stop", "chat_template_kwargs", "num_draft_tokens",
+          "stream_options")
+#: Fields accepted and not acted on: they change nothing about the answer.
+IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "service_tier",
+           "store", "reasoning", "truncation", "include", "max_tool_calls")
+#: A refusal of the translated chat request names the field the client sent.
+RESPONSES_PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise ProtocolError("`instructions` must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if isinstance(items, str):
+        return messages + [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise ProtocolError("`input` must be a string or a non-empty list of items", "input")
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and isinstance(item.get("role"), str):
+            messages.append({"role": item["role"], "content": content_text(item.get("content"), where, "input")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and not last["content"]:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output if isinstance(output, str) else content_text(output, where, "input")})
+        elif kind == "reasoning":
+            continue  # the family's templates drop earlier turns' reasoning anyway
+        else:
+            raise ProtocolError(f"unsupported input item: {where} (type `{str(kind)[:40]}`)", "input", "unsupported_parameter")
+    return messages
+
+
+def _tools(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ProtocolError("`tools` must be a list", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise ProtocolError(f"only function tools are supported: tools[{i}] (type `{str(kind)[:40]}`)", "tools",
+                                "unsupported_parameter")
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
+    return out
+
+
+def _tool_choice(choice):
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise ProtocolError("`tool_choice` must be `auto`, `none`, `required` or `{\"type\": \"function\", \"name\": ...}`",
+                        "tool_choice")
+
+
+def _format(text):
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise ProtocolError("`text.format` must be an object", "text")
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "schema"), "schema": fmt.get("schema"),
+                                                       "strict": fmt.get("strict")}}
+    return {"type": fmt.get("type")}
+
+
+def to_chat(body) -> dict:
+    """The chat request a Responses request means; refusals name the Responses field."""
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object", None)
+    for key in STATEFUL:
+        if body.get(key) not in (None, False):
+            raise ProtocolError(f"this worker is stateless: `{key}` is not supported; send the history in `input`", key,
+                                "unsupported_parameter")
+    if body.get("store") is True:
+        raise ProtocolError("this worker is stateless: `store` must be false or absent", "store", "unsupported_parameter")
+    known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", *PASSED, *IGNORED, *STATEFUL}
+    if unknown := sorted(k for k in body if k not in known):
+        raise ProtocolError(f"unsupported field for `/v1/responses`: `{unknown[0][:60]}`", unknown[0][:60], "unsupported_parameter")
+    chat = {k: body[k] for k in PASSED if k in body}
+    chat["messages"] = _messages(body)
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if (tools := _tools(body.get("tools"))) is not None:
+        chat["tools"] = tools
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if (fmt := _format(body.get("text"))) is not None:
+        chat["response_format"] = fmt
+    return chat
+
+
+class ResponseBuilder:
+    """Output items and stream events from the model's text, split as for chat."""
+
+    def __init__(self, spec: OutputSpec | None, model: str, request: dict):
+        spec = spec or OutputSpec(Markers())
+        self.splitter = OutputSplitter(spec.markers, spec.reasoning, spec.tools, spec.parse_tools)
+        self.id, self.created, self.model = _id("resp"), int(time.time()), model
+        self.request = request
+        self.items: list[dict] = []
+        self.seq = 0
+        self._open: dict | None = None  # the reasoning or message item being streamed
+
+    def _event(self, kind: str, **fields) -> dict:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq, **fields}
+
+    def response(self, status: str, usage: dict | None = None, incomplete: str | None = None) -> dict:
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+            "output": self.items if status != "in_progress" else [], "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": self.request.get("instructions"), "metadata": self.request.get("metadata") or {},
+            "parallel_tool_calls": False, "temperature": self.request.get("temperature"),
+            "top_p": self.request.get("top_p"), "tool_choice": self.request.get("tool_choice", "auto"),
+            "tools": self.request.get("tools") or [], "text": self.request.get("text") or {"format": {"type": "text"}},
+            "max_output_tokens": self.request.get("max_output_tokens"), "previous_response_id": None, "store": False,
+            "usage": usage,
+        }
+
+    def start(self) -> list[dict]:
+        r = self.response("in_progress")
+        return [self._event("response.created", response=r), self._event("response.in_progress", response=r)]
+
+    def _close(self) -> list[dict]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        idx = self.items.index(item)
+        item["status"] = "completed"
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            return [self._event("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0, text=text),
+                    self._event("response.output_item.done", output_index=idx, item=item)]
+        part = item["content"][0]
+        return [self._event("response.output_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                            text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=part),
+                self._event("response.output_item.done", output_index=idx, item=item)]
+
+    def _piece(self, p: Piece) -> list[dict]:
+        out: list[dict] = []
+        if p.kind == "tool_call":
+            out += self._close()
+            f = p.call["function"]
+            item = {"type": "function_call", "id": _id("fc"), "call_id": p.call["id"], "name": f["name"],
+                    "arguments": f["arguments"], "status": "completed"}
+            self.items.append(item)
+            idx = len(self.items) - 1
+            added = dict(item, arguments="", status="in_progress")
+            return out + [
+                self._event("response.output_item.added", output_index=idx, item=added),
+                self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=idx, delta=f["arguments"]),
+                self._event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                            arguments=f["arguments"], name=f["name"]),
+                self._event("response.output_item.done", output_index=idx, item=item),
+            ]
+        kind = "reasoning" if p.kind == "reasoning" else "message"
+        if self._open is None or self._open["type"] != kind:
+            out += self._close()
+            if kind == "reasoning":
+                item = {"type": "reasoning", "id": _id("rs"), "summary": [], "status": "in_progress",
+                        "content": [{"type": "reasoning_text", "text": ""}]}
+            else:
+                item = {"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress",
+                        "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+            self.items.append(item)
+            self._open = item
+            idx = len(self.items) - 1
+            out.append(self._event("response.output_item.added", output_index=idx,
+                                   item=dict(item, content=[] if kind == "message" else item["content"])))
+            if kind == "message":
+                out.append(self._event("response.content_part.added", item_id=item["id"], output_index=idx, content_index=0,
+                                       part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        item = self._open
+        idx = self.items.index(item)
+        item["content"][0]["text"] += p.text
+        delta_kind = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        out.append(self._event(delta_kind, item_id=item["id"], output_index=idx, content_index=0, delta=p.text, **extra))
+        return out
+
+    def feed(self, text: str) -> list[dict]:
+        return [e for p in (self.splitter.feed(text) if text else []) for e in self._piece(p)]
+
+    def finish(self, reason: str | None, usage: dict) -> list[dict]:
+        events = [e for p in self.splitter.finish() for e in self._piece(p)] + self._close()
+        incomplete = "max_output_tokens" if reason == "length" else None
+        final = self.response("incomplete" if incomplete else "completed", usage, incomplete)
+        return events + [self._event("response.incomplete" if incomplete else "response.completed", response=final)]
+
+
+def usage(prompt_tokens: int, output_tokens: int) -> dict:
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + output_tokens}
