@@ -140,3 +140,18 @@ def test_seed_fixes_the_weights(tmp_path):
     for x, y, z in zip(a, b, c):
         assert (x / "model.safetensors").read_bytes() == (y / "model.safetensors").read_bytes()
         assert (x / "model.safetensors").read_bytes() != (z / "model.safetensors").read_bytes()
+
+
+def test_head_chain_acceptance_counts_accepted_prefixes(loaded):
+    from worker.demo.acceptance import head_chain_steps
+
+    target, head, tokenizer = loaded
+    ids = tokenizer.encode("def main():\n")
+    continuation = greedy(target, tokenizer, "def main():\n", max_tokens=32)
+    drafted1, accepted1 = head_chain_steps(target, head, ids, continuation, depth=1)
+    # Depth 1: one draft per step, and every step advances by its accepted draft plus the target's token
+    # (the last step's own token may fall past the end of the continuation).
+    assert drafted1 + accepted1 in (len(continuation) - 1, len(continuation))
+    assert 0 < accepted1 < drafted1
+    drafted3, accepted3 = head_chain_steps(target, head, ids, continuation, depth=3)
+    assert accepted3 <= drafted3 and drafted3 > drafted1
