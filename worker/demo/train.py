@@ -181,6 +181,17 @@ def train_head(target, text_config: dict, train, valid, *, steps: int, lr: float
     return head, config
 
 
+def check_reload(model, model_dir: Path, valid: np.ndarray) -> None:
+    """Fail unless mlx-lm loads the saved target to exactly the trained one (no second sanitize shift)."""
+    from mlx_lm.utils import load_model
+
+    loaded, _ = load_model(model_dir)
+    tokens = mx.array(valid[None, :SEQ_LEN])
+    if not mx.array_equal(loaded(tokens), model(tokens)):
+        raise SystemExit(f"error: `{model_dir}` loads to a model whose logits differ from the trained one")
+    log(f"target: mlx_lm.utils.load_model({model_dir}) gives the trained model's logits exactly")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.demo.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/mtp")
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target = train_target(text_config, train, valid, steps=args.target_steps, lr=args.lr, seed=args.seed)
         log(f"wrote {save_model_dir(target, qwen3_5_config(text_config), args.out / 'target')}")
+        check_reload(target, args.out / "target", valid)
     head, config = train_head(target, text_config, train, valid, steps=args.head_steps, lr=args.head_lr,
                               seed=args.seed + 1)
     log(f"wrote {save_head_dir(head, config, args.out / 'mtp')}")
