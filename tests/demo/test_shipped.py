@@ -71,4 +71,4 @@ def test_demo_head_drafts_are_accepted_often(demo):
     continuation = [r.token for r in stream_generate(target, tokenizer, prompt, max_tokens=64)]
     drafted, accepted = head_chain_steps(target, head, prompt, continuation, depth=1)
     # The old separate qwen3 drafter: 0.56 accepted per drafted token at depth 1 (0.36 of all tokens).
-    assert accepted / drafted >= 0.5
+    assert accepted / drafted >= 0.6

@@ -105,7 +105,8 @@ def to_original_layout(target_weights: dict[str, mx.array], head_weights: dict[s
     """
     out = {}
     for key, w in target_weights.items():
-        key = key.replace("language_model.model.", "model.language_model.", 1).replace("language_model.lm_head.", "lm_head.")
+        key = key.replace("language_model.model.", "model.language_model.", 1)
+        key = key.replace("language_model.lm_head.", "lm_head.", 1)
         if "conv1d.weight" in key:
             w = w.moveaxis(2, 1)
         elif w.ndim == 1 and key.endswith(

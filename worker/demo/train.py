@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/mtp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=700)
-    parser.add_argument("--head-steps", type=int, default=400)
+    parser.add_argument("--head-steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--head-lr", type=float, default=1e-3)
     parser.add_argument("--head-only", action="store_true", help="keep OUT/target, (re)train only OUT/mtp")
