@@ -1,7 +1,9 @@
-"""Qwen3 model directories as mlx-lm loads them: `config.json`, `model.safetensors`, tokenizer files.
+"""Model directories as mlx-lm loads them: `config.json`, `model.safetensors`, tokenizer files.
 
-Models are built with mlx-lm's own qwen3 class, so what the demo ships is exactly what
-`mlx_lm.load` reconstructs; nothing here re-implements the architecture.
+Models are built with mlx-lm's own classes (qwen3, and the Qwen3.5-family hybrid `qwen3_5`), so what
+the demo ships is exactly what `mlx_lm.load` reconstructs; nothing here re-implements an
+architecture. MTP heads are `worker.mtp`'s module, saved as the standalone `qwen3_5_mtp` folder
+that mlx-vlm's splitter writes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models import qwen3
+from mlx_lm.models import qwen3, qwen3_5
 
 from worker.demo import TOKENIZER_DIR
 from worker.demo.bpe import MODEL_MAX_LENGTH, TOKENIZER_FILES, VOCAB_SIZE, eos_token_ids
@@ -53,6 +55,97 @@ def build_model(config: dict) -> qwen3.Model:
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     return model
+
+
+def qwen3_5_text_config(
+    *,
+    hidden_size: int,
+    num_hidden_layers: int,
+    intermediate_size: int,
+    full_attention_interval: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    head_dim: int,
+    linear_num_key_heads: int,
+    linear_num_value_heads: int,
+    linear_key_head_dim: int,
+    linear_value_head_dim: int,
+    linear_conv_kernel_dim: int = 4,
+    vocab_size: int = VOCAB_SIZE,
+    max_position_embeddings: int = MODEL_MAX_LENGTH,
+) -> dict:
+    """The `text_config` of a Qwen3.5-family hybrid (gated-delta linear attention + full attention)."""
+    return {
+        "model_type": "qwen3_5",
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "intermediate_size": intermediate_size,
+        "full_attention_interval": full_attention_interval,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "linear_num_key_heads": linear_num_key_heads,
+        "linear_num_value_heads": linear_num_value_heads,
+        "linear_key_head_dim": linear_key_head_dim,
+        "linear_value_head_dim": linear_value_head_dim,
+        "linear_conv_kernel_dim": linear_conv_kernel_dim,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "torch_dtype": "float32",
+        "eos_token_id": eos_token_ids(TOKENIZER_DIR),
+    }
+
+
+def qwen3_5_config(text_config: dict) -> dict:
+    """The model directory's `config.json`: `model_type` qwen3_5 wrapping the text config, as mlx-lm reads it."""
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_config,
+        "tie_word_embeddings": text_config["tie_word_embeddings"],
+        "torch_dtype": "float32",
+        "eos_token_id": text_config["eos_token_id"],
+    }
+
+
+def build_qwen3_5(config: dict) -> qwen3_5.Model:
+    """A qwen3_5 model with mlx-lm's default (random) initialisation; seed with `mx.random.seed` first."""
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    return model
+
+
+def head_config(text_config: dict, *, num_layers: int = 1, block_size: int = 3) -> dict:
+    """`config.json` of a standalone `qwen3_5_mtp` head folder, as mlx-vlm's splitter writes it."""
+    return {
+        "model_type": "qwen3_5_mtp",
+        "text_config": dict(text_config, mtp_num_hidden_layers=num_layers),
+        "block_size": block_size,
+        "tie_word_embeddings": True,
+    }
+
+
+def build_head(config: dict):
+    """A `worker.mtp` head (random weights) for a head folder's config."""
+    from worker.mtp.qwen3_5 import Qwen35MTPHead
+
+    head = Qwen35MTPHead.from_config(config["text_config"])
+    mx.eval(head.parameters())
+    return head
+
+
+def save_head_dir(head, config: dict, out_dir: Path) -> Path:
+    """Write a standalone head folder: `config.json` and the head's own tensors (norms as `1 + w`), fp32."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(head.parameters())}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
 
 
 def parameter_count(model) -> int:
