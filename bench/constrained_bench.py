@@ -55,11 +55,11 @@ def format_lines(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from worker.demo import DEMO_DRAFTER, DEMO_TARGET
+    from worker.demo import DEMO_HEAD, DEMO_TARGET
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(DEMO_TARGET))
-    ap.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    ap.add_argument("--drafter", default=str(DEMO_HEAD))
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=5)

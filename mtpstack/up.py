@@ -56,8 +56,8 @@ class UpError(Exception):
 
 
 def default_fleet() -> dict:
-    """The bundled demo: the shipped target with its drafter on one worker, the proxy in front, coupled at 2."""
-    from worker.demo import DEMO_DRAFTER, DEMO_TARGET
+    """The bundled demo: the shipped hybrid target with its MTP head on one worker, the proxy in front, coupled at 2."""
+    from worker.demo import DEMO_HEAD, DEMO_TARGET
 
     return {
         "proxy": {"host": "127.0.0.1", "port": 8080, "modelConcurrencyLimits": {DEMO_MODEL: 2}},
@@ -65,7 +65,7 @@ def default_fleet() -> dict:
             "demo": {
                 "model": DEMO_MODEL,
                 "target": {"path": str(DEMO_TARGET), "bits": "fp32"},
-                "drafter": {"path": str(DEMO_DRAFTER), "bits": "fp32", "depth": 3},
+                "drafter": {"path": str(DEMO_HEAD), "bits": "fp32", "depth": 3, "kind": "mtp"},
                 "maxNumSeqs": 2,
                 "host": "127.0.0.1",
                 "port": 8101,

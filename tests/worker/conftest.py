@@ -117,6 +117,6 @@ def live_worker(tmp_path):
 @pytest.fixture(scope="session")
 def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny Qwen3.5-family hybrid target (gated-delta + full attention) and its MTP head folder."""
-    from worker.demo.tiny import build_tiny_hybrid_pair
+    from worker.demo.tiny_hybrid import build_tiny_hybrid_pair
 
     return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)

@@ -13,7 +13,5 @@ DEMO_DIR = Path(__file__).resolve().parent
 TOKENIZER_DIR = DEMO_DIR / "tokenizer"
 DEMO_TARGET = DEMO_DIR / "models" / "target"
 DEMO_HEAD = DEMO_DIR / "models" / "mtp"
-#: Kept for the worker/bench/CLI users of the old qwen3 drafter: it now names the MTP head folder.
-DEMO_DRAFTER = DEMO_HEAD
 
-__all__ = ["DEMO_DRAFTER", "DEMO_HEAD", "DEMO_TARGET", "TOKENIZER_DIR"]
+__all__ = ["DEMO_HEAD", "DEMO_TARGET", "TOKENIZER_DIR"]

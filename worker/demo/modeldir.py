@@ -57,6 +57,17 @@ def build_model(config: dict) -> qwen3.Model:
     return model
 
 
+def mrope_section(head_dim: int, partial_rotary_factor: float) -> list[int]:
+    """The family's split of the rotary frequencies into (time, height, width) sections, as Qwen3.5 configs have it.
+
+    Text-only positions are equal in all three, so the split does not change the maths (mlx-lm ignores
+    it); mlx-vlm, the reference the tests and the bench compare against, requires it to load the model.
+    """
+    frequencies = int(head_dim * partial_rotary_factor) // 2
+    side = round(frequencies * 11 / 32)  # Qwen3.5's own [11, 11, 10] of 32
+    return [side, side, frequencies - 2 * side]
+
+
 def qwen3_5_text_config(
     *,
     hidden_size: int,
@@ -92,7 +103,12 @@ def qwen3_5_text_config(
         "vocab_size": vocab_size,
         "max_position_embeddings": max_position_embeddings,
         "rms_norm_eps": 1e-6,
-        "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "rope_parameters": {
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": mrope_section(head_dim, 0.25),
+        },
         "tie_word_embeddings": True,
         "attention_bias": False,
         "torch_dtype": "float32",
