@@ -1,14 +1,13 @@
 """Measure how often a drafter's tokens are accepted under greedy decoding.
 
-    python -m worker.demo.acceptance [TARGET DRAFTER] [--depth 3] [--max-tokens 128]
+    python -m worker.demo.acceptance [TARGET DRAFTER] [--depth 3] [--max-tokens 128] [--function-level]
 
-For a draft model (a model directory mlx-lm loads), with mlx-lm's own speculative decoding:
-acceptance is the share of generated tokens that came from the drafter (`from_draft` in
-`mlx_lm.generate.stream_generate`). For an MTP head folder (the default, `DEMO_HEAD`), which
-mlx-lm cannot serve, a function-level measurement (`measure_head`): the target's greedy
-continuation is fixed; at each decode step the head chain drafts `depth` tokens from the target's
-hidden state, the accepted prefix is counted and the target adds one token of its own. Prints one
-line per prompt and the totals to stdout, as tab-separated values.
+Served acceptance (the default): each prompt decoded greedily by the worker's own engine
+(`worker.engine`, the drafter's kind detected as the worker does), counting drafted and accepted
+tokens. `--function-level` (MTP heads only): the target's greedy continuation is fixed; at each
+decode step the head chain drafts `depth` tokens from the target's hidden state (`head_chain_steps`),
+the accepted prefix is counted and the target adds one token of its own. Prints one line per prompt
+and the totals to stdout, as tab-separated values.
 """
 
 from __future__ import annotations
@@ -42,24 +41,6 @@ class Acceptance:
     @property
     def rate(self) -> float:
         return self.from_draft / self.generated if self.generated else 0.0
-
-
-def measure(target_dir: Path, drafter_dir: Path, *, depth: int = 3, max_tokens: int = 128) -> list[Acceptance]:
-    import mlx_lm
-    from mlx_lm.generate import stream_generate
-
-    target, tokenizer = mlx_lm.load(str(target_dir))
-    drafter, _ = mlx_lm.load(str(drafter_dir))
-    results = []
-    for kind, prompts in (("code", CODE_PROMPTS), ("prose", PROSE_PROMPTS)):
-        for prompt in prompts:
-            flags = [
-                r.from_draft
-                for r in stream_generate(target, tokenizer, prompt, max_tokens=max_tokens, draft_model=drafter,
-                                         num_draft_tokens=depth)
-            ]
-            results.append(Acceptance(prompt, kind, len(flags), sum(flags)))
-    return results
 
 
 @dataclass(frozen=True)
@@ -127,16 +108,19 @@ def measure_head(target_dir: Path, head_dir: Path, *, depth: int = 3, max_tokens
     return results
 
 
-def format_rows(results: list[Acceptance]) -> list[str]:
-    lines = ["kind\tgenerated\tfrom_draft\trate\tprompt"]
-    for r in results:
-        lines.append(f"{r.kind}\t{r.generated}\t{r.from_draft}\t{r.rate:.2f}\t{r.prompt[:40]!r}")
-    for kind in ("code", "prose", "all"):
-        rows = [r for r in results if kind in (r.kind, "all")]
-        gen = sum(r.generated for r in rows)
-        acc = sum(r.from_draft for r in rows)
-        lines.append(f"{kind}-total\t{gen}\t{acc}\t{acc / gen if gen else 0:.2f}\t")
-    return lines
+def measure(target_dir: Path, drafter_dir: Path, *, depth: int = 3, max_tokens: int = 128) -> list["HeadAcceptance"]:
+    """Served acceptance: greedy decoding by the worker's engine, drafted and accepted tokens counted."""
+    from worker.engine import Engine, SamplingParams
+
+    engine = Engine.load(str(target_dir), str(drafter_dir), draft_depth=depth)
+    results = []
+    for kind, prompts in (("code", CODE_PROMPTS), ("prose", PROSE_PROMPTS)):
+        for prompt in prompts:
+            seq = engine.new_sequence(engine.text_prompt(prompt), SamplingParams(max_tokens=max_tokens, depth=depth))
+            while not seq.finished:
+                seq.step()
+            results.append(HeadAcceptance(prompt, kind, len(seq.tokens), seq.accepted, seq.drafted))
+    return results
 
 
 def format_head_rows(results: list[HeadAcceptance]) -> list[str]:
@@ -153,7 +137,6 @@ def format_head_rows(results: list[HeadAcceptance]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from validator.modeldir import read_config
     from worker.demo import DEMO_HEAD, DEMO_TARGET
 
     parser = argparse.ArgumentParser(prog="python -m worker.demo.acceptance", description=__doc__.split("\n")[0])
@@ -161,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("drafter", type=Path, nargs="?", default=DEMO_HEAD)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--function-level", action="store_true", help="MTP heads: the head chain on fixed greedy text")
     args = parser.parse_args(argv)
-    if (read_config(args.drafter) or {}).get("model_type") == "qwen3_5_mtp":
+    if args.function_level:
         print(f"# function-level: MTP head chain at depth {args.depth} on the target's greedy text")
         results = measure_head(args.target, args.drafter, depth=args.depth, max_tokens=args.max_tokens)
-        lines = format_head_rows(results)
     else:
-        lines = format_rows(measure(args.target, args.drafter, depth=args.depth, max_tokens=args.max_tokens))
+        print(f"# served: the worker's engine, greedy, depth {args.depth}")
+        results = measure(args.target, args.drafter, depth=args.depth, max_tokens=args.max_tokens)
+    lines = format_head_rows(results)
     for line in lines:
         print(line)
     return 0
