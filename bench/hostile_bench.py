@@ -36,9 +36,9 @@ from bench.hostile import (
     slow_client,
     wait_http,
 )
+from worker.demo import DEMO_HEAD, DEMO_TARGET
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "worker" / "demo" / "models"
 #: The proxy's deadline in this bench: short, so 200 slow clients finish in seconds.
 CLIENT_SECONDS = 2.0
 #: A request unanswered this long is a hang (the demo worker answers a 2-token request in ~0.1 s).
@@ -160,7 +160,7 @@ def run_worker(tmp: Path, n: int, seed: int) -> dict:
     log = tmp / "worker.log"
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mtpstack", "worker", "--model", str(DEMO / "target"), "--draft-model", str(DEMO / "drafter"),
+            [sys.executable, "-m", "mtpstack", "worker", "--model", str(DEMO_TARGET), "--draft-model", str(DEMO_HEAD),
              "--max-num-seqs", "2", "--served-model-name", "tiny", "--port", str(port)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=worker_env())
     try:
