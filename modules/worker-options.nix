@@ -105,6 +105,20 @@ in
       '';
     };
 
+    maxContextTokens = mkOption {
+      type = types.nullOr types.ints.positive;
+      default = defaults.worker.maxContextTokens;
+      example = 32768;
+      description = ''
+        The longest context (prompt plus generated tokens) the worker accepts
+        per request; longer requests get 400 `context_length_exceeded`.
+        `null`: the model's own maximum (`max_position_embeddings`). It may
+        not exceed that maximum (`mtpstack validate --deep` checks it), and
+        backend `mlx-lm` cannot enforce it (refused:
+        `mlx-lm-cannot-cap-context`).
+      '';
+    };
+
     host = mkOption {
       type = types.nonEmptyStr;
       default = defaults.worker.host;

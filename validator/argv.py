@@ -30,8 +30,10 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
             "--draft-depth", str(profile.drafter.depth),
             DRAFT_KIND_FLAG, profile.drafter.kind,
         ]
+    argv += ["--max-num-seqs", str(profile.max_num_seqs)]
+    if profile.max_context_tokens is not None:
+        argv += ["--max-context-tokens", str(profile.max_context_tokens)]
     argv += [
-        "--max-num-seqs", str(profile.max_num_seqs),
         "--served-model-name", profile.model,
         "--host", profile.host,
         "--port", str(profile.port),
@@ -41,7 +43,8 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
 
 def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
     # mlx_lm.server's effective decode width is the max of its two concurrency
-    # flags, so both are set to the batch width.
+    # flags, so both are set to the batch width. It has no context cap: the
+    # rule `mlx-lm-cannot-cap-context` refuses `maxContextTokens` with it.
     argv = [MLX_LM_PROGRAM, "--model", profile.target.path]
     if profile.drafter is not None:
         argv += [

@@ -2,7 +2,7 @@
 
 Keys are camelCase, as operators write them in Nix. The model is strict (no
 coercion of "3" into 3) and forbids unknown keys. Ranges that carry the
-coupling rule (maxNumSeqs, concurrency limits, draft depth) are deliberately
+coupling rule (maxNumSeqs, concurrency limits, draft depth) and maxContextTokens are deliberately
 *not* enforced here: the rules in `validator.rules` report them with their own
 codes, so that a range error never hides a mismatch and vice versa.
 """
@@ -27,6 +27,9 @@ WIDTH_MIN, WIDTH_MAX = 1, 4
 DEPTH_MIN, DEPTH_MAX = 1, 8
 
 Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum": WIDTH_MAX})]
+#: The smallest per-worker context cap; there is no upper bound but the model's own maximum (`--deep`).
+CONTEXT_MIN = 1
+ContextTokens = Annotated[int, Field(json_schema_extra={"minimum": CONTEXT_MIN})]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Host = Annotated[str, Field(min_length=1)]
 
@@ -141,6 +144,13 @@ class WorkerProfile(StrictModel):
     target: TargetSpec
     drafter: DrafterSpec | None = Field(None, description="The drafter (an MTP head or a small model); null: no speculation.")
     max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
+    max_context_tokens: ContextTokens | None = Field(
+        None,
+        description=(
+            "Longest context (prompt plus generated tokens) the worker accepts per request, at most the model's own "
+            "maximum; null: the model's own maximum (`max_position_embeddings`). Native backend only."
+        ),
+    )
     host: Host = Field(
         "127.0.0.1",
         description="Where the worker listens; the proxy dials it here, or at `hosts.<deployOn>.address` from another host.",

@@ -83,9 +83,29 @@ def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
                     hint=f"set `bits` to {recorded}, or point `path` at the {bits} variant",
                 )
             )
+    if "target" in local:
+        findings += check_context(name, worker, local["target"])
     if "drafter" in local:
         findings += check_drafter(name, worker, local["drafter"], local.get("target"))
     return findings
+
+
+def check_context(name: str, worker: WorkerProfile, target: tuple[Path, dict]) -> list[Finding]:
+    """`maxContextTokens` against the target's own maximum (`max_position_embeddings`), when it records one."""
+    directory, model_config = target
+    own = config_value(model_config, "max_position_embeddings")
+    cap = worker.max_context_tokens
+    if cap is None or not isinstance(own, int) or cap <= own:
+        return []
+    return [
+        Finding(
+            code="context-beyond-model",
+            severity="error",
+            path=("workers", name, "maxContextTokens"),
+            message=f"the context cap is {cap} tokens but `{directory}/config.json` allows at most {own} (`max_position_embeddings`)",
+            hint=f"set `maxContextTokens` to at most {own}, or to null for the model's own maximum",
+        )
+    ]
 
 
 def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], target: tuple[Path, dict] | None) -> list[Finding]:

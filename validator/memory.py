@@ -1,5 +1,5 @@
 """`--deep` memory budget: what each worker needs (weights of its target and drafter, plus the
-KV cache at its batch width and its model's own maximum context) against `hosts.<name>.memoryGiB`.
+KV cache at its batch width and its context: `maxContextTokens` when set, else the model's own maximum) against `hosts.<name>.memoryGiB`.
 
 Model files are read, never downloaded: a local directory, else a hub id's snapshot in the local
 Hugging Face cache. A worker whose files are not at hand leaves its host unchecked, and says so.
@@ -41,11 +41,16 @@ def weight_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
 
 
-def kv_cache_bytes(model_config: dict, width: int) -> int | None:
-    """Keys and values for `width` sequences at the model's maximum context, every layer counted
-    (an upper bound for hybrid models whose linear-attention layers keep a fixed-size state)."""
+def context_tokens(model_config: dict, cap: int | None) -> int | None:
+    """The context a worker serves: its `maxContextTokens` when set, else the model's own maximum."""
+    return cap if cap is not None else config_value(model_config, "max_position_embeddings")
+
+
+def kv_cache_bytes(model_config: dict, width: int, cap: int | None = None) -> int | None:
+    """Keys and values for `width` sequences at the worker's context (`cap`, else the model's maximum),
+    every layer counted (an upper bound for hybrid models whose linear-attention layers keep a fixed-size state)."""
     layers = config_value(model_config, "num_hidden_layers")
-    context = config_value(model_config, "max_position_embeddings")
+    context = context_tokens(model_config, cap)
     heads = config_value(model_config, "num_attention_heads")
     kv_heads = config_value(model_config, "num_key_value_heads") or heads
     head_dim = config_value(model_config, "head_dim")
@@ -71,10 +76,10 @@ def worker_need(worker: WorkerProfile, base: Path) -> tuple[int | None, str]:
         drafter_weights = weight_bytes(drafter)
         weights += drafter_weights
         parts.append(f"drafter weights {drafter_weights / GIB:.1f} GiB")
-    kv = kv_cache_bytes(model_config, worker.max_num_seqs)
+    kv = kv_cache_bytes(model_config, worker.max_num_seqs, worker.max_context_tokens)
     if kv is None:
         return None, f"`{target}/config.json` lacks the sizes the KV cache needs"
-    context = config_value(model_config, "max_position_embeddings")
+    context = context_tokens(model_config, worker.max_context_tokens)
     parts.append(f"KV cache {kv / GIB:.1f} GiB ({worker.max_num_seqs} x {context} tokens)")
     return weights + kv, ", ".join(parts)
 

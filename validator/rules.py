@@ -6,7 +6,7 @@ import difflib
 import ipaddress
 from collections.abc import Iterator
 
-from validator.config import DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from validator.config import CONTEXT_MIN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from validator.coupling import gate_for, gate_source
 from validator.findings import Finding, display_key, display_name, format_path
 from validator.placement import is_loopback, is_placed, is_remote, parts_on
@@ -34,6 +34,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_backends,
         check_mlx_lm_drafts,
         check_mlx_lm_mtp,
+        check_mlx_lm_context,
         check_hosts,
         check_ports,
     ):
@@ -63,6 +64,15 @@ def check_ranges(config: FleetConfig) -> Iterator[Finding]:
             yield _out_of_range(("workers", name, "maxNumSeqs"), worker.max_num_seqs, WIDTH_MIN, WIDTH_MAX, "the batch width")
         if worker.drafter is not None and not DEPTH_MIN <= worker.drafter.depth <= DEPTH_MAX:
             yield _out_of_range(("workers", name, "drafter", "depth"), worker.drafter.depth, DEPTH_MIN, DEPTH_MAX, "the draft depth")
+        if worker.max_context_tokens is not None and worker.max_context_tokens < CONTEXT_MIN:
+            path = ("workers", name, "maxContextTokens")
+            yield Finding(
+                code="out-of-range",
+                severity="error",
+                path=path,
+                message=f"the context cap must be at least {CONTEXT_MIN}, got: {worker.max_context_tokens}",
+                hint=f"set `{format_path(path)}` to a positive token count, or to null for the model's own maximum",
+            )
 
 
 def check_coupling(config: FleetConfig) -> Iterator[Finding]:
@@ -190,6 +200,22 @@ def check_mlx_lm_mtp(config: FleetConfig) -> Iterator[Finding]:
         else:
             why = "`drafter.kind` is `mtp`"
         yield mlx_lm_cannot_load_mtp(name, why)
+
+
+def check_mlx_lm_context(config: FleetConfig) -> Iterator[Finding]:
+    for name, worker in config.workers.items():
+        if worker.backend == "mlx-lm" and worker.max_context_tokens is not None:
+            yield Finding(
+                code="mlx-lm-cannot-cap-context",
+                severity="error",
+                path=("workers", name, "maxContextTokens"),
+                message=(
+                    f"`mlx_lm.server` has no flag to cap the context, so it would serve up to the model's own "
+                    f"maximum, not {worker.max_context_tokens} tokens"
+                ),
+                hint="use backend `native` to cap the context, or set `maxContextTokens` to null",
+                related=(("workers", name, "backend"),),
+            )
 
 
 def _canonical_host(host: str) -> str:

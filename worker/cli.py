@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
     w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
     w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
+    w.add_argument("--max-context-tokens", type=int, default=None,
+                   help="longest context (prompt plus output tokens) a request may use, capped at the model's own "
+                   "maximum; longer: 400 context_length_exceeded (default: the model's own maximum)")
     w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     w.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
@@ -74,6 +77,11 @@ def run_worker(args: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
     if args.max_num_seqs < 1:
         return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
+    if args.max_context_tokens is not None and args.max_context_tokens < 1:
+        return _fail(
+            f"`--max-context-tokens` must be at least 1: {args.max_context_tokens}",
+            "pass a positive token count, or leave the flag out for the model's own maximum",
+        )
     if not 0 <= args.draft_depth <= 16:
         return _fail(f"`--draft-depth` must be between 0 and 16: {args.draft_depth}")
     from worker.engine import ModelNotFound, resolve_model_path
@@ -93,6 +101,7 @@ def run_worker(args: argparse.Namespace) -> int:
         target_bits=args.target_bits,
         drafter_bits=args.drafter_bits,
         max_num_seqs=args.max_num_seqs,
+        max_context_tokens=args.max_context_tokens,
         served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
         host=args.host,
         port=args.port,

@@ -72,6 +72,8 @@ class WorkerConfig:
     target_bits: str | None = None
     drafter_bits: str | None = None
     max_num_seqs: int = 1
+    #: `--max-context-tokens`: caps the model's own context (None: the model's own maximum).
+    max_context_tokens: int | None = None
     served_model_name: str = "default"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -225,6 +227,8 @@ class GenerationLoop:
             c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits,
             draft_kind=c.draft_kind,
         )
+        # The one place the context is capped: every check reads `engine.context_length`.
+        self.engine.context_length = effective_context(self.engine.context_length, c.max_context_tokens)
         self.scheduler = Scheduler(c.max_num_seqs)
         self.identity = build_identity(c, self.engine)
         self.metrics.drafter_info(self.engine)
@@ -339,6 +343,20 @@ def blas_in_use() -> str:
     return "bundled (reference BLAS, slow)"
 
 
+def effective_context(model_maximum: int | None, cap: int | None) -> int | None:
+    """The context a request may use: the model's own maximum, lowered to `--max-context-tokens` when given."""
+    if cap is None:
+        return model_maximum
+    return cap if model_maximum is None else min(model_maximum, cap)
+
+
+def _context_name(config: WorkerConfig, ctx: int) -> str:
+    """What limits the context, as an error message names it."""
+    if config.max_context_tokens is not None and ctx == config.max_context_tokens:
+        return "worker's context limit (`--max-context-tokens`)"
+    return "model's context"
+
+
 def build_identity(config: WorkerConfig, engine) -> dict:
     import mlx.core as mx
     import mlx_lm
@@ -355,6 +373,7 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "max_num_seqs": config.max_num_seqs,
         "batched_verification": engine.batchable,
         "context_length": engine.context_length,
+        "max_context_tokens": config.max_context_tokens,
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),
         "pid": os.getpid(),
@@ -525,13 +544,13 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         if max_tokens is not None and len(prompt) + max_tokens > ctx:
             raise ApiError(
                 400, "context_length_exceeded",
-                f"the prompt ({len(prompt)} tokens) plus `{max_key}` ({max_tokens}) exceeds the model's context: {ctx} tokens",
+                f"the prompt ({len(prompt)} tokens) plus `{max_key}` ({max_tokens}) exceeds the {_context_name(config, ctx)}: {ctx} tokens",
                 max_key,
             )
         if len(prompt) >= ctx:
             raise ApiError(
                 400, "context_length_exceeded",
-                f"the prompt ({len(prompt)} tokens) leaves no room in the model's context: {ctx} tokens",
+                f"the prompt ({len(prompt)} tokens) leaves no room in the {_context_name(config, ctx)}: {ctx} tokens",
                 prompt_key,
             )
     if max_tokens is None:

@@ -33,6 +33,17 @@ let
     ++ [
       "--max-num-seqs"
       (toString w.maxNumSeqs)
+    ]
+    ++ (
+      if w.maxContextTokens == null then
+        [ ]
+      else
+        [
+          "--max-context-tokens"
+          (toString w.maxContextTokens)
+        ]
+    )
+    ++ [
       "--served-model-name"
       w.model
       "--host"
@@ -44,7 +55,8 @@ let
 
   # mlx_lm.server decodes at the larger of its two concurrency flags, so both
   # carry the batch width. With a draft model its prompt cache answers wrong
-  # text after a hit, hence `--prompt-cache-size 0`.
+  # text after a hit, hence `--prompt-cache-size 0`. It has no context cap
+  # (`maxContextTokens` with it is refused: `mlx-lm-cannot-cap-context`).
   mlxLmArgv =
     w:
     [

@@ -28,6 +28,7 @@
   worker = {
     backend = "native";
     drafter = null;
+    maxContextTokens = null;
     host = "127.0.0.1";
     extraArgs = [ ];
     deployOn = null;

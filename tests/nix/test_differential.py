@@ -56,6 +56,7 @@ def workers(draw) -> dict:
     for key, strategy in [
         ("backend", st.sampled_from(["native", "mlx-lm"])),
         ("drafter", st.one_of(st.none(), drafter)),
+        ("maxContextTokens", st.one_of(st.none(), st.integers(1, 2**20))),
         ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost", "[::1]", "LocalHost", "127.0.0.2", "10.0.0.5"])),
         ("extraArgs", st.lists(args, max_size=3)),
         ("deployOn", deploy_on),
@@ -134,6 +135,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     )
     assert len(results) == len(fleets_)
     mismatches_seen = 0
+    context_caps_seen = 0
     placement_codes_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
@@ -149,6 +151,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             assert unquote_exec_start(nix["execStart"][f"mtpstack-worker-{name}"]) == resolved, fleet
             assert nix["programArguments"][f"mtpstack-worker-{name}"] == resolved, fleet
         mismatches_seen += bool(python_mismatched)
+        context_caps_seen += any("--max-context-tokens" in worker_argv(w) for w in config.workers.values())
         placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES)
         assert sorted((e["code"], e["path"]) for e in nix["placementErrors"]) == placement, fleet
         # Nix lists hosts by name, Python in the file's order: the same set.
@@ -160,4 +163,5 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
         placement_codes_seen.update(code for code, _ in placement)
     # The draw exercises both verdicts, not only one.
     assert 0 < mismatches_seen < len(fleets_)
+    assert 0 < context_caps_seen < len(fleets_)
     assert placement_codes_seen == PLACEMENT_CODES

@@ -48,6 +48,8 @@ def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpk
         ("port", "70000", "16 bit unsigned integer"),
         ("drafter", '{ path = "d"; bits = 6; depth = 9; }', "integer between 1 and 8 (both inclusive)"),
         ("drafter", '{ path = "d"; bits = 6; depth = 3; kind = "eagle"; }', 'one of "auto", "mtp", "model"'),
+        ("maxContextTokens", "0", "null or (positive integ"),
+        ("maxContextTokens", '"4096"', "null or (positive integ"),
     ],
 )
 def test_other_options_reject_values_outside_their_types(nixh, nixpkgs_lib, option, value, type_text):
@@ -100,6 +102,17 @@ def test_a_declared_drafter_kind_reaches_the_worker_and_the_rendered_config(nixh
     assert drafters == {"qwen35-bundled": "mtp", "qwen3-small-drafter": "model"}
     default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter='{ path = "d"; bits = 6; depth = 3; }'))
     assert default["renderedConfig"]["workers"]["w"]["drafter"]["kind"] == "auto"
+
+
+def test_max_context_tokens_reaches_the_worker_after_its_width_and_the_rendered_config(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(maxContextTokens="32768"))
+    argv = shlex.split(result["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"])
+    i = argv.index("--max-num-seqs")
+    assert argv[i : i + 4] == ["--max-num-seqs", "1", "--max-context-tokens", "32768"]
+    assert result["renderedConfig"]["workers"]["w"]["maxContextTokens"] == 32768
+    default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker())
+    assert "--max-context-tokens" not in default["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"]
+    assert default["renderedConfig"]["workers"]["w"]["maxContextTokens"] is None
 
 
 def test_units_are_hardened_with_a_state_directory_and_no_blas_preload(nixh, nixpkgs_lib):

@@ -55,3 +55,12 @@ def test_mlx_lm_argv_sets_both_concurrency_flags_and_disables_the_prompt_cache_w
     assert argv[argv.index("--num-draft-tokens") + 1] == "3"
     assert "--draft-kind" not in argv  # mlx_lm.server has no such flag
     assert "--prompt-cache-size" not in worker_argv(profile(backend="mlx-lm", drafter=None))
+
+
+def test_max_context_tokens_follows_the_width_on_the_native_worker_only():
+    argv = worker_argv(profile(maxContextTokens=32768))
+    width = argv.index("--max-num-seqs")
+    assert argv[width : width + 4] == ["--max-num-seqs", "2", "--max-context-tokens", "32768"]
+    assert "--max-context-tokens" not in worker_argv(profile())
+    # mlx_lm.server has no such flag (the rule `mlx-lm-cannot-cap-context` refuses the setting)
+    assert "--max-context-tokens" not in worker_argv(profile(backend="mlx-lm", drafter=None, maxContextTokens=32768))

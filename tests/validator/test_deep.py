@@ -167,3 +167,29 @@ def test_declared_model_on_a_head_is_a_kind_mismatch(tmp_path):
 def test_a_declared_kind_is_checked_even_when_the_target_is_a_hub_id(tmp_path):
     cfg = fleet(tmp_path, "org/qwen3.5-target", mtp_head(tmp_path), "bf16", "bf16", kind="model")
     assert deep_codes(cfg) == ["drafter-kind-mismatch"]
+
+
+def capped_fleet(tmp_path, target, cap):
+    worker = {"model": "m", "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": 1, "port": 8101, "maxContextTokens": cap}
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(yaml.safe_dump({"workers": {"w": worker}}))
+    return cfg
+
+
+@pytest.mark.parametrize("where", ["top", "text_config"])
+def test_max_context_tokens_beyond_the_models_own_maximum_is_refused(tmp_path, where):
+    settings = {"vocab_size": 64, "torch_dtype": "float32", "max_position_embeddings": 2048}
+    config = settings if where == "top" else {"model_type": "qwen3_5", "text_config": settings}
+    t = model_dir(tmp_path, "t", config=config)
+    assert deep_codes(capped_fleet(tmp_path, t, 2048)) == []
+    [f] = deep_findings(capped_fleet(tmp_path, t, 4096))
+    assert (f.code, f.severity, f.path) == ("context-beyond-model", "error", ("workers", "w", "maxContextTokens"))
+    assert "4096" in f.message and "at most 2048" in f.message
+    assert "at most 2048" in f.hint and "null" in f.hint
+    _, shallow = load_config(capped_fleet(tmp_path, t, 4096))
+    assert shallow.findings == []
+
+
+def test_max_context_tokens_is_unchecked_when_the_model_records_no_maximum(tmp_path):
+    t = model_dir(tmp_path, "t", 64)
+    assert deep_codes(capped_fleet(tmp_path, t, 10**9)) == []

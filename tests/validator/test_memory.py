@@ -24,13 +24,15 @@ def model(directory, n_floats=1024):
     return directory
 
 
-def fleet(tmp_path, target: str, memory_gib: float, width: int = 2) -> object:
+def fleet(tmp_path, target: str, memory_gib: float, width: int = 2, max_context: int | None = None) -> object:
     data = {
         "hosts": {"mac1": {"address": "10.0.0.11", "memoryGiB": memory_gib}, "gw": {"address": "10.0.0.1"}},
         "proxy": {"deployOn": "gw", "concurrencyLimit": width},
         "workers": {"w": {"model": "m", "target": {"path": target, "bits": "fp16"}, "maxNumSeqs": width,
                           "port": 8101, "host": "0.0.0.0", "deployOn": "mac1"}},
     }  # fmt: skip
+    if max_context is not None:
+        data["workers"]["w"]["maxContextTokens"] = max_context
     file = tmp_path / "fleet.yaml"
     file.write_text(yaml.safe_dump(data))
     return load_config(file, deep=True)[1]
@@ -62,6 +64,16 @@ def test_the_kv_cache_grows_with_the_batch_width(tmp_path):
     assert memory_findings(fleet(tmp_path, "t", memory_gib=budget * 1.01, width=2)) == []
     [f] = memory_findings(fleet(tmp_path, "t", memory_gib=budget * 1.01, width=4))
     assert f.code == "host-memory-exceeded"
+
+
+def test_the_kv_cache_is_counted_at_max_context_tokens_when_set(tmp_path):
+    model(tmp_path / "t", n_floats=16)
+    budget = (3 * KV_PER_SEQUENCE) / 1024**3  # 4 sequences at the model's 1024 tokens do not fit
+    assert memory_findings(fleet(tmp_path, "t", memory_gib=budget * 1.01, width=4))
+    # capped at 512 tokens, 4 sequences hold as much KV as 2 at 1024
+    assert memory_findings(fleet(tmp_path, "t", memory_gib=budget * 1.01, width=4, max_context=512)) == []
+    [f] = memory_findings(fleet(tmp_path, "t", memory_gib=0.0001, width=4, max_context=512))
+    assert "(4 x 512 tokens)" in f.message
 
 
 def test_a_hub_id_is_read_from_the_local_cache(tmp_path, monkeypatch):

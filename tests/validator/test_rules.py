@@ -195,6 +195,40 @@ def test_mlx_lm_with_a_drafter_above_width_1_is_refused(fleet):
     assert codes(fleet) == []
 
 
+@pytest.mark.parametrize("cap", [1, 4096, 262144])
+def test_a_positive_max_context_tokens_is_valid(fleet, cap):
+    fleet["workers"]["qwen-mtp"]["maxContextTokens"] = cap
+    assert codes(fleet) == []
+
+
+@pytest.mark.parametrize("cap", [0, -1])
+def test_a_non_positive_max_context_tokens_is_out_of_range(fleet, cap):
+    fleet["workers"]["qwen-mtp"]["maxContextTokens"] = cap
+    [f] = only(fleet, "out-of-range")
+    assert (f.severity, f.path) == ("error", ("workers", "qwen-mtp", "maxContextTokens"))
+    assert f"at least 1, got: {cap}" in f.message
+    assert "`workers.qwen-mtp.maxContextTokens`" in f.hint
+
+
+@pytest.mark.parametrize("cap", ["4096", 4096.0, True])
+def test_max_context_tokens_must_be_an_integer(fleet, cap):
+    fleet["workers"]["qwen-mtp"]["maxContextTokens"] = cap
+    assert codes(fleet) == ["invalid-type"]
+
+
+def test_mlx_lm_cannot_cap_the_context(fleet):
+    fleet["policy"] = {"allowedBackends": ["native", "mlx-lm"]}
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    worker = fleet["workers"]["qwen-mtp"]
+    worker.update(backend="mlx-lm", maxNumSeqs=1, drafter=None, maxContextTokens=4096)
+    [f] = only(fleet, "mlx-lm-cannot-cap-context")
+    assert (f.severity, f.path, f.related) == ("error", ("workers", "qwen-mtp", "maxContextTokens"), (("workers", "qwen-mtp", "backend"),))
+    assert "4096" in f.message and "no flag" in f.message
+    assert "native" in f.hint and "null" in f.hint
+    worker["maxContextTokens"] = None
+    assert codes(fleet) == []
+
+
 @pytest.mark.parametrize(
     ("proxy_host", "worker_host", "conflict"),
     [

@@ -43,7 +43,7 @@ class LiveWorker:
     """A real `mtpstack worker` subprocess, started from `validator.worker_argv` like `mtpstack up` does."""
 
     def __init__(self, tmp: Path, target: Path, drafter: Path | None, *, depth: int = 3, width: int = 3,
-                 extra: list[str] = (), env: dict | None = None, name: str = "tiny"):
+                 extra: list[str] = (), env: dict | None = None, name: str = "tiny", max_context_tokens: int | None = None):
         self.port = free_port()
         spec = {
             "model": name,
@@ -54,6 +54,7 @@ class LiveWorker:
             "host": "127.0.0.1",
             "port": self.port,
             "extraArgs": list(extra),
+            "maxContextTokens": max_context_tokens,
         }
         self.profile = WorkerProfile.model_validate(spec)
         self.argv = resolve_command(worker_argv(self.profile))
