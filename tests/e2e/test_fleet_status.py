@@ -12,10 +12,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app
-from tests.e2e.conftest import fleet, get_json, get_text, metric, wait_until
-from validator import FleetConfig, worker_argv
-from worker.launcher import resolve_command, worker_env
-from worker.process import WorkerProcess
+from tests.e2e.conftest import get_json, get_text, metric, wait_until
+from validator import FleetConfig
 
 
 def status(stack) -> dict:
@@ -24,9 +22,11 @@ def status(stack) -> dict:
     return body
 
 
-def fresh_status(stack, after: dict) -> dict:
-    """The first snapshot collected after `after`: at most a couple of collection intervals away."""
-    return wait_until(lambda: (s := status(stack))["rounds"] > after["rounds"] and s, 10, "the next collection")
+def fresh_status(stack) -> dict:
+    """A snapshot whose collection started after this call: the round in progress now may have
+    asked the workers before, so the one after it is the first wholly later one."""
+    now = status(stack)["rounds"]
+    return wait_until(lambda: (s := status(stack))["rounds"] >= now + 2 and s, 10, "a later collection")
 
 
 def stream_once(stack, max_tokens: int = 24) -> None:
@@ -50,9 +50,8 @@ def test_the_status_reports_the_running_worker_as_it_is(stack):
 
 
 def test_acceptance_by_position_and_first_tokens_match_the_metrics(stack):
-    before = status(stack)
     stream_once(stack)
-    s = fresh_status(stack, before)
+    s = fresh_status(stack)
     worker_metrics = get_text(stack.worker_url("w0") + "/metrics")
     by_pos = {p["position"]: p for p in s["workers"]["w0"]["acceptance"]["by_position"]}
     assert sorted(by_pos) == [1, 2, 3]
@@ -77,23 +76,8 @@ def test_a_killed_worker_turns_unhealthy_and_comes_back_as_a_restart(stack):
     wait_until(lambda: get_json(stack.proxy_url + "/readyz", timeout=2)[0] == 200, 30, "the stack to be ready again")
 
 
-@pytest.fixture
-def width_1_worker(tiny_models, tmp_path):
-    """A real worker started by hand with `--max-num-seqs 1` where the fleet says 2."""
-    data = fleet(*tiny_models, width=1)
-    profile = FleetConfig.model_validate(data).workers["w0"]
-    proc = WorkerProcess(
-        resolve_command(worker_argv(profile)), host=profile.host, port=profile.port, log_path=tmp_path / "worker.log", env=worker_env()
-    )
-    proc.start()
-    try:
-        proc.wait_healthy(timeout=120)
-        yield data
-    finally:
-        proc.stop()
-
-
 async def test_a_worker_started_with_another_width_is_flagged_on_gate_and_weights(width_1_worker):
+    # The worker runs `--max-num-seqs 1`; the fleet (and so the proxy's gate) says 2.
     data = width_1_worker
     data = {
         **data,
