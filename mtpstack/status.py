@@ -89,6 +89,20 @@ def _remote_weights(part: dict) -> dict:
     }
 
 
+#: The API key `mtpstack status` presents to the proxy when its keys file is set.
+API_KEY_ENV = "MTPSTACK_API_KEY"
+
+
+def _fleet(proxy_url: str) -> tuple[dict | None, str | None]:
+    key = os.environ.get(API_KEY_ENV)
+    code, body = http_status(proxy_url + "/v1/fleet/status", headers={"Authorization": f"Bearer {key}"} if key else None)
+    if code == 200:
+        return body, None
+    if code == 401:
+        return None, f"the proxy wants an API key: set `{API_KEY_ENV}`"
+    return None, f"/v1/fleet/status answered {code or 'nothing'}"
+
+
 def collect(run_dir: Path) -> dict:
     state_file = run_dir / "state.json"
     try:
@@ -103,6 +117,7 @@ def collect(run_dir: Path) -> dict:
     proxy_alive = proxy_remote or _alive(proxy.get("pid"))
     proxy_status, ready = http_status(proxy["url"] + "/readyz") if proxy_alive else (0, {})
     upstreams = ready.get("workers", {}) if isinstance(ready.get("workers"), dict) else {}
+    fleet, fleet_error = _fleet(proxy["url"]) if proxy_status else (None, "the proxy does not answer")
     result = {
         "run_dir": str(run_dir),
         "phase": state.get("phase") if up_alive else "not running",
@@ -118,6 +133,9 @@ def collect(run_dir: Path) -> dict:
             "log": proxy.get("log"),
         },
         "workers": {},
+        # The proxy's `GET /v1/fleet/status`, the same document (docs/fleet-status.md).
+        "fleet": fleet,
+        "fleet_error": fleet_error,
     }
     for name, w in state.get("workers", {}).items():
         remote = bool(w.get("remote"))
@@ -176,4 +194,9 @@ def render(status: dict) -> list[str]:
             lines.append(f"    weights {mark} ({weights['why']}): target `{weights['target']}`{drafter}")
         else:
             lines.append(f"    weights not proved: {weights['why']}")
+    fleet = status.get("fleet")
+    if fleet is not None:
+        lines += [f"problem: {p}" for p in fleet.get("problems", [])]
+    elif status.get("fleet_error"):
+        lines.append(f"fleet status: {status['fleet_error']}")
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -148,11 +149,10 @@ def fleet(target: Path, drafter: Path, *, width: int, workers: int = 1, extra_ar
     }
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_models, tmp_path_factory):
-    """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
-    root = tmp_path_factory.mktemp("stack")
-    s = Stack(root, fleet(*tiny_models, width=2))
+@contextlib.contextmanager
+def running_stack(root: Path, config: dict):
+    """`mtpstack up` on `config`, ready; stopped afterwards, with every process it started gone."""
+    s = Stack(root, config)
     try:
         s.wait_ready()
         yield s
@@ -161,6 +161,13 @@ def stack(tiny_models, tmp_path_factory):
         s.stop()
         for pid in pids:
             wait_until(lambda: not alive(pid), 15, f"process {pid} to exit")
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_models, tmp_path_factory):
+    """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
+    with running_stack(tmp_path_factory.mktemp("stack"), fleet(*tiny_models, width=2)) as s:
+        yield s
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import create_app
-from tests.e2e.conftest import Stack, alive, fleet, get_text, metric, wait_until
+from tests.e2e.conftest import fleet, get_text, metric, running_stack, wait_until
 from validator import FleetConfig
 
 CHROMIUM = shutil.which("chromium")
@@ -57,15 +57,8 @@ def keyed_stack(tiny_models, tmp_path_factory):
     (root / "keys").write_text(KEY + "\n")
     config = fleet(*tiny_models, width=2)
     config["proxy"]["apiKeysFile"] = str(root / "keys")
-    s = Stack(root, config)
-    try:
-        s.wait_ready()
+    with running_stack(root, config) as s:
         yield s
-    finally:
-        pids = s.pids() if (s.run_dir / "state.json").exists() else []
-        s.stop()
-        for pid in pids:
-            wait_until(lambda: not alive(pid), 15, f"process {pid} to exit")
 
 
 def text_of(driver, css: str) -> str:

@@ -4,8 +4,11 @@ started by hand with another width is flagged."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -47,6 +50,19 @@ def test_the_status_reports_the_running_worker_as_it_is(stack):
     assert w["coupling"] == {"gate": 2, "width": 2, "agrees": True, "detail": "the gate equals the worker's width"}
     assert w["draft_depth"] == 3
     assert s["models"]["tiny"]["gate"] == [2]
+
+
+def test_mtpstack_status_json_carries_the_same_fleet_document(stack):
+    out = subprocess.run(
+        [sys.executable, "-m", "mtpstack", "status", "--run-dir", str(stack.run_dir), "--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    fleet = json.loads(out.stdout)["fleet"]
+    direct = status(stack)
+    assert fleet["schema"] == direct["schema"] == 1
+    assert fleet.keys() == direct.keys()
+    assert fleet["workers"]["w0"]["pid"] == direct["workers"]["w0"]["pid"] == stack.worker_pid("w0")
 
 
 def test_acceptance_by_position_and_first_tokens_match_the_metrics(stack):
