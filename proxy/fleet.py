@@ -185,7 +185,8 @@ class WorkerTrack:
     def saw_generated(self, now: float, total: float) -> None:
         if self.last_generated is not None:
             t0, n0 = self.last_generated
-            if now > t0 and total >= n0:
+            # Idle seconds are left out: a median of mostly zeros would hide the speed it generates at.
+            if now > t0 and total > n0:
                 self.rates.append((now, (total - n0) / (now - t0)))
         self.last_generated = (now, total)
 

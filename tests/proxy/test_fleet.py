@@ -86,6 +86,13 @@ def test_a_restart_is_a_new_pid_or_start_time_and_the_first_sighting_is_not_one(
     assert t.restarts == 2
 
 
+def test_tokens_per_second_leaves_idle_seconds_out():
+    t = WorkerTrack()
+    for now, total in ((0.0, 0.0), (1.0, 30.0), (2.0, 30.0), (3.0, 50.0)):
+        t.saw_generated(now, total)
+    assert [r for _, r in t.rates] == [30.0, 20.0]
+
+
 def test_weights_agree_when_identity_matches_the_argv_the_config_implies():
     profile = fleet_config({"w1": 1}, {"w1": {"gate": 2}}).workers["w1"]
     assert weights_check(profile, identity_of(2)) == []
