@@ -23,6 +23,7 @@ from proxy.auth import key_accepted, load_api_keys, presented_key
 from proxy.deadline import ClientDeadlines, deadline_of
 from proxy.deadline import middleware as client_deadline_middleware
 from proxy.dashboard import dashboard
+from proxy import fleet
 from proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
 from proxy.http import (
@@ -47,7 +48,7 @@ FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 #: Paths only the native worker serves: `mlx_lm.server` 0.32 has no Responses API (it would answer 404).
 NATIVE_ONLY_PATHS = ("/v1/responses",)
 #: Label for requests whose model is unknown or missing, so a client cannot mint label values.
-NO_MODEL = "-"
+NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
 CLIENT_CLOSED = 499
 

@@ -51,6 +51,8 @@ WINDOW_SECONDS = 60.0
 FETCH_TIMEOUT_SECONDS = 2.0
 #: Hash prefix shown for each weight file set: enough to tell two apart at a glance.
 HASH_PREFIX = 12
+#: The model label of requests refused before a served model was known (`proxy.app.NO_MODEL`).
+NO_MODEL = "-"
 #: Time-to-first-token samples kept per worker (the window also bounds them).
 TTFT_SAMPLES = 1000
 
@@ -298,6 +300,8 @@ class FleetCollector:
             "ok": not problems,
             "problems": problems,
             "models": models,
+            # Refused before a served model was known (no key, bad JSON, an unknown model...).
+            "refusals_without_model": refusals.get(NO_MODEL, {}),
             "workers": workers,
         }
 

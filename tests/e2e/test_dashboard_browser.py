@@ -126,7 +126,16 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
             lambda t, a=accepted, d=drafted: t.startswith(f"position {position}: {a:g} accepted of {d:g} drafted"),
             f"position {position} to show the worker's counts",
         )
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed_stack.proxy_url + "/v1", api_key="sk-wrong", max_retries=0).completions.create(
+            model="tiny", prompt="x", max_tokens=1)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="no-such-model", prompt="x", max_tokens=1)
     proxy = get_text(keyed_stack.proxy_url + "/metrics")
+    for code in ("invalid_api_key", "model_not_found"):
+        n = metric(proxy, "mtpstack_proxy_refusals_total", code=code, model="-")
+        page_shows(browser, f"[data-field=refusals-without-model] [data-refusal={code}]", lambda t, n=n: t.endswith(f"{code}: {n:g}"),
+                   f"the page's {code} count to be /metrics'")
     gate = metric(proxy, "mtpstack_proxy_gate", worker="w0")
     page_shows(browser, "[data-worker=w0] [data-field=inflight]", f"0 / {gate:g}", "in flight and gate as /metrics has them")
     page_shows(browser, "[data-worker=w0] [data-field=ttft]", lambda t: " ms (" in t and "n=" in t, "first token as a median with spread")
@@ -134,13 +143,14 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
     assert screenshot(browser, "dashboard.png", tmp_path).stat().st_size > 10_000
 
 
-def test_at_phone_width_nothing_spills_sideways(browser, keyed_stack):
+def test_at_phone_width_nothing_spills_sideways(browser, keyed_stack, tmp_path):
     unlock(browser, keyed_stack.proxy_url)
     browser.set_window_size(390, 1600)
     try:
         page_shows(browser, "[data-worker=w0] [data-field=health]", "healthy", "the page at phone width")
         overflow = browser.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0
+        assert screenshot(browser, "dashboard-phone.png", tmp_path).stat().st_size > 10_000
     finally:
         browser.set_window_size(1280, 1800)
 
