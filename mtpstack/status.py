@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mtpstack.up import http_status
 from validator.argv import draft_kind_from_argv
-from worker.proof import read_cmdline, weights_from_argv
+from worker.proof import identity_disagreements, read_cmdline, weights_from_argv
 
 
 class StatusError(Exception):
@@ -53,17 +53,9 @@ def _weights(pid: int, url: str) -> dict:
     status, identity = http_status(url + "/identity")
     if status != 200:
         return out | {"proved": False, "why": f"/identity answered {status or 'nothing'}"}
-    mismatches = []
-    for role, claimed in (("target", claim.target), ("drafter", claim.drafter)):
-        reported = (identity.get(role) or {}).get("path")
-        if reported != claimed:
-            mismatches.append(f"{role}: argv `{claimed}`, /identity `{reported}`")
-    if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
-        mismatches.append(f"depth: argv {claim.depth}, /identity {identity.get('draft_depth')}")
+    mismatches = identity_disagreements(claim, identity, "argv", argv_kind)
     reported_kind = (identity.get("drafter") or {}).get("kind")
     if reported_kind is not None:
-        if argv_kind not in (None, "auto", reported_kind):
-            mismatches.append(f"drafter kind: argv `{argv_kind}`, /identity `{reported_kind}`")
         out["kind"] = reported_kind
     if identity.get("pid") != pid:
         mismatches.append(f"pid: /identity reports {identity.get('pid')}")

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.admission import Upstream
 from proxy.upstream import UpstreamClient, UpstreamError
 from validator import WorkerProfile, worker_argv
-from worker.proof import weights_from_argv
+from worker.proof import identity_disagreements, weights_from_argv
 
 if TYPE_CHECKING:
     from proxy.app import ProxyState
@@ -124,23 +124,11 @@ def _model_summary(identity_model: dict | None) -> dict | None:
 
 
 def weights_check(profile: WorkerProfile, identity: dict) -> list[str]:
-    """How `/identity` disagrees with the command line the config implies (`worker_argv(profile)`),
-    one sentence per disagreement; empty when they agree."""
+    """How the worker disagrees with the command line the config implies (`worker_argv(profile)`):
+    its `/identity`, the bits it found against its config.json, and its own argv (`/identity`'s
+    `argv`). One sentence per disagreement; empty when they agree."""
     want = weights_from_argv(worker_argv(profile))
-    found: list[str] = []
-
-    def differs(what: str, expected, reported) -> None:
-        if expected != reported:
-            found.append(f"{what}: config implies `{expected}`, the worker reports `{reported}`")
-
-    differs("target", want.target, (identity.get("target") or {}).get("path"))
-    differs("drafter", want.drafter, (identity.get("drafter") or {}).get("path"))
-    if want.drafter is not None:
-        differs("draft depth", want.depth, identity.get("draft_depth"))
-        kind = (identity.get("drafter") or {}).get("kind")
-        if profile.drafter is not None and profile.drafter.kind not in ("auto", kind):
-            differs("drafter kind", profile.drafter.kind, kind)
-    differs("maxNumSeqs", want.max_num_seqs, identity.get("max_num_seqs"))
+    found = identity_disagreements(want, identity, "config", profile.drafter.kind if profile.drafter else None)
     for role in ("target", "drafter"):
         mismatch = (identity.get(role) or {}).get("bits_mismatch")
         if mismatch:
@@ -155,7 +143,7 @@ def weights_check(profile: WorkerProfile, identity: dict) -> list[str]:
             for what, a, b in (("target", want.target, ran.target), ("drafter", want.drafter, ran.drafter),
                                ("maxNumSeqs", want.max_num_seqs, ran.max_num_seqs)):
                 if a != b:
-                    found.append(f"{what} on its command line: config implies `{a}`, the process ran with `{b}`")
+                    found.append(f"{what}: config `{a}`, its own command line `{b}`")
     return found
 
 

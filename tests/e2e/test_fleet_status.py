@@ -110,5 +110,5 @@ async def test_a_worker_started_with_another_width_is_flagged_on_gate_and_weight
         await server.close()
     w = s["workers"]["w0"]
     assert (w["coupling"]["gate"], w["coupling"]["width"], w["coupling"]["agrees"]) == (2, 1, False)
-    assert any(m.startswith("maxNumSeqs: config implies `2`, the worker reports `1`") for m in w["weights"]["mismatches"])
+    assert any(m == "maxNumSeqs: config `2`, /identity `1`" for m in w["weights"]["mismatches"])
     assert s["ok"] is False
