@@ -62,8 +62,9 @@ class FakeState:
     identity: dict | None = None
     #: What `/metrics` answers (404 when None): Prometheus text.
     metrics: str | None = None
-    #: `/identity` requests answered so far.
+    #: `/identity` and `/metrics` requests answered so far.
     identity_requests: int = 0
+    metrics_requests: int = 0
 
     def stats(self) -> dict:
         return {
@@ -211,6 +212,7 @@ async def identity(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     s = request.app[FAKE]
+    s.metrics_requests += 1
     if s.metrics is None:
         raise web.HTTPNotFound()
     return web.Response(text=s.metrics, content_type="text/plain")

@@ -213,19 +213,21 @@ class FleetCollector:
         track = self.tracks[upstream.name]
         client = self.state.clients[upstream.name]
         profile = self.state.config.workers[upstream.name]
-        if profile.backend == "native":
-            try:
-                status, body = await _get(client, "/identity")
-                if status == 200:
-                    restarted = track.saw_identity(json.loads(body))
-                    if restarted:
-                        log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
-                else:
-                    track.identity_error = f"/identity answered {status}"
-            except (UpstreamError, TimeoutError, ValueError) as e:
-                track.identity_error = f"/identity: {_why(e)}"
-        else:
+        if profile.backend != "native":
+            # mlx_lm.server has neither route, and logs every request it answers: asking once a
+            # second would only fill its log with 404s.
             track.identity_error = "mlx_lm.server has no /identity"
+            track.metrics_error = "mlx_lm.server has no /metrics"
+            return
+        try:
+            status, body = await _get(client, "/identity")
+            if status == 200:
+                if track.saw_identity(json.loads(body)):
+                    log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
+            else:
+                track.identity_error = f"/identity answered {status}"
+        except (UpstreamError, TimeoutError, ValueError) as e:
+            track.identity_error = f"/identity: {_why(e)}"
         try:
             status, body = await _get(client, "/metrics")
             if status == 200:

@@ -150,6 +150,14 @@ async def test_a_worker_without_identity_is_shown_unchecked_not_as_agreeing(make
     assert w["identity_error"] == "/identity answered 404"
 
 
+async def test_mlx_lm_workers_are_not_asked_for_routes_they_lack(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1, "backend": "mlx-lm"}})
+    await wait_for(lambda: f.state.fleet.rounds >= 3, "a few collections")
+    assert (f.fakes["w1"].identity_requests, f.fakes["w1"].metrics_requests) == (0, 0)
+    w = (await status_of(f))["workers"]["w1"]
+    assert w["weights"]["checked"] is False and w["identity_error"] == "mlx_lm.server has no /identity"
+
+
 async def test_readers_do_not_cause_collections_however_many_there_are(make_fleet):
     f = await make_fleet({"w1": {"gate": 1, "identity": identity_of(1)}}, fleet_interval=3600)
     bodies = await asyncio.gather(*(status_of(f) for _ in range(20)))
