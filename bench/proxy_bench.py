@@ -1,7 +1,7 @@
 """What the admission proxy costs: added latency and CPU, against calling the upstream directly
 and against nginx as a reverse proxy, measured side by side in interleaved rounds of one run.
 
-    .venv/bin/python bench/proxy_bench.py [--rounds 5] [--out proxy-bench.json]
+    .venv/bin/python bench/proxy_bench.py [--rounds 5] [--out proxy-bench.json] [--dashboard-poll]
 
 Three processes per path: this script (the clients), a scripted upstream
 (`proxy.fake_upstream`, one answering at once and one pacing its chunks like a model), and the
@@ -14,6 +14,9 @@ each minus the direct path's in the same round ("added"); proxy CPU per request 
 from the kernel's per-thread run time (/proc/PID/task/*/schedstat, nanoseconds; /proc/PID/stat
 ticks where schedstat is missing). Reported: median and min-max over rounds, and the ratios of
 mtpstack to nginx. Raw values go to the JSON file, the table to stdout, progress to stderr.
+
+`--dashboard-poll` keeps one operator's page open on the mtpstack proxy for the whole run: it
+loads `/dashboard` and then polls `/v1/fleet/status` once a second, as the page does.
 
 A benchmark script, not a test: the machines are shared and noisy; read the spread.
 """
@@ -55,6 +58,8 @@ COUNTS = {
 }
 WARMUP_PLAIN, WARMUP_STREAMS = 50, 2
 TARGETS = ("direct", "nginx", "mtpstack")
+#: How often the page polls `/v1/fleet/status` (the page's own POLL_MS).
+DASHBOARD_POLL_SECONDS = 1.0
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 
@@ -340,6 +345,31 @@ def table_lines(summary: dict, proxies: list[str]) -> list[str]:
 
 
 # -- the run ------------------------------------------------------------------------------
+@dataclass
+class PagePoller:
+    """One open dashboard: the page once, then its data once a second, until stopped."""
+
+    base: str
+    polls: int = 0
+    failed: int = 0
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(self.base + "/dashboard") as r:
+                await r.read()
+                if r.status != 200:
+                    self.failed += 1
+            while True:
+                try:
+                    async with http.get(self.base + "/v1/fleet/status") as r:
+                        await r.read()
+                        self.polls += 1
+                        self.failed += r.status != 200
+                except aiohttp.ClientError:
+                    self.failed += 1
+                await asyncio.sleep(DASHBOARD_POLL_SECONDS)
+
+
 async def bench(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     procs: list[Proc] = []
@@ -389,6 +419,8 @@ async def bench(args: argparse.Namespace) -> dict:
             port = {"direct": ports[f"up_{mode}"], "nginx": ports.get(f"nginx_{mode}"), "mtpstack": ports["proxy"]}[target]
             return f"http://127.0.0.1:{port}/v1/chat/completions"
 
+        poller = PagePoller(f"http://127.0.0.1:{ports['proxy']}") if args.dashboard_poll else None
+        poll_task = asyncio.create_task(poller.run()) if poller is not None else None
         connector_kw = {"limit": 0, "force_close": False}
         sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector_kw), auto_decompress=False) for t in targets}
         try:
@@ -422,6 +454,9 @@ async def bench(args: argparse.Namespace) -> dict:
         finally:
             for s in sessions.values():
                 await s.close()
+            if poll_task is not None:
+                poll_task.cancel()
+                await asyncio.gather(poll_task, return_exceptions=True)
         proxies = [t for t in targets if t != "direct"]
         return {
             "meta": {
@@ -437,6 +472,9 @@ async def bench(args: argparse.Namespace) -> dict:
                 "python": platform.python_version(),
                 "aiohttp": aiohttp.__version__,
                 "nginx": nginx_version,
+                "dashboard_poll": None if poller is None else {
+                    "interval_s": DASHBOARD_POLL_SECONDS, "polls": poller.polls, "failed": poller.failed,
+                },
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 # Other work on the machine inflates every path's spread; recorded to read it by.
                 "loadavg_start": load_start,
@@ -457,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
     ap.add_argument("--out", default="proxy-bench.json", help="raw values and summary as JSON (default: proxy-bench.json)")
     ap.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
+    ap.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the mtpstack proxy throughout")
     args = ap.parse_args(argv)
     result = asyncio.run(bench(args))
     Path(args.out).write_text(json.dumps(result, indent=1))
@@ -465,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
           f"added = proxied minus direct in the same round; load average {meta['loadavg_start'][0]:.1f} -> "
           f"{meta['loadavg_end'][0]:.1f} on {meta['cpus']} CPUs")
     print("\n".join(table_lines(result["summary"], result["proxies"])))
+    if (poll := meta["dashboard_poll"]) is not None:
+        print(f"dashboard: one page polled /v1/fleet/status {poll['polls']} times ({poll['failed']} failed)")
     if max(meta["loadavg_start"][0], meta["loadavg_end"][0]) > (meta["cpus"] or 1):
         print(f"warning: the load average exceeded the CPU count ({meta['cpus']}): other work shared the CPUs, "
               "so the spread is wide; rerun on a quiet machine for tighter figures", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mtpstack.up import http_status
 from validator.argv import draft_kind_from_argv
-from worker.proof import read_cmdline, weights_from_argv
+from worker.proof import identity_disagreements, read_cmdline, weights_from_argv
 
 
 class StatusError(Exception):
@@ -53,17 +53,9 @@ def _weights(pid: int, url: str) -> dict:
     status, identity = http_status(url + "/identity")
     if status != 200:
         return out | {"proved": False, "why": f"/identity answered {status or 'nothing'}"}
-    mismatches = []
-    for role, claimed in (("target", claim.target), ("drafter", claim.drafter)):
-        reported = (identity.get(role) or {}).get("path")
-        if reported != claimed:
-            mismatches.append(f"{role}: argv `{claimed}`, /identity `{reported}`")
-    if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
-        mismatches.append(f"depth: argv {claim.depth}, /identity {identity.get('draft_depth')}")
+    mismatches = identity_disagreements(claim, identity, "argv", argv_kind)
     reported_kind = (identity.get("drafter") or {}).get("kind")
     if reported_kind is not None:
-        if argv_kind not in (None, "auto", reported_kind):
-            mismatches.append(f"drafter kind: argv `{argv_kind}`, /identity `{reported_kind}`")
         out["kind"] = reported_kind
     if identity.get("pid") != pid:
         mismatches.append(f"pid: /identity reports {identity.get('pid')}")
@@ -89,6 +81,20 @@ def _remote_weights(part: dict) -> dict:
     }
 
 
+#: The API key `mtpstack status` presents to the proxy when its keys file is set.
+API_KEY_ENV = "MTPSTACK_API_KEY"
+
+
+def _fleet(proxy_url: str) -> tuple[dict | None, str | None]:
+    key = os.environ.get(API_KEY_ENV)
+    code, body = http_status(proxy_url + "/v1/fleet/status", headers={"Authorization": f"Bearer {key}"} if key else None)
+    if code == 200:
+        return body, None
+    if code == 401:
+        return None, f"the proxy wants an API key: set `{API_KEY_ENV}`"
+    return None, f"/v1/fleet/status answered {code or 'nothing'}"
+
+
 def collect(run_dir: Path) -> dict:
     state_file = run_dir / "state.json"
     try:
@@ -103,6 +109,7 @@ def collect(run_dir: Path) -> dict:
     proxy_alive = proxy_remote or _alive(proxy.get("pid"))
     proxy_status, ready = http_status(proxy["url"] + "/readyz") if proxy_alive else (0, {})
     upstreams = ready.get("workers", {}) if isinstance(ready.get("workers"), dict) else {}
+    fleet, fleet_error = _fleet(proxy["url"]) if proxy_status else (None, "the proxy does not answer")
     result = {
         "run_dir": str(run_dir),
         "phase": state.get("phase") if up_alive else "not running",
@@ -118,6 +125,9 @@ def collect(run_dir: Path) -> dict:
             "log": proxy.get("log"),
         },
         "workers": {},
+        # The proxy's `GET /v1/fleet/status`, the same document (docs/fleet-status.md).
+        "fleet": fleet,
+        "fleet_error": fleet_error,
     }
     for name, w in state.get("workers", {}).items():
         remote = bool(w.get("remote"))
@@ -176,4 +186,9 @@ def render(status: dict) -> list[str]:
             lines.append(f"    weights {mark} ({weights['why']}): target `{weights['target']}`{drafter}")
         else:
             lines.append(f"    weights not proved: {weights['why']}")
+    fleet = status.get("fleet")
+    if fleet is not None:
+        lines += [f"problem: {p}" for p in fleet.get("problems", [])]
+    elif status.get("fleet_error"):
+        lines.append(f"fleet status: {status['fleet_error']}")
     return lines

@@ -122,9 +122,9 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def http_status(url: str, timeout: float = 2.0) -> tuple[int, dict]:
+def http_status(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
             body = resp.read()
             status = resp.status
     except urllib.error.HTTPError as e:

@@ -1,7 +1,7 @@
 """The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
 
 Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (admitted and forwarded to a worker),
-GET /v1/models, /healthz, /readyz, /metrics.
+GET /v1/models, /v1/fleet/status, /dashboard, /healthz, /readyz, /metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
@@ -22,6 +22,9 @@ from proxy.admission import ModelAdmission, Rejected, Upstream
 from proxy.auth import key_accepted, load_api_keys, presented_key
 from proxy.deadline import ClientDeadlines, deadline_of
 from proxy.deadline import middleware as client_deadline_middleware
+from proxy.dashboard import dashboard
+from proxy import fleet
+from proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
 from proxy.http import (
     REQUEST_DROP,
@@ -45,7 +48,7 @@ FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 #: Paths only the native worker serves: `mlx_lm.server` 0.32 has no Responses API (it would answer 404).
 NATIVE_ONLY_PATHS = ("/v1/responses",)
 #: Label for requests whose model is unknown or missing, so a client cannot mint label values.
-NO_MODEL = "-"
+NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
 CLIENT_CLOSED = 499
 
@@ -62,6 +65,8 @@ class ProxyState:
     clients: dict[str, UpstreamClient] = field(default_factory=dict)
     #: The client deadline of every connection `mtpstack proxy` accepts (`proxy.deadline`).
     deadlines: ClientDeadlines | None = None
+    #: The fleet's state behind `/v1/fleet/status` and `/dashboard`, collected in the background.
+    fleet: FleetCollector | None = None
     draining: bool = False
     started: float = field(default_factory=time.time)
 
@@ -73,7 +78,9 @@ def upstream_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_SECONDS) -> web.Application:
+def create_app(
+    config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_SECONDS, fleet_interval: float = FLEET_INTERVAL_SECONDS
+) -> web.Application:
     """The proxy for `config`. Takes the config as given: the coupling rules are the
     validator's job (`load_valid_config`), so tests can build a deliberately wrong fleet.
     Raises `ApiKeysError` when `proxy.apiKeysFile` is set but unusable."""
@@ -117,15 +124,19 @@ def create_app(config: FleetConfig, *, health_interval: float = HEALTH_INTERVAL_
         clients=clients,
     )
 
+    state.fleet = FleetCollector(state, fleet_interval)
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
     app = web.Application(middlewares=[client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
     app.cleanup_ctx.append(_clients_ctx)
     app.cleanup_ctx.append(health_ctx(STATE))
+    app.cleanup_ctx.append(fleet_ctx(STATE))
     app.on_shutdown.append(_start_draining)
     for path in FORWARDED_PATHS:
         app.router.add_post(path, forward)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/fleet/status", fleet_status)
+    app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
@@ -180,15 +191,34 @@ def _auth_failure(request: web.Request, state: ProxyState, rid: str) -> web.Resp
     )
 
 
-async def list_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    rid = request_id(request.headers)
-    denied = _auth_failure(request, state, rid)
-    if denied is not None:
-        return denied
+def _keyed(handler: Callable[[web.Request, ProxyState, str], Awaitable[web.Response]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An API route answered by the proxy itself: behind the API key like the forwarded ones."""
+
+    async def route(request: web.Request) -> web.Response:
+        state = request.app[STATE]
+        rid = request_id(request.headers)
+        denied = _auth_failure(request, state, rid)
+        return denied if denied is not None else await handler(request, state, rid)
+
+    return route
+
+
+@_keyed
+async def list_models(request: web.Request, state: ProxyState, rid: str) -> web.Response:
     created = int(state.started)
     data = [{"id": m, "object": "model", "created": created, "owned_by": "mtpstack"} for m in state.admissions]
     return web.json_response({"object": "list", "data": data}, headers={REQUEST_ID: rid})
+
+
+@_keyed
+async def fleet_status(request: web.Request, state: ProxyState, rid: str) -> web.Response:
+    """The last snapshot of `proxy.fleet`: no worker is asked on a reader's behalf."""
+    assert state.fleet is not None
+    return web.Response(
+        body=state.fleet.body,
+        content_type="application/json",
+        headers={REQUEST_ID: rid, hdrs.CACHE_CONTROL: "no-store"},
+    )
 
 
 # -- the forwarded requests --------------------------------------------------------------
@@ -206,6 +236,8 @@ class Exchange:
     stream: bool = False
     queue_wait: float | None = None
     first_byte: float | None = None
+    #: When the request went to its worker (`time.monotonic()`).
+    sent: float | None = None
     #: The client's stream once its head has gone out: from then on, errors end the stream
     #: (a second answer cannot be sent).
     stream_response: web.StreamResponse | None = None
@@ -280,6 +312,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 def _finish(state: ProxyState, ex: Exchange) -> None:
     state.metrics.count_request(ex.model, ex.status)
+    if ex.code is not None and ex.status >= 400 and ex.status != CLIENT_CLOSED:
+        state.metrics.count_refusal(ex.model, ex.code)
     if log.isEnabledFor(logging.INFO):
         log.info(ex.line(time.monotonic()))
 
@@ -402,7 +436,7 @@ async def _relay(request: web.Request, state: ProxyState, upstream: Upstream, bo
     headers.append((REQUEST_ID, ex.rid))
     if request.remote:
         headers.append((hdrs.X_FORWARDED_FOR, request.remote))
-    sent = time.monotonic()
+    sent = ex.sent = time.monotonic()
     try:
         async with asyncio.timeout(t.first_byte_seconds):
             up = await state.clients[name].request("POST", request.path, headers, body)
@@ -539,6 +573,13 @@ async def _relay_stream(
             first = await up.read_chunk()
             if first:
                 dog.last = dog.loop.time()
+                if ex.sent is not None:
+                    # Measured at the first content chunk, not the head: a worker sends its
+                    # head before prefill, so the head's time says nothing about the first token.
+                    ttft = time.monotonic() - ex.sent
+                    state.metrics.observe_first_token(upstream.name, ttft)
+                    if state.fleet is not None:
+                        state.fleet.first_token(upstream.name, ttft)
                 try:
                     await resp.write(first)
                 except ConnectionError:

@@ -7,10 +7,11 @@ proxy that over-admits fails loudly. Like the native worker, it grants a short g
 refusing, so a slot that frees a moment later (a disconnect noticed late) is not a violation.
 
 Each request may steer the answer with an extension field `x_fake` in its JSON body:
-`{"delay": s, "chunks": n, "interval": s, "die_after": n, "status": code, "pad": bytes}`: time
+`{"delay": s, "chunks": n, "interval": s, "die_after": n, "status": code, "pad": bytes, "first_after": s}`: time
 before the answer, number of SSE chunks (when `stream` is true), pause between chunks, drop the
 connection after n chunks (a worker dying mid-stream), a status to answer with, and padding per
-chunk (an SSE comment) to stream megabytes.
+chunk (an SSE comment) to stream megabytes; `first_after`: seconds between a stream's head and its
+first chunk (a prefill).
 
 Run alone: `python -m proxy.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
@@ -56,6 +57,14 @@ class FakeState:
     #: Requests whose connection closed before they finished (seen as cancellation).
     cancelled: int = 0
     freed: asyncio.Event | None = None
+    #: What `/identity` answers (404 when None), as the native worker's: `pid`, `started_at`,
+    #: `max_num_seqs`, `target`, `drafter`, `argv`...; a test changes it to play a restart.
+    identity: dict | None = None
+    #: What `/metrics` answers (404 when None): Prometheus text.
+    metrics: str | None = None
+    #: `/identity` and `/metrics` requests answered so far.
+    identity_requests: int = 0
+    metrics_requests: int = 0
 
     def stats(self) -> dict:
         return {
@@ -162,6 +171,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         die_after = ctl.get("die_after")
         resp = web.StreamResponse(status=status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        if first_after := float(ctl.get("first_after", 0)):
+            await asyncio.sleep(first_after)  # the head is out; the first token takes its time (prefill)
         for i in range(chunks):
             if die_after is not None and i >= int(die_after):
                 assert request.transport is not None
@@ -191,6 +202,22 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok" if s.health_status == 200 else "unhealthy"}, status=s.health_status)
 
 
+async def identity(request: web.Request) -> web.Response:
+    s = request.app[FAKE]
+    s.identity_requests += 1
+    if s.identity is None:
+        raise web.HTTPNotFound()
+    return web.json_response(s.identity)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    s = request.app[FAKE]
+    s.metrics_requests += 1
+    if s.metrics is None:
+        raise web.HTTPNotFound()
+    return web.Response(text=s.metrics, content_type="text/plain")
+
+
 async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[FAKE].stats())
 
@@ -209,6 +236,8 @@ def make_app(state: FakeState) -> web.Application:
     app.router.add_post("/v1/responses", completions)  # answered in the chat shape: the proxy only relays
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/identity", identity)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

@@ -33,6 +33,17 @@ class ProxyMetrics:
             f"{PREFIX}upstream_first_byte_seconds", "Time from sending a request to a worker to its response headers.", ["worker"],
             buckets=FIRST_BYTE_BUCKETS, registry=r,
         )
+        self.first_token = Histogram(
+            f"{PREFIX}time_to_first_token_seconds",
+            "Time from sending a streamed request to a worker to its first content chunk, by worker.", ["worker"],
+            buckets=FIRST_BYTE_BUCKETS, registry=r,
+        )
+        self.refusals = Counter(
+            f"{PREFIX}refusals_total", "Requests the proxy answered with an error of its own, by model and error code.",
+            ["model", "code"], registry=r,
+        )
+        #: The same counts as `refusals`, by model then code, for `/v1/fleet/status`.
+        self.refused: dict[str, dict[str, int]] = {}
         self.healthy = Gauge(f"{PREFIX}worker_healthy", "1 when the worker passed its last health check, else 0.", ["worker"], registry=r)
         self.upstream_errors = Counter(
             f"{PREFIX}upstream_errors_total", "Failed exchanges with a worker, by kind.", ["worker", "code"], registry=r
@@ -51,6 +62,17 @@ class ProxyMetrics:
 
     def count_request(self, model: str, status: int) -> None:
         self._child(self.requests, model, str(status)).inc()
+
+    def count_refusal(self, model: str, code: str) -> None:
+        self._child(self.refusals, model, code).inc()
+        by_code = self.refused.setdefault(model, {})
+        by_code[code] = by_code.get(code, 0) + 1
+
+    def refusal_counts(self) -> dict[str, dict[str, int]]:
+        return {model: dict(codes) for model, codes in self.refused.items()}
+
+    def observe_first_token(self, worker: str, seconds: float) -> None:
+        self._child(self.first_token, worker).observe(seconds)
 
     def observe_queue_wait(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)

@@ -145,6 +145,28 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
     )
 
 
+def identity_disagreements(claim: WeightsClaim, identity: dict, source: str, kind: str | None = None) -> list[str]:
+    """How a worker's `/identity` disagrees with a claim about what it serves (read from an argv),
+    one sentence per difference naming the claim's `source`; empty when they agree. `kind` is
+    the drafter kind the claim asks for (`auto` accepts whatever the worker resolved)."""
+    found: list[str] = []
+
+    def differs(what: str, claimed, reported) -> None:
+        if claimed != reported:
+            found.append(f"{what}: {source} `{claimed}`, /identity `{reported}`")
+
+    differs("target", claim.target, (identity.get("target") or {}).get("path"))
+    differs("drafter", claim.drafter, (identity.get("drafter") or {}).get("path"))
+    if claim.drafter is not None:
+        differs("depth", claim.depth, identity.get("draft_depth"))
+        reported_kind = (identity.get("drafter") or {}).get("kind")
+        if reported_kind is not None and kind not in (None, "auto", reported_kind):
+            differs("drafter kind", kind, reported_kind)
+    if claim.max_num_seqs is not None and "max_num_seqs" in identity:
+        differs("maxNumSeqs", claim.max_num_seqs, identity["max_num_seqs"])
+    return found
+
+
 def fetch_identity(url: str, timeout: float = 5.0) -> dict:
     """GET url/identity as JSON. Raises `urllib.error.URLError`/`HTTPError`/`ValueError`."""
     with urllib.request.urlopen(url.rstrip("/") + "/identity", timeout=timeout) as resp:

@@ -117,6 +117,12 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.drafted_by_position = Counter(
+            "mtpstack_worker_drafted_by_position",
+            "Tokens drafted, by position in the draft (1 = first): acceptance at a position is accepted over drafted there.",
+            ["position"],
+            registry=r,
+        )
         self.per_step = Histogram(
             "mtpstack_worker_accepted_per_step",
             "Drafted tokens accepted per draft-and-verify step.",
@@ -133,6 +139,7 @@ class Metrics:
         )
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
+            self.drafted_by_position.labels(position=str(position))
         self.rejected.labels(code="worker_full")
 
     def drafter_info(self, engine) -> None:
@@ -147,6 +154,8 @@ class Metrics:
             self.drafted.inc(drafted)
             self.accepted.inc(accepted)
             self.per_step.observe(accepted)
+            for position in range(1, drafted + 1):
+                self.drafted_by_position.labels(position=str(position)).inc()
             for position in range(1, accepted + 1):
                 self.by_position.labels(position=str(position)).inc()
 

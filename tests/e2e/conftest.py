@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from validator import FleetConfig, worker_argv
 from worker.demo.tiny import build_tiny_pair
+from worker.launcher import resolve_command, worker_env
+from worker.process import WorkerProcess
 from worker.proof import free_port
 
 #: Loading tiny models takes well under a second; the bound covers a busy 2-core CI machine.
@@ -145,11 +149,10 @@ def fleet(target: Path, drafter: Path, *, width: int, workers: int = 1, extra_ar
     }
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_models, tmp_path_factory):
-    """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
-    root = tmp_path_factory.mktemp("stack")
-    s = Stack(root, fleet(*tiny_models, width=2))
+@contextlib.contextmanager
+def running_stack(root: Path, config: dict):
+    """`mtpstack up` on `config`, ready; stopped afterwards, with every process it started gone."""
+    s = Stack(root, config)
     try:
         s.wait_ready()
         yield s
@@ -158,3 +161,26 @@ def stack(tiny_models, tmp_path_factory):
         s.stop()
         for pid in pids:
             wait_until(lambda: not alive(pid), 15, f"process {pid} to exit")
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_models, tmp_path_factory):
+    """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
+    with running_stack(tmp_path_factory.mktemp("stack"), fleet(*tiny_models, width=2)) as s:
+        yield s
+
+
+@pytest.fixture
+def width_1_worker(tiny_models, tmp_path):
+    """A real worker serving one sequence at a time, with a short admission grace."""
+    data = fleet(*tiny_models, width=1, extra_args=["--admission-grace-seconds", "0.2"])
+    profile = FleetConfig.model_validate(data).workers["w0"]
+    proc = WorkerProcess(
+        resolve_command(worker_argv(profile)), host=profile.host, port=profile.port, log_path=tmp_path / "worker.log", env=worker_env()
+    )
+    proc.start()
+    try:
+        proc.wait_healthy(timeout=120)
+        yield data
+    finally:
+        proc.stop()

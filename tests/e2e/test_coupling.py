@@ -11,25 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app
 from tests.e2e.conftest import fleet
-from validator import FleetConfig, validate_data, worker_argv
-from worker.launcher import resolve_command, worker_env
-from worker.process import WorkerProcess
-
-
-@pytest.fixture
-def width_1_worker(tiny_models, tmp_path):
-    """A real worker serving one sequence at a time, with a short admission grace."""
-    data = fleet(*tiny_models, width=1, extra_args=["--admission-grace-seconds", "0.2"])
-    profile = FleetConfig.model_validate(data).workers["w0"]
-    proc = WorkerProcess(
-        resolve_command(worker_argv(profile)), host=profile.host, port=profile.port, log_path=tmp_path / "worker.log", env=worker_env()
-    )
-    proc.start()
-    try:
-        proc.wait_healthy(timeout=120)
-        yield data
-    finally:
-        proc.stop()
+from validator import FleetConfig, validate_data
 
 
 async def eight_clients(data: dict, gate: int) -> list[tuple[int, str | None]]:

@@ -76,3 +76,14 @@ def test_a_kind_that_differs_from_the_declared_one_is_not_proved(run):
     weights = run("mtp", "model")["workers"]["w"]["weights"]
     assert not weights["proved"]
     assert "drafter kind: argv `mtp`, /identity `model`" in weights["why"]
+
+
+def test_without_a_proxy_the_fleet_document_is_absent_and_says_why(run):
+    status = run("auto", "mtp")
+    assert status["fleet"] is None and status["fleet_error"] == "the proxy does not answer"
+    assert render(status)[-1] == "fleet status: the proxy does not answer"
+
+
+def test_the_fleet_documents_problems_are_printed(run):
+    status = run("auto", "mtp") | {"fleet": {"problems": ["worker `w`: the proxy's gate is 2 but the worker serves 1 at once"]}}
+    assert render(status)[-1] == "problem: worker `w`: the proxy's gate is 2 but the worker serves 1 at once"

@@ -68,13 +68,16 @@ async def make_fleet(aiohttp_server, aiohttp_client):
     """`await make_fleet({"w1": {"gate": 2, "model": "m"}}, proxy={...})` -> Fleet.
     `gate` is the fake worker's batch width; `proxy_gate` (default: the same) the proxy's."""
 
-    async def make(workers: dict[str, dict], proxy: dict | None = None, health_interval: float = TEST_HEALTH_INTERVAL, **fake_kw) -> Fleet:
+    async def make(
+        workers: dict[str, dict], proxy: dict | None = None, health_interval: float = TEST_HEALTH_INTERVAL,
+        fleet_interval: float = TEST_HEALTH_INTERVAL, **fake_kw,
+    ) -> Fleet:
         fakes, servers = {}, {}
         for name, w in workers.items():
-            fakes[name] = FakeState(gate=w.get("gate", 1), name=name, **fake_kw)
+            fakes[name] = FakeState(gate=w.get("gate", 1), name=name, identity=w.get("identity"), metrics=w.get("metrics"), **fake_kw)
             servers[name] = await aiohttp_server(make_app(fakes[name]))
         config = fleet_config({n: s.port for n, s in servers.items()}, workers, proxy)
-        client = await aiohttp_client(create_app(config, health_interval=health_interval))
+        client = await aiohttp_client(create_app(config, health_interval=health_interval, fleet_interval=fleet_interval))
         return Fleet(client=client, fakes=fakes, servers=servers, config=config)
 
     return make

@@ -1,0 +1,375 @@
+"""The fleet's state as `GET /v1/fleet/status` and `/dashboard` show it, collected by one
+background task once a second, however many pages or scripts read it.
+
+Each second the task asks every worker for `/identity` and `/metrics` (two small GETs, on the
+proxy's own keep-alive pool) and keeps what it needs to show trends: 15 minutes of per-model
+load, and a minute of per-worker throughput and time to first token. Readers get the last
+snapshot, serialized once per collection, so a page polling costs the proxy one cached write.
+
+A restart is seen as a change of the pid or start time `/identity` reports, so it is counted the
+same under `mtpstack up`, systemd and launchd. The weights a worker reports are checked against
+the command line its config implies (`validator.worker_argv`), and its batch width against the
+proxy's gate: a worker restarted by hand with another `--max-num-seqs` is flagged on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
+
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.admission import Upstream
+from proxy.upstream import UpstreamClient, UpstreamError
+from validator import WorkerProfile, worker_argv
+from worker.proof import identity_disagreements, weights_from_argv
+
+if TYPE_CHECKING:
+    from proxy.app import ProxyState
+
+log = logging.getLogger("mtpstack.proxy")
+
+#: Version of the JSON shape; raised on any change a script could trip over.
+SCHEMA_VERSION = 1
+#: One collection a second: a page refreshing once a second sees every change, and two small
+#: GETs per worker per second cost nothing next to a generation.
+FLEET_INTERVAL_SECONDS = 1.0
+#: Per-model load is kept for the last 15 minutes (one sample per collection).
+HISTORY_SECONDS = 15 * 60
+#: tok/s and time to first token are shown as median and spread over the last minute: long
+#: enough to hold several requests, short enough to follow a change of load.
+WINDOW_SECONDS = 60.0
+#: `/identity` and `/metrics` answer from the worker's HTTP thread within milliseconds; a worker
+#: silent for longer is shown as unreachable for this round rather than stalling the others.
+FETCH_TIMEOUT_SECONDS = 2.0
+#: Hash prefix shown for each weight file set: enough to tell two apart at a glance.
+HASH_PREFIX = 12
+#: The model label of requests refused before a served model was known (`proxy.app.NO_MODEL`).
+NO_MODEL = "-"
+#: Time-to-first-token samples kept per worker (the window also bounds them).
+TTFT_SAMPLES = 1000
+
+
+def spread(values: Iterable[float]) -> dict | None:
+    """Median with min and max and the count; None when there is nothing to summarise."""
+    vs = list(values)
+    if not vs:
+        return None
+    return {"median": statistics.median(vs), "min": min(vs), "max": max(vs), "n": len(vs)}
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
+    """Prometheus text -> {sample name: [(labels, value)]}."""
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def _one(samples: dict, name: str) -> float | None:
+    values = samples.get(name)
+    return values[0][1] if values else None
+
+
+def _by_position(samples: dict, name: str) -> dict[int, float]:
+    return {int(labels["position"]): value for labels, value in samples.get(name, []) if labels.get("position", "").isdigit()}
+
+
+def acceptance(samples: dict) -> dict:
+    """Acceptance overall and by draft position from a worker's counters. A position's rate is
+    accepted over drafted at that position, when the worker reports drafts by position."""
+    drafted, accepted = _one(samples, "mtpstack_worker_tokens_drafted_total"), _one(samples, "mtpstack_worker_tokens_accepted_total")
+    by_acc = _by_position(samples, "mtpstack_worker_accepted_by_position_total")
+    by_drafted = _by_position(samples, "mtpstack_worker_drafted_by_position_total")
+    positions = []
+    for p in sorted(set(by_acc) | set(by_drafted)):
+        d = by_drafted.get(p)
+        a = by_acc.get(p, 0.0)
+        positions.append({"position": p, "accepted": a, "drafted": d, "rate": (a / d) if d else None})
+    return {
+        "drafted": drafted,
+        "accepted": accepted,
+        "rate": (accepted / drafted) if drafted and accepted is not None else None,
+        "by_position": positions,
+    }
+
+
+def draft_depth(samples: dict) -> int | None:
+    """The depth of the loaded drafter, from `mtpstack_worker_drafter_info`."""
+    for labels, value in samples.get("mtpstack_worker_drafter_info", []):
+        if value and labels.get("depth", "").isdigit():
+            return int(labels["depth"])
+    return None
+
+
+def _model_summary(identity_model: dict | None) -> dict | None:
+    if not identity_model:
+        return None
+    sha = identity_model.get("sha256") or ""
+    return {
+        "path": identity_model.get("path"),
+        "bits": identity_model.get("bits"),
+        "kind": identity_model.get("kind"),
+        "hash": sha[:HASH_PREFIX] or None,
+        "bits_mismatch": identity_model.get("bits_mismatch"),
+    }
+
+
+def weights_check(profile: WorkerProfile, identity: dict) -> list[str]:
+    """How the worker disagrees with the command line the config implies (`worker_argv(profile)`):
+    its `/identity`, the bits it found against its config.json, and its own argv (`/identity`'s
+    `argv`). One sentence per disagreement; empty when they agree."""
+    want = weights_from_argv(worker_argv(profile))
+    found = identity_disagreements(want, identity, "config", profile.drafter.kind if profile.drafter else None)
+    for role in ("target", "drafter"):
+        mismatch = (identity.get(role) or {}).get("bits_mismatch")
+        if mismatch:
+            found.append(f"{role} bits: {mismatch}")
+    argv = identity.get("argv")
+    if isinstance(argv, list) and argv:
+        try:
+            ran = weights_from_argv(argv)
+        except ValueError:
+            found.append("the worker's own command line is not a worker's")
+        else:
+            for what, a, b in (("target", want.target, ran.target), ("drafter", want.drafter, ran.drafter),
+                               ("maxNumSeqs", want.max_num_seqs, ran.max_num_seqs)):
+                if a != b:
+                    found.append(f"{what}: config `{a}`, its own command line `{b}`")
+    return found
+
+
+@dataclass
+class WorkerTrack:
+    """What the collector remembers about one worker between rounds."""
+
+    pid: int | None = None
+    started_at: float | None = None
+    restarts: int = 0
+    identity: dict | None = None
+    identity_error: str | None = None
+    samples: dict = field(default_factory=dict)
+    metrics_error: str | None = None
+    last_generated: tuple[float, float] | None = None  # (monotonic time, tokens generated)
+    rates: deque = field(default_factory=lambda: deque(maxlen=int(WINDOW_SECONDS) + 1))  # (time, tok/s)
+    ttft: deque = field(default_factory=lambda: deque(maxlen=TTFT_SAMPLES))  # (time, seconds)
+
+    def saw_identity(self, identity: dict) -> bool:
+        """Record an `/identity`; True when it shows a restart (a new pid or start time)."""
+        pid, started = identity.get("pid"), identity.get("started_at")
+        restarted = self.pid is not None and (pid, started) != (self.pid, self.started_at)
+        if restarted:
+            self.restarts += 1
+            self.last_generated = None  # its counters started again from zero
+        self.pid, self.started_at, self.identity, self.identity_error = pid, started, identity, None
+        return restarted
+
+    def saw_generated(self, now: float, total: float) -> None:
+        if self.last_generated is not None:
+            t0, n0 = self.last_generated
+            # Idle seconds are left out: a median of mostly zeros would hide the speed it generates at.
+            if now > t0 and total > n0:
+                self.rates.append((now, (total - n0) / (now - t0)))
+        self.last_generated = (now, total)
+
+
+async def _get(client: UpstreamClient, path: str) -> tuple[int, bytes]:
+    resp = None
+    try:
+        async with asyncio.timeout(FETCH_TIMEOUT_SECONDS):
+            resp = await client.request("GET", path, [])
+            return resp.status, await resp.read_all()
+    finally:
+        if resp is not None:
+            resp.close()
+
+
+class FleetCollector:
+    """Collects the fleet's state once per `interval`; `body` is the last snapshot as JSON bytes."""
+
+    def __init__(self, state: ProxyState, interval: float = FLEET_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.state = state
+        self.interval = interval
+        self.clock = clock
+        self.tracks = {name: WorkerTrack() for name in state.upstreams}
+        self.history = {model: deque(maxlen=max(1, int(HISTORY_SECONDS / interval))) for model in state.admissions}
+        self.rounds = 0
+        self.snapshot: dict = {}
+        self.body = b"{}"
+
+    def first_token(self, worker: str, seconds: float) -> None:
+        """A stream's first content chunk reached the proxy `seconds` after it sent the request."""
+        self.tracks[worker].ttft.append((self.clock(), seconds))
+
+    async def _collect_worker(self, upstream: Upstream) -> None:
+        track = self.tracks[upstream.name]
+        client = self.state.clients[upstream.name]
+        profile = self.state.config.workers[upstream.name]
+        if profile.backend != "native":
+            # mlx_lm.server has neither route, and logs every request it answers: asking once a
+            # second would only fill its log with 404s.
+            track.identity_error = "mlx_lm.server has no /identity"
+            track.metrics_error = "mlx_lm.server has no /metrics"
+            return
+        try:
+            status, body = await _get(client, "/identity")
+            if status == 200:
+                if track.saw_identity(json.loads(body)):
+                    log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
+            else:
+                track.identity_error = f"/identity answered {status}"
+        except (UpstreamError, TimeoutError, ValueError) as e:
+            track.identity_error = f"/identity: {_why(e)}"
+        try:
+            status, body = await _get(client, "/metrics")
+            if status == 200:
+                track.samples = parse_metrics(body.decode())
+                track.metrics_error = None
+                generated = _one(track.samples, "mtpstack_worker_tokens_generated_total")
+                if generated is not None:
+                    track.saw_generated(self.clock(), generated)
+            else:
+                track.metrics_error = f"/metrics answered {status}"
+        except (UpstreamError, TimeoutError, ValueError) as e:
+            track.metrics_error = f"/metrics: {_why(e)}"
+
+    async def collect(self) -> dict:
+        """One round: ask every worker, then rebuild the snapshot."""
+        await asyncio.gather(*(self._collect_worker(u) for u in self.state.upstreams.values()))
+        now = self.clock()
+        for model, a in self.state.admissions.items():
+            self.history[model].append((now, sum(u.inflight for u in a.upstreams), a.waiting))
+        self.rounds += 1
+        self.snapshot = self.build(now)
+        self.body = json.dumps(self.snapshot).encode()
+        return self.snapshot
+
+    def build(self, now: float) -> dict:
+        state = self.state
+        problems: list[str] = []
+        workers = {}
+        for name, u in state.upstreams.items():
+            w = self._worker(name, u, now)
+            workers[name] = w
+            if not w["healthy"]:
+                problems.append(f"worker `{name}` is unhealthy: {w['health_detail']}")
+            if w["coupling"]["agrees"] is False:
+                problems.append(f"worker `{name}`: {w['coupling']['detail']}")
+            for m in w["weights"]["mismatches"]:
+                problems.append(f"worker `{name}` weights: {m}")
+        refusals = state.metrics.refusal_counts()
+        models = {}
+        for model, a in state.admissions.items():
+            recent = [s for s in self.history[model] if now - s[0] <= HISTORY_SECONDS]
+            models[model] = {
+                "gate": [u.gate for u in a.upstreams],
+                "capacity": sum(u.gate for u in a.upstreams),
+                "workers": [u.name for u in a.upstreams],
+                "healthy_workers": sum(u.healthy for u in a.upstreams),
+                "inflight": sum(u.inflight for u in a.upstreams),
+                "queued": a.waiting,
+                "last_15m": {"inflight": spread(s[1] for s in recent), "queued": spread(s[2] for s in recent)},
+                "refusals": refusals.get(model, {}),
+            }
+        return {
+            "schema": SCHEMA_VERSION,
+            "generated_at": time.time(),
+            "interval_seconds": self.interval,
+            "window_seconds": WINDOW_SECONDS,
+            "history_seconds": HISTORY_SECONDS,
+            "rounds": self.rounds,
+            "draining": state.draining,
+            "ok": not problems,
+            "problems": problems,
+            "models": models,
+            # Refused before a served model was known (no key, bad JSON, an unknown model...).
+            "refusals_without_model": refusals.get(NO_MODEL, {}),
+            "workers": workers,
+        }
+
+    def _worker(self, name: str, u: Upstream, now: float) -> dict:
+        track = self.tracks[name]
+        profile = self.state.config.workers[name]
+        identity = track.identity or {}
+        samples = track.samples
+        width = identity.get("max_num_seqs")
+        if width is None:
+            coupling = {"gate": u.gate, "width": None, "agrees": None, "detail": track.identity_error or "width not reported yet"}
+        elif width == u.gate:
+            coupling = {"gate": u.gate, "width": width, "agrees": True, "detail": "the gate equals the worker's width"}
+        else:
+            coupling = {
+                "gate": u.gate, "width": width, "agrees": False,
+                "detail": f"the proxy's gate is {u.gate} but the worker serves {width} at once (`--max-num-seqs {width}`)",
+            }
+        mismatches = weights_check(profile, identity) if track.identity else []
+        active = _one(samples, "mtpstack_worker_active_sequences")
+        started = track.started_at
+        return {
+            "model": u.model,
+            "backend": profile.backend,
+            "url": u.url,
+            "healthy": u.healthy,
+            "health_detail": u.health_detail,
+            "inflight": u.inflight,
+            "gate": u.gate,
+            "pid": track.pid,
+            "started_at": started,
+            "uptime_seconds": (time.time() - started) if started else None,
+            "restarts": track.restarts,
+            "identity_error": track.identity_error,
+            "metrics_error": track.metrics_error,
+            "weights": {
+                "target": _model_summary(identity.get("target")),
+                "drafter": _model_summary(identity.get("drafter")),
+                "expected_argv": worker_argv(profile),
+                "checked": bool(track.identity),
+                "agrees": (not mismatches) if track.identity else None,
+                "mismatches": mismatches,
+            },
+            "width": {"max_num_seqs": width, "active": None if active is None else int(active)},
+            "draft_depth": draft_depth(samples) or identity.get("draft_depth"),
+            "acceptance": acceptance(samples),
+            "tokens_per_second": spread(r for t, r in track.rates if now - t <= WINDOW_SECONDS),
+            "time_to_first_token_seconds": spread(s for t, s in track.ttft if now - t <= WINDOW_SECONDS),
+            "coupling": coupling,
+        }
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, TimeoutError):
+        return f"no answer within {FETCH_TIMEOUT_SECONDS:g} s"
+    if isinstance(e, ValueError):
+        return "not valid JSON"
+    return str(e) or type(e).__name__
+
+
+def fleet_ctx(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context: one collection before serving, then one per interval until shutdown."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        collector = app[key].fleet
+        await collector.collect()
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(collector.interval)
+                try:
+                    await collector.collect()
+                except Exception:  # one bad round must not end the dashboard
+                    log.exception("fleet status collection failed")
+
+        task = asyncio.create_task(loop(), name="fleet-status")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    return ctx
