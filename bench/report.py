@@ -21,7 +21,7 @@ from bench.stats import (
     Summary,
     Verdict,
     decide,
-    recommend,
+    settling,
     summarize,
 )
 
@@ -193,12 +193,21 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
         return Candidate(c["label"], c.get("depth"), tuple(values(c, workload)))
 
     others = [cand(c) for c in measured(results) if c is not base]
-    rec = recommend(cand(base), others, margin=margin)
-    if rec is None:
+    settled = settling(cand(base), others, margin=margin)
+    if settled is None:
         return f"{workload}: no recommendation: a configuration has fewer than {MIN_PASSES} passes"
+    rec = settled.recommended
     if rec.label == base["label"]:
-        return f"{workload}: not significant: keep the default (`{base['label']}`)"
-    return f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
+        line = f"{workload}: not significant: keep the default (`{base['label']}`)"
+    else:
+        line = f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
+    v = settled.verdict
+    if not settled.decided and v is not None:
+        line += (
+            f"; it rests on an undecided comparison: `{settled.best.label}` / `{rec.label}` {v.ratio:.3f}"
+            f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + margin:.2f} ({v.n_cand} and {v.n_base} passes)"
+        )
+    return line
 
 
 def _load(meta: dict) -> str:

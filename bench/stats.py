@@ -235,6 +235,41 @@ def recommend(
     return baseline  # unreachable: `best` is eligible whenever no one else is within noise
 
 
+
+@dataclass(frozen=True)
+class Settling:
+    """The comparison that settles a recommendation: the best configuration against the one recommended
+    (the smallest within noise of it). `verdict` is None when the recommendation is the best itself."""
+
+    recommended: Candidate
+    best: Candidate
+    verdict: Verdict | None
+
+    @property
+    def decided(self) -> bool:
+        """The interval of best/recommended lies wholly above or wholly below `1 + margin`."""
+        v = self.verdict
+        if v is None:
+            return True
+        if v.lo is None or v.hi is None:
+            return False
+        threshold = 1.0 + v.margin
+        return v.lo > threshold or v.hi < threshold
+
+
+def settling(
+    baseline: Candidate, candidates: Sequence[Candidate], *, margin: float = DEFAULT_MARGIN, seed: int | None = 0,
+    resamples: int = DEFAULT_RESAMPLES,
+) -> Settling | None:
+    """`recommend`'s answer with the comparison it rests on; None when `recommend` refuses."""
+    rec = recommend(baseline, candidates, margin=margin, seed=seed, resamples=resamples)
+    if rec is None:
+        return None
+    best = max([baseline, *candidates], key=lambda c: median(c.values))
+    if best is rec:
+        return Settling(rec, best, None)
+    return Settling(rec, best, decide(rec.values, best.values, margin=margin, seed=seed, resamples=resamples))
+
 # -- paired passes -----------------------------------------------------------------------
 #: Fewer pairs than this and the paired rule refuses: a bootstrap over 3 pairs is too narrow and
 #: adopts a change that is not real about 6% of the time (`mtpstack bench simulate --design paired`).

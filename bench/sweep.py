@@ -35,7 +35,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import report as rpt
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, decide
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, settling
 from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from validator.findings import format_path
 from worker.launcher import resolve_command, worker_env
@@ -617,7 +617,7 @@ class Sweep:
                         wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens))
                         self._advance()
                     if c != base:
-                        await self._extend(session, proc.url, model, prompts[w], w, wl["passes"])
+                        await self._extend(session, proc.url, model, prompts[w], w, wl["passes"], c.label, c.depth)
             record["status"] = "measured"
             return record
         except ConfigurationAborted as e:
@@ -629,16 +629,32 @@ class Sweep:
         finally:
             self.stop(proc)
 
-    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict]) -> None:
-        """Adaptive passes: while the verdict against the baseline is open, one more pass, up to the cap."""
+    def _settling_needs(self, workload: str, current: Candidate) -> bool:
+        """The comparison settling the recommendation among what is measured so far is undecided and
+        `current` is one of its two sides: more passes of `current` can decide it."""
+        measured = [c for c in self.results["configurations"] if c["status"] == "measured"]
+        base = next((c for c in measured if c["label"] == self.results["baseline"]), None)
+        if base is None:
+            return False
+        others = [Candidate(c["label"], c.get("depth"), tuple(rpt.values(c, workload))) for c in measured if c is not base]
+        settled = settling(Candidate(base["label"], base.get("depth"), tuple(rpt.values(base, workload))), [*others, current],
+                           margin=self.s.margin, resamples=1000)
+        return settled is not None and not settled.decided and current in (settled.recommended, settled.best)
+
+    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict],
+                      label: str = "", depth: int | None = None) -> None:
+        """Adaptive passes, one at a time up to the cap: while the verdict against the baseline is open, and
+        while this configuration is a side of the comparison that settles the recommendation so far (the
+        best against the smallest within noise of it) and that comparison is undecided."""
         s = self.s
         base = next((c for c in self.results["configurations"] if c["label"] == self.results["baseline"]), None)
         if base is None or base["status"] != "measured":
             return
         base_values = rpt.values(base, workload)
         while len(passes) < s.max_repeats:
-            v = decide(base_values, [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None], margin=s.margin)
-            if not v.open:
+            mine = [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None]
+            v = decide(base_values, mine, margin=s.margin)
+            if not v.open and not self._settling_needs(workload, Candidate(label, depth, tuple(mine))):
                 return
             self._grow(1)
             passes.append(await run_pass(session, url, model, prompts, s.max_tokens))
