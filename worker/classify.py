@@ -28,9 +28,19 @@ _CODE_LINE = re.compile(
 _CODE_END = re.compile(r"[;{}]\s*$", re.MULTILINE)
 
 
+#: A request for code names a language or a program part ("Write a Python function ...").
+_ASKS_FOR_CODE = re.compile(
+    r"\b(python|javascript|typescript|rust|golang|java|kotlin|swift|haskell|ruby|php|c\+\+|c#|bash|shell script"
+    r"|sql|regex|regular expression|json schema|function|script|unit tests?|class|method|implement|refactor"
+    r"|compile|snippet|source code)\b|`[A-Za-z_][\w.]*\(",
+    re.IGNORECASE,
+)
+
+
 def classify_text(text: str) -> str:
-    """`code` for a fenced block or enough code-shaped lines, else `prose`."""
-    if "```" in text:
+    """`code` for a fenced block, enough code-shaped lines or a request naming a language or a program
+    part, else `prose`."""
+    if "```" in text or _ASKS_FOR_CODE.search(text):
         return CODE
     lines = max(text.count("\n") + 1, 1)
     marked = len(_CODE_LINE.findall(text)) + len(_CODE_END.findall(text))

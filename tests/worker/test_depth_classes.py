@@ -32,6 +32,15 @@ def test_the_classifier_tells_code_from_prose(text, cls):
     assert classify_text(text) == cls
 
 
+@pytest.mark.parametrize("workload", ["code", "prose"])
+def test_the_bench_prompt_sets_are_classified_as_their_workload(workload):
+    # Requests *for* code ("Write a Python function ...") hold no code themselves.
+    from bench.sweep import load_prompts
+
+    chats = [{"messages": [{"role": "user", "content": p.prompt}]} for p in load_prompts(workload)]
+    assert {classify_request(c) for c in chats} == {workload}
+
+
 def test_tools_or_a_schema_make_a_request_code():
     chat = {"messages": [{"role": "user", "content": "What is the weather?"}]}
     assert classify_request(chat) == "prose"
