@@ -40,12 +40,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"win a change must clear, with its whole interval (default: {DEFAULT_MARGIN})")
     s.add_argument("--prompts-dir", type=Path, help="directory of WORKLOAD.jsonl prompt sets (default: the shipped ones)")
     s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
+    s.add_argument("--emit-config", action="store_true",
+                   help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
     s.set_defaults(func=run_sweep)
 
     r = sub.add_parser("report", help="render report.md from a results file", description="Print the report of a results file.")
     r.add_argument("results", type=Path, help="a results.json written by `mtpstack bench sweep`")
     r.add_argument("--margin", type=float, help="override the margin the sweep used")
     r.add_argument("--plot", type=Path, help="also write the figure to this PNG file")
+    r.add_argument("--emit-config", action="store_true",
+                   help="print the depth per workload it recommends, as a YAML and a Nix fragment to review, instead of the report")
     r.set_defaults(func=run_report)
 
     c = sub.add_parser("compare", help="compare two results files", description="Compare B against A with the sweep's decision rule.")
@@ -158,6 +162,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         return _error(e.message, e.hint)
     paths = sw.write_outputs(results, args.out)
     print("\n".join(_report_lines(results)))
+    if args.emit_config:
+        from bench import report as rpt
+
+        print("\n" + "\n".join(rpt.emit_config(results)))
     print("wrote " + ", ".join(f"`{p}`" for p in paths), file=sys.stderr)
     aborted = [c for c in results["configurations"] if c["status"] != "measured"]
     return 1 if aborted else 0
@@ -176,6 +184,9 @@ def run_report(args: argparse.Namespace) -> int:
         results = rpt.load_results(args.results)
     except rpt.ResultsError as e:
         return _error(e.message, e.hint)
+    if args.emit_config:
+        print("\n".join(rpt.emit_config(results, margin=args.margin)))
+        return 0
     print("\n".join(rpt.render_report(results, margin=args.margin)))
     if args.plot:
         print(f"wrote `{rpt.plot_sweep(results, args.plot)}`", file=sys.stderr)

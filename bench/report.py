@@ -8,6 +8,7 @@ configuration with fewer than `MIN_PASSES` passes gets no ratio at all.
 from __future__ import annotations
 
 import json
+import re
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -208,6 +209,56 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
             f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + margin:.2f} ({v.n_cand} and {v.n_base} passes)"
         )
     return line
+
+
+def recommended_depths(results: dict, margin: float | None = None) -> dict[str, Candidate | None]:
+    """The recommendation per workload (None where there is none)."""
+    base = baseline_of(results)
+    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
+    out: dict[str, Candidate | None] = {}
+    for workload in workloads_of(results):
+        if base is None:
+            out[workload] = None
+            continue
+        others = [Candidate(c["label"], c.get("depth"), tuple(values(c, workload))) for c in measured(results) if c is not base]
+        settled = settling(Candidate(base["label"], base.get("depth"), tuple(values(base, workload))), others, margin=margin)
+        out[workload] = None if settled is None else settled.recommended
+    return out
+
+
+def emit_config(results: dict, margin: float | None = None) -> list[str]:
+    """The depth map the sweep recommends, as a YAML and a Nix fragment for the operator to review.
+    `default` is the configured depth; a workload with no recommendation, or one recommending no
+    drafter (a map cannot say "no drafter" for one class), keeps it and is named in a comment."""
+    profile = results.get("meta", {}).get("profile") or {}
+    drafter = profile.get("drafter") or {}
+    configured = drafter.get("depth")
+    if isinstance(configured, dict):
+        configured = configured.get("default")
+    notes: list[str] = []
+    depths: dict[str, int] = {}
+    for workload, rec in recommended_depths(results, margin).items():
+        if rec is None:
+            notes.append(f"{workload}: no recommendation; it keeps `default`")
+        elif rec.depth is None:
+            notes.append(f"{workload}: the recommendation is no drafter, which a depth map cannot say; it keeps `default`")
+        else:
+            depths[workload] = rec.depth
+    if configured is None:
+        return ["error: the results name no configured drafter depth to use as `default`"]
+    depths["default"] = configured
+    width = profile.get("maxNumSeqs")
+    worker = results.get("meta", {}).get("worker", "WORKER")
+    lines = [f"# recommended by `mtpstack bench sweep`, measured at width 1 (one request at a time)"]
+    if width not in (None, 1):
+        lines.append(f"# warning: worker `{worker}` serves at width {width}; these depths were not measured there")
+    lines += [f"# {n}" for n in notes]
+    lines += ["", "# YAML", "workers:", f"  {worker}:", "    drafter:", "      depth:"]
+    lines += [f"        {k}: {v}" for k, v in depths.items()]
+    nix = "; ".join(f"{k} = {v}" for k, v in sorted(depths.items()))
+    name = worker if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_'-]*", worker) else json.dumps(worker)
+    lines += ["", "# Nix", f"services.mtpstack.workers.{name}.drafter.depth = {{ {nix}; }};"]
+    return lines
 
 
 def _load(meta: dict) -> str:
