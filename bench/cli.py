@@ -40,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"win a change must clear, with its whole interval (default: {DEFAULT_MARGIN})")
     s.add_argument("--prompts-dir", type=Path, help="directory of WORKLOAD.jsonl prompt sets (default: the shipped ones)")
     s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
+    s.add_argument("--widths", default="1",
+                   help="concurrent clients per pass, e.g. `1,2,4`, each at most the worker's batch width (default: 1)")
     s.add_argument("--emit-config", action="store_true",
                    help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
     s.set_defaults(func=run_sweep)
@@ -152,6 +154,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
             max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
         )
+        worker = config.workers.get(args.worker)
+        settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
         console = _stderr_console()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

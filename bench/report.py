@@ -60,8 +60,30 @@ def load_results(path: str | Path) -> dict:
 # -- access ------------------------------------------------------------------------------
 
 
+#: How a workload measured at width w > 1 is keyed in results (`code @ width 2`); width 1 keeps the bare name.
+WIDTH_KEY = " @ width "
+
+
+def workload_key(workload: str, width: int) -> str:
+    return workload if width == 1 else f"{workload}{WIDTH_KEY}{width}"
+
+
+def width_of(key: str) -> int:
+    return int(key.rsplit(WIDTH_KEY, 1)[1]) if WIDTH_KEY in key else 1
+
+
+def workload_of(key: str) -> str:
+    return key.split(WIDTH_KEY, 1)[0]
+
+
+def widths_of(results: dict) -> list[int]:
+    return list(results.get("settings", {}).get("widths") or [1])
+
+
 def workloads_of(results: dict) -> list[str]:
-    return list(results.get("settings", {}).get("workloads", []))
+    """Every measured workload key: each workload at each width (`bench sweep --widths`)."""
+    names = list(results.get("settings", {}).get("workloads", []))
+    return [workload_key(w, width) for width in widths_of(results) for w in names]
 
 
 def measured(results: dict) -> list[dict]:
@@ -237,7 +259,12 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
         configured = configured.get("default")
     notes: list[str] = []
     depths: dict[str, int] = {}
-    for workload, rec in recommended_depths(results, margin).items():
+    width = profile.get("maxNumSeqs")
+    at = width if width in widths_of(results) else 1
+    for key, rec in recommended_depths(results, margin).items():
+        if width_of(key) != at:
+            continue
+        workload = workload_of(key)
         if rec is None:
             notes.append(f"{workload}: no recommendation; it keeps `default`")
         elif rec.depth is None:
@@ -247,10 +274,9 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     if configured is None:
         return ["error: the results name no configured drafter depth to use as `default`"]
     depths["default"] = configured
-    width = profile.get("maxNumSeqs")
     worker = results.get("meta", {}).get("worker", "WORKER")
-    lines = [f"# recommended by `mtpstack bench sweep`, measured at width 1 (one request at a time)"]
-    if width not in (None, 1):
+    lines = [f"# recommended by `mtpstack bench sweep`, measured at width {at} ({at} concurrent client(s))"]
+    if width not in (None, at):
         lines.append(f"# warning: worker `{worker}` serves at width {width}; these depths were not measured there")
     lines += [f"# {n}" for n in notes]
     lines += ["", "# YAML", "workers:", f"  {worker}:", "    drafter:", "      depth:"]
@@ -285,7 +311,11 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
             "method",
             f"{settings.get('warmup', 1)} warm-up pass discarded, then {settings.get('repeats', '?')} measured passes"
             f" per workload (up to {settings.get('max_repeats', '?')} while a verdict is open), greedy,"
-            f" max_tokens {settings.get('max_tokens', '?')}, one request at a time, a fresh worker per configuration",
+            f" max_tokens {settings.get('max_tokens', '?')}, "
+            + ("one request at a time" if widths_of(results) == [1] else
+               f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s aggregate beyond 1,"
+               " output compared at width 1 only)")
+            + ", a fresh worker per configuration",
         ),
         ("decision", f"adopt only when the whole 95% bootstrap interval of the ratio of medians ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
         ("baseline", f"`{results.get('baseline', '?')}`"),
@@ -324,7 +354,8 @@ def output_mismatches(results: dict) -> list[str]:
     """Greedy decoding must give the same text with and without a drafter; say where it did not
     (one warning per workload and configuration)."""
     out = []
-    for workload in workloads_of(results):
+    # At width 2-4 the batch's makeup changes float results, so text is compared at width 1 only.
+    for workload in [k for k in workloads_of(results) if width_of(k) == 1]:
         first: dict[str, tuple[str, str]] = {}  # prompt id -> (output digest, configuration)
         for c in measured(results):
             wl = c.get("workloads", {}).get(workload, {})
@@ -408,11 +439,14 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = workloads_of(results) or ["?"]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.0 * len(workloads), 4.0), sharey=True, squeeze=False)
+    names = list(results.get("settings", {}).get("workloads", [])) or ["?"]
+    widths = widths_of(results)
+    # One row of panels per width (aggregate tok/s of w concurrent clients), one column per workload.
+    fig, axes = plt.subplots(len(widths), len(names), figsize=(5.0 * len(names), 4.0 * len(widths)), sharey="row", squeeze=False)
     name, unit = METRICS[metric]
     base = baseline_of(results)
-    for ax, workload in zip(axes[0], workloads):
+    cells = [(axes[i][j], workload_key(w, width)) for i, width in enumerate(widths) for j, w in enumerate(names)]
+    for ax, workload in cells:
         points = plot_points(results, workload, metric)
         if points:
             xs = [p[0] for p in points]
@@ -428,7 +462,8 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
         ax.set_title(workload)
         ax.set_xlabel("draft depth")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"{name} {unit}")
+    for i, width in enumerate(widths):
+        axes[i][0].set_ylabel(f"{name} {unit}" + (f", width {width}" if len(widths) > 1 else ""))
     axes[0][-1].legend(loc="best", fontsize="small")
     fig.suptitle(f"worker `{results.get('meta', {}).get('worker', '?')}`: {name} {unit} by draft depth")
     fig.tight_layout()

@@ -159,7 +159,8 @@ def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str)
     if baseline == "no-drafter":
         base = Configuration.of(None)
     elif baseline == "configured":
-        base = Configuration.of(profile.drafter.depth)
+        # A depth per class is swept as its `default` depth; each configuration then drafts one depth for all.
+        base = Configuration.of(profile.drafter.default_depth)
     else:
         raise SweepError(f"unknown baseline: `{baseline}`", "use `no-drafter` or `configured`")
     others = [Configuration.of(d) for d in depths if Configuration.of(d) != base]
@@ -238,7 +239,7 @@ def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
     listing every mismatch; returns the proof for results.json."""
     profile = expected.profile
     want_drafter = profile.drafter.path if profile.drafter else None
-    want_depth = profile.drafter.depth if profile.drafter else None
+    want_depth = profile.drafter.default_depth if profile.drafter else None
     problems: list[str] = []
     try:
         cmdline = read_cmdline(pid)
@@ -405,11 +406,31 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     }
 
 
-async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int) -> dict:
+async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int,
+                   clients: int = 1) -> dict:
+    """Every prompt once. One client: one request at a time. `clients` > 1: that many clients take the
+    prompts from one queue, each one request at a time; tok/s is then aggregate (tokens over the
+    pass's wall time) and time to first token is per request."""
     before = await scrape(session, url)
-    requests = [await run_request(session, url, model, p, max_tokens) for p in prompts]
+    if clients == 1:
+        requests = [await run_request(session, url, model, p, max_tokens) for p in prompts]
+        after = await scrape(session, url)
+        return summarize_pass(requests, before, after)
+    todo = list(prompts)
+    done: list[dict] = []
+
+    async def client() -> None:
+        while todo:
+            done.append(await run_request(session, url, model, todo.pop(0), max_tokens))
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.monotonic() - started
     after = await scrape(session, url)
-    return summarize_pass(requests, before, after)
+    order = {p.id: i for i, p in enumerate(prompts)}
+    out = summarize_pass(sorted(done, key=lambda r: order.get(r["prompt_id"], 0)), before, after)
+    out.update(clients=clients, wall_seconds=wall, e2e_tps=out["tokens"] / wall if wall > 0 else None)
+    return out
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -429,6 +450,23 @@ class SweepSettings:
     margin: float = DEFAULT_MARGIN
     prompts_dir: Path | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    #: Concurrent clients per pass (`--widths`), each at most the worker's own batch width.
+    widths: list[int] = field(default_factory=lambda: [1])
+
+
+def parse_widths(text: str, batch_width: int) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]; every width from 1 to the worker's own batch width (the coupling holds:
+    the worker runs at its profile's width, driven by w <= width clients)."""
+    try:
+        widths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SweepError(f"cannot read `--widths {text}`", "write it as `1,2,4`") from None
+    if not widths or widths[0] < 1 or widths[-1] > batch_width:
+        raise SweepError(
+            f"`--widths {text}` must lie between 1 and the worker's batch width {batch_width}",
+            f"drop the widths above {batch_width}, or sweep a worker with `maxNumSeqs` that wide",
+        )
+    return widths
 
 
 def _loadavg() -> list[float] | None:
@@ -535,7 +573,7 @@ class Sweep:
                 "profile": self.profile.model_dump(by_alias=True, mode="json"),
             },
             "settings": {
-                "depths": s.depths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
+                "depths": s.depths, "widths": s.widths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
                 "workloads": s.workloads, "max_tokens": s.max_tokens, "margin": s.margin, "endpoint": "/v1/chat/completions",
                 "prompts": {w: {"count": len(p), "sha256": hashlib.sha256(json.dumps([asdict(x) for x in p]).encode()).hexdigest()}
                             for w, p in prompts.items()},
@@ -544,7 +582,8 @@ class Sweep:
             "configurations": [],
         }
         if self.progress is not None:
-            self._task = self.progress.add_task("sweep", total=len(configs) * len(s.workloads) * (WARMUP_PASSES + s.repeats))
+            self._task = self.progress.add_task(
+                "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
         try:
             for c in configs:
                 # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
@@ -607,17 +646,19 @@ class Sweep:
             model = ident.get("served_model_name") or (profile.target.path if profile.backend == "mlx-lm" else profile.model)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                for w in s.workloads:
-                    wl = record["workloads"][w] = {"warmup": None, "passes": []}
-                    if self.progress is not None and self._task is not None:
-                        self.progress.update(self._task, description=f"{c.label}: {w}")
-                    wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens)
-                    self._advance()
-                    for _ in range(s.repeats):
-                        wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens))
+                for width in s.widths:
+                    for w in s.workloads:
+                        key = rpt.workload_key(w, width)
+                        wl = record["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
+                        if self.progress is not None and self._task is not None:
+                            self.progress.update(self._task, description=f"{c.label}: {key}")
+                        wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width)
                         self._advance()
-                    if c != base:
-                        await self._extend(session, proc.url, model, prompts[w], w, wl["passes"], c.label, c.depth)
+                        for _ in range(s.repeats):
+                            wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width))
+                            self._advance()
+                        if c != base:
+                            await self._extend(session, proc.url, model, prompts[w], key, wl["passes"], c.label, c.depth, width)
             record["status"] = "measured"
             return record
         except ConfigurationAborted as e:
@@ -642,7 +683,7 @@ class Sweep:
         return settled is not None and not settled.decided and current in (settled.recommended, settled.best)
 
     async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict],
-                      label: str = "", depth: int | None = None) -> None:
+                      label: str = "", depth: int | None = None, clients: int = 1) -> None:
         """Adaptive passes, one at a time up to the cap: while the verdict against the baseline is open, and
         while this configuration is a side of the comparison that settles the recommendation so far (the
         best against the smallest within noise of it) and that comparison is undecided."""
@@ -657,7 +698,7 @@ class Sweep:
             if not v.open and not self._settling_needs(workload, Candidate(label, depth, tuple(mine))):
                 return
             self._grow(1)
-            passes.append(await run_pass(session, url, model, prompts, s.max_tokens))
+            passes.append(await run_pass(session, url, model, prompts, s.max_tokens, clients))
             self._advance()
 
 
