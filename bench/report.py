@@ -175,8 +175,8 @@ def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
 
 def workload_table(results: dict, workload: str) -> list[str]:
     lines = [
-        "| configuration | drafter | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | drafter | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance | ms per target step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in measured(results):
         e2e = values(c, workload, "e2e_tps")
@@ -189,6 +189,7 @@ def workload_table(results: dict, workload: str) -> list[str]:
             f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
             f" {_num(s.min)} … {_num(s.max)} | {_num(summarize(dec).median) if dec else '-'} |"
             f" {_num(summarize(ttft).median) if ttft else '-'} | {_cell(acceptance(c, workload))} |"
+            f" {_num(summarize(steps).median) if (steps := values(c, workload, 'step_ms')) else '-'} |"
         )
     return lines
 

@@ -54,6 +54,8 @@ READ_TIMEOUT = 300.0
 BENCH_HOST = "127.0.0.1"
 DRAFTED = "mtpstack_worker_tokens_drafted_total"
 ACCEPTED = "mtpstack_worker_tokens_accepted_total"
+#: One per batched decode forward (draft and verify of every decoding row), at any width.
+TARGET_STEPS = "mtpstack_worker_target_steps_total"
 
 
 class SweepError(Exception):
@@ -313,7 +315,7 @@ def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], st
 # -- measuring (step 4) ------------------------------------------------------------------
 
 
-def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED)) -> dict[str, float]:
+def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED, TARGET_STEPS)) -> dict[str, float]:
     """Unlabelled counter samples from Prometheus text."""
     out = {}
     for line in text.splitlines():
@@ -393,6 +395,8 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     ttfts = sorted(r["ttft_s"] for r in requests if r["ttft_s"] is not None)
     drafted = after.get(DRAFTED, 0.0) - before.get(DRAFTED, 0.0) if after else None
     accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0) if after else None
+    # Workers without the counter (older ones, mlx_lm.server) give None, not 0 steps.
+    steps = after[TARGET_STEPS] - before.get(TARGET_STEPS, 0.0) if after and TARGET_STEPS in after else None
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -402,6 +406,9 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
         "drafted": drafted,
         "accepted": accepted,
         "acceptance": (accepted / drafted) if drafted else None,
+        "target_steps": steps,
+        # Decode time per target step: every decode second of the pass over its batched forwards.
+        "step_ms": 1000.0 * decode_s / steps if steps else None,
         "requests": requests,
     }
 

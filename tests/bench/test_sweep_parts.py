@@ -88,6 +88,14 @@ def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
     assert p["decode_tps"] == pytest.approx(29 / 2.7)
     assert p["ttft_s"] == 0.2
     assert (p["drafted"], p["accepted"], p["acceptance"]) == (40, 30, 0.75)
+    assert p["target_steps"] is None and p["step_ms"] is None  # a worker without the step counter
+
+
+def test_time_per_target_step_is_decode_time_over_the_step_counter_delta():
+    reqs = [{"tokens": 10, "seconds": 1.0, "decode_s": 0.9, "ttft_s": 0.1}]
+    p = sw.summarize_pass(reqs, {sw.TARGET_STEPS: 5}, {sw.TARGET_STEPS: 14, sw.DRAFTED: 0})
+    assert p["target_steps"] == 9 and p["step_ms"] == pytest.approx(100.0)
+    assert sw.parse_counters("mtpstack_worker_target_steps_total 7.0\n") == {sw.TARGET_STEPS: 7.0}
 
 
 @pytest.mark.parametrize("workload", ["code", "prose"])

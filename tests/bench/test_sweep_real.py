@@ -183,6 +183,7 @@ def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_
         for p in c["workloads"]["code @ width 2"]["passes"]:
             assert p["clients"] == 2 and p["e2e_tps"] > 0 and len(p["requests"]) == 2
             assert p["e2e_tps"] == pytest.approx(p["tokens"] / p["wall_seconds"])
+            assert p["target_steps"] > 0 and p["step_ms"] > 0  # the worker counts its batched forwards
     text = "\n".join(rpt.render_report(results))
     assert "## code @ width 2" in text and "recommendation: prose @ width 2:" in text
     assert "at widths 1, 2" in text
