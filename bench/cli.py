@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
     s.add_argument("--widths", default="1",
                    help="concurrent clients per pass, e.g. `1,2,4`, each at most the worker's batch width (default: 1)")
+    s.add_argument("--alternate", action="store_true",
+                   help="run every depth in one worker, each request carrying its depth, in rotating order per pass (paired)")
     s.add_argument("--emit-config", action="store_true",
                    help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
     s.set_defaults(func=run_sweep)
@@ -156,6 +158,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         )
         worker = config.workers.get(args.worker)
         settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
+        settings.alternate = args.alternate
         console = _stderr_console()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

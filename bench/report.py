@@ -22,6 +22,7 @@ from bench.stats import (
     Summary,
     Verdict,
     decide,
+    decide_paired,
     settling,
     summarize,
 )
@@ -74,6 +75,11 @@ def width_of(key: str) -> int:
 
 def workload_of(key: str) -> str:
     return key.split(WIDTH_KEY, 1)[0]
+
+
+def alternated(results: dict) -> bool:
+    """The sweep alternated its configurations in one process (`--alternate`): its passes are paired."""
+    return results.get("settings", {}).get("design") == "alternated"
 
 
 def widths_of(results: dict) -> list[int]:
@@ -203,7 +209,8 @@ def verdicts(results: dict, workload: str, margin: float | None = None) -> list[
     for c in measured(results):
         if c is base:
             continue
-        out.append((c, decide(values(base, workload), values(c, workload), margin=margin)))
+        rule = decide_paired if alternated(results) else decide
+        out.append((c, rule(values(base, workload), values(c, workload), margin=margin)))
     return out
 
 
@@ -217,7 +224,7 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
         return Candidate(c["label"], c.get("depth"), tuple(values(c, workload)))
 
     others = [cand(c) for c in measured(results) if c is not base]
-    settled = settling(cand(base), others, margin=margin)
+    settled = settling(cand(base), others, margin=margin, paired=alternated(results))
     if settled is None:
         return f"{workload}: no recommendation: a configuration has fewer than {MIN_PASSES} passes"
     rec = settled.recommended
@@ -244,7 +251,8 @@ def recommended_depths(results: dict, margin: float | None = None) -> dict[str, 
             out[workload] = None
             continue
         others = [Candidate(c["label"], c.get("depth"), tuple(values(c, workload))) for c in measured(results) if c is not base]
-        settled = settling(Candidate(base["label"], base.get("depth"), tuple(values(base, workload))), others, margin=margin)
+        settled = settling(Candidate(base["label"], base.get("depth"), tuple(values(base, workload))), others, margin=margin,
+                           paired=alternated(results))
         out[workload] = None if settled is None else settled.recommended
     return out
 
@@ -316,9 +324,13 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
             + ("one request at a time" if widths_of(results) == [1] else
                f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s aggregate beyond 1,"
                " output compared at width 1 only)")
-            + ", a fresh worker per configuration",
+            + (", every configuration in one worker (its depth carried per request by `num_draft_tokens`), a pass"
+               " is one round of all configurations in rotating order, paired" if alternated(results)
+               else ", a fresh worker per configuration"),
         ),
-        ("decision", f"adopt only when the whole 95% bootstrap interval of the ratio of medians ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
+        ("decision", f"adopt only when the whole 95% bootstrap interval of the "
+                     + ("geometric mean of the paired ratios" if alternated(results) else "ratio of medians")
+                     + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
         ("baseline", f"`{results.get('baseline', '?')}`"),
     ]
     lines += [f"- {k}: {v}" for k, v in facts]

@@ -214,6 +214,7 @@ def recommend(
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int | None = 0,
+    paired: bool = False,
 ) -> Candidate | None:
     """The configuration to run: the smallest depth whose result is within noise of the best.
 
@@ -226,11 +227,13 @@ def recommend(
     if any(len(c.values) < MIN_PASSES for c in everyone):
         return None
     kw = dict(margin=margin, confidence=confidence, resamples=resamples, seed=seed)
-    adopted = [c for c in candidates if decide(baseline.values, c.values, **kw).adopt]
+    # Paired passes (an alternated sweep): pass i of every configuration ran in the same round.
+    rule = decide_paired if paired else decide
+    adopted = [c for c in candidates if rule(baseline.values, c.values, **kw).adopt]
     eligible = [baseline] + sorted(adopted, key=lambda c: (c.depth is not None, c.depth or 0))
     best = max(everyone, key=lambda c: median(c.values))
     for c in eligible:
-        if c is best or not decide(c.values, best.values, **kw).adopt:
+        if c is best or not rule(c.values, best.values, **kw).adopt:
             return c
     return baseline  # unreachable: `best` is eligible whenever no one else is within noise
 
@@ -259,16 +262,17 @@ class Settling:
 
 def settling(
     baseline: Candidate, candidates: Sequence[Candidate], *, margin: float = DEFAULT_MARGIN, seed: int | None = 0,
-    resamples: int = DEFAULT_RESAMPLES,
+    resamples: int = DEFAULT_RESAMPLES, paired: bool = False,
 ) -> Settling | None:
     """`recommend`'s answer with the comparison it rests on; None when `recommend` refuses."""
-    rec = recommend(baseline, candidates, margin=margin, seed=seed, resamples=resamples)
+    rec = recommend(baseline, candidates, margin=margin, seed=seed, resamples=resamples, paired=paired)
     if rec is None:
         return None
     best = max([baseline, *candidates], key=lambda c: median(c.values))
     if best is rec:
         return Settling(rec, best, None)
-    return Settling(rec, best, decide(rec.values, best.values, margin=margin, seed=seed, resamples=resamples))
+    rule = decide_paired if paired else decide
+    return Settling(rec, best, rule(rec.values, best.values, margin=margin, seed=seed, resamples=resamples))
 
 # -- paired passes -----------------------------------------------------------------------
 #: Fewer pairs than this and the paired rule refuses: a bootstrap over 3 pairs is too narrow and

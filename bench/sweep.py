@@ -35,7 +35,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import report as rpt
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, settling
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from validator.findings import format_path
 from worker.launcher import resolve_command, worker_env
@@ -334,9 +334,11 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
         return parse_counters(await resp.text())
 
 
-async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int) -> dict:
-    """One greedy streamed chat completion, timed per chunk."""
+async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
+                      extra: dict | None = None) -> dict:
+    """One greedy streamed chat completion, timed per chunk; `extra` joins the body (`num_draft_tokens`)."""
     body = {
+        **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": prompt.prompt}],
         "max_tokens": max_tokens,
@@ -414,13 +416,13 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
 
 
 async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int,
-                   clients: int = 1) -> dict:
+                   clients: int = 1, extra: dict | None = None) -> dict:
     """Every prompt once. One client: one request at a time. `clients` > 1: that many clients take the
     prompts from one queue, each one request at a time; tok/s is then aggregate (tokens over the
     pass's wall time) and time to first token is per request."""
     before = await scrape(session, url)
     if clients == 1:
-        requests = [await run_request(session, url, model, p, max_tokens) for p in prompts]
+        requests = [await run_request(session, url, model, p, max_tokens, extra) for p in prompts]
         after = await scrape(session, url)
         return summarize_pass(requests, before, after)
     todo = list(prompts)
@@ -428,7 +430,7 @@ async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts
 
     async def client() -> None:
         while todo:
-            done.append(await run_request(session, url, model, todo.pop(0), max_tokens))
+            done.append(await run_request(session, url, model, todo.pop(0), max_tokens, extra))
 
     started = time.monotonic()
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -459,6 +461,9 @@ class SweepSettings:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     #: Concurrent clients per pass (`--widths`), each at most the worker's own batch width.
     widths: list[int] = field(default_factory=lambda: [1])
+    #: `--alternate`: every configuration in one worker at the deepest depth, each request carrying its
+    #: configuration's depth (`num_draft_tokens`); a pass is one round of all of them in rotating order.
+    alternate: bool = False
 
 
 def parse_widths(text: str, batch_width: int) -> list[int]:
@@ -588,10 +593,21 @@ class Sweep:
             "baseline": base.label,
             "configurations": [],
         }
+        if s.alternate:
+            if any(c.depth is None for c in configs):
+                raise SweepError("`--alternate` needs every configuration to have a depth a request can carry",
+                                 "use `--baseline configured`, or drop `--alternate` for a fresh process per configuration")
+            self.results["settings"]["design"] = "alternated"
         if self.progress is not None:
             self._task = self.progress.add_task(
                 "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
         try:
+            if s.alternate:
+                deepest = max(configs, key=lambda c: c.depth or 0)
+                expected = Expected(with_depth(self.profile, deepest.depth), expected_target or self.pinned.get("target"),
+                                    expected_drafter or self.pinned.get("drafter"))
+                self.results["configurations"] = asyncio.run(self._alternated(configs, base, prompts, expected))
+                configs = []
             for c in configs:
                 # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
                 expected = Expected(with_depth(self.profile, c.depth), expected_target or self.pinned.get("target"),
@@ -676,6 +692,86 @@ class Sweep:
             return record
         finally:
             self.stop(proc)
+
+    async def _alternated(self, configs: list[Configuration], base: Configuration, prompts: dict[str, list[Prompt]],
+                          expected: Expected) -> list[dict]:
+        """Every configuration in one worker (started at the deepest depth, its weights proven once); per
+        workload and width one warm-up round, then rounds of one pass per configuration in rotating order
+        (AB, BA, ... for two), more rounds while a paired verdict against the baseline is open, up to the cap."""
+        s = self.s
+        port = pick_port(self.config)
+        ensure_isolated(self.config, BENCH_HOST, port)
+        profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
+        expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
+        records = [{"label": c.label, "depth": c.depth, "drafter_kind": drafter_kind(profile, None), "status": "aborted",
+                    "error": None, "argv": worker_argv(profile), "process": {"port": port, "shared": True}, "proof": None,
+                    "workloads": {}} for c in configs]
+        proc = self.launch(profile, "alternated")
+        for r in records:
+            r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
+        try:
+            try:
+                proc.wait_healthy(timeout=s.startup_timeout)
+                proof = prove_weights(proc.pid, proc.url, expected)
+            except (WorkerStartError, ConfigurationAborted) as e:
+                for r in records:
+                    r["error"] = str(e)
+                return records
+            ident = proof["identity"] or {}
+            for k in ("device", "blas", "versions"):
+                if ident.get(k) is not None:
+                    self.results["meta"].setdefault(k, ident[k])
+            for r in records:
+                r.update(proof=proof, drafter_kind=drafter_kind(profile, proof["identity"]))
+            model = ident.get("served_model_name") or profile.model
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                for width in s.widths:
+                    for w in s.workloads:
+                        key = rpt.workload_key(w, width)
+                        for r in records:
+                            r["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
+
+                        async def one(i: int) -> dict:
+                            return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
+                                                  {"num_draft_tokens": configs[i].depth})
+
+                        for i in range(len(configs)):
+                            records[i]["workloads"][key]["warmup"] = await one(i)
+                            self._advance()
+                        rounds = 0
+                        while rounds < s.max_repeats and (rounds < s.repeats or self._round_needed(records, key)):
+                            if rounds >= s.repeats:
+                                self._grow(len(configs))
+                            for i in [*range(rounds % len(configs), len(configs)), *range(rounds % len(configs))]:
+                                records[i]["workloads"][key]["passes"].append(await one(i))
+                                self._advance()
+                            rounds += 1
+            for r in records:
+                r["status"] = "measured"
+            return records
+        except aiohttp.ClientError as e:
+            for r in records:
+                r["error"] = f"the worker stopped answering: {e}"
+            return records
+        finally:
+            self.stop(proc)
+
+    def _round_needed(self, records: list[dict], key: str) -> bool:
+        """A paired verdict against the baseline is still open (straddles `1 + margin` with a win as
+        its point estimate), or the comparison settling the recommendation is undecided."""
+        base = next(r for r in records if r["label"] == self.results["baseline"])
+        base_values = rpt.values(base, key)
+        for r in records:
+            if r is base:
+                continue
+            v = decide_paired(base_values, rpt.values(r, key), margin=self.s.margin, resamples=1000)
+            if v.open:
+                return True
+        cands = [Candidate(r["label"], r["depth"], tuple(rpt.values(r, key))) for r in records if r is not base]
+        settled = settling(Candidate(base["label"], base["depth"], tuple(base_values)), cands, margin=self.s.margin,
+                           resamples=1000, paired=True)
+        return settled is not None and not settled.decided
 
     def _settling_needs(self, workload: str, current: Candidate) -> bool:
         """The comparison settling the recommendation among what is measured so far is undecided and

@@ -194,3 +194,31 @@ def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_
     results["meta"]["profile"]["drafter"]["depth"] = 2
     assert "measured at width 2" in "\n".join(rpt.emit_config(results))
     shutil.rmtree(settings.out)
+
+
+def test_an_alternated_sweep_runs_every_depth_in_one_proven_process_in_rotating_paired_order(fast_settings):
+    from bench.sweep import SweepError
+
+    fast_settings.depths = [1, 3]
+    fast_settings.baseline = "configured"  # depth 2, from the fleet
+    fast_settings.repeats = fast_settings.max_repeats = 5
+    fast_settings.workloads = ["code"]
+    fast_settings.alternate = True
+    results = Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()
+    configs = results["configurations"]
+    assert results["settings"]["design"] == "alternated"
+    assert [c["label"] for c in configs] == ["depth 2", "depth 1", "depth 3"]
+    assert all(c["status"] == "measured" for c in configs), [c["error"] for c in configs]
+    assert len({c["process"]["pid"] for c in configs}) == 1  # one process, loaded at the deepest depth
+    assert configs[0]["proof"]["claim"]["depth"] == 3
+    drafted = {c["label"]: [p["drafted"] for p in c["workloads"]["code"]["passes"]] for c in configs}
+    assert all(len(v) == 5 for v in drafted.values())  # paired: as many passes each
+    # Each request carried its depth: deeper configurations draft more per pass.
+    assert max(drafted["depth 1"]) < min(drafted["depth 3"])
+    assert rpt.output_mismatches(results) == []
+    text = "\n".join(rpt.render_report(results))
+    assert "every configuration in one worker" in text and "geometric mean of the paired ratios" in text
+    assert "recommendation: code:" in text
+    fast_settings.baseline = "no-drafter"
+    with pytest.raises(SweepError):
+        Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()
