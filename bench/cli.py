@@ -8,6 +8,7 @@ read result files. Data goes to stdout, progress and errors to stderr.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -39,12 +40,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help=f"win a change must clear, with its whole interval (default: {DEFAULT_MARGIN})")
     s.add_argument("--prompts-dir", type=Path, help="directory of WORKLOAD.jsonl prompt sets (default: the shipped ones)")
     s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
+    s.add_argument("--widths", default="1",
+                   help="concurrent clients per pass, e.g. `1,2,4`, each at most the worker's batch width (default: 1)")
+    s.add_argument("--alternate", action="store_true",
+                   help="run every depth in one worker, each request carrying its depth, in rotating order per pass (paired)")
+    s.add_argument("--emit-config", action="store_true",
+                   help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
     s.set_defaults(func=run_sweep)
 
     r = sub.add_parser("report", help="render report.md from a results file", description="Print the report of a results file.")
     r.add_argument("results", type=Path, help="a results.json written by `mtpstack bench sweep`")
     r.add_argument("--margin", type=float, help="override the margin the sweep used")
     r.add_argument("--plot", type=Path, help="also write the figure to this PNG file")
+    r.add_argument("--emit-config", action="store_true",
+                   help="print the depth per workload it recommends, as a YAML and a Nix fragment to review, instead of the report")
     r.set_defaults(func=run_report)
 
     c = sub.add_parser("compare", help="compare two results files", description="Compare B against A with the sweep's decision rule.")
@@ -64,7 +73,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     m.add_argument("--adaptive", default=f"{DEFAULT_REPEATS}:{DEFAULT_MAX_REPEATS}", metavar="N:CAP",
                    help=f"also simulate the sweep's adaptive procedure (default: {DEFAULT_REPEATS}:{DEFAULT_MAX_REPEATS}; `none` to skip)")
+    m.add_argument("--design", choices=("blocks", "paired"), default="blocks",
+                   help="blocks: each configuration's passes in one block, as `bench sweep` runs today (default); "
+                        "paired: a pass is one pair of back-to-back runs in alternating order")
+    m.add_argument("--rho", type=float, default=sim.DEFAULT_RHO,
+                   help=f"paired: drift correlation between neighbouring runs (default: {sim.DEFAULT_RHO})")
+    m.add_argument("--rho-from", type=Path, metavar="RUNS.json",
+                   help="paired: an alternated run (`python -m bench.alternate`) whose measured rho is printed beside --rho")
+    m.add_argument("--process-cv", type=float, default=0.0,
+                   help="paired: spread between worker processes, for settings read at start-up (default: 0)")
+    m.add_argument("--resident", action="store_true",
+                   help="paired: two resident processes for the whole run, instead of a fresh process per run")
+    m.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     m.set_defaults(func=run_simulate)
+
+
+def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tuple[int, int]) -> int:
+    from bench import simulate as sim
+    from bench.stats import neighbour_correlation
+
+    if not -1.0 < args.rho < 1.0:
+        return _error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
+    measured = None
+    if args.rho_from is not None:
+        try:
+            runs = json.loads(args.rho_from.read_text())["runs"]
+            measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return _error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m bench.alternate`")
+    start, cap = adaptive
+    if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
+        repeats = list(sim.PAIRED_REPEATS)
+    settings = {"cv": args.cv, "rho": args.rho, "measured_rho": measured, "process_cv": args.process_cv,
+                "resident": args.resident, "effect": args.effect, "margin": args.margin, "start": start, "cap": cap,
+                "trials": args.trials, "seed": args.seed}
+    kw = dict(start=start, cap=cap, cv=args.cv, process_cv=args.process_cv, resident=args.resident, effect=args.effect,
+              margin=args.margin, trials=args.trials, resamples=args.resamples, seed=args.seed)
+    rows = sim.simulate_paired(repeats, rho=args.rho, **kw)
+    # With a measured rho, also the power that rho gives.
+    at_measured = sim.simulate_paired(repeats, rho=measured, **kw) if measured is not None and -1 < measured < 1 else None
+    if args.format == "json":
+        out = sim.paired_json(rows, **settings)
+        if at_measured is not None:
+            out["at_measured_rho"] = sim.paired_json(at_measured, **{**settings, "rho": measured})["passes"]
+        print(json.dumps(out, indent=1))
+    else:
+        text = {k: v for k, v in settings.items() if k != "measured_rho"}
+        print("\n".join(sim.format_paired_report(rows, measured_rho=measured, **text)))
+        if at_measured is not None:
+            print()
+            print("\n".join(sim.format_paired_report(at_measured, measured_rho=measured, **{**text, "rho": measured})))
+    worst = max((x for r in rows for x in (r.false_adopt, r.seq_false_adopt) if x is not None), default=0.0)
+    return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
 
 
 def _error(message: str, hint: str | None = None) -> int:
@@ -96,6 +156,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
             max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
         )
+        worker = config.workers.get(args.worker)
+        settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
+        settings.alternate = args.alternate
         console = _stderr_console()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -106,6 +169,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         return _error(e.message, e.hint)
     paths = sw.write_outputs(results, args.out)
     print("\n".join(_report_lines(results)))
+    if args.emit_config:
+        from bench import report as rpt
+
+        print("\n" + "\n".join(rpt.emit_config(results)))
     print("wrote " + ", ".join(f"`{p}`" for p in paths), file=sys.stderr)
     aborted = [c for c in results["configurations"] if c["status"] != "measured"]
     return 1 if aborted else 0
@@ -124,6 +191,9 @@ def run_report(args: argparse.Namespace) -> int:
         results = rpt.load_results(args.results)
     except rpt.ResultsError as e:
         return _error(e.message, e.hint)
+    if args.emit_config:
+        print("\n".join(rpt.emit_config(results, margin=args.margin)))
+        return 0
     print("\n".join(rpt.render_report(results, margin=args.margin)))
     if args.plot:
         print(f"wrote `{rpt.plot_sweep(results, args.plot)}`", file=sys.stderr)
@@ -157,6 +227,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                       "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
     if args.effect <= args.margin:
         return _error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
+    if args.design == "paired":
+        return _simulate_paired(args, repeats, adaptive or (DEFAULT_REPEATS, DEFAULT_MAX_REPEATS))
     with Progress(console=_stderr_console(), transient=True) as progress:
         task = progress.add_task("simulating", total=2 * len(repeats))
         rows = sim.simulate(repeats, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
@@ -166,6 +238,15 @@ def run_simulate(args: argparse.Namespace) -> int:
             progress.update(task, description="simulating the adaptive procedure")
             adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], cv=args.cv, effect=args.effect, margin=args.margin,
                                                  trials=args.trials, resamples=args.resamples, seed=args.seed)
+    if args.format == "json":
+        print(json.dumps({"design": "blocks", "settings": {"cv": args.cv, "effect": args.effect, "margin": args.margin,
+                                                             "trials": args.trials, "seed": args.seed},
+                          "passes": [{"n": r.n, "false_adopt": r.rule_false_adopt, "power": r.rule_detect} for r in rows],
+                          "adaptive": None if adaptive_row is None else {
+                              "start": adaptive_row.n, "cap": adaptive_row.cap, "false_adopt": adaptive_row.false_adopt,
+                              "power": adaptive_row.detect}}, indent=1))
+        worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=0.0)
+        return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
     print("\n".join(sim.format_report(rows, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
                                       seed=args.seed, adaptive=adaptive_row)))
     worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=0.0)

@@ -8,6 +8,7 @@ configuration with fewer than `MIN_PASSES` passes gets no ratio at all.
 from __future__ import annotations
 
 import json
+import re
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from bench.stats import (
     Summary,
     Verdict,
     decide,
-    recommend,
+    decide_paired,
+    settling,
     summarize,
 )
 
@@ -59,8 +61,35 @@ def load_results(path: str | Path) -> dict:
 # -- access ------------------------------------------------------------------------------
 
 
+#: How a workload measured at width w > 1 is keyed in results (`code @ width 2`); width 1 keeps the bare name.
+WIDTH_KEY = " @ width "
+
+
+def workload_key(workload: str, width: int) -> str:
+    return workload if width == 1 else f"{workload}{WIDTH_KEY}{width}"
+
+
+def width_of(key: str) -> int:
+    return int(key.rsplit(WIDTH_KEY, 1)[1]) if WIDTH_KEY in key else 1
+
+
+def workload_of(key: str) -> str:
+    return key.split(WIDTH_KEY, 1)[0]
+
+
+def alternated(results: dict) -> bool:
+    """The sweep alternated its configurations in one process (`--alternate`): its passes are paired."""
+    return results.get("settings", {}).get("design") == "alternated"
+
+
+def widths_of(results: dict) -> list[int]:
+    return list(results.get("settings", {}).get("widths") or [1])
+
+
 def workloads_of(results: dict) -> list[str]:
-    return list(results.get("settings", {}).get("workloads", []))
+    """Every measured workload key: each workload at each width (`bench sweep --widths`)."""
+    names = list(results.get("settings", {}).get("workloads", []))
+    return [workload_key(w, width) for width in widths_of(results) for w in names]
 
 
 def measured(results: dict) -> list[dict]:
@@ -152,8 +181,8 @@ def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
 
 def workload_table(results: dict, workload: str) -> list[str]:
     lines = [
-        "| configuration | drafter | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | drafter | pid | n | end-to-end tok/s (median ± MAD) | min … max | decode tok/s | TTFT s | acceptance | ms per target step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in measured(results):
         e2e = values(c, workload, "e2e_tps")
@@ -166,6 +195,7 @@ def workload_table(results: dict, workload: str) -> list[str]:
             f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
             f" {_num(s.min)} … {_num(s.max)} | {_num(summarize(dec).median) if dec else '-'} |"
             f" {_num(summarize(ttft).median) if ttft else '-'} | {_cell(acceptance(c, workload))} |"
+            f" {_num(summarize(steps).median) if (steps := values(c, workload, 'step_ms')) else '-'} |"
         )
     return lines
 
@@ -179,7 +209,8 @@ def verdicts(results: dict, workload: str, margin: float | None = None) -> list[
     for c in measured(results):
         if c is base:
             continue
-        out.append((c, decide(values(base, workload), values(c, workload), margin=margin)))
+        rule = decide_paired if alternated(results) else decide
+        out.append((c, rule(values(base, workload), values(c, workload), margin=margin)))
     return out
 
 
@@ -193,12 +224,76 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
         return Candidate(c["label"], c.get("depth"), tuple(values(c, workload)))
 
     others = [cand(c) for c in measured(results) if c is not base]
-    rec = recommend(cand(base), others, margin=margin)
-    if rec is None:
+    settled = settling(cand(base), others, margin=margin, paired=alternated(results))
+    if settled is None:
         return f"{workload}: no recommendation: a configuration has fewer than {MIN_PASSES} passes"
+    rec = settled.recommended
     if rec.label == base["label"]:
-        return f"{workload}: not significant: keep the default (`{base['label']}`)"
-    return f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
+        line = f"{workload}: not significant: keep the default (`{base['label']}`)"
+    else:
+        line = f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
+    v = settled.verdict
+    if not settled.decided and v is not None:
+        line += (
+            f"; it rests on an undecided comparison: `{settled.best.label}` / `{rec.label}` {v.ratio:.3f}"
+            f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + margin:.2f} ({v.n_cand} and {v.n_base} passes)"
+        )
+    return line
+
+
+def recommended_depths(results: dict, margin: float | None = None) -> dict[str, Candidate | None]:
+    """The recommendation per workload (None where there is none)."""
+    base = baseline_of(results)
+    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
+    out: dict[str, Candidate | None] = {}
+    for workload in workloads_of(results):
+        if base is None:
+            out[workload] = None
+            continue
+        others = [Candidate(c["label"], c.get("depth"), tuple(values(c, workload))) for c in measured(results) if c is not base]
+        settled = settling(Candidate(base["label"], base.get("depth"), tuple(values(base, workload))), others, margin=margin,
+                           paired=alternated(results))
+        out[workload] = None if settled is None else settled.recommended
+    return out
+
+
+def emit_config(results: dict, margin: float | None = None) -> list[str]:
+    """The depth map the sweep recommends, as a YAML and a Nix fragment for the operator to review.
+    `default` is the configured depth; a workload with no recommendation, or one recommending no
+    drafter (a map cannot say "no drafter" for one class), keeps it and is named in a comment."""
+    profile = results.get("meta", {}).get("profile") or {}
+    drafter = profile.get("drafter") or {}
+    configured = drafter.get("depth")
+    if isinstance(configured, dict):
+        configured = configured.get("default")
+    notes: list[str] = []
+    depths: dict[str, int] = {}
+    width = profile.get("maxNumSeqs")
+    at = width if width in widths_of(results) else 1
+    for key, rec in recommended_depths(results, margin).items():
+        if width_of(key) != at:
+            continue
+        workload = workload_of(key)
+        if rec is None:
+            notes.append(f"{workload}: no recommendation; it keeps `default`")
+        elif rec.depth is None:
+            notes.append(f"{workload}: the recommendation is no drafter, which a depth map cannot say; it keeps `default`")
+        else:
+            depths[workload] = rec.depth
+    if configured is None:
+        return ["error: the results name no configured drafter depth to use as `default`"]
+    depths["default"] = configured
+    worker = results.get("meta", {}).get("worker", "WORKER")
+    lines = [f"# recommended by `mtpstack bench sweep`, measured at width {at} ({at} concurrent client(s))"]
+    if width not in (None, at):
+        lines.append(f"# warning: worker `{worker}` serves at width {width}; these depths were not measured there")
+    lines += [f"# {n}" for n in notes]
+    lines += ["", "# YAML", "workers:", f"  {worker}:", "    drafter:", "      depth:"]
+    lines += [f"        {k}: {v}" for k, v in depths.items()]
+    nix = "; ".join(f"{k} = {v}" for k, v in sorted(depths.items()))
+    name = worker if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_'-]*", worker) else json.dumps(worker)
+    lines += ["", "# Nix", f"services.mtpstack.workers.{name}.drafter.depth = {{ {nix}; }};"]
+    return lines
 
 
 def _load(meta: dict) -> str:
@@ -225,9 +320,17 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
             "method",
             f"{settings.get('warmup', 1)} warm-up pass discarded, then {settings.get('repeats', '?')} measured passes"
             f" per workload (up to {settings.get('max_repeats', '?')} while a verdict is open), greedy,"
-            f" max_tokens {settings.get('max_tokens', '?')}, one request at a time, a fresh worker per configuration",
+            f" max_tokens {settings.get('max_tokens', '?')}, "
+            + ("one request at a time" if widths_of(results) == [1] else
+               f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s aggregate beyond 1,"
+               " output compared at width 1 only)")
+            + (", every configuration in one worker (its depth carried per request by `num_draft_tokens`), a pass"
+               " is one round of all configurations in rotating order, paired" if alternated(results)
+               else ", a fresh worker per configuration"),
         ),
-        ("decision", f"adopt only when the whole 95% bootstrap interval of the ratio of medians ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
+        ("decision", f"adopt only when the whole 95% bootstrap interval of the "
+                     + ("geometric mean of the paired ratios" if alternated(results) else "ratio of medians")
+                     + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
         ("baseline", f"`{results.get('baseline', '?')}`"),
     ]
     lines += [f"- {k}: {v}" for k, v in facts]
@@ -264,7 +367,8 @@ def output_mismatches(results: dict) -> list[str]:
     """Greedy decoding must give the same text with and without a drafter; say where it did not
     (one warning per workload and configuration)."""
     out = []
-    for workload in workloads_of(results):
+    # At width 2-4 the batch's makeup changes float results, so text is compared at width 1 only.
+    for workload in [k for k in workloads_of(results) if width_of(k) == 1]:
         first: dict[str, tuple[str, str]] = {}  # prompt id -> (output digest, configuration)
         for c in measured(results):
             wl = c.get("workloads", {}).get(workload, {})
@@ -348,11 +452,14 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = workloads_of(results) or ["?"]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.0 * len(workloads), 4.0), sharey=True, squeeze=False)
+    names = list(results.get("settings", {}).get("workloads", [])) or ["?"]
+    widths = widths_of(results)
+    # One row of panels per width (aggregate tok/s of w concurrent clients), one column per workload.
+    fig, axes = plt.subplots(len(widths), len(names), figsize=(5.0 * len(names), 4.0 * len(widths)), sharey="row", squeeze=False)
     name, unit = METRICS[metric]
     base = baseline_of(results)
-    for ax, workload in zip(axes[0], workloads):
+    cells = [(axes[i][j], workload_key(w, width)) for i, width in enumerate(widths) for j, w in enumerate(names)]
+    for ax, workload in cells:
         points = plot_points(results, workload, metric)
         if points:
             xs = [p[0] for p in points]
@@ -368,7 +475,8 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
         ax.set_title(workload)
         ax.set_xlabel("draft depth")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"{name} {unit}")
+    for i, width in enumerate(widths):
+        axes[i][0].set_ylabel(f"{name} {unit}" + (f", width {width}" if len(widths) > 1 else ""))
     axes[0][-1].legend(loc="best", fontsize="small")
     fig.suptitle(f"worker `{results.get('meta', {}).get('worker', '?')}`: {name} {unit} by draft depth")
     fig.tight_layout()

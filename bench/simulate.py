@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.stats import DEFAULT_MARGIN, MIN_PASSES, decide_batch
+from bench.stats import DEFAULT_MARGIN, MIN_PAIRS, MIN_PASSES, decide_batch, decide_paired_batch
 
 DEFAULT_CV = 0.14
 DEFAULT_EFFECT = 0.15
@@ -32,6 +32,11 @@ SIMULATED_REPEATS = (1, 3, 5, 10, 20, 30, 40, 60)
 FALSE_ADOPT_LIMIT = 0.05
 #: Detection rate the "repeats needed" line aims for.
 TARGET_POWER = 0.80
+
+
+#: Drift correlation between neighbouring runs assumed by the paired simulation.
+DEFAULT_RHO = 0.5
+PAIRED_REPEATS = (3, 5, 10, 15, 20, 25, 30)
 
 
 def lognormal_sigma(cv: float) -> float:
@@ -223,3 +228,138 @@ def format_report(
             f" detects a {effect:.0%} win {adaptive.detect:.1%} (mean {adaptive.mean_passes_win:.1f} passes)",
         ]
     return lines
+
+
+# -- paired passes with drift ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    n: int  # pairs (passes)
+    false_adopt: float | None  # fixed design: exactly n pairs, one look; None below MIN_PAIRS
+    power: float | None
+    seq_false_adopt: float | None  # sequential: `start` pairs, one more while undecided; adopted by n
+    seq_power: float | None
+
+
+def drifting_runs(rng: np.random.Generator, trials: int, runs: int, *, cv: float, rho: float) -> np.ndarray:
+    """(trials, runs) lognormal throughputs in time order whose log noise is AR(1): neighbouring runs
+    correlate by `rho`, every run keeps the CV `cv`."""
+    sigma = lognormal_sigma(cv)
+    z = np.empty((trials, runs))
+    z[:, 0] = rng.normal(0.0, 1.0, trials)
+    shock = math.sqrt(max(0.0, 1.0 - rho * rho))
+    for t in range(1, runs):
+        z[:, t] = rho * z[:, t - 1] + shock * rng.normal(0.0, 1.0, trials)
+    return DEFAULT_MEDIAN * np.exp(sigma * z)
+
+
+def paired_runs(
+    rng: np.random.Generator, trials: int, pairs: int, effect: float, *, cv: float, rho: float,
+    process_cv: float = 0.0, resident: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(base, cand), each (trials, pairs): pair i runs AB when i is even, BA when odd. `process_cv`:
+    the spread between worker processes, drawn once per configuration when both stay `resident`,
+    else once per run (a fresh process per pass)."""
+    series = drifting_runs(rng, trials, 2 * pairs, cv=cv, rho=rho)
+    first = series[:, 0::2]
+    second = series[:, 1::2]
+    ab = (np.arange(pairs) % 2 == 0)[None, :]
+    base = np.where(ab, first, second)
+    cand = np.where(ab, second, first) * (1.0 + effect)
+    if process_cv > 0:
+        ps = lognormal_sigma(process_cv)
+        shape = (trials, 1) if resident else (trials, pairs)
+        base = base * np.exp(rng.normal(0.0, ps, shape))
+        cand = cand * np.exp(rng.normal(0.0, ps, shape))
+    return base, cand
+
+
+def simulate_paired(
+    repeats: Sequence[int] = PAIRED_REPEATS,
+    *,
+    start: int = 10,
+    cap: int = 30,
+    rho: float = DEFAULT_RHO,
+    cv: float = DEFAULT_CV,
+    process_cv: float = 0.0,
+    resident: bool = False,
+    effect: float = DEFAULT_EFFECT,
+    margin: float = DEFAULT_MARGIN,
+    trials: int = DEFAULT_TRIALS,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> list[PairedRow]:
+    """False adopts (true ratio 1.0) and power (true win `effect`) of the paired rule, per number of
+    pairs: with exactly n pairs, and for the sequential procedure (`start` pairs, then one more pair
+    at a time while the interval straddles `1 + margin`, up to `cap`) as the share adopted by n."""
+    rng = np.random.default_rng(seed)
+    ns = sorted(set(repeats))
+    fixed: dict[tuple[int, float], float | None] = {}
+    sequential: dict[tuple[int, float], float | None] = {}
+    for true in (0.0, effect):
+        base, cand = paired_runs(rng, trials, max([cap, *ns]), true, cv=cv, rho=rho, process_cv=process_cv, resident=resident)
+        for n in ns:
+            if n < MIN_PAIRS:
+                fixed[n, true] = None
+                continue
+            adopt, _, _ = decide_paired_batch(base[:, :n], cand[:, :n], margin=margin, resamples=resamples, rng=rng)
+            fixed[n, true] = float(adopt.mean())
+        adopted_at = np.full(trials, np.inf)
+        live = np.arange(trials)
+        for k in range(start, cap + 1):
+            adopt, still_open, _ = decide_paired_batch(base[live, :k], cand[live, :k], margin=margin, resamples=resamples, rng=rng)
+            adopted_at[live[adopt]] = k
+            live = live[still_open]
+            if live.size == 0:
+                break
+        for n in ns:
+            sequential[n, true] = float(np.mean(adopted_at <= n)) if start <= n <= cap else None
+    return [PairedRow(n, fixed[n, 0.0], fixed[n, effect], sequential[n, 0.0], sequential[n, effect]) for n in ns]
+
+
+def paired_json(rows: Sequence[PairedRow], **settings) -> dict:
+    """`mtpstack bench simulate --design paired --format json`: per number of passes, `false_adopt` and `power`."""
+    return {
+        "design": "paired",
+        "settings": settings,
+        "passes": [
+            {"n": r.n, "false_adopt": r.false_adopt, "power": r.power,
+             "sequential": {"false_adopt": r.seq_false_adopt, "power": r.seq_power}}
+            for r in rows
+        ],
+    }
+
+
+def format_paired_report(
+    rows: Sequence[PairedRow], *, cv: float, rho: float, measured_rho: float | None, effect: float, margin: float,
+    start: int, cap: int, process_cv: float, resident: bool, trials: int, seed: int, power: float = TARGET_POWER,
+) -> list[str]:
+    """The paired design's report as lines. Pure."""
+    measured = "not measured (pass `--rho-from RUNS.json`)" if measured_rho is None else f"{measured_rho:.2f}"
+    lines = [
+        f"noise: lognormal, CV {cv:.0%}; drift: AR(1), correlation between neighbouring runs rho {rho:.2f}"
+        f" (measured on this machine: {measured})",
+        f"processes: {'two resident (one per configuration)' if resident else 'a fresh one per run'},"
+        f" spread between processes CV {process_cv:.0%}",
+        "design: a pass is one pair (AB, then BA); rule: the whole 95% bootstrap interval of the geometric mean"
+        f" of the pair ratios clears {1 + margin:.2f}",
+        f"sequential: {start} pairs, then one more while the interval straddles {1 + margin:.2f}, up to {cap}",
+        f"{trials} simulated experiments per cell, seed {seed}",
+        "",
+        f"| passes (pairs) | fixed n: false adopt | fixed n: detects a {effect:.0%} win | sequential: false adopt by n | sequential: detects by n |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(f"| {r.n} | {_pct(r.false_adopt)} | {_pct(r.power)} | {_pct_or_dash(r.seq_false_adopt)} | {_pct_or_dash(r.seq_power)} |")
+    worst = max((x for r in rows for x in (r.false_adopt, r.seq_false_adopt) if x is not None), default=0.0)
+    lines.append("")
+    lines.append(f"worst false-adopt rate: {worst:.1%} ({'within' if worst <= FALSE_ADOPT_LIMIT else 'ABOVE'} the {FALSE_ADOPT_LIMIT:.0%} limit)")
+    at_cap = next((r.seq_power for r in rows if r.n == cap), None)
+    if at_cap is not None:
+        lines.append(f"power within {cap} passes (sequential): {at_cap:.1%} ({'meets' if at_cap >= power else 'BELOW'} the {power:.0%} goal)")
+    return lines
+
+
+def _pct_or_dash(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"

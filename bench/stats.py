@@ -214,6 +214,7 @@ def recommend(
     confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int | None = 0,
+    paired: bool = False,
 ) -> Candidate | None:
     """The configuration to run: the smallest depth whose result is within noise of the best.
 
@@ -226,10 +227,129 @@ def recommend(
     if any(len(c.values) < MIN_PASSES for c in everyone):
         return None
     kw = dict(margin=margin, confidence=confidence, resamples=resamples, seed=seed)
-    adopted = [c for c in candidates if decide(baseline.values, c.values, **kw).adopt]
+    # Paired passes (an alternated sweep): pass i of every configuration ran in the same round.
+    rule = decide_paired if paired else decide
+    adopted = [c for c in candidates if rule(baseline.values, c.values, **kw).adopt]
     eligible = [baseline] + sorted(adopted, key=lambda c: (c.depth is not None, c.depth or 0))
     best = max(everyone, key=lambda c: median(c.values))
     for c in eligible:
-        if c is best or not decide(c.values, best.values, **kw).adopt:
+        if c is best or not rule(c.values, best.values, **kw).adopt:
             return c
     return baseline  # unreachable: `best` is eligible whenever no one else is within noise
+
+
+
+@dataclass(frozen=True)
+class Settling:
+    """The comparison that settles a recommendation: the best configuration against the one recommended
+    (the smallest within noise of it). `verdict` is None when the recommendation is the best itself."""
+
+    recommended: Candidate
+    best: Candidate
+    verdict: Verdict | None
+
+    @property
+    def decided(self) -> bool:
+        """The interval of best/recommended lies wholly above or wholly below `1 + margin`."""
+        v = self.verdict
+        if v is None:
+            return True
+        if v.lo is None or v.hi is None:
+            return False
+        threshold = 1.0 + v.margin
+        return v.lo > threshold or v.hi < threshold
+
+
+def settling(
+    baseline: Candidate, candidates: Sequence[Candidate], *, margin: float = DEFAULT_MARGIN, seed: int | None = 0,
+    resamples: int = DEFAULT_RESAMPLES, paired: bool = False,
+) -> Settling | None:
+    """`recommend`'s answer with the comparison it rests on; None when `recommend` refuses."""
+    rec = recommend(baseline, candidates, margin=margin, seed=seed, resamples=resamples, paired=paired)
+    if rec is None:
+        return None
+    best = max([baseline, *candidates], key=lambda c: median(c.values))
+    if best is rec:
+        return Settling(rec, best, None)
+    rule = decide_paired if paired else decide
+    return Settling(rec, best, rule(rec.values, best.values, margin=margin, seed=seed, resamples=resamples))
+
+# -- paired passes -----------------------------------------------------------------------
+#: Fewer pairs than this and the paired rule refuses: a bootstrap over 3 pairs is too narrow and
+#: adopts a change that is not real about 6% of the time (`mtpstack bench simulate --design paired`).
+MIN_PAIRS = 5
+# A pass is one pair: the two configurations run back to back (in alternating order, AB then BA),
+# so slow drift shared by neighbouring runs cancels in the pair's ratio. The statistic is the
+# geometric mean of the per-pair ratios, with a bootstrap over pairs; the rule is unchanged:
+# adopt only when the whole interval clears `1 + margin`.
+
+
+def paired_ci_batch(
+    base: np.ndarray, cand: np.ndarray, *, confidence: float = DEFAULT_CONFIDENCE, resamples: int = 1000,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ratio, lo, hi) of the geometric mean of cand/base pair by pair, for T rows of n pairs each."""
+    logs = np.log(cand) - np.log(base)
+    t, n = logs.shape
+    alpha = (1.0 - confidence) / 2.0
+    lo = np.empty(t)
+    hi = np.empty(t)
+    step = max(1, _BATCH_ELEMENTS // (resamples * n))
+    for start in range(0, t, step):
+        rows = slice(start, min(t, start + step))
+        block = logs[rows]
+        k = block.shape[0]
+        means = block[np.arange(k)[:, None, None], rng.integers(0, n, size=(k, resamples, n))].mean(axis=2)
+        lo[rows], hi[rows] = np.quantile(means, [alpha, 1.0 - alpha], axis=1)
+    return np.exp(logs.mean(axis=1)), np.exp(lo), np.exp(hi)
+
+
+def decide_paired_batch(
+    base: np.ndarray, cand: np.ndarray, *, margin: float = DEFAULT_MARGIN, confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = 1000, rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`decide_batch` for paired passes (column i of `base` and `cand` is one pair). Returns
+    (adopt, open, ratio); open: the interval still straddles `1 + margin` (decided means wholly
+    above or wholly below it)."""
+    t, n = base.shape
+    if n < MIN_PAIRS:
+        return np.zeros(t, bool), np.zeros(t, bool), np.full(t, np.nan)
+    ratio, lo, hi = paired_ci_batch(base, cand, confidence=confidence, resamples=resamples, rng=rng)
+    threshold = 1.0 + margin
+    adopt = lo > threshold
+    return adopt, ~adopt & (hi > threshold), ratio
+
+
+def decide_paired(
+    base: Sequence[float], cand: Sequence[float], *, margin: float = DEFAULT_MARGIN,
+    confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
+) -> Verdict:
+    """`decide` for paired passes: `base[i]` and `cand[i]` ran back to back."""
+    if len(base) != len(cand):
+        raise ValueError(f"paired passes need as many of each: {len(base)} and {len(cand)}")
+    n = len(base)
+    if n < MIN_PAIRS:
+        return Verdict("too few passes", n, n, margin)
+    rng = np.random.default_rng(seed)
+    b = np.asarray(base, dtype=float)[None, :]
+    c = np.asarray(cand, dtype=float)[None, :]
+    ratio, lo, hi = paired_ci_batch(b, c, confidence=confidence, resamples=resamples, rng=rng)
+    decision: Decision = "adopt" if lo[0] > 1.0 + margin else "not significant"
+    return Verdict(decision, n, n, margin, float(ratio[0]), float(lo[0]), float(hi[0]))
+
+
+def neighbour_correlation(labels: Sequence[str], values: Sequence[float]) -> float | None:
+    """The drift correlation between neighbouring runs of an alternated run (runs in time order):
+    the lag-1 autocorrelation of log throughput after removing each configuration's own mean.
+    None with fewer than 4 runs or no spread."""
+    if len(labels) != len(values) or len(values) < 4:
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    resid = logs.copy()
+    for label in set(labels):
+        mask = np.array([x == label for x in labels])
+        resid[mask] -= logs[mask].mean()
+    var = float(np.mean(resid * resid))
+    if var == 0.0:
+        return None
+    return float(np.mean(resid[1:] * resid[:-1]) / var)

@@ -35,7 +35,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import report as rpt
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, decide
+from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from validator.findings import format_path
 from worker.launcher import resolve_command, worker_env
@@ -54,6 +54,8 @@ READ_TIMEOUT = 300.0
 BENCH_HOST = "127.0.0.1"
 DRAFTED = "mtpstack_worker_tokens_drafted_total"
 ACCEPTED = "mtpstack_worker_tokens_accepted_total"
+#: One per batched decode forward (draft and verify of every decoding row), at any width.
+TARGET_STEPS = "mtpstack_worker_target_steps_total"
 
 
 class SweepError(Exception):
@@ -159,7 +161,8 @@ def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str)
     if baseline == "no-drafter":
         base = Configuration.of(None)
     elif baseline == "configured":
-        base = Configuration.of(profile.drafter.depth)
+        # A depth per class is swept as its `default` depth; each configuration then drafts one depth for all.
+        base = Configuration.of(profile.drafter.default_depth)
     else:
         raise SweepError(f"unknown baseline: `{baseline}`", "use `no-drafter` or `configured`")
     others = [Configuration.of(d) for d in depths if Configuration.of(d) != base]
@@ -238,7 +241,7 @@ def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
     listing every mismatch; returns the proof for results.json."""
     profile = expected.profile
     want_drafter = profile.drafter.path if profile.drafter else None
-    want_depth = profile.drafter.depth if profile.drafter else None
+    want_depth = profile.drafter.default_depth if profile.drafter else None
     problems: list[str] = []
     try:
         cmdline = read_cmdline(pid)
@@ -312,7 +315,7 @@ def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], st
 # -- measuring (step 4) ------------------------------------------------------------------
 
 
-def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED)) -> dict[str, float]:
+def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED, TARGET_STEPS)) -> dict[str, float]:
     """Unlabelled counter samples from Prometheus text."""
     out = {}
     for line in text.splitlines():
@@ -331,9 +334,11 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
         return parse_counters(await resp.text())
 
 
-async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int) -> dict:
-    """One greedy streamed chat completion, timed per chunk."""
+async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
+                      extra: dict | None = None) -> dict:
+    """One greedy streamed chat completion, timed per chunk; `extra` joins the body (`num_draft_tokens`)."""
     body = {
+        **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": prompt.prompt}],
         "max_tokens": max_tokens,
@@ -392,6 +397,8 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     ttfts = sorted(r["ttft_s"] for r in requests if r["ttft_s"] is not None)
     drafted = after.get(DRAFTED, 0.0) - before.get(DRAFTED, 0.0) if after else None
     accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0) if after else None
+    # Workers without the counter (older ones, mlx_lm.server) give None, not 0 steps.
+    steps = after[TARGET_STEPS] - before.get(TARGET_STEPS, 0.0) if after and TARGET_STEPS in after else None
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -401,15 +408,38 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
         "drafted": drafted,
         "accepted": accepted,
         "acceptance": (accepted / drafted) if drafted else None,
+        "target_steps": steps,
+        # Decode time per target step: every decode second of the pass over its batched forwards.
+        "step_ms": 1000.0 * decode_s / steps if steps else None,
         "requests": requests,
     }
 
 
-async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int) -> dict:
+async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int,
+                   clients: int = 1, extra: dict | None = None) -> dict:
+    """Every prompt once. One client: one request at a time. `clients` > 1: that many clients take the
+    prompts from one queue, each one request at a time; tok/s is then aggregate (tokens over the
+    pass's wall time) and time to first token is per request."""
     before = await scrape(session, url)
-    requests = [await run_request(session, url, model, p, max_tokens) for p in prompts]
+    if clients == 1:
+        requests = [await run_request(session, url, model, p, max_tokens, extra) for p in prompts]
+        after = await scrape(session, url)
+        return summarize_pass(requests, before, after)
+    todo = list(prompts)
+    done: list[dict] = []
+
+    async def client() -> None:
+        while todo:
+            done.append(await run_request(session, url, model, todo.pop(0), max_tokens, extra))
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.monotonic() - started
     after = await scrape(session, url)
-    return summarize_pass(requests, before, after)
+    order = {p.id: i for i, p in enumerate(prompts)}
+    out = summarize_pass(sorted(done, key=lambda r: order.get(r["prompt_id"], 0)), before, after)
+    out.update(clients=clients, wall_seconds=wall, e2e_tps=out["tokens"] / wall if wall > 0 else None)
+    return out
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -429,6 +459,26 @@ class SweepSettings:
     margin: float = DEFAULT_MARGIN
     prompts_dir: Path | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    #: Concurrent clients per pass (`--widths`), each at most the worker's own batch width.
+    widths: list[int] = field(default_factory=lambda: [1])
+    #: `--alternate`: every configuration in one worker at the deepest depth, each request carrying its
+    #: configuration's depth (`num_draft_tokens`); a pass is one round of all of them in rotating order.
+    alternate: bool = False
+
+
+def parse_widths(text: str, batch_width: int) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]; every width from 1 to the worker's own batch width (the coupling holds:
+    the worker runs at its profile's width, driven by w <= width clients)."""
+    try:
+        widths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SweepError(f"cannot read `--widths {text}`", "write it as `1,2,4`") from None
+    if not widths or widths[0] < 1 or widths[-1] > batch_width:
+        raise SweepError(
+            f"`--widths {text}` must lie between 1 and the worker's batch width {batch_width}",
+            f"drop the widths above {batch_width}, or sweep a worker with `maxNumSeqs` that wide",
+        )
+    return widths
 
 
 def _loadavg() -> list[float] | None:
@@ -535,7 +585,7 @@ class Sweep:
                 "profile": self.profile.model_dump(by_alias=True, mode="json"),
             },
             "settings": {
-                "depths": s.depths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
+                "depths": s.depths, "widths": s.widths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
                 "workloads": s.workloads, "max_tokens": s.max_tokens, "margin": s.margin, "endpoint": "/v1/chat/completions",
                 "prompts": {w: {"count": len(p), "sha256": hashlib.sha256(json.dumps([asdict(x) for x in p]).encode()).hexdigest()}
                             for w, p in prompts.items()},
@@ -543,9 +593,21 @@ class Sweep:
             "baseline": base.label,
             "configurations": [],
         }
+        if s.alternate:
+            if any(c.depth is None for c in configs):
+                raise SweepError("`--alternate` needs every configuration to have a depth a request can carry",
+                                 "use `--baseline configured`, or drop `--alternate` for a fresh process per configuration")
+            self.results["settings"]["design"] = "alternated"
         if self.progress is not None:
-            self._task = self.progress.add_task("sweep", total=len(configs) * len(s.workloads) * (WARMUP_PASSES + s.repeats))
+            self._task = self.progress.add_task(
+                "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
         try:
+            if s.alternate:
+                deepest = max(configs, key=lambda c: c.depth or 0)
+                expected = Expected(with_depth(self.profile, deepest.depth), expected_target or self.pinned.get("target"),
+                                    expected_drafter or self.pinned.get("drafter"))
+                self.results["configurations"] = asyncio.run(self._alternated(configs, base, prompts, expected))
+                configs = []
             for c in configs:
                 # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
                 expected = Expected(with_depth(self.profile, c.depth), expected_target or self.pinned.get("target"),
@@ -607,17 +669,19 @@ class Sweep:
             model = ident.get("served_model_name") or (profile.target.path if profile.backend == "mlx-lm" else profile.model)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                for w in s.workloads:
-                    wl = record["workloads"][w] = {"warmup": None, "passes": []}
-                    if self.progress is not None and self._task is not None:
-                        self.progress.update(self._task, description=f"{c.label}: {w}")
-                    wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens)
-                    self._advance()
-                    for _ in range(s.repeats):
-                        wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens))
+                for width in s.widths:
+                    for w in s.workloads:
+                        key = rpt.workload_key(w, width)
+                        wl = record["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
+                        if self.progress is not None and self._task is not None:
+                            self.progress.update(self._task, description=f"{c.label}: {key}")
+                        wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width)
                         self._advance()
-                    if c != base:
-                        await self._extend(session, proc.url, model, prompts[w], w, wl["passes"])
+                        for _ in range(s.repeats):
+                            wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width))
+                            self._advance()
+                        if c != base:
+                            await self._extend(session, proc.url, model, prompts[w], key, wl["passes"], c.label, c.depth, width)
             record["status"] = "measured"
             return record
         except ConfigurationAborted as e:
@@ -629,19 +693,115 @@ class Sweep:
         finally:
             self.stop(proc)
 
-    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict]) -> None:
-        """Adaptive passes: while the verdict against the baseline is open, one more pass, up to the cap."""
+    async def _alternated(self, configs: list[Configuration], base: Configuration, prompts: dict[str, list[Prompt]],
+                          expected: Expected) -> list[dict]:
+        """Every configuration in one worker (started at the deepest depth, its weights proven once); per
+        workload and width one warm-up round, then rounds of one pass per configuration in rotating order
+        (AB, BA, ... for two), more rounds while a paired verdict against the baseline is open, up to the cap."""
+        s = self.s
+        port = pick_port(self.config)
+        ensure_isolated(self.config, BENCH_HOST, port)
+        profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
+        expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
+        records = [{"label": c.label, "depth": c.depth, "drafter_kind": drafter_kind(profile, None), "status": "aborted",
+                    "error": None, "argv": worker_argv(profile), "process": {"port": port, "shared": True}, "proof": None,
+                    "workloads": {}} for c in configs]
+        proc = self.launch(profile, "alternated")
+        for r in records:
+            r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
+        try:
+            try:
+                proc.wait_healthy(timeout=s.startup_timeout)
+                proof = prove_weights(proc.pid, proc.url, expected)
+            except (WorkerStartError, ConfigurationAborted) as e:
+                for r in records:
+                    r["error"] = str(e)
+                return records
+            ident = proof["identity"] or {}
+            for k in ("device", "blas", "versions"):
+                if ident.get(k) is not None:
+                    self.results["meta"].setdefault(k, ident[k])
+            for r in records:
+                r.update(proof=proof, drafter_kind=drafter_kind(profile, proof["identity"]))
+            model = ident.get("served_model_name") or profile.model
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                for width in s.widths:
+                    for w in s.workloads:
+                        key = rpt.workload_key(w, width)
+                        for r in records:
+                            r["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
+
+                        async def one(i: int) -> dict:
+                            return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
+                                                  {"num_draft_tokens": configs[i].depth})
+
+                        for i in range(len(configs)):
+                            records[i]["workloads"][key]["warmup"] = await one(i)
+                            self._advance()
+                        rounds = 0
+                        while rounds < s.max_repeats and (rounds < s.repeats or self._round_needed(records, key)):
+                            if rounds >= s.repeats:
+                                self._grow(len(configs))
+                            for i in [*range(rounds % len(configs), len(configs)), *range(rounds % len(configs))]:
+                                records[i]["workloads"][key]["passes"].append(await one(i))
+                                self._advance()
+                            rounds += 1
+            for r in records:
+                r["status"] = "measured"
+            return records
+        except aiohttp.ClientError as e:
+            for r in records:
+                r["error"] = f"the worker stopped answering: {e}"
+            return records
+        finally:
+            self.stop(proc)
+
+    def _round_needed(self, records: list[dict], key: str) -> bool:
+        """A paired verdict against the baseline is still open (straddles `1 + margin` with a win as
+        its point estimate), or the comparison settling the recommendation is undecided."""
+        base = next(r for r in records if r["label"] == self.results["baseline"])
+        base_values = rpt.values(base, key)
+        for r in records:
+            if r is base:
+                continue
+            v = decide_paired(base_values, rpt.values(r, key), margin=self.s.margin, resamples=1000)
+            if v.open:
+                return True
+        cands = [Candidate(r["label"], r["depth"], tuple(rpt.values(r, key))) for r in records if r is not base]
+        settled = settling(Candidate(base["label"], base["depth"], tuple(base_values)), cands, margin=self.s.margin,
+                           resamples=1000, paired=True)
+        return settled is not None and not settled.decided
+
+    def _settling_needs(self, workload: str, current: Candidate) -> bool:
+        """The comparison settling the recommendation among what is measured so far is undecided and
+        `current` is one of its two sides: more passes of `current` can decide it."""
+        measured = [c for c in self.results["configurations"] if c["status"] == "measured"]
+        base = next((c for c in measured if c["label"] == self.results["baseline"]), None)
+        if base is None:
+            return False
+        others = [Candidate(c["label"], c.get("depth"), tuple(rpt.values(c, workload))) for c in measured if c is not base]
+        settled = settling(Candidate(base["label"], base.get("depth"), tuple(rpt.values(base, workload))), [*others, current],
+                           margin=self.s.margin, resamples=1000)
+        return settled is not None and not settled.decided and current in (settled.recommended, settled.best)
+
+    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict],
+                      label: str = "", depth: int | None = None, clients: int = 1) -> None:
+        """Adaptive passes, one at a time up to the cap: while the verdict against the baseline is open, and
+        while this configuration is a side of the comparison that settles the recommendation so far (the
+        best against the smallest within noise of it) and that comparison is undecided."""
         s = self.s
         base = next((c for c in self.results["configurations"] if c["label"] == self.results["baseline"]), None)
         if base is None or base["status"] != "measured":
             return
         base_values = rpt.values(base, workload)
         while len(passes) < s.max_repeats:
-            v = decide(base_values, [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None], margin=s.margin)
-            if not v.open:
+            mine = [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None]
+            v = decide(base_values, mine, margin=s.margin)
+            if not v.open and not self._settling_needs(workload, Candidate(label, depth, tuple(mine))):
                 return
             self._grow(1)
-            passes.append(await run_pass(session, url, model, prompts, s.max_tokens))
+            passes.append(await run_pass(session, url, model, prompts, s.max_tokens, clients))
             self._advance()
 
 

@@ -65,9 +65,20 @@ in
               description = "Quantization of the drafter; keep it at 6 bits or above the target's.";
             };
             depth = mkOption {
-              type = types.ints.between defaults.depthMin defaults.depthMax;
-              example = 3;
-              description = "Draft depth: tokens the drafter proposes per verification step (1-8).";
+              type =
+                let
+                  depth = types.ints.between defaults.depthMin defaults.depthMax;
+                in
+                types.either depth (types.attrsOf depth);
+              example = literalExpression "{ code = 4; prose = 2; default = 3; }";
+              description = ''
+                Draft depth: tokens the drafter proposes per verification
+                step (1-8); or a depth per workload class, with `default`
+                required for requests of no listed class. A request names its
+                class in `mtpstack_class` or `X-Mtpstack-Class`, else the
+                worker classifies its prompt (`code` or `prose`). Backend
+                `mlx-lm` takes a single depth only.
+              '';
             };
             kind = mkOption {
               type = types.enum defaults.drafterKinds;

@@ -47,7 +47,8 @@ def _weights(pid: int, url: str) -> dict:
         return {"proved": False, "why": "process gone or not a worker"}
     # The drafter's kind as the worker resolved it (/identity), else as its command line asks.
     argv_kind = draft_kind_from_argv(argv) if claim.drafter is not None else None
-    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "maxNumSeqs": claim.max_num_seqs, "kind": argv_kind}
+    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "depthMap": claim.depth_map or None,
+           "maxNumSeqs": claim.max_num_seqs, "kind": argv_kind}
     if claim.backend == "mlx-lm":
         return out | {"proved": True, "why": "from the command line alone (mlx_lm.server has no /identity)"}
     status, identity = http_status(url + "/identity")
@@ -77,6 +78,7 @@ def _remote_weights(part: dict) -> dict:
         "drafter": drafter.get("path"),
         "kind": drafter.get("kind"),
         "depth": identity.get("draft_depth"),
+        "depthMap": identity.get("draft_depth_map") or None,
         "device": identity.get("device"),
     }
 
@@ -179,6 +181,7 @@ def render(status: dict) -> list[str]:
         if weights.get("target"):
             drafter = (
                 f", drafter `{weights['drafter']}` kind {weights.get('kind') or '-'} depth {weights['depth']}"
+                + "".join(f" {c}={d}" for c, d in (weights.get("depthMap") or {}).items())
                 if weights.get("drafter")
                 else ", no drafter"
             )

@@ -17,6 +17,16 @@ NATIVE_PROGRAM = "mtpstack"
 MLX_LM_PROGRAM = "mlx_lm.server"
 #: The native worker's flag for `drafter.kind` (mlx_lm.server has none: it loads draft models only).
 DRAFT_KIND_FLAG = "--draft-kind"
+#: The native worker's flag for the depth per workload class: `code=4,prose=2`, sorted by class;
+#: `--draft-depth` carries the `default` class.
+DEPTH_MAP_FLAG = "--draft-depth-map"
+
+
+def format_depth_map(depths: dict[str, int]) -> str:
+    """`{"prose": 2, "code": 4}` -> `code=4,prose=2`: one plain argument, sorted as Nix sorts attribute names;
+    `worker.proof.parse_depth_map` reads it back."""
+    return ",".join(f"{name}={depths[name]}" for name in sorted(depths))
+
 
 
 def worker_argv(profile: WorkerProfile) -> list[str]:
@@ -27,9 +37,11 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
         argv += [
             "--draft-model", profile.drafter.path,
             "--drafter-bits", str(profile.drafter.bits),
-            "--draft-depth", str(profile.drafter.depth),
-            DRAFT_KIND_FLAG, profile.drafter.kind,
+            "--draft-depth", str(profile.drafter.default_depth),
         ]
+        if profile.drafter.class_depths:
+            argv += [DEPTH_MAP_FLAG, format_depth_map(profile.drafter.class_depths)]
+        argv += [DRAFT_KIND_FLAG, profile.drafter.kind]
     argv += ["--max-num-seqs", str(profile.max_num_seqs)]
     if profile.max_context_tokens is not None:
         argv += ["--max-context-tokens", str(profile.max_context_tokens)]
@@ -49,7 +61,8 @@ def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
     if profile.drafter is not None:
         argv += [
             "--draft-model", profile.drafter.path,
-            "--num-draft-tokens", str(profile.drafter.depth),
+            # A depth map is refused with this backend (`mlx-lm-depth-map`); its default stands in.
+            "--num-draft-tokens", str(profile.drafter.default_depth),
             # With a draft model its prompt cache returns wrong text after a hit.
             "--prompt-cache-size", "0",
         ]

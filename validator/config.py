@@ -25,6 +25,9 @@ DrafterKindSetting = Literal[DRAFTER_KINDS]
 WIDTH_MIN, WIDTH_MAX = 1, 4
 #: The draft depth range.
 DEPTH_MIN, DEPTH_MAX = 1, 8
+Depth = Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})]
+#: A workload class name in `drafter.depth`: it travels in `--draft-depth-map NAME=D,...` and in a header.
+DEPTH_CLASS_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 
 Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum": WIDTH_MAX})]
 #: The smallest per-worker context cap; there is no upper bound but the model's own maximum (`--deep`).
@@ -126,8 +129,11 @@ class DrafterSpec(StrictModel):
         ),
     )
     bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
-    depth: Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})] = Field(
-        description="Draft depth: tokens the drafter proposes per verification step (1-8)."
+    depth: Depth | dict[str, Depth] = Field(
+        description=(
+            "Draft depth: tokens the drafter proposes per verification step (1-8); or a depth per workload class, "
+            "`{code: 4, prose: 2, default: 3}` (`default` required; native backend only)."
+        )
     )
     kind: DrafterKindSetting = Field(
         "auto",
@@ -136,6 +142,22 @@ class DrafterSpec(StrictModel):
             "(a separate small language model); `auto`: detected from the drafter's config and tensors."
         ),
     )
+
+
+    @property
+    def default_depth(self) -> int:
+        """The depth of a request of no listed class: `depth`, or the map's `default`."""
+        if isinstance(self.depth, int):
+            return self.depth
+        # A map without `default` is refused (`depth-map-no-default`); the largest value stands in meanwhile.
+        return self.depth.get("default", max(self.depth.values(), default=DEPTH_MIN))
+
+    @property
+    def class_depths(self) -> dict[str, int]:
+        """The classes with a depth of their own (all but `default`), sorted by name; empty for a plain depth."""
+        if isinstance(self.depth, int):
+            return {}
+        return {name: self.depth[name] for name in sorted(self.depth) if name != "default"}
 
 
 class WorkerProfile(StrictModel):

@@ -83,6 +83,26 @@ def _keys_of(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+#: pydantic's tags for the two branches of `drafter.depth` (an integer, or a depth per class).
+_DEPTH_TAGS = ("int", "dict[str,int]")
+
+
+def _untag_depth(errors: list[dict]) -> list[dict]:
+    """Errors of `drafter.depth` without pydantic's branch tags, keeping only the branch the value meant:
+    a mapping is judged as a map, anything else as an integer."""
+    out = []
+    for err in errors:
+        loc = tuple(err["loc"])
+        at = next((i for i in range(2, len(loc)) if loc[i - 2 : i] == ("drafter", "depth") and loc[i] in _DEPTH_TAGS), None)
+        if at is None:
+            out.append(err)
+            continue
+        if (loc[at] == "int" and isinstance(err.get("input"), dict)) or err["type"] == "dict_type":
+            continue  # the other branch's complaint about the same value
+        out.append({**err, "loc": loc[:at] + loc[at + 1 :]})
+    return out
+
+
 def _structural(err: dict, source: Source) -> Finding:
     loc = tuple(str(p) for p in err["loc"])
     kind = err["type"]
@@ -191,7 +211,7 @@ def validate_data(data: Any, source_name: str = "<config>", source: Source | Non
     try:
         config = FleetConfig.model_validate(data)
     except ValidationError as e:
-        report.findings.extend(_structural(err, source) for err in e.errors())
+        report.findings.extend(_structural(err, source) for err in _untag_depth(e.errors()))
         report.sort()
         return None, report
     for f in rules.check(config):

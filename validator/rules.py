@@ -6,7 +6,9 @@ import difflib
 import ipaddress
 from collections.abc import Iterator
 
-from validator.config import CONTEXT_MIN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+import re
+
+from validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from validator.coupling import gate_for, gate_source
 from validator.findings import Finding, display_key, display_name, format_path
 from validator.placement import is_loopback, is_placed, is_remote, parts_on
@@ -35,6 +37,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_mlx_lm_drafts,
         check_mlx_lm_mtp,
         check_mlx_lm_context,
+        check_depth_map,
         check_hosts,
         check_ports,
     ):
@@ -62,8 +65,12 @@ def check_ranges(config: FleetConfig) -> Iterator[Finding]:
     for name, worker in config.workers.items():
         if not WIDTH_MIN <= worker.max_num_seqs <= WIDTH_MAX:
             yield _out_of_range(("workers", name, "maxNumSeqs"), worker.max_num_seqs, WIDTH_MIN, WIDTH_MAX, "the batch width")
-        if worker.drafter is not None and not DEPTH_MIN <= worker.drafter.depth <= DEPTH_MAX:
-            yield _out_of_range(("workers", name, "drafter", "depth"), worker.drafter.depth, DEPTH_MIN, DEPTH_MAX, "the draft depth")
+        if worker.drafter is not None:
+            depth = worker.drafter.depth
+            path = ("workers", name, "drafter", "depth")
+            for key, value in ([((), depth)] if isinstance(depth, int) else [((c,), v) for c, v in depth.items()]):
+                if not DEPTH_MIN <= value <= DEPTH_MAX:
+                    yield _out_of_range(path + key, value, DEPTH_MIN, DEPTH_MAX, "the draft depth")
         if worker.max_context_tokens is not None and worker.max_context_tokens < CONTEXT_MIN:
             path = ("workers", name, "maxContextTokens")
             yield Finding(
@@ -336,4 +343,39 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
                 path=("hosts", host),
                 message=f"no part of the fleet is placed on host `{display_name(host)}`",
                 hint="place a worker or the proxy there with `deployOn`, or remove the host",
+            )
+
+
+def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
+    """`drafter.depth` as a map: `default` present, plain class names, and the native backend."""
+    for name, worker in config.workers.items():
+        if worker.drafter is None or isinstance(worker.drafter.depth, int):
+            continue
+        depths = worker.drafter.depth
+        path = ("workers", name, "drafter", "depth")
+        if "default" not in depths:
+            yield Finding(
+                code="depth-map-no-default",
+                severity="error",
+                path=path,
+                message="a depth per workload class needs a `default` for requests of no listed class",
+                hint=f"add `default` to `{format_path(path)}` (e.g. `default: 3`), or give a single depth",
+            )
+        for cls in depths:
+            if not re.fullmatch(DEPTH_CLASS_PATTERN, cls):
+                yield Finding(
+                    code="depth-class-name",
+                    severity="error",
+                    path=path + (cls,),
+                    message=f"a workload class name may hold only letters, digits, `_`, `.` and `-` (1-64 characters), got: {cls!r}",
+                    hint="rename the class; requests name it in `mtpstack_class` or the `X-Mtpstack-Class` header",
+                )
+        if worker.backend == "mlx-lm":
+            yield Finding(
+                code="mlx-lm-depth-map",
+                severity="error",
+                path=path,
+                message="`mlx_lm.server` drafts at one depth for every request; it cannot serve a depth per workload class",
+                hint="use backend `native` for a depth per class, or give a single depth",
+                related=(("workers", name, "backend"),),
             )

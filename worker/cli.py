@@ -14,7 +14,9 @@ import sys
 import urllib.error
 from pathlib import Path
 
-from worker.proof import WeightsClaim, fetch_identity, hash_weights, read_cmdline, weights_from_argv
+from worker.classify import CLASS_PATTERN
+
+from worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
 
 #: Default draft depth; `worker.proof.weights_from_argv` assumes the same when the flag is absent.
 DEFAULT_DEPTH = 3
@@ -34,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a "
                    "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
     w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
+    w.add_argument("--draft-depth-map", default="",
+                   help="depth per workload class, `code=4,prose=2`; `--draft-depth` serves every other class")
     w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
     w.add_argument("--max-context-tokens", type=int, default=None,
                    help="longest context (prompt plus output tokens) a request may use, capped at the model's own "
@@ -84,6 +88,13 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.draft_depth <= 16:
         return _fail(f"`--draft-depth` must be between 0 and 16: {args.draft_depth}")
+    try:
+        depth_map = parse_depth_map(args.draft_depth_map)
+    except ValueError as e:
+        return _fail(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
+    for cls, depth in depth_map.items():
+        if not CLASS_PATTERN.fullmatch(cls) or not 1 <= depth <= 16:
+            return _fail(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` and a depth from 1 to 16")
     from worker.engine import ModelNotFound, resolve_model_path
     from worker.server import WorkerConfig, serve
 
@@ -98,6 +109,7 @@ def run_worker(args: argparse.Namespace) -> int:
         model=args.model,
         draft_model=args.draft_model,
         draft_depth=args.draft_depth,
+        draft_depth_map=depth_map,
         target_bits=args.target_bits,
         drafter_bits=args.drafter_bits,
         max_num_seqs=args.max_num_seqs,
@@ -199,6 +211,8 @@ def prove(target: str, timeout: float = 5.0) -> dict:
                 problems.append(f"the {role}'s files changed since the worker loaded them: `{ident.get('resolved_path')}`")
     if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
         problems.append(f"the draft depth is {claim.depth} on the command line but {identity.get('draft_depth')} on /identity")
+    if claim.drafter is not None and (identity.get("draft_depth_map") or {}) != claim.depth_map:
+        problems.append(f"the depth per class is {claim.depth_map} on the command line but {identity.get('draft_depth_map')} on /identity")
     if identity.get("max_num_seqs") != claim.max_num_seqs:
         problems.append(f"max_num_seqs is {claim.max_num_seqs} on the command line but {identity.get('max_num_seqs')} on /identity")
     return {"pid": pid, "url": url, "argv": argv, "claim": claim, "identity": identity, "problems": problems, "note": None}
@@ -235,7 +249,8 @@ def _render_text(report: dict) -> list[str]:
             quant = f"{q.get('bits')}-bit" if isinstance(q, dict) and q.get("bits") else "unquantized"
             lines.append(f"         resolved {i.get('resolved_path')}")
             lines.append(f"         bits {i.get('bits') or '-'} (config: {quant})  sha256 {i.get('sha256')}")
-    lines.append(f"depth    {claim.depth if claim.depth is not None else '-'}  max_num_seqs {claim.max_num_seqs}")
+    by_class = "".join(f" {c}={d}" for c, d in claim.depth_map.items())
+    lines.append(f"depth    {claim.depth if claim.depth is not None else '-'}{by_class}  max_num_seqs {claim.max_num_seqs}")
     if ident:
         lines.append(f"device   {ident.get('device')}  blas {ident.get('blas')}")
         v = ident.get("versions") or {}

@@ -516,6 +516,7 @@ class Scheduler:
         self.active: list[Sequence] = []
         self.batch: Batch | None = None
         self.batched_steps = 0  # target forwards shared by more than one sequence
+        self.decode_steps = 0  # batched decode forwards (draft and verify of every decoding row), any width
 
     def add(self, seq: Sequence) -> None:
         if len(self.active) >= self.max_num_seqs:
@@ -551,6 +552,7 @@ class Scheduler:
         if decoding:
             try:
                 results.extend(zip(decoding, batch.decode(), [None] * len(decoding)))
+                self.decode_steps += 1
                 if len(decoding) > 1:
                     self.batched_steps += 1
             except Exception as e:  # one broken step must not stop the loop

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Read in chunks so hashing a multi-GB shard does not hold it in memory.
@@ -53,6 +53,8 @@ class WeightsClaim:
     host: str | None = None
     port: int | None = None
     served_model_name: str | None = None
+    #: `--draft-depth-map`: the depth per workload class beside `depth` (the `default` class); empty without.
+    depth_map: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str | None:
@@ -64,6 +66,18 @@ class WeightsClaim:
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+
+def parse_depth_map(text: str) -> dict[str, int]:
+    """`code=4,prose=2` (`--draft-depth-map`, written by `validator.argv.format_depth_map`) -> `{"code": 4, "prose": 2}`.
+    Raises `ValueError` on an entry that is not `CLASS=DEPTH`."""
+    out: dict[str, int] = {}
+    for entry in text.split(",") if text else []:
+        name, sep, value = entry.partition("=")
+        if not sep or not name or not value.isdigit():
+            raise ValueError(f"not `CLASS=DEPTH`: {entry!r}")
+        out[name] = int(value)
+    return out
 
 
 def _program_start(argv: list[str]) -> tuple[str, int] | None:
@@ -125,6 +139,7 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
             depth = 3  # the worker's default; keep in step with worker.cli
         max_num_seqs = as_int("max-num-seqs")
         served = flags.get("served-model-name")
+        depth_map = parse_depth_map(flags.get("draft-depth-map") or "") if drafter is not None else {}
     else:
         depth = as_int("num-draft-tokens")
         if drafter is not None and depth is None:
@@ -133,6 +148,7 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
         # mlx_lm.server serves one request at a time once a draft model is set.
         max_num_seqs = 1 if drafter is not None else (max(width) if width else 32)
         served = None
+        depth_map = {}
     return WeightsClaim(
         backend=backend,
         target=flags["model"],
@@ -142,6 +158,7 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
         host=flags.get("host") or "127.0.0.1",
         port=as_int("port") if backend == "native" else (as_int("port") or 8080),
         served_model_name=served,
+        depth_map=depth_map,
     )
 
 
@@ -159,6 +176,8 @@ def identity_disagreements(claim: WeightsClaim, identity: dict, source: str, kin
     differs("drafter", claim.drafter, (identity.get("drafter") or {}).get("path"))
     if claim.drafter is not None:
         differs("depth", claim.depth, identity.get("draft_depth"))
+        if claim.depth_map or identity.get("draft_depth_map"):
+            differs("depth per class", claim.depth_map, identity.get("draft_depth_map") or {})
         reported_kind = (identity.get("drafter") or {}).get("kind")
         if reported_kind is not None and kind not in (None, "auto", reported_kind):
             differs("drafter kind", kind, reported_kind)

@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from proxy.http import REQUEST_ID, request_id
 from validator.bounds import BodyError, parse_json_body
 from validator.modeldir import config_value
+from worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from worker.proof import read_cmdline
 from worker.protocol import render, responses
 from worker.protocol.chat import AgentRequest, ProtocolError, prepare
@@ -68,6 +69,8 @@ class WorkerConfig:
     model: str
     draft_model: str | None = None
     draft_depth: int = 3
+    #: `--draft-depth-map`: the depth per workload class; `draft_depth` is the depth of every other class.
+    draft_depth_map: dict[str, int] = field(default_factory=dict)
     draft_kind: str = "auto"
     target_bits: str | None = None
     drafter_bits: str | None = None
@@ -137,6 +140,20 @@ class Metrics:
             ["kind", "bundled", "depth"],
             registry=r,
         )
+        self.target_steps = Counter(
+            "mtpstack_worker_target_steps",
+            "Target decode steps: one batched forward that drafts and verifies every decoding row, at any width.",
+            registry=r,
+        )
+        self.requests_by_class = Counter(
+            "mtpstack_worker_requests_by_class", "Requests admitted, by workload class.", ["class"], registry=r
+        )
+        self.drafted_by_class = Counter(
+            "mtpstack_worker_tokens_drafted_by_class", "Tokens proposed by the drafter, by workload class.", ["class"], registry=r
+        )
+        self.accepted_by_class = Counter(
+            "mtpstack_worker_tokens_accepted_by_class", "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
+        )
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
             self.drafted_by_position.labels(position=str(position))
@@ -147,7 +164,10 @@ class Metrics:
             self.drafter.labels(kind=engine.draft_kind, bundled=str(engine.drafter.bundled).lower(),
                                 depth=str(engine.draft_depth)).set(1)
 
-    def record_step(self, drafted: int, accepted: int, tokens: int) -> None:
+    def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None) -> None:
+        if drafted and cls is not None:
+            self.drafted_by_class.labels(cls).inc(drafted)
+            self.accepted_by_class.labels(cls).inc(accepted)
         if tokens:
             self.generated.inc(tokens)
         if drafted:
@@ -179,6 +199,7 @@ class RequestHandle:
     loop: asyncio.AbstractEventLoop
     release: object  # callable releasing the slot, run on the loop
     rid: str = ""  # the request's X-Request-Id, echoed on its answer and named in its errors
+    cls: str | None = None  # the workload class, for the metrics by class
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     done: bool = False
 
@@ -233,8 +254,9 @@ class GenerationLoop:
         c = self.config
         started = time.monotonic()
         self.engine = Engine.load(
-            c.model, c.draft_model, draft_depth=c.draft_depth, target_bits=c.target_bits, drafter_bits=c.drafter_bits,
-            draft_kind=c.draft_kind,
+            # Loaded at the deepest class's depth; each request drafts at its own (`parse_request`).
+            c.model, c.draft_model, draft_depth=max([c.draft_depth, *c.draft_depth_map.values()]),
+            target_bits=c.target_bits, drafter_bits=c.drafter_bits, draft_kind=c.draft_kind,
         )
         # The one place the context is capped: every check reads `engine.context_length`.
         self.engine.context_length = effective_context(self.engine.context_length, c.max_context_tokens)
@@ -283,11 +305,15 @@ class GenerationLoop:
             if self.stall_file and os.path.exists(self.stall_file):
                 time.sleep(IDLE_POLL)
                 continue
+            steps = sched.decode_steps
             results = sched.step()
             self.last_progress = time.monotonic()
+            if sched.decode_steps > steps:
+                self.metrics.target_steps.inc(sched.decode_steps - steps)
             for seq, result, error in results:
                 if result is not None:
-                    self.metrics.record_step(result.drafted, result.accepted, result.tokens)
+                    handle = getattr(seq, "handle", None)
+                    self.metrics.record_step(result.drafted, result.accepted, result.tokens, getattr(handle, "cls", None))
                 self._publish(seq, error)
             self.active_count = len(sched.active)
             self.metrics.active.set(self.active_count)
@@ -378,7 +404,8 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "backend": "native",
         "target": engine.target.identity(),
         "drafter": engine.drafter.identity() if engine.drafter is not None else None,
-        "draft_depth": engine.draft_depth if engine.drafter is not None else None,
+        "draft_depth": config.draft_depth if engine.drafter is not None else None,
+        "draft_depth_map": dict(sorted(config.draft_depth_map.items())) if engine.drafter is not None else None,
         "max_num_seqs": config.max_num_seqs,
         "batched_verification": engine.batchable,
         "context_length": engine.context_length,
@@ -416,6 +443,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
+    cls: str = "default"  # the workload class (`worker.classify`)
     responses: object = None  # worker.protocol.responses.ResponseBuilder for `/v1/responses`
 
 
@@ -494,7 +522,22 @@ def _tokenize(make, param: str) -> list[int]:
         raise _bad(f"`{param}` cannot be tokenized: {type(e).__name__}: {_shown(str(e))}", param) from None
 
 
-def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedRequest:
+def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
+    """The class whose depth a request drafts at and whose series it counts in: its own (`mtpstack_class`,
+    else `X-Mtpstack-Class`), else the classifier's. A class the map does not list counts as `default`
+    (so clients cannot mint metric series), except the classifier's own `code` and `prose`."""
+    named = body.get(CLASS_FIELD)
+    param = CLASS_FIELD
+    if named is None and header is not None:
+        named, param = header, CLASS_HEADER
+    if named is not None:
+        if not isinstance(named, str) or not CLASS_PATTERN.fullmatch(named):
+            raise _bad(f"`{param}` must be a class name of letters, digits, `_`, `.` and `-`: {_shown(named)}", param)
+    cls = named if named is not None else classify_request(body)
+    return cls if cls in config.draft_depth_map or cls in (CODE, PROSE) else "default"
+
+
+def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
     """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
     the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
     from worker.engine import SamplingParams
@@ -586,7 +629,9 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         raise _bad(f"`stream_options.include_usage` must be a boolean: {_shown(include_usage)}", "stream_options")
     ignore_eos = _flag(body, "ignore_eos")
 
-    depth = engine.draft_depth if depth_req is None else min(depth_req, engine.draft_depth)
+    cls = request_class(body, class_header, config)
+    class_depth = min(config.draft_depth_map.get(cls, config.draft_depth), engine.draft_depth)
+    depth = class_depth if depth_req is None else min(depth_req, class_depth)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0 if temperature is None else temperature,
@@ -596,7 +641,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig) -> ParsedReques
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent)
+    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent, cls=cls)
 
 
 # -- the application ---------------------------------------------------------------------
@@ -610,7 +655,7 @@ SLOTS = web.AppKey("slots", asyncio.Semaphore)
 def create_app(config: WorkerConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[CONFIG] = config
-    app[METRICS] = Metrics(max(config.draft_depth, 1) if config.draft_model else 0)
+    app[METRICS] = Metrics(max(config.draft_depth, *config.draft_depth_map.values(), 1) if config.draft_model else 0)
     app.cleanup_ctx.append(_generation_ctx)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -710,7 +755,7 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
                 body = responses.to_chat(body)
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
-        parsed = parse_request(body, kind, gen.engine, app[CONFIG])
+        parsed = parse_request(body, kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
         if api == "responses":
             parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
     except ApiError as e:
@@ -738,7 +783,8 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
         log.exception("request %s: the sequence could not be created", rid)
         return _generation_failed(e, rid).response(rid)
     seq.hook = parsed.agent.hook if parsed.agent is not None else None
-    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid)
+    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid, cls=parsed.cls)
+    app[METRICS].requests_by_class.labels(parsed.cls).inc()
     seq.handle = handle
     gen.submit(handle)
     try:

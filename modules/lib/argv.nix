@@ -5,6 +5,32 @@
 # The weight paths and the draft depth are arguments on purpose: the running
 # process's own command line then proves which weights it loaded.
 let
+  # `drafter.depth`: a number, or a depth per workload class whose `default`
+  # goes to `--draft-depth` and the rest to `--draft-depth-map code=4,prose=2`
+  # (attribute names come sorted, as `validator.argv.format_depth_map` sorts).
+  isMap = d: builtins.isAttrs d;
+  defaultDepth =
+    d:
+    if !(isMap d) then
+      d
+    else
+      d.default or (builtins.foldl' (a: b: if b > a then b else a) 1 (builtins.attrValues d));
+  classDepths = d: if isMap d then removeAttrs d [ "default" ] else { };
+  depthMapArgv =
+    d:
+    let
+      classes = classDepths d;
+    in
+    if classes == { } then
+      [ ]
+    else
+      [
+        "--draft-depth-map"
+        (builtins.concatStringsSep "," (
+          map (name: "${name}=${toString classes.${name}}") (builtins.attrNames classes)
+        ))
+      ];
+
   nativeArgv =
     w:
     [
@@ -25,7 +51,10 @@ let
           "--drafter-bits"
           (toString w.drafter.bits)
           "--draft-depth"
-          (toString w.drafter.depth)
+          (toString (defaultDepth w.drafter.depth))
+        ]
+        ++ depthMapArgv w.drafter.depth
+        ++ [
           "--draft-kind"
           w.drafter.kind
         ]
@@ -72,7 +101,7 @@ let
           "--draft-model"
           w.drafter.path
           "--num-draft-tokens"
-          (toString w.drafter.depth)
+          (toString (defaultDepth w.drafter.depth))
           "--prompt-cache-size"
           "0"
         ]

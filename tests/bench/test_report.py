@@ -130,3 +130,46 @@ def test_a_sweep_on_the_reference_blas_is_flagged_with_the_fix():
     text = "\n".join(rpt.render_report(res))
     assert "warning: the workers ran mlx on its bundled reference BLAS" in text
     assert "hint: install Debian's OpenBLAS" in text
+
+
+def test_a_recommendation_resting_on_an_undecided_comparison_says_so_and_a_decided_one_does_not():
+    # The issue's case: depth 2 recommended at 585 tok/s against depth 3's 660 on 3 passes each.
+    d2 = [560.0, 585.0, 640.0]
+    d3 = [600.0, 660.0, 700.0]
+    res = results(config("no-drafter", None, [300.0, 310.0, 320.0]), config("depth 2", 2, d2), config("depth 3", 3, d3))
+    line = rpt.recommendation_line(res, "code")
+    assert line.startswith("code: use `depth 2`")
+    assert "rests on an undecided comparison: `depth 3` / `depth 2`" in line and "(3 and 3 passes)" in line
+    # Many tight passes decide it: depth 3 is within noise of depth 2 with its whole interval below 1.05.
+    res = results(config("no-drafter", None, [300.0, 310.0, 320.0]), config("depth 2", 2, [600.0, 601.0, 602.0, 603.0, 604.0]),
+                  config("depth 3", 3, [605.0, 606.0, 607.0, 608.0, 609.0]))
+    line = rpt.recommendation_line(res, "code")
+    assert line == "code: use `depth 2` (the smallest depth within noise of the best)"
+
+
+def test_emit_config_prints_the_recommended_depth_per_workload_as_yaml_and_nix():
+    import yaml
+
+    from validator import validate_data
+
+    def two(label, depth, code, prose, pid):
+        c = config(label, depth, code, pid=pid)
+        c["workloads"]["prose"] = config(label, depth, prose, pid=pid)["workloads"]["code"]
+        return c
+
+    slow, fast = [20.0, 21.0, 22.0, 23.0, 24.0], [30.0, 30.5, 31.0, 31.5, 32.0]
+    res = results(two("depth 3", 3, slow, fast, 100), two("depth 4", 4, fast, slow, 101), two("depth 2", 2, slow, fast, 102),
+                  baseline="depth 3")
+    res["settings"]["workloads"] = ["code", "prose"]
+    res["meta"]["profile"] = {"drafter": {"depth": 3}, "maxNumSeqs": 2}
+    lines = rpt.emit_config(res)
+    text = "\n".join(lines)
+    assert "width 2; these depths were not measured there" in text
+    fragment = yaml.safe_load(text.split("# YAML\n")[1].split("\n\n")[0])
+    assert fragment == {"workers": {"w": {"drafter": {"depth": {"code": 4, "prose": 3, "default": 3}}}}}
+    assert "services.mtpstack.workers.w.drafter.depth = { code = 4; default = 3; prose = 3; };" in text
+    # The fragment is a valid depth map.
+    fleet = {"workers": {"w": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 8101,
+                               "drafter": {"path": "d", "bits": 6, **fragment["workers"]["w"]["drafter"]}}}}
+    config_, report = validate_data(fleet)
+    assert config_ is not None and report.findings == []

@@ -119,3 +119,16 @@ def test_default_noise_matches_the_measured_spread():
     lines = simulate.format_report([], cv=simulate.DEFAULT_CV, effect=0.15, margin=0.05, trials=1, seed=0)
     lo, hi = (float(x) for x in lines[0].rsplit(" ", 1)[1].rstrip(")").split("-"))
     assert 17.0 <= lo <= 18.0 and 27.0 <= hi <= 28.0  # measured: 17.4-27.3 around 22
+
+
+def test_settling_names_the_comparison_the_recommendation_rests_on():
+    from bench.stats import settling
+
+    base = Candidate("no-drafter", None, (20.0, 21.0, 22.0, 23.0, 24.0))
+    d1 = Candidate("depth 1", 1, (30.0, 30.5, 31.0, 31.5, 32.0))
+    d2 = Candidate("depth 2", 2, (29.0, 31.0, 33.0, 35.0, 37.0))
+    s = settling(base, [d1, d2])
+    assert (s.recommended, s.best) == (d1, d2) and s.verdict is not None and not s.decided
+    alone = settling(base, [d1])
+    assert alone.recommended is alone.best is d1 and alone.verdict is None and alone.decided
+    assert settling(base, [Candidate("depth 3", 3, (1.0, 2.0))]) is None

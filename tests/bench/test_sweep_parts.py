@@ -88,6 +88,14 @@ def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
     assert p["decode_tps"] == pytest.approx(29 / 2.7)
     assert p["ttft_s"] == 0.2
     assert (p["drafted"], p["accepted"], p["acceptance"]) == (40, 30, 0.75)
+    assert p["target_steps"] is None and p["step_ms"] is None  # a worker without the step counter
+
+
+def test_time_per_target_step_is_decode_time_over_the_step_counter_delta():
+    reqs = [{"tokens": 10, "seconds": 1.0, "decode_s": 0.9, "ttft_s": 0.1}]
+    p = sw.summarize_pass(reqs, {sw.TARGET_STEPS: 5}, {sw.TARGET_STEPS: 14, sw.DRAFTED: 0})
+    assert p["target_steps"] == 9 and p["step_ms"] == pytest.approx(100.0)
+    assert sw.parse_counters("mtpstack_worker_target_steps_total 7.0\n") == {sw.TARGET_STEPS: 7.0}
 
 
 @pytest.mark.parametrize("workload", ["code", "prose"])
@@ -243,3 +251,23 @@ def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(examp
         with pytest.raises(sw.ConfigurationAborted) as e:
             sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)
         assert str(e.value) == "the weights proof failed: drafter kind (/identity): asked for 'mtp', the process has 'model'"
+
+
+def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(example):
+    from bench.stats import Candidate
+
+    sweep = sw.Sweep.__new__(sw.Sweep)
+    sweep.s = type("S", (), {"margin": 0.05})()
+
+    def measured(label, depth, values):
+        passes = [{"e2e_tps": v} for v in values]
+        return {"label": label, "depth": depth, "status": "measured", "workloads": {"code": {"passes": passes}}}
+
+    sweep.results = {"baseline": "no-drafter", "configurations": [
+        measured("no-drafter", None, [300.0, 310.0, 320.0]), measured("depth 2", 2, [560.0, 585.0, 640.0])]}
+    # depth 3 is the best so far and undecided against depth 2: it gets passes.
+    assert sweep._settling_needs("code", Candidate("depth 3", 3, (600.0, 660.0, 700.0)))
+    # A clearly slower configuration is no side of it.
+    assert not sweep._settling_needs("code", Candidate("depth 1", 1, (400.0, 401.0, 402.0)))
+    # Decided (far above): no more passes.
+    assert not sweep._settling_needs("code", Candidate("depth 3", 3, (900.0, 901.0, 902.0, 903.0)))

@@ -150,3 +150,75 @@ def test_the_sweep_fails_when_a_configuration_reuses_a_process(fast_settings):
     saved = json.loads((fast_settings.out / "results.json").read_text())
     assert [c["label"] for c in saved["configurations"]] == ["no-drafter"]
     assert "served by the same process" in saved["meta"]["stopped"]
+
+
+def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_path, tiny_pair):
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    from bench.sweep import SweepSettings, parse_widths, SweepError
+    from tests.bench.conftest import fleet_data
+
+    data = fleet_data(*tiny_pair)
+    data["proxy"]["concurrencyLimit"] = 2
+    data["workers"]["tiny"]["maxNumSeqs"] = 2
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(data))
+    shipped = Path(__file__).resolve().parents[2] / "bench" / "prompts"
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for workload in ("code", "prose"):
+        (prompts / f"{workload}.jsonl").write_text("\n".join((shipped / f"{workload}.jsonl").read_text().splitlines()[:2]) + "\n")
+    with pytest.raises(SweepError):
+        parse_widths("1,4", 2)  # wider than the worker's own batch
+    settings = SweepSettings(config_file=str(tmp_path / "fleet.yaml"), worker="tiny", depths=[2], baseline="no-drafter",
+                             repeats=3, max_repeats=3, workloads=["code", "prose"], out=tmp_path / "out", max_tokens=8,
+                             prompts_dir=prompts, startup_timeout=120.0, widths=parse_widths("1,2", 2))
+    results = Sweep(load_valid_config(settings.config_file), settings).run()
+    assert results["settings"]["widths"] == [1, 2]
+    for c in results["configurations"]:
+        assert c["status"] == "measured", c["error"]
+        assert set(c["workloads"]) == {"code", "prose", "code @ width 2", "prose @ width 2"}
+        for p in c["workloads"]["code @ width 2"]["passes"]:
+            assert p["clients"] == 2 and p["e2e_tps"] > 0 and len(p["requests"]) == 2
+            assert p["e2e_tps"] == pytest.approx(p["tokens"] / p["wall_seconds"])
+            assert p["target_steps"] > 0 and p["step_ms"] > 0  # the worker counts its batched forwards
+    text = "\n".join(rpt.render_report(results))
+    assert "## code @ width 2" in text and "recommendation: prose @ width 2:" in text
+    assert "at widths 1, 2" in text
+    assert rpt.workloads_of(results) == ["code", "prose", "code @ width 2", "prose @ width 2"]
+    paths = write_outputs(results, settings.out)
+    assert any(p.suffix == ".png" and p.stat().st_size > 0 for p in paths)
+    # The emitted map is for the worker's own width, 2.
+    results["meta"]["profile"]["drafter"]["depth"] = 2
+    assert "measured at width 2" in "\n".join(rpt.emit_config(results))
+    shutil.rmtree(settings.out)
+
+
+def test_an_alternated_sweep_runs_every_depth_in_one_proven_process_in_rotating_paired_order(fast_settings):
+    from bench.sweep import SweepError
+
+    fast_settings.depths = [1, 3]
+    fast_settings.baseline = "configured"  # depth 2, from the fleet
+    fast_settings.repeats = fast_settings.max_repeats = 5
+    fast_settings.workloads = ["code"]
+    fast_settings.alternate = True
+    results = Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()
+    configs = results["configurations"]
+    assert results["settings"]["design"] == "alternated"
+    assert [c["label"] for c in configs] == ["depth 2", "depth 1", "depth 3"]
+    assert all(c["status"] == "measured" for c in configs), [c["error"] for c in configs]
+    assert len({c["process"]["pid"] for c in configs}) == 1  # one process, loaded at the deepest depth
+    assert configs[0]["proof"]["claim"]["depth"] == 3
+    drafted = {c["label"]: [p["drafted"] for p in c["workloads"]["code"]["passes"]] for c in configs}
+    assert all(len(v) == 5 for v in drafted.values())  # paired: as many passes each
+    # Each request carried its depth: deeper configurations draft more per pass.
+    assert max(drafted["depth 1"]) < min(drafted["depth 3"])
+    assert rpt.output_mismatches(results) == []
+    text = "\n".join(rpt.render_report(results))
+    assert "every configuration in one worker" in text and "geometric mean of the paired ratios" in text
+    assert "recommendation: code:" in text
+    fast_settings.baseline = "no-drafter"
+    with pytest.raises(SweepError):
+        Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()

@@ -49,8 +49,11 @@ def workers(draw) -> dict:
         "maxNumSeqs": draw(widths),
         "port": draw(st.integers(1, 65535)),
     }
+    depth_map = st.dictionaries(st.sampled_from(["code", "prose", "tools", "a.b-c_1"]), st.integers(1, 8), max_size=3).map(
+        lambda classes: {**classes, "default": classes.get("prose", 3)}
+    )
     drafter = st.fixed_dictionaries(
-        {"path": args, "bits": bits, "depth": st.integers(1, 8)},
+        {"path": args, "bits": bits, "depth": st.one_of(st.integers(1, 8), depth_map)},
         optional={"kind": st.sampled_from(["auto", "mtp", "model"])},
     )
     for key, strategy in [
@@ -136,6 +139,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     assert len(results) == len(fleets_)
     mismatches_seen = 0
     context_caps_seen = 0
+    depth_maps_seen = 0
     placement_codes_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
@@ -152,6 +156,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             assert nix["programArguments"][f"mtpstack-worker-{name}"] == resolved, fleet
         mismatches_seen += bool(python_mismatched)
         context_caps_seen += any("--max-context-tokens" in worker_argv(w) for w in config.workers.values())
+        depth_maps_seen += any("--draft-depth-map" in worker_argv(w) for w in config.workers.values())
         placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES)
         assert sorted((e["code"], e["path"]) for e in nix["placementErrors"]) == placement, fleet
         # Nix lists hosts by name, Python in the file's order: the same set.
@@ -164,4 +169,5 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     # The draw exercises both verdicts, not only one.
     assert 0 < mismatches_seen < len(fleets_)
     assert 0 < context_caps_seen < len(fleets_)
+    assert 0 < depth_maps_seen < len(fleets_)
     assert placement_codes_seen == PLACEMENT_CODES

@@ -48,6 +48,8 @@ def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpk
         ("port", "70000", "16 bit unsigned integer"),
         ("drafter", '{ path = "d"; bits = 6; depth = 9; }', "integer between 1 and 8 (both inclusive)"),
         ("drafter", '{ path = "d"; bits = 6; depth = 3; kind = "eagle"; }', 'one of "auto", "mtp", "model"'),
+        ("drafter", '{ path = "d"; bits = 6; depth = { code = 9; default = 3; }; }', "drafter.depth.code' is not of type `integer between 1 and 8"),
+        ("drafter", '{ path = "d"; bits = 6; depth = "3"; }', "drafter.depth' is not of type `integer between 1 and 8"),
         ("maxContextTokens", "0", "null or (positive integ"),
         ("maxContextTokens", '"4096"', "null or (positive integ"),
     ],
@@ -102,6 +104,15 @@ def test_a_declared_drafter_kind_reaches_the_worker_and_the_rendered_config(nixh
     assert drafters == {"qwen35-bundled": "mtp", "qwen3-small-drafter": "model"}
     default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter='{ path = "d"; bits = 6; depth = 3; }'))
     assert default["renderedConfig"]["workers"]["w"]["drafter"]["kind"] == "auto"
+
+
+def test_a_depth_per_class_reaches_the_worker_as_one_plain_argument_and_the_rendered_config(nixh, nixpkgs_lib):
+    drafter = '{ path = "d"; bits = 6; depth = { prose = 2; code = 4; default = 3; }; }'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter=drafter))
+    argv = shlex.split(result["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"])
+    i = argv.index("--draft-depth")
+    assert argv[i : i + 6] == ["--draft-depth", "3", "--draft-depth-map", "code=4,prose=2", "--draft-kind", "auto"]
+    assert result["renderedConfig"]["workers"]["w"]["drafter"]["depth"] == {"code": 4, "default": 3, "prose": 2}
 
 
 def test_max_context_tokens_reaches_the_worker_after_its_width_and_the_rendered_config(nixh, nixpkgs_lib):

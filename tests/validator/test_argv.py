@@ -64,3 +64,22 @@ def test_max_context_tokens_follows_the_width_on_the_native_worker_only():
     assert "--max-context-tokens" not in worker_argv(profile())
     # mlx_lm.server has no such flag (the rule `mlx-lm-cannot-cap-context` refuses the setting)
     assert "--max-context-tokens" not in worker_argv(profile(backend="mlx-lm", drafter=None, maxContextTokens=32768))
+
+
+def test_a_depth_map_becomes_the_default_depth_and_one_sorted_plain_argument():
+    argv = worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": {"prose": 2, "default": 3, "code": 4}}))
+    i = argv.index("--draft-depth")
+    assert argv[i : i + 6] == ["--draft-depth", "3", "--draft-depth-map", "code=4,prose=2", "--draft-kind", "auto"]
+    # A map of `default` alone is a single depth.
+    assert "--draft-depth-map" not in worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": {"default": 5}}))
+
+
+def test_the_weights_proof_reads_the_depth_map_back():
+    from worker.proof import parse_depth_map, weights_from_argv
+
+    argv = worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": {"prose": 2, "default": 3, "code": 4}}))
+    claim = weights_from_argv(argv)
+    assert (claim.depth, claim.depth_map) == (3, {"code": 4, "prose": 2})
+    assert weights_from_argv(worker_argv(profile())).depth_map == {}
+    with pytest.raises(ValueError):
+        parse_depth_map("code=4,prose")

@@ -287,3 +287,49 @@ def test_text_output_quotes_model_names_with_dots(fleet):
     assert text.startswith("fleet.yaml: error[concurrency-mismatch]: workers.qwen-mtp.maxNumSeqs: ")
     assert '`proxy.modelConcurrencyLimits."qwen3.8-27b"`' in text
     assert "\n\nhint: " in text
+
+
+def test_a_depth_per_class_with_a_default_is_valid(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = {"code": 4, "prose": 2, "default": 3}
+    assert codes(fleet) == []
+
+
+def test_a_depth_map_without_default_is_refused_with_a_hint(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = {"code": 4, "prose": 2}
+    [f] = only(fleet, "depth-map-no-default")
+    assert (f.severity, f.path) == ("error", ("workers", "qwen-mtp", "drafter", "depth"))
+    assert "`default`" in f.message and "default: 3" in f.hint
+
+
+def test_each_class_depth_is_range_checked_at_its_own_path(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = {"code": 9, "prose": 0, "default": 3}
+    paths = sorted(f.path for f in only(fleet, "out-of-range"))
+    assert paths == [("workers", "qwen-mtp", "drafter", "depth", c) for c in ("code", "prose")]
+
+
+@pytest.mark.parametrize(("name", "bad"), [("code", False), ("a.b-c_1", False), ("co de", True), ("a=b", True), ("x,y", True), ("", True)])
+def test_class_names_must_stay_plain_for_the_argv_and_the_header(fleet, name, bad):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = {name: 2, "default": 3}
+    assert ("depth-class-name" in codes(fleet)) == bad
+
+
+def test_mlx_lm_refuses_a_depth_map_but_takes_a_single_depth(fleet):
+    fleet["policy"] = {"allowedBackends": ["native", "mlx-lm"]}
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    worker = fleet["workers"]["qwen-mtp"]
+    worker.update(backend="mlx-lm", maxNumSeqs=1)
+    worker["drafter"].update(kind="model", depth={"code": 4, "default": 3})
+    [f] = only(fleet, "mlx-lm-depth-map")
+    assert f.related == (("workers", "qwen-mtp", "backend"),) and "native" in f.hint
+    worker["drafter"]["depth"] = 3
+    assert "mlx-lm-depth-map" not in codes(fleet)
+
+
+@pytest.mark.parametrize("depth", ["3", 3.0, [3], {"code": "4", "default": 3}])
+def test_a_depth_that_is_neither_an_integer_nor_a_map_of_integers_is_one_type_error(fleet, depth):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = depth
+    _, report = validate_data(fleet)
+    assert [f.code for f in report.findings] == ["invalid-type"]
+    # pydantic's branch tags (`int`, `dict[str,int]`) stay out of the path.
+    assert report.findings[0].path[:5] == ("workers", "qwen-mtp", "drafter", "depth", *(["code"] if isinstance(depth, dict) else []))
+    assert not set(report.findings[0].path) & {"int", "dict[str,int]"}
