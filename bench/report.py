@@ -143,8 +143,10 @@ def spread_warning(workload: str, summaries: Sequence[tuple[str, Summary]]) -> s
     )
 
 
-def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DEFAULT_CONFIDENCE) -> str:
-    """One line per comparison; the decision always comes first, a ratio only when there is one."""
+def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DEFAULT_CONFIDENCE, *, paired: bool = False) -> str:
+    """One line per comparison; the decision always comes first, a ratio only when there is one.
+
+    `paired`: the passes were alternated pairs and `v.ratio` is the geometric mean of the pair ratios."""
     if v.decision == "too few passes":
         return (
             f"{label} vs {baseline}: too few passes to compare (n {v.n_cand} against {v.n_base}, at least {MIN_PASSES} per side)"
@@ -154,12 +156,15 @@ def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DE
     if v.adopt:
         return f"{label} vs {baseline}: adopt: {v.ratio:.3f}x ({ci}, clears {1 + v.margin:.2f})"
     slower = " (slower)" if v.hi is not None and v.hi < 1.0 else ""
-    return f"{label} vs {baseline}: not significant: keep the default{slower}; ratio {v.ratio:.3f} ({ci}, needs all of it above {1 + v.margin:.2f})"
+    what = "geometric mean of pair ratios" if paired else "ratio"
+    return f"{label} vs {baseline}: not significant: keep the default{slower}; {what} {v.ratio:.3f} ({ci}, needs all of it above {1 + v.margin:.2f})"
 
 
-def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: float = DEFAULT_MARGIN) -> str | None:
+def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: float = DEFAULT_MARGIN,
+               paired: bool = False) -> str | None:
     """How many passes the measured spread calls for (normal approximation from the simulation),
-    over the range of spreads the configurations showed."""
+    over the range of spreads the configurations showed. The estimate is for unpaired passes; with
+    `paired` the note says so (pairing cancels drift, so it needs fewer: `bench simulate --design paired`)."""
     from bench.simulate import repeats_for_power
 
     usable = [s for s in summaries if s.n >= MIN_PASSES and s.median > 0]
@@ -172,6 +177,7 @@ def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: fl
     return (
         f"measured spread: CV about {cv_text} across configurations;"
         f" detecting a {effect:.0%} win at that spread needs about {need_text} passes per side"
+        + (" if unpaired; these passes are paired and need fewer (see `mtpstack bench simulate --design paired`)" if paired else "")
     )
 
 
@@ -347,11 +353,12 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
         lines += ["", f"## {workload}", "", *workload_table(results, workload), ""]
         notes = []
         summaries = [(c["label"], summarize(values(c, workload))) for c in measured(results) if values(c, workload)]
-        for note in (spread_warning(workload, summaries), noise_note([s for _, s in summaries], margin=margin)):
+        for note in (spread_warning(workload, summaries),
+                     noise_note([s for _, s in summaries], margin=margin, paired=alternated(results))):
             if note:
                 notes.append(note)
         for c, v in verdicts(results, workload, margin):
-            notes.append(format_verdict(c["label"], results.get("baseline", "baseline"), v))
+            notes.append(format_verdict(c["label"], results.get("baseline", "baseline"), v, paired=alternated(results)))
         notes.append("recommendation: " + recommendation_line(results, workload, margin))
         for n in notes:
             lines += [n, ""]

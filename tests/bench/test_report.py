@@ -173,3 +173,15 @@ def test_emit_config_prints_the_recommended_depth_per_workload_as_yaml_and_nix()
                                "drafter": {"path": "d", "bits": 6, **fragment["workers"]["w"]["drafter"]}}}}
     config_, report = validate_data(fleet)
     assert config_ is not None and report.findings == []
+
+
+def test_a_paired_verdict_names_its_statistic_and_the_unpaired_estimate_says_it_is_one():
+    from bench.stats import decide_paired
+
+    noisy = [21.0, 22.0, 23.0, 22.5, 21.5, 20.0]
+    line = rpt.format_verdict("depth 2", "no-drafter", decide_paired(BASE + [20.0], noisy), paired=True)
+    assert "not significant" in line and "geometric mean of pair ratios" in line
+    assert "; ratio " not in line
+    spread = [summarize([15.0, 22.0, 30.0, 18.0, 26.0]), summarize([20.0, 21.0, 22.0, 23.0, 24.0])]
+    assert "if unpaired; these passes are paired" in rpt.noise_note(spread, paired=True)
+    assert "paired" not in rpt.noise_note(spread)
