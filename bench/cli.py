@@ -12,12 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
+from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from bench import simulate as sim
-    from bench import sweep as sw
+    from mtpstack.bench import simulate as sim
+    from mtpstack.bench import sweep as sw
 
     bench = subparsers.add_parser("bench", help="measure configurations carefully (sweep, report, compare, simulate)",
                                   description="Measure serving configurations: prove the weights, sweep the draft depth, decide on the spread.")
@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--rho", type=float, default=sim.DEFAULT_RHO,
                    help=f"paired: drift correlation between neighbouring runs (default: {sim.DEFAULT_RHO})")
     m.add_argument("--rho-from", type=Path, metavar="RUNS.json",
-                   help="paired: an alternated run (`python -m bench.alternate`) whose measured rho is printed beside --rho")
+                   help="paired: an alternated run (`python -m mtpstack.bench.alternate`) whose measured rho is printed beside --rho")
     m.add_argument("--process-cv", type=float, default=0.0,
                    help="paired: spread between worker processes, for settings read at start-up (default: 0)")
     m.add_argument("--resident", action="store_true",
@@ -89,8 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tuple[int, int]) -> int:
-    from bench import simulate as sim
-    from bench.stats import neighbour_correlation
+    from mtpstack.bench import simulate as sim
+    from mtpstack.bench.stats import neighbour_correlation
 
     if not -1.0 < args.rho < 1.0:
         return _error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
@@ -100,7 +100,7 @@ def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tup
             runs = json.loads(args.rho_from.read_text())["runs"]
             measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return _error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m bench.alternate`")
+            return _error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m mtpstack.bench.alternate`")
     start, cap = adaptive
     if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
         repeats = list(sim.PAIRED_REPEATS)
@@ -141,8 +141,8 @@ def _stderr_console():
 def run_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from bench import sweep as sw
-    from validator import ConfigError, load_valid_config
+    from mtpstack.bench import sweep as sw
+    from mtpstack.validator import ConfigError, load_valid_config
 
     try:
         config = load_valid_config(args.config)
@@ -170,7 +170,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     paths = sw.write_outputs(results, args.out)
     print("\n".join(_report_lines(results)))
     if args.emit_config:
-        from bench import report as rpt
+        from mtpstack.bench import report as rpt
 
         print("\n" + "\n".join(rpt.emit_config(results)))
     print("wrote " + ", ".join(f"`{p}`" for p in paths), file=sys.stderr)
@@ -179,13 +179,13 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def _report_lines(results: dict, margin: float | None = None) -> list[str]:
-    from bench import report as rpt
+    from mtpstack.bench import report as rpt
 
     return rpt.render_report(results, margin=margin)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from bench import report as rpt
+    from mtpstack.bench import report as rpt
 
     try:
         results = rpt.load_results(args.results)
@@ -201,7 +201,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from bench import report as rpt
+    from mtpstack.bench import report as rpt
 
     try:
         a, b = rpt.load_results(args.a), rpt.load_results(args.b)
@@ -215,7 +215,7 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_simulate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from bench import simulate as sim
+    from mtpstack.bench import simulate as sim
 
     try:
         repeats = sorted({int(x) for x in args.repeats.split(",") if x.strip()})

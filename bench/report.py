@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.stats import (
+from mtpstack.bench.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
     MIN_PASSES,
@@ -165,7 +165,7 @@ def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: fl
     """How many passes the measured spread calls for (normal approximation from the simulation),
     over the range of spreads the configurations showed. The estimate is for unpaired passes; with
     `paired` the note says so (pairing cancels drift, so it needs fewer: `bench simulate --design paired`)."""
-    from bench.simulate import repeats_for_power
+    from mtpstack.bench.simulate import repeats_for_power
 
     usable = [s for s in summaries if s.n >= MIN_PASSES and s.median > 0]
     if not usable or effect <= margin:

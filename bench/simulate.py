@@ -7,7 +7,7 @@ output (17.4-27.3 around 22). For each number of passes per side the
 simulation reports how often the rule adopts a change that is not real (true
 ratio 1.0) and how often it detects a real win (default 15%), beside a naive
 rule that divides two medians (at n = 1: two single runs) and adopts above
-`1 + margin`. The rule is the one the sweep applies (`bench.stats.decide_batch`).
+`1 + margin`. The rule is the one the sweep applies (`mtpstack.bench.stats.decide_batch`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.stats import DEFAULT_MARGIN, MIN_PAIRS, MIN_PASSES, decide_batch, decide_paired_batch
+from mtpstack.bench.stats import DEFAULT_MARGIN, MIN_PAIRS, MIN_PASSES, decide_batch, decide_paired_batch
 
 DEFAULT_CV = 0.14
 DEFAULT_EFFECT = 0.15

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import report as rpt
-from bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
-from validator import FleetConfig, WorkerProfile, validate_data, worker_argv
-from validator.findings import format_path
-from worker.launcher import resolve_command, worker_env
-from worker.process import WorkerProcess, WorkerStartError
-from worker.proof import fetch_identity, free_port, hash_weights, read_cmdline, weights_from_argv
+from mtpstack.bench import report as rpt
+from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
+from mtpstack.validator import FleetConfig, WorkerProfile, validate_data, worker_argv
+from mtpstack.validator.findings import format_path
+from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.process import WorkerProcess, WorkerStartError
+from mtpstack.worker.proof import fetch_identity, free_port, hash_weights, read_cmdline, weights_from_argv
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_WORKLOADS = ("code", "prose")
@@ -145,7 +145,7 @@ def with_depth(profile: WorkerProfile, depth: int | None) -> WorkerProfile:
 def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str) -> tuple[list[Configuration], Configuration]:
     """The configurations to measure, baseline first, and the baseline itself."""
     if worker not in config.workers:
-        from validator.rules import did_you_mean
+        from mtpstack.validator.rules import did_you_mean
 
         guess = did_you_mean(worker, list(config.workers))
         raise SweepError(

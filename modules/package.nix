@@ -41,6 +41,7 @@ let
         ".pytest_cache"
         "__pycache__"
         "mtpstack.egg-info"
+        "build"
         "result"
       ]);
   };
@@ -77,9 +78,11 @@ ps.buildPythonApplication {
     ln -s ${ps.mlx-lm}/bin/mlx_lm.server $out/bin/mlx_lm.server
   '';
 
+  # One import root: the component folders install as mtpstack.proxy, mtpstack.worker, ...
   pythonImportsCheck = [
     "mtpstack"
-    "validator"
+    "mtpstack.validator"
+    "mtpstack.proxy"
   ];
 
   passthru = {

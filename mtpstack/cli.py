@@ -9,14 +9,14 @@ import sys
 
 #: subcommand -> module exposing `register(subparsers)`; the module sets `func` on its parser.
 SUBCOMMANDS: dict[str, str] = {
-    "validate": "validator.cli",
-    "schema": "validator.cli",
+    "validate": "mtpstack.validator.cli",
+    "schema": "mtpstack.validator.cli",
     "up": "mtpstack.commands",
     "status": "mtpstack.commands",
-    "worker": "worker.cli",
-    "weights": "worker.cli",
-    "proxy": "proxy.cli",
-    "bench": "bench.cli",
+    "worker": "mtpstack.worker.cli",
+    "weights": "mtpstack.worker.cli",
+    "proxy": "mtpstack.proxy.cli",
+    "bench": "mtpstack.bench.cli",
 }
 
 

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 from mtpstack.up import http_status
-from validator.argv import draft_kind_from_argv
-from worker.proof import identity_disagreements, read_cmdline, weights_from_argv
+from mtpstack.validator.argv import draft_kind_from_argv
+from mtpstack.worker.proof import identity_disagreements, read_cmdline, weights_from_argv
 
 
 class StatusError(Exception):

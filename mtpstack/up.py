@@ -1,7 +1,7 @@
 """`mtpstack up`: bring the whole stack up from one config, keep it up, take it down in order.
 
 Validate first; start every worker as its own process with its weights on its command line
-(`validator.worker_argv` through `worker.launcher`, the same argv the Nix units run); wait
+(`validator.worker_argv` through `mtpstack.worker.launcher`, the same argv the Nix units run); wait
 until each `/health` answers 200; then start the proxy and wait for `/readyz`. While running,
 a process that exits unexpectedly is restarted with backoff (the proxy routes around a
 missing worker meanwhile). SIGINT or SIGTERM stops the proxy first, then the workers.
@@ -29,14 +29,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from validator import FleetConfig, worker_argv
-from validator.deep import local_dir
-from validator.findings import display_name
-from validator.load import load_config, validate_data
-from validator.placement import is_placed, parts_on
-from validator.rules import did_you_mean
-from worker.launcher import resolve_command, worker_env
-from worker.process import WorkerProcess, WorkerStartError
+from mtpstack.validator import FleetConfig, worker_argv
+from mtpstack.validator.deep import local_dir
+from mtpstack.validator.findings import display_name
+from mtpstack.validator.load import load_config, validate_data
+from mtpstack.validator.placement import is_placed, parts_on
+from mtpstack.validator.rules import did_you_mean
+from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.process import WorkerProcess, WorkerStartError
 
 DEFAULT_RUN_DIR = Path(".mtpstack/run")
 DEMO_MODEL = "mtpstack-demo"
@@ -57,7 +57,7 @@ class UpError(Exception):
 
 def default_fleet() -> dict:
     """The bundled demo: the shipped hybrid target with its MTP head on one worker, the proxy in front, coupled at 2."""
-    from worker.demo import DEMO_HEAD, DEMO_TARGET
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     return {
         "proxy": {"host": "127.0.0.1", "port": 8080, "modelConcurrencyLimits": {DEMO_MODEL: 2}},

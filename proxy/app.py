@@ -18,15 +18,15 @@ from typing import AsyncIterator, Awaitable, Callable
 from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
 
-from proxy.admission import ModelAdmission, Rejected, Upstream
-from proxy.auth import key_accepted, load_api_keys, presented_key
-from proxy.deadline import ClientDeadlines, deadline_of
-from proxy.deadline import middleware as client_deadline_middleware
-from proxy.dashboard import dashboard
-from proxy import fleet
-from proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
-from proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
-from proxy.http import (
+from mtpstack.proxy.admission import ModelAdmission, Rejected, Upstream
+from mtpstack.proxy.auth import key_accepted, load_api_keys, presented_key
+from mtpstack.proxy.deadline import ClientDeadlines, deadline_of
+from mtpstack.proxy.deadline import middleware as client_deadline_middleware
+from mtpstack.proxy.dashboard import dashboard
+from mtpstack.proxy import fleet
+from mtpstack.proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
+from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
+from mtpstack.proxy.http import (
     REQUEST_DROP,
     REQUEST_ID,
     RESPONSE_DROP,
@@ -35,11 +35,11 @@ from proxy.http import (
     request_id,
     sse_error_event,
 )
-from proxy.metrics import ProxyMetrics
-from proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
-from validator import FleetConfig, gate_for
-from validator.bounds import BodyError, parse_json_body
-from validator.placement import dial_host
+from mtpstack.proxy.metrics import ProxyMetrics
+from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
+from mtpstack.validator import FleetConfig, gate_for
+from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.validator.placement import dial_host
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -63,7 +63,7 @@ class ProxyState:
     api_keys: tuple[bytes, ...] | None
     #: One HTTP client (keep-alive pool) per worker, by worker name.
     clients: dict[str, UpstreamClient] = field(default_factory=dict)
-    #: The client deadline of every connection `mtpstack proxy` accepts (`proxy.deadline`).
+    #: The client deadline of every connection `mtpstack proxy` accepts (`mtpstack.proxy.deadline`).
     deadlines: ClientDeadlines | None = None
     #: The fleet's state behind `/v1/fleet/status` and `/dashboard`, collected in the background.
     fleet: FleetCollector | None = None
@@ -212,7 +212,7 @@ async def list_models(request: web.Request, state: ProxyState, rid: str) -> web.
 
 @_keyed
 async def fleet_status(request: web.Request, state: ProxyState, rid: str) -> web.Response:
-    """The last snapshot of `proxy.fleet`: no worker is asked on a reader's behalf."""
+    """The last snapshot of `mtpstack.proxy.fleet`: no worker is asked on a reader's behalf."""
     assert state.fleet is not None
     return web.Response(
         body=state.fleet.body,

@@ -11,10 +11,10 @@ import sys
 
 from aiohttp import web
 
-from proxy.app import STATE, create_app
-from proxy.auth import ApiKeysError
-from proxy.logs import configure as configure_logs
-from validator import ConfigError, FleetConfig, load_config
+from mtpstack.proxy.app import STATE, create_app
+from mtpstack.proxy.auth import ApiKeysError
+from mtpstack.proxy.logs import configure as configure_logs
+from mtpstack.validator import ConfigError, FleetConfig, load_config
 
 log = logging.getLogger("mtpstack.proxy")
 

@@ -18,7 +18,7 @@ CONTENT_SECURITY_POLICY = "default-src 'none'; script-src 'unsafe-inline'; style
 
 @cache
 def page() -> bytes:
-    return files("proxy").joinpath("static/dashboard.html").read_bytes()
+    return files("mtpstack.proxy").joinpath("static/dashboard.html").read_bytes()
 
 
 async def dashboard(request: web.Request) -> web.Response:

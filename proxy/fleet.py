@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.admission import Upstream
-from proxy.upstream import UpstreamClient, UpstreamError
-from validator import WorkerProfile, worker_argv
-from worker.proof import identity_disagreements, weights_from_argv
+from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
+from mtpstack.validator import WorkerProfile, worker_argv
+from mtpstack.worker.proof import identity_disagreements, weights_from_argv
 
 if TYPE_CHECKING:
-    from proxy.app import ProxyState
+    from mtpstack.proxy.app import ProxyState
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -51,7 +51,7 @@ WINDOW_SECONDS = 60.0
 FETCH_TIMEOUT_SECONDS = 2.0
 #: Hash prefix shown for each weight file set: enough to tell two apart at a glance.
 HASH_PREFIX = 12
-#: The model label of requests refused before a served model was known (`proxy.app.NO_MODEL`).
+#: The model label of requests refused before a served model was known (`mtpstack.proxy.app.NO_MODEL`).
 NO_MODEL = "-"
 #: Time-to-first-token samples kept per worker (the window also bounds them).
 TTFT_SAMPLES = 1000

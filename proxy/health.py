@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from aiohttp import web
 
-from proxy.admission import Upstream
-from proxy.upstream import UpstreamClient, UpstreamError
+from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 
 if TYPE_CHECKING:
-    from proxy.app import ProxyState
+    from mtpstack.proxy.app import ProxyState
 
 log = logging.getLogger("mtpstack.proxy")
 

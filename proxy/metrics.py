@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.admission import Upstream
+from mtpstack.proxy.admission import Upstream
 
 PREFIX = "mtpstack_proxy_"
 

@@ -3,7 +3,7 @@
 Every other component imports the config from here; nobody parses it a second way.
 """
 
-from validator.config import (
+from mtpstack.validator.config import (
     Backend,
     Bits,
     DrafterSpec,
@@ -15,10 +15,10 @@ from validator.config import (
     TimeoutsConfig,
     WorkerProfile,
 )
-from validator.coupling import gate_for, gate_source
-from validator.argv import worker_argv
-from validator.findings import Finding, Report
-from validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
+from mtpstack.validator.coupling import gate_for, gate_source
+from mtpstack.validator.argv import worker_argv
+from mtpstack.validator.findings import Finding, Report
+from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
 
 __all__ = [
     "Backend",

@@ -11,7 +11,7 @@ that exec it resolve that name to a path.
 
 from __future__ import annotations
 
-from validator.config import WorkerProfile
+from mtpstack.validator.config import WorkerProfile
 
 NATIVE_PROGRAM = "mtpstack"
 MLX_LM_PROGRAM = "mlx_lm.server"
@@ -24,7 +24,7 @@ DEPTH_MAP_FLAG = "--draft-depth-map"
 
 def format_depth_map(depths: dict[str, int]) -> str:
     """`{"prose": 2, "code": 4}` -> `code=4,prose=2`: one plain argument, sorted as Nix sorts attribute names;
-    `worker.proof.parse_depth_map` reads it back."""
+    `mtpstack.worker.proof.parse_depth_map` reads it back."""
     return ",".join(f"{name}={depths[name]}" for name in sorted(depths))
 
 

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from validator.config import FleetConfig
-from validator.findings import Finding, format_finding
-from validator.load import load_config
+from mtpstack.validator.config import FleetConfig
+from mtpstack.validator.findings import Finding, format_finding
+from mtpstack.validator.load import load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -3,7 +3,7 @@
 Keys are camelCase, as operators write them in Nix. The model is strict (no
 coercion of "3" into 3) and forbids unknown keys. Ranges that carry the
 coupling rule (maxNumSeqs, concurrency limits, draft depth) and maxContextTokens are deliberately
-*not* enforced here: the rules in `validator.rules` report them with their own
+*not* enforced here: the rules in `mtpstack.validator.rules` report them with their own
 codes, so that a range error never hides a mismatch and vice versa.
 """
 
@@ -14,11 +14,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from validator.modeldir import DRAFTER_KINDS
+from mtpstack.validator.modeldir import DRAFTER_KINDS
 
 Backend = Literal["native", "mlx-lm"]
 Bits = Literal[2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"]
-#: `auto`, `mtp` or `model`: the values are `validator.modeldir`'s, which resolves `auto`.
+#: `auto`, `mtp` or `model`: the values are `mtpstack.validator.modeldir`'s, which resolves `auto`.
 DrafterKindSetting = Literal[DRAFTER_KINDS]
 
 #: The batch-width range every gate and every worker must sit in.

@@ -7,7 +7,7 @@ It is a coupling, not a cap: 2, 3 or 4 on both sides is as valid as 1.
 
 from __future__ import annotations
 
-from validator.config import ProxyConfig, WorkerProfile
+from mtpstack.validator.config import ProxyConfig, WorkerProfile
 
 
 def gate_for(proxy: ProxyConfig, model: str) -> int:

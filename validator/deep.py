@@ -1,6 +1,6 @@
 """`--deep` checks: compare what the config claims with the model directories on disk.
 
-Model directories are read through `validator.modeldir` only, so settings kept in
+Model directories are read through `mtpstack.validator.modeldir` only, so settings kept in
 `text_config` (the Qwen3.5 family and its MTP heads) are checked like top-level ones.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from validator.config import FleetConfig, WorkerProfile
-from validator.findings import Finding
-from validator.modeldir import config_value, detect_drafter_kind, head_mismatch, model_facts, read_config
-from validator.rules import mlx_lm_cannot_load_mtp
+from mtpstack.validator.config import FleetConfig, WorkerProfile
+from mtpstack.validator.findings import Finding
+from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_mismatch, model_facts, read_config
+from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -37,7 +37,7 @@ def recorded_bits(model_config: dict) -> str | None:
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
-    from validator.memory import check_memory
+    from mtpstack.validator.memory import check_memory
 
     findings: list[Finding] = []
     for name, worker in config.workers.items():

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from validator import rules
-from validator.config import FleetConfig
-from validator.findings import Finding, Report, display_key, format_path
-from validator.source import Source, Unreadable, read_source
+from mtpstack.validator import rules
+from mtpstack.validator.config import FleetConfig
+from mtpstack.validator.findings import Finding, Report, display_key, format_path
+from mtpstack.validator.source import Source, Unreadable, read_source
 
 _TYPE_NAMES = {
     "int_type": "an integer",
@@ -241,7 +241,7 @@ def load_config(file: str | Path, deep: bool = False) -> tuple[FleetConfig | Non
         return None, report
     config, report = validate_data(source.data, name, source)
     if deep and config is not None:
-        from validator.deep import check_deep
+        from mtpstack.validator.deep import check_deep
 
         base = Path(file).resolve().parent
         report.findings.extend(_with_line(f, source) for f in check_deep(config, base))

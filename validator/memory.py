@@ -11,11 +11,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from validator.config import FleetConfig, WorkerProfile
-from validator.deep import local_dir
-from validator.findings import Finding, display_name
-from validator.modeldir import config_value, read_config
-from validator.placement import is_placed, parts_on
+from mtpstack.validator.config import FleetConfig, WorkerProfile
+from mtpstack.validator.deep import local_dir
+from mtpstack.validator.findings import Finding, display_name
+from mtpstack.validator.modeldir import config_value, read_config
+from mtpstack.validator.placement import is_placed, parts_on
 
 GIB = 1024**3
 #: The KV cache's element size: mlx keeps keys and values in the activations' dtype (fp16/bf16).

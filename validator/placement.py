@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from validator.config import FleetConfig
+from mtpstack.validator.config import FleetConfig
 
 
 def is_placed(config: FleetConfig) -> bool:

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import re
 
-from validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
-from validator.coupling import gate_for, gate_source
-from validator.findings import Finding, display_key, display_name, format_path
-from validator.placement import is_loopback, is_placed, is_remote, parts_on
+from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from mtpstack.validator.coupling import gate_for, gate_source
+from mtpstack.validator.findings import Finding, display_key, display_name, format_path
+from mtpstack.validator.placement import is_loopback, is_placed, is_remote, parts_on
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*"})
 

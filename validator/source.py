@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from validator.bounds import depth_exceeds
+from mtpstack.validator.bounds import depth_exceeds
 
 KeyPath = tuple[str, ...]
 

@@ -13,7 +13,7 @@ import re
 #: The body field and the header a client names its class in.
 CLASS_FIELD = "mtpstack_class"
 CLASS_HEADER = "X-Mtpstack-Class"
-#: The same shape `validator.config.DEPTH_CLASS_PATTERN` allows in the config.
+#: The same shape `mtpstack.validator.config.DEPTH_CLASS_PATTERN` allows in the config.
 CLASS_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The classes the classifier itself gives.
 CODE, PROSE = "code", "prose"

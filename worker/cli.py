@@ -14,11 +14,11 @@ import sys
 import urllib.error
 from pathlib import Path
 
-from worker.classify import CLASS_PATTERN
+from mtpstack.worker.classify import CLASS_PATTERN
 
-from worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
+from mtpstack.worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
 
-#: Default draft depth; `worker.proof.weights_from_argv` assumes the same when the flag is absent.
+#: Default draft depth; `mtpstack.worker.proof.weights_from_argv` assumes the same when the flag is absent.
 DEFAULT_DEPTH = 3
 
 
@@ -76,7 +76,7 @@ def _fail(message: str, hint: str | None = None) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from proxy.logs import MalformedHttpInOneLine
+    from mtpstack.proxy.logs import MalformedHttpInOneLine
 
     logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
     if args.max_num_seqs < 1:
@@ -95,8 +95,8 @@ def run_worker(args: argparse.Namespace) -> int:
     for cls, depth in depth_map.items():
         if not CLASS_PATTERN.fullmatch(cls) or not 1 <= depth <= 16:
             return _fail(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` and a depth from 1 to 16")
-    from worker.engine import ModelNotFound, resolve_model_path
-    from worker.server import WorkerConfig, serve
+    from mtpstack.worker.engine import ModelNotFound, resolve_model_path
+    from mtpstack.worker.server import WorkerConfig, serve
 
     # Fail before listening when a path is plainly wrong; loading itself happens behind /health.
     for flag, value in (("--model", args.model), ("--draft-model", args.draft_model)):
@@ -136,7 +136,7 @@ class ProofError(Exception):
 
 def _resolve_local(path: str, pid: int) -> str:
     """Resolve `path` as the worker process saw it (relative to its working directory)."""
-    from worker.engine import ModelNotFound, resolve_model_path
+    from mtpstack.worker.engine import ModelNotFound, resolve_model_path
 
     p = Path(path).expanduser()
     if not p.is_absolute():

@@ -12,7 +12,7 @@
   head gives the same proposals here and there.
 - `ModelDrafter` (`model`): a separate small language model with its own KV cache.
 
-Both keep one resident batch cache (`worker.caches`) whose rows follow the
+Both keep one resident batch cache (`mtpstack.worker.caches`) whose rows follow the
 engine's batch; each sequence prefills into caches of its own first
 (`new_cache`, `prefill`), which `extend` then appends as a row. Every
 proposal is the drafter's argmax: the engine's acceptance rule (a draft stands
@@ -27,7 +27,7 @@ from typing import Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from worker.caches import RaggedKVCache, batch_caches
+from mtpstack.worker.caches import RaggedKVCache, batch_caches
 
 
 class Drafter(Protocol):

@@ -3,10 +3,10 @@
 mlx-lm provides the models, tokenizer, chat template and top-p filtering; this
 module owns the step. Decoding sequences are rows of one resident batch
 (`Batch`): each step the drafter (an MTP head or a separate draft model,
-`worker.drafting`) proposes up to k tokens per row, the target verifies every
+`mtpstack.worker.drafting`) proposes up to k tokens per row, the target verifies every
 row in one forward, and each row keeps its own accepted prefix: attention
 caches by length, gated-delta state by the state saved after that position
-(`worker.caches`). Drafted and accepted tokens are counted by position, a
+(`mtpstack.worker.caches`). Drafted and accepted tokens are counted by position, a
 request's depth is honoured per row, and a sequence can be stopped between any
 two steps.
 
@@ -32,11 +32,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
-from validator.modeldir import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
-from worker.caches import CacheNotSupported, batch_caches, check_rollback
-from worker.drafting import HeadDrafter, ModelDrafter
-from worker.mtp.load import HeadLoadError, load_head
-from worker.proof import hash_weights
+from mtpstack.validator.modeldir import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.worker.caches import CacheNotSupported, batch_caches, check_rollback
+from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
+from mtpstack.worker.mtp.load import HeadLoadError, load_head
+from mtpstack.worker.proof import hash_weights
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -301,7 +301,7 @@ class Sequence:
         self._detok = engine.tokenizer.detokenizer
         self.cancelled = False  # set from another thread; honoured before the next step
         self.handle = None  # the server's per-request bridge
-        # Optional per-request view of the target's logits (worker.protocol.hooks): `constrain(logits,
+        # Optional per-request view of the target's logits (mtpstack.worker.protocol.hooks): `constrain(logits,
         # drafted)` returns the [n, vocab] logits to sample from (a grammar mask), `observe(logits,
         # tokens)` sees the raw logits of the tokens just emitted (logprobs, the grammar's advance).
         self.hook = None

@@ -69,7 +69,7 @@ class WeightsClaim:
 
 
 def parse_depth_map(text: str) -> dict[str, int]:
-    """`code=4,prose=2` (`--draft-depth-map`, written by `validator.argv.format_depth_map`) -> `{"code": 4, "prose": 2}`.
+    """`code=4,prose=2` (`--draft-depth-map`, written by `mtpstack.validator.argv.format_depth_map`) -> `{"code": 4, "prose": 2}`.
     Raises `ValueError` on an entry that is not `CLASS=DEPTH`."""
     out: dict[str, int] = {}
     for entry in text.split(",") if text else []:
@@ -136,7 +136,7 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
     if backend == "native":
         depth = as_int("draft-depth")
         if drafter is not None and depth is None:
-            depth = 3  # the worker's default; keep in step with worker.cli
+            depth = 3  # the worker's default; keep in step with mtpstack.worker.cli
         max_num_seqs = as_int("max-num-seqs")
         served = flags.get("served-model-name")
         depth_map = parse_depth_map(flags.get("draft-depth-map") or "") if drafter is not None else {}

@@ -28,13 +28,13 @@ from pathlib import Path
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from proxy.http import REQUEST_ID, request_id
-from validator.bounds import BodyError, parse_json_body
-from validator.modeldir import config_value
-from worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
-from worker.proof import read_cmdline
-from worker.protocol import render, responses
-from worker.protocol.chat import AgentRequest, ProtocolError, prepare
+from mtpstack.proxy.http import REQUEST_ID, request_id
+from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.validator.modeldir import config_value
+from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
+from mtpstack.worker.proof import read_cmdline
+from mtpstack.worker.protocol import render, responses
+from mtpstack.worker.protocol.chat import AgentRequest, ProtocolError, prepare
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -188,7 +188,7 @@ class Event:
     text: str
     finish_reason: str | None = None
     error: str | None = None
-    logprobs: list = field(default_factory=list)  # worker.protocol.hooks.TokenLogprob, when asked for
+    logprobs: list = field(default_factory=list)  # mtpstack.worker.protocol.hooks.TokenLogprob, when asked for
 
 
 @dataclass
@@ -249,7 +249,7 @@ class GenerationLoop:
         self.inbox.put(handle)
 
     def _load(self) -> None:
-        from worker.engine import Engine, Scheduler
+        from mtpstack.worker.engine import Engine, Scheduler
 
         c = self.config
         started = time.monotonic()
@@ -443,8 +443,8 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
-    cls: str = "default"  # the workload class (`worker.classify`)
-    responses: object = None  # worker.protocol.responses.ResponseBuilder for `/v1/responses`
+    cls: str = "default"  # the workload class (`mtpstack.worker.classify`)
+    responses: object = None  # mtpstack.worker.protocol.responses.ResponseBuilder for `/v1/responses`
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -540,7 +540,7 @@ def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
 def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
     """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
     the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
-    from worker.engine import SamplingParams
+    from mtpstack.worker.engine import SamplingParams
 
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
@@ -989,7 +989,7 @@ async def serve(config: WorkerConfig) -> int:
         except asyncio.TimeoutError:
             pass
         if gen.load_error is not None:
-            from worker.engine import ModelNotFound
+            from mtpstack.worker.engine import ModelNotFound
 
             e = gen.load_error
             msg = str(e) if isinstance(e, (ModelNotFound, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"

@@ -1,5 +1,5 @@
 # A rendered worker profile -> its command line; the twin of
-# `validator.argv.worker_argv`, tested against it. argv[0] is the bare program
+# `mtpstack.validator.argv.worker_argv`, tested against it. argv[0] is the bare program
 # name (`mtpstack` or `mlx_lm.server`); callers resolve it to a path.
 #
 # The weight paths and the draft depth are arguments on purpose: the running
@@ -7,7 +7,7 @@
 let
   # `drafter.depth`: a number, or a depth per workload class whose `default`
   # goes to `--draft-depth` and the rest to `--draft-depth-map code=4,prose=2`
-  # (attribute names come sorted, as `validator.argv.format_depth_map` sorts).
+  # (attribute names come sorted, as `mtpstack.validator.argv.format_depth_map` sorts).
   isMap = d: builtins.isAttrs d;
   defaultDepth =
     d:

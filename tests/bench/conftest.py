@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.sweep import SweepSettings
+from mtpstack.bench.sweep import SweepSettings
 
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
     pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
-    from worker.demo.tiny import build_tiny_pair
+    from devkit.demo.tiny import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("tiny-a"), seed=0)
 
@@ -23,7 +23,7 @@ def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def other_pair(tmp_path_factory) -> tuple[Path, Path]:
     pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
-    from worker.demo.tiny import build_tiny_pair
+    from devkit.demo.tiny import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("tiny-b"), seed=1)
 

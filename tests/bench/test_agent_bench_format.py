@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench import constrained_bench, grammar_bench
+from devkit.scripts import load_script
+
+constrained_bench = load_script("constrained_bench")
+grammar_bench = load_script("grammar_bench")
 
 
 def span(median, lo, hi):

@@ -1,6 +1,10 @@
-"""`bench/hostile_bench.py`'s report: pure functions over a result."""
+"""`bench/scripts/hostile_bench.py`'s report: pure functions over a result."""
 
-from bench.hostile_bench import must_be_zero, report
+from devkit.scripts import load_script
+
+_script = load_script("hostile_bench")
+must_be_zero = _script.must_be_zero
+report = _script.report
 
 
 def result(**over) -> dict:

@@ -6,7 +6,16 @@ import copy
 
 import pytest
 
-from bench.load_bench import checks, fault_lines, load_lines, parse_metrics, report_lines, sample, table
+from devkit.scripts import load_script
+
+_script = load_script("load_bench")
+checks = _script.checks
+fault_lines = _script.fault_lines
+load_lines = _script.load_lines
+parse_metrics = _script.parse_metrics
+report_lines = _script.report_lines
+sample = _script.sample
+table = _script.table
 
 METRICS = """# HELP mtpstack_proxy_inflight Requests admitted.
 # TYPE mtpstack_proxy_inflight gauge
@@ -63,7 +72,7 @@ def failover(**over) -> dict:
 
 def result(**over) -> dict:
     r = {
-        "meta": {"date": "2026-11-29 15:00 UTC", "command": "bench/load_bench.py --quick", "cpus": 2, "platform": "Linux",
+        "meta": {"date": "2026-11-29 15:00 UTC", "command": "bench/scripts/load_bench.py --quick", "cpus": 2, "platform": "Linux",
                  "python": "3.11.7", "commit": "abc1234", "seconds": 60},
         "load": [fake_load()], "fake_kills": kills(), "fake_failover": failover(), "fake_disconnects": disconnects(), "errors": [],
     }
@@ -146,7 +155,7 @@ def test_report_marks_failures_and_unfinished_phases():
     text = "\n".join(lines)
     assert "FAIL  fake worker kills (3 of 3): hung clients: 2" in text
     assert "FAIL  phase did not finish: real stack: RuntimeError: boom" in text
-    assert lines[1] == "command: bench/load_bench.py --quick"
+    assert lines[1] == "command: bench/scripts/load_bench.py --quick"
 
 
 def test_fault_lines_have_one_row_per_fault_kind_present():

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from bench import simulate as sim
-from bench.stats import MIN_PAIRS, decide, decide_paired, neighbour_correlation
+from mtpstack.bench import simulate as sim
+from mtpstack.bench.stats import MIN_PAIRS, decide, decide_paired, neighbour_correlation
 
 
 def test_pairing_cancels_drift_that_blocks_hide_it_in():

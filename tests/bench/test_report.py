@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench import report as rpt
-from bench.stats import decide, summarize
+from mtpstack.bench import report as rpt
+from mtpstack.bench.stats import decide, summarize
 
 
 def config(label: str, depth: int | None, e2e: list[float], *, pid: int = 100, drafted: int = 0, accepted: int = 0,
@@ -150,7 +150,7 @@ def test_a_recommendation_resting_on_an_undecided_comparison_says_so_and_a_decid
 def test_emit_config_prints_the_recommended_depth_per_workload_as_yaml_and_nix():
     import yaml
 
-    from validator import validate_data
+    from mtpstack.validator import validate_data
 
     def two(label, depth, code, prose, pid):
         c = config(label, depth, code, pid=pid)
@@ -176,7 +176,7 @@ def test_emit_config_prints_the_recommended_depth_per_workload_as_yaml_and_nix()
 
 
 def test_a_paired_verdict_names_its_statistic_and_the_unpaired_estimate_says_it_is_one():
-    from bench.stats import decide_paired
+    from mtpstack.bench.stats import decide_paired
 
     noisy = [21.0, 22.0, 23.0, 22.5, 21.5, 20.0]
     line = rpt.format_verdict("depth 2", "no-drafter", decide_paired(BASE + [20.0], noisy), paired=True)

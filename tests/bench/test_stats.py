@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import simulate, stats
-from bench.stats import Candidate, decide, recommend, summarize
+from mtpstack.bench import simulate, stats
+from mtpstack.bench.stats import Candidate, decide, recommend, summarize
 
 
 def test_summary_reports_median_mad_and_range():
@@ -122,7 +122,7 @@ def test_default_noise_matches_the_measured_spread():
 
 
 def test_settling_names_the_comparison_the_recommendation_rests_on():
-    from bench.stats import settling
+    from mtpstack.bench.stats import settling
 
     base = Candidate("no-drafter", None, (20.0, 21.0, 22.0, 23.0, 24.0))
     d1 = Candidate("depth 1", 1, (30.0, 30.5, 31.0, 31.5, 32.0))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import sweep as sw
-from bench.stats import DEFAULT_REPEATS
+from mtpstack.bench import sweep as sw
+from mtpstack.bench.stats import DEFAULT_REPEATS
 from mtpstack.cli import main
-from validator import load_valid_config
+from mtpstack.validator import load_valid_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "valid" / "fleet.yaml"
 
@@ -229,7 +229,7 @@ def sleeping_worker():
     from contextlib import ExitStack
 
     from tests.sleeping_process import sleeping_process
-    from validator import worker_argv
+    from mtpstack.validator import worker_argv
 
     with ExitStack() as stack:
         yield lambda profile: stack.enter_context(sleeping_process(worker_argv(profile))).pid
@@ -254,7 +254,7 @@ def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(examp
 
 
 def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(example):
-    from bench.stats import Candidate
+    from mtpstack.bench.stats import Candidate
 
     sweep = sw.Sweep.__new__(sw.Sweep)
     sweep.s = type("S", (), {"margin": 0.05})()

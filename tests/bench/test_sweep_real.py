@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench import report as rpt
-from bench.sweep import (
+from mtpstack.bench import report as rpt
+from mtpstack.bench.sweep import (
     ConfigurationAborted,
     Expected,
     ProcessReused,
@@ -15,8 +15,8 @@ from bench.sweep import (
     prove_weights,
     write_outputs,
 )
-from validator import load_valid_config
-from worker.proof import free_port, hash_weights
+from mtpstack.validator import load_valid_config
+from mtpstack.worker.proof import free_port, hash_weights
 
 pytestmark = pytest.mark.mlx
 
@@ -70,9 +70,9 @@ def test_a_two_configuration_three_repeat_sweep_records_every_pass_and_proof(fas
 @pytest.fixture
 def other_worker(other_pair, tmp_path):
     """A worker started on a different pair of weights (seed 1)."""
-    from validator import WorkerProfile, worker_argv
-    from worker.launcher import resolve_command, worker_env
-    from worker.process import WorkerProcess
+    from mtpstack.validator import WorkerProfile, worker_argv
+    from mtpstack.worker.launcher import resolve_command, worker_env
+    from mtpstack.worker.process import WorkerProcess
 
     target, drafter = other_pair
     port = free_port()
@@ -158,7 +158,7 @@ def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_
 
     import yaml
 
-    from bench.sweep import SweepSettings, parse_widths, SweepError
+    from mtpstack.bench.sweep import SweepSettings, parse_widths, SweepError
     from tests.bench.conftest import fleet_data
 
     data = fleet_data(*tiny_pair)
@@ -197,7 +197,7 @@ def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_
 
 
 def test_an_alternated_sweep_runs_every_depth_in_one_proven_process_in_rotating_paired_order(fast_settings):
-    from bench.sweep import SweepError
+    from mtpstack.bench.sweep import SweepError
 
     fast_settings.depths = [1, 3]
     fast_settings.baseline = "configured"  # depth 2, from the fleet

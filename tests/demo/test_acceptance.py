@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("mlx.core", reason="the acceptance tool needs mlx")
 
-from worker.demo.acceptance import CODE_PROMPTS, PROSE_PROMPTS, format_head_rows, measure  # noqa: E402
-from worker.demo.tiny_hybrid import build_tiny_hybrid_pair  # noqa: E402
+from devkit.demo.acceptance import CODE_PROMPTS, PROSE_PROMPTS, format_head_rows, measure  # noqa: E402
+from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair  # noqa: E402
 
 
 def test_served_acceptance_counts_every_prompt_and_stays_within_what_was_drafted(tmp_path):

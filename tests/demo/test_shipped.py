@@ -10,9 +10,9 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.generate import stream_generate  # noqa: E402
 
-from worker.demo import DEMO_DIR, DEMO_HEAD, DEMO_TARGET  # noqa: E402
-from worker.demo.acceptance import head_chain_steps  # noqa: E402
-from worker.mtp import load_head  # noqa: E402
+from mtpstack.worker.demo import DEMO_DIR, DEMO_HEAD, DEMO_TARGET  # noqa: E402
+from devkit.demo.acceptance import head_chain_steps  # noqa: E402
+from mtpstack.worker.mtp import load_head  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

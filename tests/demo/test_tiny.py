@@ -7,7 +7,7 @@ import pytest
 mlx_lm = pytest.importorskip("mlx_lm")
 from mlx_lm.generate import generate, stream_generate  # noqa: E402
 
-from worker.demo.tiny import build_tiny_pair  # noqa: E402
+from devkit.demo.tiny import build_tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

@@ -1,4 +1,4 @@
-"""The tiny Qwen3.5-family pair: the target loads with mlx-lm, the head with worker.mtp, bundled or standalone."""
+"""The tiny Qwen3.5-family pair: the target loads with mlx-lm, the head with mtpstack.worker.mtp, bundled or standalone."""
 
 import json
 
@@ -9,13 +9,13 @@ mlx_lm = pytest.importorskip("mlx_lm")
 from mlx_lm.generate import stream_generate  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
-from worker.demo.tiny_hybrid import (  # noqa: E402
+from devkit.demo.tiny_hybrid import (  # noqa: E402
     build_tiny_bundled_checkpoint,
     build_tiny_hybrid_pair,
     build_tiny_hybrid_target,
 )
-from worker.mtp import load_head  # noqa: E402
-from worker.mtp.load import HeadLoadError  # noqa: E402
+from mtpstack.worker.mtp import load_head  # noqa: E402
+from mtpstack.worker.mtp.load import HeadLoadError  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -143,7 +143,7 @@ def test_seed_fixes_the_weights(tmp_path):
 
 
 def test_head_chain_acceptance_counts_accepted_prefixes(loaded):
-    from worker.demo.acceptance import head_chain_steps
+    from devkit.demo.acceptance import head_chain_steps
 
     target, head, tokenizer = loaded
     ids = tokenizer.encode("def main():\n")

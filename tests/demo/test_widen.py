@@ -7,7 +7,7 @@ import pytest
 mlx_lm = pytest.importorskip("mlx_lm")
 from mlx_lm.generate import stream_generate  # noqa: E402
 
-from worker.demo.widen import main, parameter_count, widen  # noqa: E402
+from devkit.demo.widen import main, parameter_count, widen  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from validator import FleetConfig, worker_argv
-from worker.demo.tiny import build_tiny_pair
-from worker.launcher import resolve_command, worker_env
-from worker.process import WorkerProcess
-from worker.proof import free_port
+from mtpstack.validator import FleetConfig, worker_argv
+from devkit.demo.tiny import build_tiny_pair
+from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.process import WorkerProcess
+from mtpstack.worker.proof import free_port
 
 #: Loading tiny models takes well under a second; the bound covers a busy 2-core CI machine.
 STARTUP_TIMEOUT = 120.0

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.app import create_app
+from mtpstack.proxy.app import create_app
 from tests.e2e.conftest import fleet
-from validator import FleetConfig, validate_data
+from mtpstack.validator import FleetConfig, validate_data
 
 
 async def eight_clients(data: dict, gate: int) -> list[tuple[int, str | None]]:

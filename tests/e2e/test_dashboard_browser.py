@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
+from mtpstack.proxy.app import create_app
 from tests.e2e.conftest import fleet, get_text, metric, running_stack, wait_until
-from validator import FleetConfig
+from mtpstack.validator import FleetConfig
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

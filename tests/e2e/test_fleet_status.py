@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.app import create_app
+from mtpstack.proxy.app import create_app
 from tests.e2e.conftest import get_json, get_text, metric, wait_until
-from validator import FleetConfig
+from mtpstack.validator import FleetConfig
 
 
 def status(stack) -> dict:

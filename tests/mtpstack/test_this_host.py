@@ -6,7 +6,7 @@ import pytest
 
 from mtpstack.status import render
 from mtpstack.up import UpError, this_host
-from validator import validate_data
+from mtpstack.validator import validate_data
 
 FLEET = {
     "hosts": {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "10.0.0.11"}},

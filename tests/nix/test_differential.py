@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from validator.argv import worker_argv
-from validator.coupling import is_coupled
-from validator.load import validate_data
-from validator.placement import dial_host, parts_on
+from mtpstack.validator.argv import worker_argv
+from mtpstack.validator.coupling import is_coupled
+from mtpstack.validator.load import validate_data
+from mtpstack.validator.placement import dial_host, parts_on
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix

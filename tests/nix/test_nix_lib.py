@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from validator.load import validate_data
+from mtpstack.validator.load import validate_data
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix

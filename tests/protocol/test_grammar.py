@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.utils import load_tokenizer
 
 from tests.worker.agent_models import build_agent_tokenizer
-from worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
-from worker.protocol.hooks import Constraint
+from mtpstack.worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
+from mtpstack.worker.protocol.hooks import Constraint
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "integer"}, "s": {"type": "string", "maxLength": 4}}, "required": ["x"]}}}

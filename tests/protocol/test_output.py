@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
-from worker.protocol.output import Markers, OutputSplitter, assemble
+from mtpstack.worker.protocol.output import Markers, OutputSplitter, assemble
 
 QWEN35 = Markers("<think>", "</think>", "<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call)
 QWEN3_JSON = Markers("<think>", "</think>", "<tool_call>", "</tool_call>", json_tools.parse_tool_call)

@@ -1,4 +1,4 @@
-"""Fixtures: real aiohttp upstreams on loopback (`proxy.fake_upstream`, counting their own
+"""Fixtures: real aiohttp upstreams on loopback (`devkit.fake_upstream`, counting their own
 concurrency) and a proxy built from a `FleetConfig` pointing at them."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy import create_app
-from proxy.fake_upstream import FakeState, make_app
-from validator import FleetConfig
+from mtpstack.proxy import create_app
+from devkit.fake_upstream import FakeState, make_app
+from mtpstack.validator import FleetConfig
 
 #: Health checks every 50 ms: tests see a worker's death or recovery within a few loop turns.
 TEST_HEALTH_INTERVAL = 0.05
@@ -28,7 +28,7 @@ class Fleet:
 
     @property
     def state(self):
-        from proxy import STATE
+        from mtpstack.proxy import STATE
 
         return self.client.server.app[STATE]
 

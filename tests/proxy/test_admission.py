@@ -7,7 +7,7 @@ from http import HTTPStatus
 
 import pytest
 
-from proxy.admission import ModelAdmission, Rejected, Upstream
+from mtpstack.proxy.admission import ModelAdmission, Rejected, Upstream
 
 
 def admission(gates=(1,), max_waiting=8, timeout=5.0) -> ModelAdmission:

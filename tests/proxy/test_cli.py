@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy import create_app
-from validator import FleetConfig
-from worker.proof import free_port
+from mtpstack.proxy import create_app
+from mtpstack.validator import FleetConfig
+from mtpstack.worker.proof import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ async def wait_http(url: str, timeout: float = 15.0, proc: subprocess.Popen | No
 
 def start_fake(port: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "proxy.fake_upstream", "--port", str(port), *extra],
+        [sys.executable, "-m", "devkit.fake_upstream", "--port", str(port), *extra],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
 

@@ -1,4 +1,4 @@
-"""`GET /v1/fleet/status` and `/dashboard` against real aiohttp upstreams (`proxy.fake_upstream`)
+"""`GET /v1/fleet/status` and `/dashboard` against real aiohttp upstreams (`devkit.fake_upstream`)
 that answer `/identity` and `/metrics` like the native worker."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from proxy.fleet import WorkerTrack, acceptance, parse_metrics, spread, weights_check
+from mtpstack.proxy.fleet import WorkerTrack, acceptance, parse_metrics, spread, weights_check
 from tests.proxy.conftest import fleet_config
-from validator import worker_argv
+from mtpstack.validator import worker_argv
 
 
 def identity_of(gate: int, pid: int = 100, started_at: float = 1000.0, argv: list[str] | None = None) -> dict:

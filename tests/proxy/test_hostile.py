@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from bench.hostile import (
+from devkit.hostile import (
     MALFORMED_HTTP,
     SLOW_KINDS,
     proxy_before_fake,

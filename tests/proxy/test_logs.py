@@ -7,7 +7,7 @@ import logging
 
 from aiohttp.http_exceptions import BadHttpMessage
 
-from proxy.logs import JsonLines, MalformedHttpInOneLine
+from mtpstack.proxy.logs import JsonLines, MalformedHttpInOneLine
 
 
 def record(msg: str, exc: BaseException | None = None, name: str = "mtpstack.proxy") -> logging.LogRecord:

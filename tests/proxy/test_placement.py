@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy import STATE, create_app
-from proxy.fake_upstream import FakeState, make_app
-from validator import FleetConfig
+from mtpstack.proxy import STATE, create_app
+from devkit.fake_upstream import FakeState, make_app
+from mtpstack.validator import FleetConfig
 
 
 async def test_a_worker_on_another_host_is_dialled_at_its_hosts_address(aiohttp_server, aiohttp_client):

@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import STATE, create_app
-from proxy.fake_upstream import FakeState, make_app
-from validator import FleetConfig
+from mtpstack.proxy import STATE, create_app
+from devkit.fake_upstream import FakeState, make_app
+from mtpstack.validator import FleetConfig
 
 request_st = st.fixed_dictionaries(
     {

@@ -229,8 +229,8 @@ def unaccepting_port():
 
 
 async def test_worker_not_accepting_connections_gives_504(aiohttp_client, unaccepting_port):
-    from proxy import create_app
-    from validator import FleetConfig
+    from mtpstack.proxy import create_app
+    from mtpstack.validator import FleetConfig
 
     config = FleetConfig.model_validate(
         {
@@ -240,7 +240,7 @@ async def test_worker_not_accepting_connections_gives_504(aiohttp_client, unacce
     )
     app = create_app(config, health_interval=60)
     client = await aiohttp_client(app)
-    from proxy import STATE
+    from mtpstack.proxy import STATE
 
     state = app[STATE]
     state.admissions["m"].set_healthy(state.upstreams["w"], True, "as if a check had just passed")
@@ -397,7 +397,7 @@ async def test_models_health_and_metrics_endpoints(make_fleet):
 
 
 async def test_a_proxy_bug_mid_stream_still_ends_the_stream_and_frees_the_slot(make_fleet, monkeypatch, caplog):
-    from proxy.upstream import UpstreamResponse
+    from mtpstack.proxy.upstream import UpstreamResponse
 
     real = UpstreamResponse._available
     calls = 0

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamRefused
+from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamRefused
 
 
 async def raw_server(script):
@@ -113,8 +113,8 @@ async def test_refused_connection_is_upstream_refused():
 
 async def test_an_http10_worker_streams_through_the_proxy(aiohttp_client):
     """mlx_lm.server answers streams over HTTP/1.0, ended by closing the connection."""
-    from proxy import create_app
-    from validator import FleetConfig
+    from mtpstack.proxy import create_app
+    from mtpstack.validator import FleetConfig
 
     async def script(reader, writer):
         req = await read_request(reader)

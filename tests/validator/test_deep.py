@@ -5,7 +5,7 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from validator import load_config
+from mtpstack.validator import load_config
 
 TINY = np.zeros((2, 2), dtype=np.float32)
 TARGET_TENSORS = ("model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight")

@@ -10,7 +10,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.hostile import mutate_structure, mutate_text, random_config, valid_fleet
+from devkit.hostile import mutate_structure, mutate_text, random_config, valid_fleet
 from mtpstack.cli import main
 
 #: Bounded in count (each example is one in-process validation, a few milliseconds).

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtpstack.cli import main
-from validator import load_config, validate_data
-from validator.rules import WILDCARD_HOSTS, _canonical_host, check_ports
+from mtpstack.validator import load_config, validate_data
+from mtpstack.validator.rules import WILDCARD_HOSTS, _canonical_host, check_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VALID = (ROOT / "examples" / "valid" / "fleet.yaml").read_text()
@@ -89,12 +89,12 @@ def test_aliases_within_the_bound_are_expanded(tmp_path):
 
 
 def test_an_internal_error_exits_3_with_a_json_finding(tmp_path, capsys, monkeypatch):
-    import validator.cli
+    import mtpstack.validator.cli
 
     def broken(*args, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(validator.cli, "load_config", broken)
+    monkeypatch.setattr(mtpstack.validator.cli, "load_config", broken)
     path = tmp_path / "fleet.yaml"
     path.write_text(VALID)
     assert main(["validate", str(path), "--format", "json"]) == 3

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from safetensors.numpy import save_file
 
-from validator import load_config
+from mtpstack.validator import load_config
 
 #: 2 layers x 2 KV heads x 16 dims x 2 (keys and values) x 2 bytes x 1024 tokens = 256 KiB per sequence.
 CONFIG = {"num_hidden_layers": 2, "max_position_embeddings": 1024, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from validator import validate_data
-from validator.load import validate_file
-from validator.placement import dial_host, parts_on
+from mtpstack.validator import validate_data
+from mtpstack.validator.load import validate_file
+from mtpstack.validator.placement import dial_host, parts_on
 
 
 def placed(fleet, *, proxy="gw", worker="mac1", host="0.0.0.0"):

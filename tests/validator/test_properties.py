@@ -4,7 +4,7 @@ coupling verdict is exactly the plain predicate."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from validator import validate_data
+from mtpstack.validator import validate_data
 
 KNOWN_CODES = {
     "concurrency-mismatch", "out-of-range", "unknown-model-limit", "drafter-precision",

@@ -1,7 +1,7 @@
 import pytest
 
-from validator import validate_data
-from validator.findings import format_finding
+from mtpstack.validator import validate_data
+from mtpstack.validator.findings import format_finding
 
 
 def codes(data):

@@ -19,10 +19,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import AddedToken, Tokenizer
 
-from worker.demo import TOKENIZER_DIR
-from worker.demo.bpe import ENDOFTEXT, IM_END, IM_START
-from worker.demo.modeldir import build_model, qwen3_config, save_model_dir
-from worker.demo.tiny import LATER_LAYER_GAIN, PROJECTION_GAIN, TINY_TARGET
+from devkit.demo import TOKENIZER_DIR
+from devkit.demo.bpe import ENDOFTEXT, IM_END, IM_START
+from devkit.demo.modeldir import build_model, qwen3_config, save_model_dir
+from devkit.demo.tiny import LATER_LAYER_GAIN, PROJECTION_GAIN, TINY_TARGET
 
 #: Tool definitions fill the system prompt: the demo's 512-token context is too small for them.
 CONTEXT = 4096

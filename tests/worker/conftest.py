@@ -11,11 +11,11 @@ import pytest
 
 mx = pytest.importorskip("mlx.core", reason="the worker tests need mlx")
 
-from validator import WorkerProfile, worker_argv  # noqa: E402
-from worker.demo.tiny import build_tiny_pair  # noqa: E402
-from worker.launcher import resolve_command, worker_env  # noqa: E402
-from worker.process import WorkerProcess  # noqa: E402
-from worker.proof import free_port  # noqa: E402
+from mtpstack.validator import WorkerProfile, worker_argv  # noqa: E402
+from devkit.demo.tiny import build_tiny_pair  # noqa: E402
+from mtpstack.worker.launcher import resolve_command, worker_env  # noqa: E402
+from mtpstack.worker.process import WorkerProcess  # noqa: E402
+from mtpstack.worker.proof import free_port  # noqa: E402
 
 #: Every HTTP call in these tests is bounded by this.
 HTTP_TIMEOUT = 30.0
@@ -118,6 +118,6 @@ def live_worker(tmp_path):
 @pytest.fixture(scope="session")
 def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny Qwen3.5-family hybrid target (gated-delta + full attention) and its MTP head folder."""
-    from worker.demo.tiny_hybrid import build_tiny_hybrid_pair
+    from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
 
     return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)

@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from worker.classify import classify_request, classify_text
-from worker.server import WorkerConfig, request_class, ApiError
+from mtpstack.worker.classify import classify_request, classify_text
+from mtpstack.worker.server import WorkerConfig, request_class, ApiError
 
 MAP = {"code": 4, "prose": 1, "default": 2}
 
@@ -35,7 +35,7 @@ def test_the_classifier_tells_code_from_prose(text, cls):
 @pytest.mark.parametrize("workload", ["code", "prose"])
 def test_the_bench_prompt_sets_are_classified_as_their_workload(workload):
     # Requests *for* code ("Write a Python function ...") hold no code themselves.
-    from bench.sweep import load_prompts
+    from mtpstack.bench.sweep import load_prompts
 
     chats = [{"messages": [{"role": "user", "content": p.prompt}]} for p in load_prompts(workload)]
     assert {classify_request(c) for c in chats} == {workload}

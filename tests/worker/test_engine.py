@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
 
 PROMPTS = [
     "def main():",
@@ -201,7 +201,7 @@ def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(engine, re
 
 
 def test_identity_hash_changes_when_a_weight_file_changes(tiny_pair, tmp_path, pair_copier):
-    from worker.proof import hash_weights
+    from mtpstack.worker.proof import hash_weights
 
     target, _ = pair_copier(tiny_pair, tmp_path)
     before = hash_weights(target)
@@ -224,7 +224,7 @@ def test_the_demo_chat_template_takes_content_as_a_string_or_as_text_parts(engin
 
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_a_prompt_prefilled_over_several_chunks_gives_what_one_chunk_gives(engine, reference, monkeypatch, chunk):
-    import worker.engine as engine_module
+    import mtpstack.worker.engine as engine_module
 
     prompt = PROMPTS[3]
     whole = run(engine, engine.text_prompt(prompt), depth=3)

@@ -6,8 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from worker.caches import StepStateCache
-from worker.engine import Batch, Engine, SamplingParams, Scheduler
+from mtpstack.worker.caches import StepStateCache
+from mtpstack.worker.engine import Batch, Engine, SamplingParams, Scheduler
 
 PROMPTS = [
     "def main():",
@@ -191,7 +191,7 @@ def test_a_model_kind_declared_for_a_head_folder_is_refused_with_a_hint(hybrid_p
 
 
 def test_a_target_whose_cache_cannot_be_rolled_back_is_refused_naming_the_layer(tmp_path):
-    from worker.caches import CacheNotSupported, check_rollback
+    from mtpstack.worker.caches import CacheNotSupported, check_rollback
     from mlx_lm.models import mamba
 
     model = mamba.Model(mamba.ModelArgs(model_type="mamba", vocab_size=32, hidden_size=16, intermediate_size=32,
@@ -203,7 +203,7 @@ def test_a_target_whose_cache_cannot_be_rolled_back_is_refused_naming_the_layer(
 
 @pytest.mark.parametrize("chunk", [1, 2, 5])
 def test_a_prompt_prefilled_over_several_chunks_drafts_as_one_prefilled_at_once(engine, reference, monkeypatch, chunk):
-    import worker.engine as engine_module
+    import mtpstack.worker.engine as engine_module
 
     prompt = PROMPTS[3]  # 12 tokens
     whole = engine.new_sequence(engine.text_prompt(prompt), params(3))

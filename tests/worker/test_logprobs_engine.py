@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from worker.engine import Engine, SamplingParams
-from worker.protocol.hooks import RowHook
+from mtpstack.worker.engine import Engine, SamplingParams
+from mtpstack.worker.protocol.hooks import RowHook
 
 PROMPT_TEXT = "def fibonacci(n):\n    "
 TOKENS = 40

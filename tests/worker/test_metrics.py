@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from proxy.fleet import acceptance, parse_metrics
-from worker.server import Metrics
+from mtpstack.proxy.fleet import acceptance, parse_metrics
+from mtpstack.worker.server import Metrics
 
 
 def test_each_step_counts_its_drafts_and_acceptances_at_their_positions():

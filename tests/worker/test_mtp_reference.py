@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
 
 drafters = pytest.importorskip(
     "mlx_vlm.speculative.drafters", reason="the reference implementation (mlx-vlm) is installed by scripts/test"
@@ -84,7 +84,7 @@ def test_the_head_proposes_what_the_reference_proposes_round_after_round(hybrid_
 def test_a_folder_written_by_the_reference_splitter_drafts_like_the_bundled_head(tmp_path):
     from mlx_vlm.speculative.drafters.qwen3_5_mtp.split import split_qwen3_5_mtp
 
-    from worker.demo.tiny_hybrid import build_tiny_bundled_checkpoint
+    from devkit.demo.tiny_hybrid import build_tiny_bundled_checkpoint
 
     original = build_tiny_bundled_checkpoint(tmp_path / "original")
     split = split_qwen3_5_mtp(str(original), str(tmp_path / "split"))

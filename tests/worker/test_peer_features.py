@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.worker.agent_models import build_agent_pair
-from worker.proof import free_port
+from mtpstack.worker.proof import free_port
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from validator import WorkerProfile, worker_argv
-from worker.launcher import resolve_command, worker_env
-from worker.proof import read_cmdline, weights_from_argv
+from mtpstack.validator import WorkerProfile, worker_argv
+from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.proof import read_cmdline, weights_from_argv
 
 
 def _profile(backend="native", drafter=True, width=2) -> WorkerProfile:
@@ -63,7 +63,7 @@ def test_resolve_command_runs_the_programs_from_this_environment():
 
 
 def test_worker_env_preloads_openblas_once_and_keeps_the_hub_offline():
-    from worker.launcher import openblas_path
+    from mtpstack.worker.launcher import openblas_path
 
     env = worker_env({"PATH": "/bin"})
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -120,9 +120,9 @@ def test_weights_explains_what_it_cannot_reach():
 
 
 def test_weights_proves_an_mlx_lm_server_from_its_command_line_alone(tiny_pair, tmp_path):
-    from worker.launcher import which
-    from worker.process import WorkerProcess
-    from worker.proof import free_port
+    from mtpstack.worker.launcher import which
+    from mtpstack.worker.process import WorkerProcess
+    from mtpstack.worker.proof import free_port
 
     if which("mlx_lm.server") is None:
         pytest.skip("mlx_lm.server is not installed")
@@ -149,7 +149,7 @@ def test_health_says_loading_until_the_models_are_in(tiny_pair, live_worker):
     import urllib.error
     import urllib.request
 
-    from worker.server import LOAD_DELAY_ENV
+    from mtpstack.worker.server import LOAD_DELAY_ENV
 
     w = live_worker(*tiny_pair, width=1, env={LOAD_DELAY_ENV: "5"})
     w.proc.start()

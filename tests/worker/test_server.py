@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from worker.server import STALL_FILE_ENV
+from mtpstack.worker.server import STALL_FILE_ENV
 
 CHAT = [{"role": "user", "content": "Write a haiku about the sea"}]
 #: Generous bound for each HTTP exchange on a loaded 2-core machine.
@@ -43,7 +43,7 @@ def test_models_lists_the_served_model_name(worker):
 
 
 def test_identity_names_what_was_loaded(worker, tiny_pair):
-    from worker.proof import hash_weights
+    from mtpstack.worker.proof import hash_weights
 
     ident = worker.get_json("/identity")
     assert ident["target"]["resolved_path"] == str(tiny_pair[0].resolve())

@@ -1,17 +1,16 @@
-"""Demo models for mtpstack: a tiny trained Qwen3.5-family hybrid target with its MTP head, shipped in the repo.
+"""The demo pair shipped with mtpstack: a tiny trained Qwen3.5-family hybrid target and its MTP head.
 
-No model hub is reachable from the machines this project is built on, so the demo pair is trained
-here on local text (see `docs/demo-models.md`): `DEMO_TARGET` is a `qwen3_5` model directory,
-`DEMO_HEAD` its standalone `qwen3_5_mtp` head folder. Tests build even smaller random pairs with
-`worker.demo.tiny_hybrid.build_tiny_hybrid_pair` (and qwen3 pairs with
-`worker.demo.tiny.build_tiny_pair`); benchmarks make a memory-bound copy with `worker.demo.widen`.
+No model hub is reachable from the machines this project is built on, so the pair was trained here
+on local text (see `docs/demo-models.md`): `DEMO_TARGET` is a `qwen3_5` model directory,
+`DEMO_HEAD` its standalone `qwen3_5_mtp` head folder. `mtpstack up` with no fleet file serves them.
+The tooling that made them (training, the tokenizer, tiny random pairs for tests, the widened copy
+the benchmarks use) is development tooling and lives outside the package, in `devkit/demo/`.
 """
 
 from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parent
-TOKENIZER_DIR = DEMO_DIR / "tokenizer"
 DEMO_TARGET = DEMO_DIR / "models" / "target"
 DEMO_HEAD = DEMO_DIR / "models" / "mtp"
 
-__all__ = ["DEMO_HEAD", "DEMO_TARGET", "TOKENIZER_DIR"]
+__all__ = ["DEMO_DIR", "DEMO_HEAD", "DEMO_TARGET"]

@@ -16,6 +16,6 @@ checkpoints. Another family (DeepSeek, GLM, MiMo) is one more module and one
 more line in each map.
 """
 
-from worker.mtp.load import BUNDLED, HEADS, LoadedHead, load_head
+from mtpstack.worker.mtp.load import BUNDLED, HEADS, LoadedHead, load_head
 
 __all__ = ["BUNDLED", "HEADS", "LoadedHead", "load_head"]

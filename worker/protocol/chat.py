@@ -11,9 +11,9 @@ import json
 import weakref
 from dataclasses import dataclass
 
-from worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
-from worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook
-from worker.protocol.output import Markers
+from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
+from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook
+from mtpstack.worker.protocol.output import Markers
 
 #: Tools a request may declare: agent frameworks send tens; the prompt pays for every one.
 MAX_TOOLS = 128
@@ -33,7 +33,7 @@ class ProtocolError(ValueError):
 
 @dataclass
 class OutputSpec:
-    """How the answer's text is split: see `worker.protocol.output.OutputSplitter`."""
+    """How the answer's text is split: see `mtpstack.worker.protocol.output.OutputSplitter`."""
 
     markers: Markers
     reasoning: bool = False
@@ -54,7 +54,7 @@ _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def grammars_for(engine) -> Grammars:
     if engine not in _grammars:
-        from validator.modeldir import config_value
+        from mtpstack.validator.modeldir import config_value
 
         vocab = config_value(engine.target.config, "vocab_size") or len(engine.tokenizer._tokenizer)
         _grammars[engine] = Grammars(engine.tokenizer, vocab)

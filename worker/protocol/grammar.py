@@ -2,7 +2,7 @@
 
 Compiled on the event loop while the request is parsed, so a bad or oversized schema is a 400
 naming the field before anything reaches the generation thread. A compiled grammar becomes an
-`llguidance.LLMatcher`, which `worker.protocol.hooks.Constraint` advances in that thread.
+`llguidance.LLMatcher`, which `mtpstack.worker.protocol.hooks.Constraint` advances in that thread.
 
 Bounds on client grammars: the schema's JSON text is at most `MAX_SCHEMA_BYTES`, and compiling
 runs under `LIMITS` (llguidance's fuel counters, deterministic, not wall time), so a hostile schema

@@ -8,9 +8,9 @@ for chain of thought in Chat Completions. Both names are accepted in the history
 
 from __future__ import annotations
 
-from worker.protocol.chat import OutputSpec
-from worker.protocol.hooks import TokenLogprob
-from worker.protocol.output import Markers, OutputSplitter, Piece, assemble
+from mtpstack.worker.protocol.chat import OutputSpec
+from mtpstack.worker.protocol.hooks import TokenLogprob
+from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece, assemble
 
 REASONING_FIELD = "reasoning"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from worker.protocol.chat import OutputSpec, ProtocolError, content_text
-from worker.protocol.output import Markers, OutputSplitter, Piece
+from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text
+from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 
 #: Fields that need state the worker does not keep.
 STATEFUL = ("previous_response_id", "conversation", "background")

@@ -1,14 +1,14 @@
 """Train the shipped demo pair: a tiny Qwen3.5-family hybrid target and its MTP head, on local code and prose.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m worker.demo.train --out worker/demo/models --seed 0
+        python -m devkit.demo.train --out worker/demo/models --seed 0
 
 Writes OUT/target (a `qwen3_5` model directory in mlx-lm's format, built with mlx-lm's own class)
 and OUT/mtp (a standalone `qwen3_5_mtp` head folder, the format mlx-vlm's splitter writes). The
 target is trained first; then, with the target frozen, the head learns to predict token t+2 from
 the target's final hidden state at t and the embedding of token t+1 (and, with a smaller weight,
 token t+3 from its own output and token t+2: the depth-2 chain). Both use the committed demo
-tokenizer (`worker/demo/tokenizer`, rebuilt with `python -m worker.demo.bpe`). Training follows a
+tokenizer (`devkit/demo/tokenizer`, rebuilt with `python -m devkit.demo.bpe`). Training follows a
 fixed seed and step count; it is not bit-reproducible across machines (the text found under
 /usr/share/doc differs between installs, and BLAS summation order varies).
 """
@@ -27,9 +27,9 @@ import mlx.optimizers as optim
 import numpy as np
 from tokenizers import Tokenizer
 
-from worker.demo import TOKENIZER_DIR, corpus
-from worker.demo.bpe import ENDOFTEXT
-from worker.demo.modeldir import (
+from devkit.demo import TOKENIZER_DIR, corpus
+from devkit.demo.bpe import ENDOFTEXT
+from devkit.demo.modeldir import (
     build_head,
     build_qwen3_5,
     head_config,
@@ -193,7 +193,7 @@ def check_reload(model, model_dir: Path, valid: np.ndarray) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.demo.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devkit.demo.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/mtp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=700)

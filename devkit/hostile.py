@@ -1,6 +1,6 @@
 """Hostile input, generated: configs for `validate`, raw HTTP and odd JSON for the proxy and
 the worker, slow clients. Pure generators (seeded `random.Random`) and a raw socket client; the
-fuzz tests (`tests/*/test_fuzz*.py`) and `bench/hostile_bench.py` both draw from here.
+fuzz tests (`tests/*/test_fuzz*.py`) and `bench/scripts/hostile_bench.py` both draw from here.
 """
 
 from __future__ import annotations
@@ -373,10 +373,10 @@ class RunningProxy:
 def proxy_before_fake(tmp: Path, client_seconds: float) -> Iterator[RunningProxy]:
     """`mtpstack proxy` (its log in `tmp/proxy.log`) in front of one fake worker of model `m`
     at a gate of 2; both stopped on exit."""
-    from worker.proof import free_port
+    from mtpstack.worker.proof import free_port
 
     up_port, port = free_port(), free_port()
-    fake = subprocess.Popen([sys.executable, "-m", "proxy.fake_upstream", "--port", str(up_port), "--gate", "2"],
+    fake = subprocess.Popen([sys.executable, "-m", "devkit.fake_upstream", "--port", str(up_port), "--gate", "2"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cfg = tmp / "fleet.json"
     cfg.write_text(json.dumps({

@@ -1,9 +1,9 @@
 """Measure how often a drafter's tokens are accepted under greedy decoding.
 
-    python -m worker.demo.acceptance [TARGET DRAFTER] [--depth 3] [--max-tokens 128] [--function-level]
+    python -m devkit.demo.acceptance [TARGET DRAFTER] [--depth 3] [--max-tokens 128] [--function-level]
 
 Served acceptance (the default): each prompt decoded greedily by the worker's own engine
-(`worker.engine`, the drafter's kind detected as the worker does), counting drafted and accepted
+(`mtpstack.worker.engine`, the drafter's kind detected as the worker does), counting drafted and accepted
 tokens. `--function-level` (MTP heads only): the target's greedy continuation is fixed; at each
 decode step the head chain drafts `depth` tokens from the target's hidden state (`head_chain_steps`),
 the accepted prefix is counted and the target adds one token of its own. Prints one line per prompt
@@ -94,7 +94,7 @@ def measure_head(target_dir: Path, head_dir: Path, *, depth: int = 3, max_tokens
     import mlx_lm
     from mlx_lm.generate import stream_generate
 
-    from worker.mtp import load_head
+    from mtpstack.worker.mtp import load_head
 
     target, tokenizer = mlx_lm.load(str(target_dir))
     head = load_head(Path(head_dir), Path(target_dir)).module
@@ -110,7 +110,7 @@ def measure_head(target_dir: Path, head_dir: Path, *, depth: int = 3, max_tokens
 
 def measure(target_dir: Path, drafter_dir: Path, *, depth: int = 3, max_tokens: int = 128) -> list["HeadAcceptance"]:
     """Served acceptance: greedy decoding by the worker's engine, drafted and accepted tokens counted."""
-    from worker.engine import Engine, SamplingParams
+    from mtpstack.worker.engine import Engine, SamplingParams
 
     engine = Engine.load(str(target_dir), str(drafter_dir), draft_depth=depth)
     results = []
@@ -137,9 +137,9 @@ def format_head_rows(results: list[HeadAcceptance]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from worker.demo import DEMO_HEAD, DEMO_TARGET
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
-    parser = argparse.ArgumentParser(prog="python -m worker.demo.acceptance", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devkit.demo.acceptance", description=__doc__.split("\n")[0])
     parser.add_argument("target", type=Path, nargs="?", default=DEMO_TARGET)
     parser.add_argument("drafter", type=Path, nargs="?", default=DEMO_HEAD)
     parser.add_argument("--depth", type=int, default=3)

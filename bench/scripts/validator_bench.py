@@ -1,6 +1,6 @@
 """How long `validate` takes on large fleets: parse + model + rules, end to end from a YAML file.
 
-    .venv/bin/python bench/validator_bench.py [--workers 1000] [--repeats 15] [--kind valid rules structure]
+    .venv/bin/python bench/scripts/validator_bench.py [--workers 1000] [--repeats 15] [--kind valid rules structure]
 
 Prints median and min-max over repeats for each fleet size and kind (and JSON with --json).
 Kinds: `valid`; `rules`, every worker's width disagreeing with its gate and every port taken
@@ -10,6 +10,8 @@ A benchmark script, not a test: the machines are shared and noisy.
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import json
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from validator import load_config
+from mtpstack.validator import load_config
 
 
 def fleet(workers: int, kind: str = "valid") -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from worker.demo.modeldir import build_model, qwen3_config, save_model_dir
+from devkit.demo.modeldir import build_model, qwen3_config, save_model_dir
 
 TINY_TARGET = dict(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2

@@ -13,7 +13,7 @@ connection after n chunks (a worker dying mid-stream), a status to answer with, 
 chunk (an SSE comment) to stream megabytes; `first_after`: seconds between a stream's head and its
 first chunk (a prefill).
 
-Run alone: `python -m proxy.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
+Run alone: `python -m devkit.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def make_app(state: FakeState) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m proxy.fake_upstream", description="A scripted OpenAI upstream that counts its own concurrency.")
+    ap = argparse.ArgumentParser(prog="python -m devkit.fake_upstream", description="A scripted OpenAI upstream that counts its own concurrency.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--gate", type=int, default=1, help="concurrent requests served; more are refused with 429 (default: 1)")

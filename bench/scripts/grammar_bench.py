@@ -1,16 +1,18 @@
 """Constrained-decoding cost on a realistic vocabulary: llguidance (and outlines-core, when importable).
 
 A byte-level BPE tokenizer with about 150k entries is trained here on local text (code and prose,
-`worker.demo.corpus`; ~20 s, cached in `--tokenizer-dir`), as large as the Qwen3.5 family's. For
+`devkit.demo.corpus`; ~20 s, cached in `--tokenizer-dir`), as large as the Qwen3.5 family's. For
 each library: the tokenizer set-up, the schema compile, and the cost per token of a mask and an
 advance while walking a valid document token by token (what the worker does per emitted or
 verified position). Raw values go to JSON; `--runs` repeats give median and min-max.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-    python -m bench.grammar_bench --runs 5 --out grammar.json
+    python bench/scripts/grammar_bench.py --runs 5 --out grammar.json
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import json
@@ -45,8 +47,8 @@ def tokenizer(dir_: Path):
 
     path = dir_ / "tokenizer.json"
     if not path.exists():
-        from worker.demo import corpus
-        from worker.demo.bpe import train_tokenizer
+        from devkit.demo import corpus
+        from devkit.demo.bpe import train_tokenizer
 
         texts = corpus.sample(corpus.code_texts(), 40_000_000) + corpus.sample(corpus.prose_texts(), 40_000_000)
         dir_.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,18 @@
 """Load and fault figures for the whole stack: the gates hold under load, and faults leave no
 hung client and no leaked slot.
 
-    .venv/bin/python bench/load_bench.py [--quick] [--out load-bench.json] [--skip-real]
+    .venv/bin/python bench/scripts/load_bench.py [--quick] [--out load-bench.json] [--skip-real]
 
 Phases, in one run, every process started here on loopback and stopped at exit (Ctrl-C too):
 
-1. Load through fake upstreams (`proxy.fake_upstream`, which count their own concurrency and
+1. Load through fake upstreams (`devkit.fake_upstream`, which count their own concurrency and
    refuse above their gate): N requests (default 20,000) from 64 concurrent clients through the
    proxy (`python -m mtpstack proxy`, its own process) with gates of 2 and of 4, two upstreams
    each, a quarter of the requests streamed. `queue.maxWaiting` leaves room for every client,
    so any 429 is a fault. A shorter variant per gate with a small `maxWaiting` shows the 429
    `queue_full` (with Retry-After) that the queue bound must produce.
 2. Load through real workers: `mtpstack up` (a subprocess) with one native worker serving tiny
-   random-weight models (`worker.demo.tiny.build_tiny_pair`), width 2 coupled with gate 2; a few
+   random-weight models (`devkit.demo.tiny.build_tiny_pair`), width 2 coupled with gate 2; a few
    hundred requests from 16 clients. The worker's `rejected_total{code="worker_full"}` must not
    move; the proxy's inflight and the worker's active sequences are sampled.
 3. Worker kills mid-stream: fake upstreams SIGKILLed while they stream (two requests admitted,
@@ -31,6 +31,8 @@ when a check fails (the figures are still written).
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
@@ -53,9 +55,9 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-from worker.proof import free_port
+from mtpstack.worker.proof import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = _checkout.ROOT
 HOST = "127.0.0.1"
 #: Fake upstream pacing under load: short enough that the proxy is the bottleneck, long enough
 #: that requests overlap inside an upstream (an instant plain answer never yields).
@@ -231,7 +233,7 @@ class Fake:
         return f"http://{HOST}:{self.port}"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "proxy.fake_upstream", "--host", HOST, "--port", str(self.port), "--gate", str(self.gate),
+        argv = [sys.executable, "-m", "devkit.fake_upstream", "--host", HOST, "--port", str(self.port), "--gate", str(self.gate),
                 "--name", self.name, "--delay", str(LOAD_DELAY), "--chunks", str(LOAD_CHUNKS), "--interval", str(LOAD_INTERVAL)]
         self.proc = CHILDREN.start(argv, self.log)
 
@@ -917,7 +919,7 @@ def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream
 
 async def real_phase(session, workdir: Path, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
     """Fills `out` as it goes, so a failure part-way keeps the figures of what finished."""
-    from worker.demo.tiny import build_tiny_pair
+    from devkit.demo.tiny import build_tiny_pair
 
     say("real: building tiny models and starting `mtpstack up`")
     target, drafter = build_tiny_pair(workdir / "models", seed=0)
@@ -1198,7 +1200,7 @@ FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench/load_bench.py", description="Load and fault figures for the proxy and `mtpstack up`.")
+    ap = argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="Load and fault figures for the proxy and `mtpstack up`.")
     ap.add_argument("--quick", action="store_true", help="a smoke run of about a minute (smaller counts)")
     ap.add_argument("--out", default="load-bench.json", help="where the raw figures go (default: load-bench.json)")
     ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
@@ -1298,7 +1300,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         CHILDREN.stop_all()
     result["meta"] = {
-        "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/scripts/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(), "modified": _modified(),
         "seconds": round(time.monotonic() - t0), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "settings": {k: getattr(args, k) for k in FULL},

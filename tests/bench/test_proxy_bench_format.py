@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from bench.proxy_bench import percentile, summarize, table_lines
+from devkit.scripts import load_script
+
+_script = load_script("proxy_bench")
+percentile = _script.percentile
+summarize = _script.summarize
+table_lines = _script.table_lines
 
 
 def test_nearest_rank_percentile():

@@ -7,10 +7,12 @@ included). The schema holds one free string, so the constrained output runs as l
 one. Raw values go to JSON (`--out`); the table shows median ± MAD and min-max.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-    python -m bench.constrained_bench --rounds 5 --out constrained.json     # the shipped demo pair
+    python bench/scripts/constrained_bench.py --rounds 5 --out constrained.json     # the shipped demo pair
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import json
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.stats import summarize
+from mtpstack.bench.stats import summarize
 
 SCHEMA = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"], "additionalProperties": False}
 PROMPT = 'Return the function as JSON.\n{"code": "def parse_args(argv):\\n'
@@ -27,10 +29,10 @@ CONFIGS = {"plain": (False, False), "plain+schema": (False, True), "drafter": (T
 
 def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int) -> tuple[float, int, int, int]:
     """(seconds, tokens emitted, drafted, accepted) of one greedy generation."""
-    from worker.engine import SamplingParams
-    from worker.protocol.chat import grammars_for
-    from worker.protocol.grammar import json_grammar
-    from worker.protocol.hooks import Constraint, RowHook
+    from mtpstack.worker.engine import SamplingParams
+    from mtpstack.worker.protocol.chat import grammars_for
+    from mtpstack.worker.protocol.grammar import json_grammar
+    from mtpstack.worker.protocol.hooks import Constraint, RowHook
 
     depth = engine.draft_depth if drafter else 0
     seq = engine.new_sequence(prompt, SamplingParams(max_tokens=tokens, depth=depth))
@@ -55,7 +57,7 @@ def format_lines(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from worker.demo import DEMO_HEAD, DEMO_TARGET
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(DEMO_TARGET))
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    from worker.engine import Engine
+    from mtpstack.worker.engine import Engine
 
     engine = Engine.load(args.target, args.drafter, draft_depth=args.depth)
     prompt = engine.text_prompt(PROMPT)

@@ -2,7 +2,7 @@
 
 Models are built with mlx-lm's own classes (qwen3, and the Qwen3.5-family hybrid `qwen3_5`), so what
 the demo ships is exactly what `mlx_lm.load` reconstructs; nothing here re-implements an
-architecture. MTP heads are `worker.mtp`'s module, saved as the standalone `qwen3_5_mtp` folder
+architecture. MTP heads are `mtpstack.worker.mtp`'s module, saved as the standalone `qwen3_5_mtp` folder
 that mlx-vlm's splitter writes.
 """
 
@@ -16,8 +16,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3, qwen3_5
 
-from worker.demo import TOKENIZER_DIR
-from worker.demo.bpe import MODEL_MAX_LENGTH, TOKENIZER_FILES, VOCAB_SIZE, eos_token_ids
+from devkit.demo import TOKENIZER_DIR
+from devkit.demo.bpe import MODEL_MAX_LENGTH, TOKENIZER_FILES, VOCAB_SIZE, eos_token_ids
 
 
 def qwen3_config(
@@ -146,8 +146,8 @@ def head_config(text_config: dict, *, num_layers: int = 1, block_size: int = 3) 
 
 
 def build_head(config: dict):
-    """A `worker.mtp` head (random weights) for a head folder's config."""
-    from worker.mtp.qwen3_5 import Qwen35MTPHead
+    """A `mtpstack.worker.mtp` head (random weights) for a head folder's config."""
+    from mtpstack.worker.mtp.qwen3_5 import Qwen35MTPHead
 
     head = Qwen35MTPHead.from_config(config["text_config"])
     mx.eval(head.parameters())

@@ -1,10 +1,10 @@
 """What the admission proxy costs: added latency and CPU, against calling the upstream directly
 and against nginx as a reverse proxy, measured side by side in interleaved rounds of one run.
 
-    .venv/bin/python bench/proxy_bench.py [--rounds 5] [--out proxy-bench.json] [--dashboard-poll]
+    .venv/bin/python bench/scripts/proxy_bench.py [--rounds 5] [--out proxy-bench.json] [--dashboard-poll]
 
 Three processes per path: this script (the clients), a scripted upstream
-(`proxy.fake_upstream`, one answering at once and one pacing its chunks like a model), and the
+(`devkit.fake_upstream`, one answering at once and one pacing its chunks like a model), and the
 proxy under test: `mtpstack proxy` or Debian's nginx (`worker_processes 1`, one process,
 buffering off, keep-alive to the upstream), both started here on loopback. Cells: plain
 requests and 256-chunk SSE streams, 1 and 4 concurrent clients, instant and paced upstream.
@@ -22,6 +22,8 @@ A benchmark script, not a test: the machines are shared and noisy; read the spre
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
@@ -41,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from worker.proof import free_port
+from mtpstack.worker.proof import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = _checkout.ROOT
 CHUNKS = 256
 #: Pause between chunks of the paced upstream: a few ms, as a model writes tokens.
 PACED_INTERVAL = 0.002
@@ -381,7 +383,7 @@ async def bench(args: argparse.Namespace) -> dict:
         for mode, interval, delay in (("instant", 0.0, 0.0), ("paced", PACED_INTERVAL, PACED_DELAY)):
             p = start(
                 f"upstream-{mode}",
-                [py, "-m", "proxy.fake_upstream", "--port", str(ports[f"up_{mode}"]), "--gate", "4",
+                [py, "-m", "devkit.fake_upstream", "--port", str(ports[f"up_{mode}"]), "--gate", "4",
                  "--chunks", str(CHUNKS), "--interval", str(interval), "--delay", str(delay), "--name", mode, *(["--stamp"] if mode == "paced" else [])],
                 workdir,
             )

@@ -2,15 +2,17 @@
 proxy and a real worker, slow clients. Counts what must stay 0: tracebacks, 5xx, hangs, crashes,
 leaked slots.
 
-    .venv/bin/python bench/hostile_bench.py [--configs 10000] [--requests 2000] [--slow 200] [--seed 1] [--json]
+    .venv/bin/python bench/scripts/hostile_bench.py [--configs 10000] [--requests 2000] [--slow 200] [--seed 1] [--json]
 
-The proxy runs as `mtpstack proxy` in front of a fake worker (`proxy.fake_upstream`) with
+The proxy runs as `mtpstack proxy` in front of a fake worker (`devkit.fake_upstream`) with
 `clientSeconds` 2; the worker runs as `mtpstack worker` on the bundled demo pair. Requests are
-sent one at a time on fresh connections (`bench.hostile.raw_exchange`), slow clients all at once
-in threads (`bench.hostile.slow_client`). A benchmark script, not a test: it takes minutes.
+sent one at a time on fresh connections (`devkit.hostile.raw_exchange`), slow clients all at once
+in threads (`devkit.hostile.slow_client`). A benchmark script, not a test: it takes minutes.
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import contextlib
@@ -25,7 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.hostile import (
+from devkit.hostile import (
     SLOW_KINDS,
     proxy_before_fake,
     random_body,
@@ -36,9 +38,9 @@ from bench.hostile import (
     slow_client,
     wait_http,
 )
-from worker.demo import DEMO_HEAD, DEMO_TARGET
+from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = _checkout.ROOT
 #: The proxy's deadline in this bench: short, so 200 slow clients finish in seconds.
 CLIENT_SECONDS = 2.0
 #: A request unanswered this long is a hang (the demo worker answers a 2-token request in ~0.1 s).
@@ -152,9 +154,9 @@ def run_proxy(tmp: Path, n: int, n_slow: int, seed: int) -> dict:
 
 
 def run_worker(tmp: Path, n: int, seed: int) -> dict:
-    from worker.launcher import worker_env
+    from mtpstack.worker.launcher import worker_env
 
-    from worker.proof import free_port
+    from mtpstack.worker.proof import free_port
 
     port = free_port()
     log = tmp / "worker.log"

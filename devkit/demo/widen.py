@@ -15,7 +15,7 @@ This copy restores that balance without changing what the model computes:
 Greedy output is unchanged (up to float summation order in the widened matmuls). The copy is made
 on demand for benchmarks and never committed:
 
-    python -m worker.demo.widen worker/demo/models/target /tmp/demo-target-wide \\
+    python -m devkit.demo.widen worker/demo/models/target /tmp/demo-target-wide \\
         --mlp-multiplier 8 --extra-layers 10
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from worker.demo.bpe import TOKENIZER_FILES
+from devkit.demo.bpe import TOKENIZER_FILES
 
 # Scale of the random weights in the added rows and layers: small, like a trained model's.
 INIT_STD = 0.02
@@ -135,7 +135,7 @@ def parameter_count(model_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m worker.demo.widen",
+        prog="python -m devkit.demo.widen",
         description="Make a function-preserving larger copy of a qwen3 or qwen3_5 model (memory-bound decode).",
     )
     parser.add_argument("src", type=Path, help="source model directory")

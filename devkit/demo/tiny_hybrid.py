@@ -2,8 +2,8 @@
 
 The target is mlx-lm's own `qwen3_5` class (4 layers x 64: gated-delta linear attention at layers
 0 and 2, full attention at 1 and 3; untied LM head) with the demo tokenizer; the head is
-`worker.mtp`'s `Qwen35MTPHead`, saved as a standalone `qwen3_5_mtp` folder. As in
-`worker.demo.tiny`, plain random weights would make a degenerate pair (a tied target repeats its
+`mtpstack.worker.mtp`'s `Qwen35MTPHead`, saved as a standalone `qwen3_5_mtp` folder. As in
+`devkit.demo.tiny`, plain random weights would make a degenerate pair (a tied target repeats its
 input token; a random head never agrees with its target). Here the target's embeddings are enlarged
 so the current token dominates its residual stream while the context still shifts its choice, and
 the head passes the next token's embedding through almost unchanged: it drafts the target's
@@ -23,9 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from worker.demo import TOKENIZER_DIR
-from worker.demo.bpe import TOKENIZER_FILES
-from worker.demo.modeldir import (
+from devkit.demo import TOKENIZER_DIR
+from devkit.demo.bpe import TOKENIZER_FILES
+from devkit.demo.modeldir import (
     build_head,
     build_qwen3_5,
     head_config,
@@ -34,7 +34,7 @@ from worker.demo.modeldir import (
     save_head_dir,
     save_model_dir,
 )
-from worker.mtp.qwen3_5 import ZERO_CENTRED_NORMS
+from mtpstack.worker.mtp.qwen3_5 import ZERO_CENTRED_NORMS
 
 TINY_HYBRID = dict(
     hidden_size=64, num_hidden_layers=4, intermediate_size=128, full_attention_interval=2,

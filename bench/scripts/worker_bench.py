@@ -13,13 +13,15 @@ Measures, with medians and min-max over repeats (after discarded warm-up rounds)
      acceptance predicts at this machine's draft cost (target and head forwards timed in-process);
   3. 4 concurrent clients: aggregate tok/s and time to first token.
 
-    python bench/worker_bench.py --out bench-worker.json          # the demo pair, target widened
-    python bench/worker_bench.py --target DIR --drafter DIR       # any local target + head
+    python bench/scripts/worker_bench.py --out bench-worker.json          # the demo pair, target widened
+    python bench/scripts/worker_bench.py --target DIR --drafter DIR       # any local target + head
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
 
 from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
@@ -32,9 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = _checkout.ROOT
 
 PROMPTS = [
     "def parse_args(argv):\n",
@@ -122,15 +122,15 @@ def predicted_speedup(acceptance: float, depth: int, costs: dict) -> dict:
 def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
     if args.target:
         return Path(args.target), Path(args.drafter), "given on the command line"
-    from worker.demo import DEMO_HEAD, DEMO_TARGET
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-    return out, DEMO_HEAD, (f"the demo pair, target widened by worker.demo.widen "
+    return out, DEMO_HEAD, (f"the demo pair, target widened by devkit.demo.widen "
                             f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers; the head is unchanged)")
 
 
 def widen_target(src: Path, dest: Path, args) -> Path:
-    from worker.demo.widen import widen
+    from devkit.demo.widen import widen
 
     return Path(widen(src, dest, mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers))
 
@@ -139,8 +139,8 @@ def widen_target(src: Path, dest: Path, args) -> Path:
 
 
 def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> list[str]:
-    from validator import WorkerProfile, worker_argv
-    from worker.launcher import resolve_command
+    from mtpstack.validator import WorkerProfile, worker_argv
+    from mtpstack.worker.launcher import resolve_command
 
     server, with_head = CONFIGS[name]
     if server == "mlx-vlm":
@@ -159,9 +159,9 @@ def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> l
 
 
 def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> dict:
-    from worker.launcher import worker_env
-    from worker.process import WorkerProcess
-    from worker.proof import free_port
+    from mtpstack.worker.launcher import worker_env
+    from mtpstack.worker.process import WorkerProcess
+    from mtpstack.worker.proof import free_port
 
     servers = {}
     env = worker_env()
@@ -227,7 +227,7 @@ def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from worker.engine import Engine
+    from mtpstack.worker.engine import Engine
 
     engine = Engine.load(str(target), str(head), draft_depth=depth, draft_kind="mtp")
     parts, head_module = engine.parts, engine.drafter.model
@@ -272,7 +272,7 @@ async def counters(session, url: str) -> dict[str, float]:
 
 def ensure_preload() -> None:
     """Re-exec under `worker_env()` so the in-process mlx-lm runs with the same BLAS as the servers."""
-    from worker.launcher import worker_env
+    from mtpstack.worker.launcher import worker_env
 
     env = worker_env()
     if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", "") and not os.environ.get("_MTPSTACK_BENCH_REEXEC"):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from devkit.scripts import load_script
 
-spec = importlib.util.spec_from_file_location("worker_bench", Path(__file__).resolve().parents[2] / "bench" / "worker_bench.py")
-wb = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(wb)
+wb = load_script("worker_bench")
 
 
 def test_summaries_keep_the_spread():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from worker.demo import corpus
+from devkit.demo import corpus
 
 VOCAB_SIZE = 1024
 ENDOFTEXT = "<|endoftext|>"
@@ -101,7 +101,7 @@ def build(out_dir: Path, *, code_chars: int = 3_000_000, prose_chars: int = 3_00
 if __name__ == "__main__":
     import sys
 
-    from worker.demo import TOKENIZER_DIR
+    from devkit.demo import TOKENIZER_DIR
 
     built = build(TOKENIZER_DIR)
     print(f"wrote {TOKENIZER_DIR} (vocab {built.get_vocab_size()})", file=sys.stderr)
