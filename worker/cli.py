@@ -96,7 +96,8 @@ def run_worker(args: argparse.Namespace) -> int:
         if not CLASS_PATTERN.fullmatch(cls) or not 1 <= depth <= 16:
             return _fail(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` and a depth from 1 to 16")
     from mtpstack.worker.engine import ModelNotFound, resolve_model_path
-    from mtpstack.worker.server import WorkerConfig, serve
+    from mtpstack.worker.config import WorkerConfig
+    from mtpstack.worker.server import serve
 
     # Fail before listening when a path is plainly wrong; loading itself happens behind /health.
     for flag, value in (("--model", args.model), ("--draft-model", args.draft_model)):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from mtpstack.proxy.metrics import ProxyMetrics
-from mtpstack.worker.server import Metrics as WorkerMetrics
+from mtpstack.worker.metrics import Metrics as WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "mtpstack-dashboard.json"
 #: Anything that looks like one of the stack's metric names, wherever it stands in an expression.

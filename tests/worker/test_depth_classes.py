@@ -12,7 +12,9 @@ import urllib.request
 import pytest
 
 from mtpstack.worker.classify import classify_request, classify_text
-from mtpstack.worker.server import WorkerConfig, request_class, ApiError
+from mtpstack.worker.config import WorkerConfig
+from mtpstack.worker.http import ApiError
+from mtpstack.worker.requests import request_class
 
 MAP = {"code": 4, "prose": 1, "default": 2}
 

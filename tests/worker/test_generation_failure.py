@@ -13,7 +13,8 @@ import json
 import pytest
 
 from mtpstack.worker.engine import Scheduler
-from mtpstack.worker.server import WorkerConfig, create_app
+from mtpstack.worker.config import WorkerConfig
+from mtpstack.worker.server import create_app
 
 #: Seeds the injected fault keys on: fail at the first step, or once 3 tokens are out.
 FAIL_AT_ONCE, FAIL_LATER = 666, 667

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from mtpstack.proxy.fleet import acceptance, parse_metrics
-from mtpstack.worker.server import Metrics
+from mtpstack.worker.metrics import Metrics
 
 
 def test_each_step_counts_its_drafts_and_acceptances_at_their_positions():

@@ -149,7 +149,7 @@ def test_health_says_loading_until_the_models_are_in(tiny_pair, live_worker):
     import urllib.error
     import urllib.request
 
-    from mtpstack.worker.server import LOAD_DELAY_ENV
+    from mtpstack.worker.generation import LOAD_DELAY_ENV
 
     w = live_worker(*tiny_pair, width=1, env={LOAD_DELAY_ENV: "5"})
     w.proc.start()

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from mtpstack.worker.server import STALL_FILE_ENV
+from mtpstack.worker.generation import STALL_FILE_ENV
 
 CHAT = [{"role": "user", "content": "Write a haiku about the sea"}]
 #: Generous bound for each HTTP exchange on a loaded 2-core machine.

@@ -1,0 +1,160 @@
+"""A generation written out as its answer: one JSON body, a stream of Chat Completions or Completions
+chunks, or the Responses API's output (whole or as events). Every answer carries the request's
+`X-Request-Id`; a generation that failed ends as a 500 before the first byte, or as a last error
+event after it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from mtpstack.worker.generation import Event, RequestHandle
+from mtpstack.worker.http import REQUEST_ID, generation_failed
+from mtpstack.worker.protocol import render, responses
+from mtpstack.worker.requests import ParsedRequest
+from mtpstack.worker.sse import DONE, frame, open_stream
+
+
+def _usage(parsed: ParsedRequest, seq) -> dict:
+    return {
+        "prompt_tokens": len(parsed.prompt),
+        "completion_tokens": len(seq.tokens),
+        "total_tokens": len(parsed.prompt) + len(seq.tokens),
+        # Extensions: how much of the output the drafter proposed and the target kept.
+        "draft_tokens": seq.drafted,
+        "accepted_draft_tokens": seq.accepted,
+    }
+
+
+def _ids(kind: str) -> tuple[str, str, int]:
+    prefix, obj = ("chatcmpl", "chat.completion") if kind == "chat" else ("cmpl", "text_completion")
+    return f"{prefix}-{uuid.uuid4().hex[:24]}", obj, int(time.time())
+
+
+def _logprobs(parsed: ParsedRequest, entries: list, tokenizer, offset: int = 0):
+    """The answer's `logprobs` for these tokens in the request's shape; None when not asked for."""
+    shape = parsed.agent.logprobs_shape if parsed.agent else None
+    if shape == "chat":
+        return {"content": render.chat_logprobs(entries, tokenizer)}
+    if shape == "completion":
+        return render.completion_logprobs(entries, tokenizer, offset)
+    return None
+
+
+async def collect(parsed: ParsedRequest, handle: RequestHandle, name: str) -> web.Response:
+    """The whole answer as one JSON body, once the generation has finished; `name` is the served model's."""
+    parts, entries = [], []
+    while True:
+        event = await handle.events.get()
+        parts.append(event.text)
+        entries += event.logprobs
+        if event.finish_reason is not None:
+            break
+    if event.error:
+        return generation_failed(event.error, handle.rid).response(handle.rid)
+    text = "".join(parts)
+    rid, obj, created = _ids(parsed.kind)
+    tokenizer = handle.seq.engine.tokenizer
+    logprobs = _logprobs(parsed, entries, tokenizer)
+    if parsed.kind == "chat":
+        answer = render.ChatText(parsed.agent.output)
+        answer.feed(text)
+        answer.finish()
+        choice = {"index": 0, "message": answer.message(), "logprobs": logprobs,
+                  "finish_reason": answer.finish_reason(event.finish_reason)}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+    return web.json_response(
+        {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
+         "usage": _usage(parsed, handle.seq)},
+        headers={REQUEST_ID: handle.rid},
+    )
+
+
+async def stream(request: web.Request, parsed: ParsedRequest, handle: RequestHandle, name: str) -> web.StreamResponse:
+    """Chunks as the text arrives, then the usage when asked for, then `data: [DONE]` (not after an error)."""
+    rid, obj, created = _ids(parsed.kind)
+    obj += ".chunk" if parsed.kind == "chat" else ""
+    tokenizer = handle.seq.engine.tokenizer
+    resp = await open_stream(request, handle.rid)
+    answer = render.ChatText(parsed.agent.output) if parsed.kind == "chat" else None
+    sent = 0  # characters of text answered so far (completions' `text_offset`)
+
+    def chunk(delta_or_text, finish: str | None, logprobs=None) -> bytes:
+        if parsed.kind == "chat":
+            choice = {"index": 0, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta_or_text or "", "logprobs": logprobs, "finish_reason": finish}
+        payload = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
+        if parsed.include_usage:
+            payload["usage"] = None
+        return frame(payload)
+
+    async def write(event: Event, finish: str | None) -> None:
+        nonlocal sent
+        logprobs = _logprobs(parsed, event.logprobs, tokenizer, sent) if event.logprobs else None
+        if answer is None:
+            if event.text or logprobs or finish:
+                await resp.write(chunk(event.text, finish, logprobs))
+            sent += len(event.text)
+            return
+        deltas = answer.feed(event.text)
+        if finish is not None:
+            deltas += answer.finish()
+        if logprobs and not deltas:
+            deltas = [{}]  # logprobs of text still held back travel on their own
+        for i, delta in enumerate(deltas):
+            await resp.write(chunk(delta, None, logprobs if i == 0 else None))
+        if finish is not None:
+            await resp.write(chunk({}, answer.finish_reason(finish)))
+
+    if answer is not None:
+        await resp.write(chunk({"role": "assistant", "content": ""}, None))
+    while True:
+        event = await handle.events.get()
+        if event.finish_reason is not None:
+            break
+        await write(event, None)
+    if event.error:
+        await resp.write(frame(generation_failed(event.error, handle.rid).body()))
+    else:
+        await write(event, event.finish_reason)
+        if parsed.include_usage:
+            await resp.write(frame({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                                    "usage": _usage(parsed, handle.seq)}))
+    await resp.write(DONE)
+    await resp.write_eof()
+    return resp
+
+
+async def respond(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+    """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
+    builder = parsed.responses
+    resp = await open_stream(request, handle.rid) if parsed.stream else None
+
+    async def send(events: list[dict]) -> None:
+        for e in events if resp is not None else ():
+            await resp.write(frame(e, event=e["type"]))
+
+    await send(builder.start())
+    while True:
+        event = await handle.events.get()
+        if event.finish_reason is not None:
+            break
+        await send(builder.feed(event.text))
+    if event.error:
+        err = generation_failed(event.error, handle.rid)
+        if resp is None:
+            return err.response(handle.rid)
+        await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
+                     "param": None}])
+    else:
+        seq = handle.seq
+        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens)))
+        if resp is None:
+            return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
+        await send(events)
+    await resp.write_eof()
+    return resp

@@ -1,0 +1,158 @@
+"""The worker's routes: the three completion APIs, which admit a request into a sequence slot (waiting
+a short grace for one, then 429 `worker_full`) and hand it to the generation thread, and the status
+endpoints `/health`, `/identity`, `/v1/models` and `/metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import hdrs, web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.worker import answers
+from mtpstack.worker.classify import CLASS_HEADER
+from mtpstack.worker.config import WorkerConfig
+from mtpstack.worker.generation import GenerationLoop, RequestHandle
+from mtpstack.worker.http import MAX_BODY_BYTES, ApiError, bad_request, generation_failed, request_id
+from mtpstack.worker.identity import STARTED_AT
+from mtpstack.worker.metrics import Metrics
+from mtpstack.worker.protocol import responses
+from mtpstack.worker.protocol.chat import ProtocolError
+from mtpstack.worker.requests import parse_request
+
+log = logging.getLogger("mtpstack.worker")
+
+# What the handlers read from the app; `mtpstack.worker.server` fills them in.
+CONFIG = web.AppKey("config", WorkerConfig)
+GEN = web.AppKey("generation", GenerationLoop)
+METRICS = web.AppKey("metrics", Metrics)
+SLOTS = web.AppKey("slots", asyncio.Semaphore)
+
+
+def _loaded(app: web.Application) -> GenerationLoop:
+    gen = app[GEN]
+    if gen.load_error is not None:
+        raise ApiError(503, "load_failed", f"the worker failed to load its models: {gen.load_error}")
+    if not gen.loaded.is_set():
+        raise ApiError(503, "loading", "the worker is still loading its models")
+    if not gen.alive:
+        raise ApiError(503, "loop_dead", f"the worker's generation loop is not running: {gen.fatal}")
+    return gen
+
+
+async def health(request: web.Request) -> web.Response:
+    app = request.app
+    gen, config = app[GEN], app[CONFIG]
+    body = {"max_num_seqs": config.max_num_seqs, "active": gen.active_count}
+    if gen.load_error is not None:
+        return web.json_response({**body, "status": "error", "error": str(gen.load_error)}, status=503)
+    if not gen.loaded.is_set():
+        return web.json_response({**body, "status": "loading"}, status=503)
+    if not gen.alive:
+        return web.json_response({**body, "status": "dead"}, status=503)
+    since = time.monotonic() - gen.last_progress
+    if gen.busy() and since > config.stall_seconds:
+        return web.json_response({**body, "status": "stalled", "seconds_since_progress": round(since, 1)}, status=503)
+    return web.json_response({**body, "status": "ok"})
+
+
+async def identity(request: web.Request) -> web.Response:
+    try:
+        gen = _loaded(request.app)
+    except ApiError as e:
+        return e.response()
+    return web.json_response(gen.identity)
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[CONFIG].served_model_name
+    return web.json_response(
+        {"object": "list", "data": [{"id": name, "object": "model", "created": int(STARTED_AT), "owned_by": "mtpstack"}]}
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "text")
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, "chat", api="responses")
+
+
+async def _completion(request: web.Request, kind: str, api: str = "completions") -> web.StreamResponse:
+    """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
+    seen by a client can be found in both logs."""
+    app = request.app
+    rid = request_id(request.headers)
+    try:
+        gen = _loaded(app)
+        try:
+            body = parse_json_body(await request.read())
+        except BodyError as e:
+            raise bad_request(str(e)) from None
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "body_too_large", f"the request body is larger than the limit: {MAX_BODY_BYTES} bytes") from None
+        original = body
+        if api == "responses":
+            try:
+                body = responses.to_chat(body)
+            except ProtocolError as e:
+                raise ApiError(400, e.code, e.message, e.param) from None
+        parsed = parse_request(body, kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
+        if api == "responses":
+            parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
+    except ApiError as e:
+        if api == "responses":
+            e.param = responses.RESPONSES_PARAM.get(e.param, e.param)
+        if e.status in (400, 404, 413):
+            app[METRICS].rejected.labels(code=e.code).inc()
+        return e.response(rid)
+
+    slots = app[SLOTS]
+    try:
+        await asyncio.wait_for(slots.acquire(), timeout=app[CONFIG].admission_grace_seconds)
+    except asyncio.TimeoutError:
+        app[METRICS].rejected.labels(code="worker_full").inc()
+        return ApiError(
+            429, "worker_full",
+            f"all {app[CONFIG].max_num_seqs} sequence slots are busy",
+            type_="rate_limit_error",
+        ).response(rid)
+
+    try:
+        seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
+    except Exception as e:  # nothing was submitted: give the slot back
+        slots.release()
+        log.exception("request %s: the sequence could not be created", rid)
+        return generation_failed(e, rid).response(rid)
+    seq.hook = parsed.agent.hook if parsed.agent is not None else None
+    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid, cls=parsed.cls)
+    app[METRICS].requests_by_class.labels(parsed.cls).inc()
+    seq.handle = handle
+    gen.submit(handle)
+    try:
+        name = app[CONFIG].served_model_name
+        if parsed.responses is not None:
+            return await answers.respond(request, parsed, handle)
+        if parsed.stream:
+            return await answers.stream(request, parsed, handle, name)
+        return await answers.collect(parsed, handle, name)
+    finally:
+        if not handle.done:
+            # The client went away (or writing failed): stop generating. The slot is
+            # released when the generation thread drops the sequence, within one step.
+            seq.cancelled = True
+
+

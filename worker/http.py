@@ -1,0 +1,46 @@
+"""The worker's HTTP conventions: the request id every answer carries, the largest body it reads,
+and the OpenAI error shape its refusals take."""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+
+# The request id is the proxy's convention, shared so that one id names a request in both logs.
+# The worker's one import of it: every worker module takes these two names from here.
+from mtpstack.proxy.http import REQUEST_ID, request_id
+
+__all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "generation_failed", "request_id"]
+
+#: Largest request body the worker reads; the proxy's own limit (`proxy.maxBodyBytes`) is lower.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Seconds a rejected client is told to wait.
+RETRY_AFTER = 1
+
+
+class ApiError(Exception):
+    """A refusal in the OpenAI error shape; a 429 or 503 also tells the client when to retry."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None, type_: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def response(self, rid: str | None = None) -> web.Response:
+        body = self.body()
+        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else {}
+        if rid is not None:
+            headers[REQUEST_ID] = rid
+        return web.json_response(body, status=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    """A 400 `invalid_request`: the client's request is malformed, `param` naming the field."""
+    return ApiError(400, "invalid_request", message, param)
+
+
+def generation_failed(error, rid: str) -> ApiError:
+    """A 500 naming the request, so the failure a client sees can be found in the worker's log."""
+    return ApiError(500, "generation_failed", f"generation failed for request `{rid}`: {error}")

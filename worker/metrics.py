@@ -1,0 +1,82 @@
+"""The worker's Prometheus metrics: the `/metrics` names documented in docs/worker.md (prefix
+`mtpstack_worker_`), one registry per app."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """Every series the worker exports: the generation thread and the handlers count, `/metrics` renders."""
+
+    def __init__(self, max_depth: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.generated = Counter("mtpstack_worker_tokens_generated", "Tokens emitted to clients.", registry=r)
+        self.drafted = Counter("mtpstack_worker_tokens_drafted", "Tokens proposed by the drafter.", registry=r)
+        self.accepted = Counter("mtpstack_worker_tokens_accepted", "Drafted tokens the target confirmed.", registry=r)
+        self.by_position = Counter(
+            "mtpstack_worker_accepted_by_position",
+            "Drafted tokens accepted, by position in the draft (1 = first).",
+            ["position"],
+            registry=r,
+        )
+        self.drafted_by_position = Counter(
+            "mtpstack_worker_drafted_by_position",
+            "Tokens drafted, by position in the draft (1 = first): acceptance at a position is accepted over drafted there.",
+            ["position"],
+            registry=r,
+        )
+        self.per_step = Histogram(
+            "mtpstack_worker_accepted_per_step",
+            "Drafted tokens accepted per draft-and-verify step.",
+            buckets=[float(i) for i in range(max(max_depth, 1) + 1)],
+            registry=r,
+        )
+        self.active = Gauge("mtpstack_worker_active_sequences", "Sequences admitted and not finished.", registry=r)
+        self.rejected = Counter("mtpstack_worker_rejected", "Requests refused, by error code.", ["code"], registry=r)
+        self.drafter = Gauge(
+            "mtpstack_worker_drafter_info",
+            "The loaded drafter: kind mtp (an MTP head) or model (a separate draft model), 1 while loaded.",
+            ["kind", "bundled", "depth"],
+            registry=r,
+        )
+        self.target_steps = Counter(
+            "mtpstack_worker_target_steps",
+            "Target decode steps: one batched forward that drafts and verifies every decoding row, at any width.",
+            registry=r,
+        )
+        self.requests_by_class = Counter(
+            "mtpstack_worker_requests_by_class", "Requests admitted, by workload class.", ["class"], registry=r
+        )
+        self.drafted_by_class = Counter(
+            "mtpstack_worker_tokens_drafted_by_class", "Tokens proposed by the drafter, by workload class.", ["class"], registry=r
+        )
+        self.accepted_by_class = Counter(
+            "mtpstack_worker_tokens_accepted_by_class", "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
+        )
+        for position in range(1, max_depth + 1):
+            self.by_position.labels(position=str(position))
+            self.drafted_by_position.labels(position=str(position))
+        self.rejected.labels(code="worker_full")
+
+    def drafter_info(self, engine) -> None:
+        if engine.drafter is not None:
+            self.drafter.labels(kind=engine.draft_kind, bundled=str(engine.drafter.bundled).lower(),
+                                depth=str(engine.draft_depth)).set(1)
+
+    def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None) -> None:
+        if drafted and cls is not None:
+            self.drafted_by_class.labels(cls).inc(drafted)
+            self.accepted_by_class.labels(cls).inc(accepted)
+        if tokens:
+            self.generated.inc(tokens)
+        if drafted:
+            self.drafted.inc(drafted)
+            self.accepted.inc(accepted)
+            self.per_step.observe(accepted)
+            for position in range(1, drafted + 1):
+                self.drafted_by_position.labels(position=str(position)).inc()
+            for position in range(1, accepted + 1):
+                self.by_position.labels(position=str(position)).inc()
+

@@ -1,0 +1,236 @@
+"""A completion request checked and parsed: every field is checked before anything reaches mlx,
+and each refusal is a 400 (or 404 for another model) naming its field."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from mtpstack.validator.modeldir import config_value
+from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
+from mtpstack.worker.config import WorkerConfig
+from mtpstack.worker.http import ApiError, bad_request
+from mtpstack.worker.protocol.chat import AgentRequest, ProtocolError, prepare
+
+#: Parameters that would change the response's shape or meaning, refused rather than ignored.
+UNSUPPORTED_IF_SET = ("functions", "function_call", "suffix", "echo")
+#: Largest integer accepted in a count (`max_tokens`, `n`, `num_draft_tokens`): mlx indexes
+#: with 32-bit integers, and no context comes near it.
+MAX_COUNT = 2**31 - 1
+#: Seeds become a 64-bit mlx random key: 0 <= seed < 2^63, as mlx-lm's own server takes them.
+SEED_LIMIT = 2**63
+
+
+@dataclass
+class ParsedRequest:
+    """A request as the engine takes it: its prompt's token ids, its sampling, and how to answer it."""
+
+    kind: str  # "chat" or "text"
+    prompt: list[int]
+    params: object  # engine.SamplingParams
+    stream: bool
+    include_usage: bool
+    agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
+    cls: str = "default"  # the workload class (`mtpstack.worker.classify`)
+    responses: object = None  # mtpstack.worker.protocol.responses.ResponseBuilder for `/v1/responses`
+
+
+def _unsupported(message: str, param: str) -> ApiError:
+    return ApiError(400, "unsupported_parameter", message, param)
+
+
+def _context_name(config: WorkerConfig, ctx: int) -> str:
+    """What limits the context, as an error message names it."""
+    if config.max_context_tokens is not None and ctx == config.max_context_tokens:
+        return "worker's context limit (`--max-context-tokens`)"
+    return "model's context"
+
+
+def _number(body: dict, key: str, kind, lo=None, hi=None):
+    """`body[key]` as `kind` within [lo, hi] (either may be None: unbounded), or None when absent.
+    Floats must be finite: NaN compares false with every bound and would slip through."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise bad_request(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {_shown(value)}", key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"`{key}` must be a finite number: {value!r}", key)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise bad_request(f"`{key}` is out of range [{lo}, {hi}]: {_shown(value)}", key)
+    return kind(value)
+
+
+def _shown(value) -> str:
+    """A client's value inside a message: short, so an error never echoes a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: str, param: str, where: str | None = None) -> str:
+    """`value` unless it cannot be encoded (a lone surrogate such as `\\ud800`), which tokenizers reject."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"`{param}` holds text that is not valid Unicode (a lone surrogate){': ' + where if where else ''}", param) from None
+    return value
+
+
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"`{key}` must be a boolean: {_shown(value)}", key)
+    return value
+
+
+def _valid_unicode(body: dict) -> None:
+    """Text that cannot be encoded (a lone surrogate such as `\\ud800`) is refused before any template or tokenizer sees it."""
+    for key in ("messages", "tools", "tool_choice", "chat_template_kwargs", "response_format"):
+        try:
+            json.dumps(body.get(key), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request(f"`{key}` holds text that is not valid Unicode (a lone surrogate)", key) from None
+
+
+def vocab_size(engine) -> int | None:
+    """Rows of the target's embedding: from config.json (or its `text_config`), else the table itself."""
+    size = config_value(engine.target.config, "vocab_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    embed = getattr(getattr(engine.target.model, "model", None), "embed_tokens", None)
+    weight = getattr(embed, "weight", None)
+    return int(weight.shape[0]) if weight is not None else None
+
+
+def _tokenize(make, param: str) -> list[int]:
+    # The tokenizer and the chat template are third-party code fed client text; whatever they
+    # refuse (a template's `raise_exception`, an input type they reject) is the client's to fix.
+    try:
+        return make()
+    except Exception as e:
+        raise bad_request(f"`{param}` cannot be tokenized: {type(e).__name__}: {_shown(str(e))}", param) from None
+
+
+def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
+    """The class whose depth a request drafts at and whose series it counts in: its own (`mtpstack_class`,
+    else `X-Mtpstack-Class`), else the classifier's. A class the map does not list counts as `default`
+    (so clients cannot mint metric series), except the classifier's own `code` and `prose`."""
+    named = body.get(CLASS_FIELD)
+    param = CLASS_FIELD
+    if named is None and header is not None:
+        named, param = header, CLASS_HEADER
+    if named is not None:
+        if not isinstance(named, str) or not CLASS_PATTERN.fullmatch(named):
+            raise bad_request(f"`{param}` must be a class name of letters, digits, `_`, `.` and `-`: {_shown(named)}", param)
+    cls = named if named is not None else classify_request(body)
+    return cls if cls in config.draft_depth_map or cls in (CODE, PROSE) else "default"
+
+
+def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
+    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
+    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
+    from mtpstack.worker.engine import SamplingParams
+
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request(f"`model` must be a string: {_shown(model)}", "model")
+    if model is not None and model != config.served_model_name:
+        shown = model if len(model) <= 100 else model[:100] + "..."
+        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{shown}`", "model")
+    n = _number(body, "n", int, 1, MAX_COUNT)
+    if n is not None and n != 1:
+        raise _unsupported(f"only n=1 is supported: {n!r}", "n")
+    best_of = _number(body, "best_of", int, 1, MAX_COUNT)
+    if best_of not in (None, 1):
+        raise _unsupported(f"only best_of=1 is supported: {best_of!r}", "best_of")
+    for key in UNSUPPORTED_IF_SET:
+        if body.get(key) not in (None, False, [], 0, ""):
+            raise _unsupported(f"this worker does not support `{key}`", key)
+    _valid_unicode(body)
+    try:
+        agent = prepare(body, kind, engine)
+    except ProtocolError as e:
+        raise ApiError(400, e.code, e.message, e.param) from None
+
+    if kind == "chat":
+        prompt = agent.prompt
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+            raw = raw[0]
+        if isinstance(raw, str):
+            text = _text(raw, "prompt")
+            prompt = _tokenize(lambda: engine.text_prompt(text), "prompt")
+        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+            prompt = [int(t) for t in raw]
+        elif isinstance(raw, list) and len(raw) > 1 and all(isinstance(t, (str, list)) for t in raw):
+            raise _unsupported("only one prompt per request is supported", "prompt")
+        else:
+            raise bad_request("`prompt` must be a string or a list of token ids", "prompt")
+    prompt_key = "messages" if kind == "chat" else "prompt"
+    if not prompt:
+        raise bad_request("the prompt is empty", prompt_key)
+    vocab = vocab_size(engine)
+    low, high = min(prompt), max(prompt)
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        raise bad_request(f"token id {_shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1 if vocab else 'the vocabulary size'}", prompt_key)
+
+    max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, max_key, int, 1, MAX_COUNT)
+    ctx = engine.context_length
+    if ctx is not None:
+        if max_tokens is not None and len(prompt) + max_tokens > ctx:
+            raise ApiError(
+                400, "context_length_exceeded",
+                f"the prompt ({len(prompt)} tokens) plus `{max_key}` ({max_tokens}) exceeds the {_context_name(config, ctx)}: {ctx} tokens",
+                max_key,
+            )
+        if len(prompt) >= ctx:
+            raise ApiError(
+                400, "context_length_exceeded",
+                f"the prompt ({len(prompt)} tokens) leaves no room in the {_context_name(config, ctx)}: {ctx} tokens",
+                prompt_key,
+            )
+    if max_tokens is None:
+        max_tokens = config.default_max_tokens if ctx is None else min(config.default_max_tokens, ctx - len(prompt))
+
+    temperature = _number(body, "temperature", float, 0, 2)
+    top_p = _number(body, "top_p", float, 0, 1)
+    seed = _number(body, "seed", int, 0, SEED_LIMIT - 1)
+    depth_req = _number(body, "num_draft_tokens", int, 0, MAX_COUNT)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
+        raise bad_request("`stop` must be a string or a list of up to 4 strings", "stop")
+    stop = [_text(s, "stop") for s in stop if s]
+    stream = _flag(body, "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise bad_request("`stream_options` must be an object", "stream_options")
+    include_usage = opts.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request(f"`stream_options.include_usage` must be a boolean: {_shown(include_usage)}", "stream_options")
+    ignore_eos = _flag(body, "ignore_eos")
+
+    cls = request_class(body, class_header, config)
+    class_depth = min(config.draft_depth_map.get(cls, config.draft_depth), engine.draft_depth)
+    depth = class_depth if depth_req is None else min(depth_req, class_depth)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0 if temperature is None else temperature,
+        top_p=1.0 if not top_p else top_p,
+        seed=seed,
+        depth=depth,
+        stop=stop,
+        ignore_eos=ignore_eos,
+    )
+    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent, cls=cls)
