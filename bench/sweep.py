@@ -35,12 +35,13 @@ from pathlib import Path
 import aiohttp
 
 from mtpstack.bench import report as rpt
+from mtpstack.bench.prometheus import unlabelled
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from mtpstack.validator.findings import format_path
 from mtpstack.worker.launcher import resolve_command, worker_env
-from mtpstack.worker.process import WorkerProcess, WorkerStartError
-from mtpstack.worker.proof import fetch_identity, free_port, hash_weights, read_cmdline, weights_from_argv
+from mtpstack.runtime import Process, StartError, free_port, url_of
+from mtpstack.worker.proof import fetch_identity, hash_weights, read_cmdline, weights_from_argv
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_WORKLOADS = ("code", "prose")
@@ -317,14 +318,7 @@ def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], st
 
 def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED, TARGET_STEPS)) -> dict[str, float]:
     """Unlabelled counter samples from Prometheus text."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in names:
-            out[parts[0]] = float(parts[1])
-    return out
+    return unlabelled(text, names)
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -526,14 +520,13 @@ class Sweep:
         self._task = None
 
     # the one launcher
-    def launch(self, profile: WorkerProfile, label: str) -> WorkerProcess:
+    def launch(self, profile: WorkerProfile, label: str) -> Process:
         argv = resolve_command(worker_argv(profile))
         log_path = self.s.out / "logs" / f"{label.replace(' ', '-')}.log"
-        proc = WorkerProcess(argv, host=profile.host, port=profile.port, log_path=log_path, name=f"bench {label}", env=worker_env())
-        proc.start()
-        return proc
+        return Process(argv, log_path=log_path, name=f"bench {label}", kind="worker", url=url_of(profile.host, profile.port),
+                       env=worker_env()).start()
 
-    def stop(self, proc: WorkerProcess) -> None:
+    def stop(self, proc: Process) -> None:
         proc.stop()
 
     def _advance(self, n: int = 1) -> None:
@@ -641,8 +634,8 @@ class Sweep:
         record["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
             try:
-                proc.wait_healthy(timeout=s.startup_timeout)
-            except WorkerStartError as e:
+                proc.wait_ready("/health", s.startup_timeout, state="healthy")
+            except StartError as e:
                 record["error"] = str(e)
                 return record
             # A new process first (a reused one would carry counters and caches over), then its weights.
@@ -711,9 +704,9 @@ class Sweep:
             r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
             try:
-                proc.wait_healthy(timeout=s.startup_timeout)
+                proc.wait_ready("/health", s.startup_timeout, state="healthy")
                 proof = prove_weights(proc.pid, proc.url, expected)
-            except (WorkerStartError, ConfigurationAborted) as e:
+            except (StartError, ConfigurationAborted) as e:
                 for r in records:
                     r["error"] = str(e)
                 return records

@@ -1,24 +1,19 @@
 """Hostile input, generated: configs for `validate`, raw HTTP and odd JSON for the proxy and
-the worker, slow clients. Pure generators (seeded `random.Random`) and a raw socket client; the
-fuzz tests (`tests/*/test_fuzz*.py`) and `bench/scripts/hostile_bench.py` both draw from here.
+the worker. Pure generators (seeded `random.Random`); the raw-socket clients that send them and
+the slow clients are in `devkit.raw_http`. The fuzz tests (`tests/*/test_fuzz*.py`) and
+`bench/scripts/hostile_bench.py` both draw from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import random
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from devkit.raw_http import request_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID_FLEET = ROOT / "examples" / "valid" / "mixed-models.yaml"
@@ -155,10 +150,6 @@ def random_config(rng: random.Random) -> tuple[str, bytes]:
 
 # -- HTTP ---------------------------------------------------------------------------------
 
-def request_bytes(path: str, body: bytes, extra: list[tuple[str, str]] = (), method: str = "POST") -> bytes:
-    head = [f"{method} {path} HTTP/1.1", "Host: x", "Content-Type: application/json", f"Content-Length: {len(body)}"]
-    head += [f"{k}: {v}" for k, v in extra]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 #: Malformed HTTP that aiohttp's parser must refuse (400), named by what is wrong.
@@ -255,147 +246,3 @@ def random_body(rng: random.Random, model: str = "m") -> bytes:
         key = rng.choice(list(ODD_FIELDS))
         body[key] = rng.choice(ODD_FIELDS[key])
     return json.dumps(body, allow_nan=True).encode(errors="surrogatepass")
-
-
-@dataclass
-class RawResult:
-    status: int | None  # None: the connection closed (or timed out) without a status line
-    closed: bool  # the server closed the connection
-    seconds: float
-    timed_out: bool = False
-
-
-def raw_exchange(host: str, port: int, data: bytes, timeout: float = 10.0) -> RawResult:
-    """Send `data` on a fresh connection and read the answer's status line. The sending side
-    stays open (aiohttp takes a half-close for a client gone), so a request that promises more
-    body than it sends is a slow client: `slow_client` sends those on purpose. A server that
-    neither answers nor closes within `timeout` is `timed_out`."""
-    start = time.monotonic()
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        try:
-            s.sendall(data)
-        except OSError:
-            pass  # the server may answer and close before reading all of a huge request
-        buf = b""
-        try:
-            while b"\r\n" not in buf:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except (TimeoutError, socket.timeout):
-            return RawResult(None, False, time.monotonic() - start, timed_out=True)
-        except OSError:
-            return RawResult(None, True, time.monotonic() - start)
-    status = None
-    if buf.startswith(b"HTTP/1."):
-        try:
-            status = int(buf.split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            status = None
-    return RawResult(status, not buf or status is not None, time.monotonic() - start)
-
-
-SLOW_KINDS = ("drip-head", "drip-body", "short-body", "endless-chunks", "silent")
-
-
-def slow_client(host: str, port: int, kind: str, interval: float, bound: float) -> RawResult:
-    """A client that never finishes its request: bytes dripped every `interval` s until the
-    server answers or closes, or `bound` s pass (a hang). Returns how it ended."""
-    body = b'{"model": "m", "prompt": "x"}'
-    if kind == "drip-head":
-        first, drip = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X"
-    elif kind == "drip-body":
-        first, drip = request_bytes("/v1/completions", body)[: -len(body)].replace(
-            b"Content-Length: %d" % len(body), b"Content-Length: 100000"), b" "
-    elif kind == "short-body":
-        first, drip = request_bytes("/v1/completions", body)[:-5], b""
-    elif kind == "endless-chunks":
-        first = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        drip = b"1\r\n \r\n"
-    else:
-        first, drip = b"", b""
-    start = time.monotonic()
-    with socket.create_connection((host, port), timeout=bound) as s:
-        s.setblocking(False)
-        s.sendall(first)
-        buf = b""
-        while time.monotonic() - start < bound:
-            try:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break  # closed
-                buf += chunk
-                if b"\r\n" in buf:
-                    break
-            except BlockingIOError:
-                pass
-            except OSError:
-                break
-            if drip:
-                try:
-                    s.send(drip)
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    break
-            time.sleep(interval)
-        else:
-            return RawResult(None, False, time.monotonic() - start, timed_out=True)
-    status = int(buf.split(b" ", 2)[1]) if buf.startswith(b"HTTP/1.") else None
-    return RawResult(status, True, time.monotonic() - start)
-
-
-# -- processes ----------------------------------------------------------------------------
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """Until `url` answers 200; fails when `proc` exits first or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode} while starting: {proc.args}")
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready within {timeout:g} s")
-
-
-@dataclass
-class RunningProxy:
-    proc: subprocess.Popen
-    port: int
-    log: Path
-
-
-@contextlib.contextmanager
-def proxy_before_fake(tmp: Path, client_seconds: float) -> Iterator[RunningProxy]:
-    """`mtpstack proxy` (its log in `tmp/proxy.log`) in front of one fake worker of model `m`
-    at a gate of 2; both stopped on exit."""
-    from mtpstack.worker.proof import free_port
-
-    up_port, port = free_port(), free_port()
-    fake = subprocess.Popen([sys.executable, "-m", "devkit.fake_upstream", "--port", str(up_port), "--gate", "2"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cfg = tmp / "fleet.json"
-    cfg.write_text(json.dumps({
-        "proxy": {"port": port, "concurrencyLimit": 2, "timeouts": {"clientSeconds": client_seconds}},
-        "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 2, "port": up_port}},
-    }))
-    log = tmp / "proxy.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "mtpstack", "proxy", "--config", str(cfg)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        wait_http(f"http://127.0.0.1:{up_port}/health", fake)
-        wait_http(f"http://127.0.0.1:{port}/readyz", proc)
-        yield RunningProxy(proc, port, log)
-    finally:
-        for p in (proc, fake):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)

@@ -24,11 +24,10 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpstack.runtime import Process, StartError, url_of, wait_all_ready
 from mtpstack.validator import FleetConfig, worker_argv
 from mtpstack.validator.deep import local_dir
 from mtpstack.validator.findings import display_name
@@ -36,7 +35,6 @@ from mtpstack.validator.load import load_config, validate_data
 from mtpstack.validator.placement import is_placed, parts_on
 from mtpstack.validator.rules import did_you_mean
 from mtpstack.worker.launcher import resolve_command, worker_env
-from mtpstack.worker.process import WorkerProcess, WorkerStartError
 
 DEFAULT_RUN_DIR = Path(".mtpstack/run")
 DEMO_MODEL = "mtpstack-demo"
@@ -102,15 +100,6 @@ def effective_config(config_file: Path | None) -> tuple[FleetConfig, dict]:
     return config, data
 
 
-def _connect_host(host: str) -> str:
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
-def url_of(host: str, port: int) -> str:
-    h = _connect_host(host)
-    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
-
-
 def port_is_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -120,22 +109,6 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def http_status(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
-            body = resp.read()
-            status = resp.status
-    except urllib.error.HTTPError as e:
-        body, status = e.read(), e.code
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, {}
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = {}
-    return status, parsed if isinstance(parsed, dict) else {}
 
 
 def this_host(config: FleetConfig, chosen: str | None, machine: str | None = None) -> str | None:
@@ -190,7 +163,7 @@ class Managed:
     log_path: Path
     ready_path: str
     model: str | None = None
-    process: WorkerProcess | None = None
+    process: Process | None = None
     restarts: int = 0
     next_start: float = 0.0
     history: list[dict] = field(default_factory=list)
@@ -200,13 +173,9 @@ class Managed:
         return url_of(self.host, self.port)
 
     def start(self, env: dict[str, str]) -> None:
-        self.process = WorkerProcess(self.argv, host=self.host, port=self.port, log_path=self.log_path, name=self.name, env=env)
-        # the proxy has no /health; readiness is polled by `wait_ready` below
-        self.process.start()
+        # readiness (`ready_path`: /health of a worker, /readyz of the proxy) is polled by `Stack._wait_all`
+        self.process = Process(self.argv, log_path=self.log_path, name=self.name, kind=self.kind, url=self.url, env=env).start()
         self.history.append({"pid": self.process.pid, "started_at": self.process.started_at})
-
-    def ready(self) -> bool:
-        return http_status(self.url + self.ready_path)[0] == 200
 
     def state(self) -> dict:
         p = self.process
@@ -312,34 +281,26 @@ class Stack:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.out, no_color="NO_COLOR" in os.environ)
-        pending = {m.name: m for m in items}
-        start = time.monotonic()
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
         ) as progress:
             tasks = {m.name: progress.add_task(f"starting {m.kind} `{m.name}` ({m.url})") for m in items}
-            while pending:
+
+            def on_ready(p: Process) -> None:
+                progress.update(tasks[p.name], description=f"{p.kind} `{p.name}` ready at {p.url}")
+                console.print(f"{p.kind} `{p.name}` ready at {p.url} (pid {p.pid})")
+
+            def on_tick(elapsed: float) -> None:
                 if self.stopping.is_set():
                     raise KeyboardInterrupt
-                for name, m in list(pending.items()):
-                    if not m.process.alive():
-                        raise UpError(
-                            f"{m.kind} `{name}` exited with code {m.process._proc.returncode} before it was ready\n\n"
-                            f"log tail ({m.log_path}):\n{m.process.log_tail()}",
-                            f"the whole log is at `{m.log_path}`",
-                        )
-                    if m.ready():
-                        del pending[name]
-                        progress.update(tasks[name], description=f"{m.kind} `{name}` ready at {m.url}")
-                        console.print(f"{m.kind} `{name}` ready at {m.url} (pid {m.process.pid})")
-                if pending and time.monotonic() - start > self.health_timeout:
-                    m = next(iter(pending.values()))
-                    raise UpError(
-                        f"{m.kind} `{m.name}` not ready after {self.health_timeout:g} s at {m.url}{m.ready_path}\n\n"
-                        f"log tail ({m.log_path}):\n{m.process.log_tail()}",
-                        "raise `--health-timeout` if loading the model takes longer",
-                    )
-                time.sleep(0.2)
+
+            on_tick(0.0)
+            try:
+                wait_all_ready([(m.process, m.ready_path) for m in items], self.health_timeout, on_tick=on_tick, on_ready=on_ready)
+            except StartError as e:
+                hint = (f"the whole log is at `{e.process.log_path}`" if e.exited
+                        else "raise `--health-timeout` if loading the model takes longer")
+                raise UpError(e.message, hint) from None
 
     # -- run --------------------------------------------------------------------------------
     def supervise(self) -> None:
@@ -430,8 +391,8 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host:
     except KeyboardInterrupt:
         stack.say("interrupted while starting; stopping what was started")
         code = 130
-    except (UpError, WorkerStartError) as e:
-        _error(e if isinstance(e, UpError) else UpError(str(e)))
+    except UpError as e:
+        _error(e)
         code = 1
     finally:
         stack.stop()

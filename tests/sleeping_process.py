@@ -3,20 +3,22 @@ command line from /proc without starting a worker."""
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mtpstack.runtime import Process
+
 #: /proc/PID/cmdline can read empty for a moment after exec.
 CMDLINE_WAIT_S = 5.0
 
 
 @contextmanager
-def sleeping_process(argv: list[str]) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *argv])
+def sleeping_process(argv: list[str]) -> Iterator[Process]:
+    proc = Process([sys.executable, "-c", "import time; time.sleep(120)", *argv], log_path=Path(os.devnull), name="sleeper").start()
     try:
         deadline = time.monotonic() + CMDLINE_WAIT_S
         cmdline = Path(f"/proc/{proc.pid}/cmdline")
@@ -24,5 +26,4 @@ def sleeping_process(argv: list[str]) -> Iterator[subprocess.Popen]:
             time.sleep(0.01)
         yield proc
     finally:
-        proc.kill()
-        proc.wait()
+        proc.stop(timeout=5)

@@ -1,8 +1,8 @@
 """The mtpstack worker: one target model and its MTP drafter behind the OpenAI API.
 
 Layout:
-- Starting and proving: `launcher` (how any component starts a worker), `process` (a started
-  worker process), `proof` (what weights a running process loaded), `cli` (`mtpstack worker`,
+- Starting and proving: `launcher` (how any component starts a worker; the process itself is
+  run by `mtpstack.runtime`), `proof` (what weights a running process loaded), `cli` (`mtpstack worker`,
   `mtpstack weights`).
 - Decoding (mlx): `engine` (batched speculative decoding on mlx-lm, and its `Scheduler`),
   `drafting` (the two kinds of drafter), `mtp/` (MTP heads, one module per family), `caches`

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -190,14 +189,6 @@ def fetch_identity(url: str, timeout: float = 5.0) -> dict:
     """GET url/identity as JSON. Raises `urllib.error.URLError`/`HTTPError`/`ValueError`."""
     with urllib.request.urlopen(url.rstrip("/") + "/identity", timeout=timeout) as resp:
         return json.loads(resp.read().decode("utf-8"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host`."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def weight_files(model_dir: Path) -> list[Path]:

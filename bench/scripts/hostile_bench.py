@@ -6,8 +6,8 @@ leaked slots.
 
 The proxy runs as `mtpstack proxy` in front of a fake worker (`devkit.fake_upstream`) with
 `clientSeconds` 2; the worker runs as `mtpstack worker` on the bundled demo pair. Requests are
-sent one at a time on fresh connections (`devkit.hostile.raw_exchange`), slow clients all at once
-in threads (`devkit.hostile.slow_client`). A benchmark script, not a test: it takes minutes.
+sent one at a time on fresh connections (`devkit.raw_http.raw_exchange`), slow clients all at once
+in threads (`devkit.raw_http.slow_client`). A benchmark script, not a test: it takes minutes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import contextlib
 import io
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,17 +26,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from devkit.hostile import (
-    SLOW_KINDS,
-    proxy_before_fake,
-    random_body,
-    random_config,
-    random_http,
-    raw_exchange,
-    request_bytes,
-    slow_client,
-    wait_http,
-)
+from devkit.fake_fleet import proxy_before_fake
+from devkit.hostile import random_body, random_config, random_http
+from devkit.raw_http import SLOW_KINDS, raw_exchange, request_bytes, slow_client
+from mtpstack.runtime import Process, free_port, url_of
 from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
 ROOT = _checkout.ROOT
@@ -138,13 +130,13 @@ def _log_lines(path: Path) -> tuple[int, int, int]:
 
 def run_proxy(tmp: Path, n: int, n_slow: int, seed: int) -> dict:
     with proxy_before_fake(tmp, CLIENT_SECONDS) as running:
-        proc, port, log = running.proc, running.port, running.log
-        out = {"malformed": requests("127.0.0.1", port, n, seed, "m", lambda: proc.poll() is None),
+        proc, port, log = running.proxy, running.port, running.log
+        out = {"malformed": requests("127.0.0.1", port, n, seed, "m", proc.alive),
                "slow": slow("127.0.0.1", port, n_slow)}
         time.sleep(0.5)
         ready = _get(f"http://127.0.0.1:{port}/readyz")
         out["leaked_slots"] = sum(w["inflight"] for w in ready["workers"].values()) + sum(m["waiting"] for m in ready["models"].values())
-        out["crashed"] = int(proc.poll() is not None)
+        out["crashed"] = int(not proc.alive())
     lines, not_json, tracebacks = _log_lines(log)
     out["log"] = {"lines": lines, "not_one_json_object": not_json, "with_traceback_field": tracebacks}
     entries = [json.loads(line) for line in log.read_text().splitlines()]
@@ -156,24 +148,21 @@ def run_proxy(tmp: Path, n: int, n_slow: int, seed: int) -> dict:
 def run_worker(tmp: Path, n: int, seed: int) -> dict:
     from mtpstack.worker.launcher import worker_env
 
-    from mtpstack.worker.proof import free_port
-
     port = free_port()
     log = tmp / "worker.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mtpstack", "worker", "--model", str(DEMO_TARGET), "--draft-model", str(DEMO_HEAD),
-             "--max-num-seqs", "2", "--served-model-name", "tiny", "--port", str(port)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=worker_env())
+    proc = Process(
+        [sys.executable, "-m", "mtpstack", "worker", "--model", str(DEMO_TARGET), "--draft-model", str(DEMO_HEAD),
+         "--max-num-seqs", "2", "--served-model-name", "tiny", "--port", str(port)],
+        log_path=log, name="tiny", kind="worker", url=url_of("127.0.0.1", port), cwd=ROOT, env=worker_env(),
+    ).start()
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=120)
-        out = {"malformed": requests("127.0.0.1", port, n, seed, "tiny", lambda: proc.poll() is None)}
+        proc.wait_ready("/health", 120, state="healthy")
+        out = {"malformed": requests("127.0.0.1", port, n, seed, "tiny", proc.alive)}
         time.sleep(0.5)
-        out["leaked_slots"] = _get(f"http://127.0.0.1:{port}/health")["active"]
-        out["crashed"] = int(proc.poll() is not None)
+        out["leaked_slots"] = _get(f"{proc.url}/health")["active"]
+        out["crashed"] = int(not proc.alive())
     finally:
-        proc.terminate()
-        proc.wait(30)
+        proc.stop(30)
     out["log_tracebacks"] = log.read_text(errors="replace").count("Traceback")
     return out
 

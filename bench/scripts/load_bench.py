@@ -41,11 +41,9 @@ import json
 import os
 import platform
 import random
-import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,7 +53,13 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-from mtpstack.worker.proof import free_port
+
+from devkit.fake_fleet import FakeFleet, FakeUpstream
+from devkit.raw_http import RawStream
+from mtpstack.bench.prometheus import parse_samples, sample
+from mtpstack.runtime import Process, Processes, StartError, free_port, signal_group, tail_text, url_of
+
+from load_report import HANG_SECONDS, SETTLE_SECONDS, checks, report_lines  # beside this script
 
 ROOT = _checkout.ROOT
 HOST = "127.0.0.1"
@@ -64,57 +68,14 @@ HOST = "127.0.0.1"
 LOAD_DELAY, LOAD_CHUNKS, LOAD_INTERVAL = 0.001, 8, 0.001
 #: A stream long enough to be cut in the middle: 2,000 chunks 5 ms apart (10 s).
 LONG_STREAM = {"chunks": 2000, "interval": 0.005}
-#: A client waiting longer than this for its next step (first chunk, end, error) is hung.
-HANG_SECONDS = 20.0
-#: Time for slots and gauges to come back to 0 after a fault before it counts as a leak.
-SETTLE_SECONDS = 10.0
 STREAM_EVERY = 4  # every 4th load request is streamed
 
 
 # -- child processes ------------------------------------------------------------------------
-class Children:
-    """Every process this script started, so all of them die at exit, also on Ctrl-C."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.extra_pids: list[int] = []
-
-    def start(self, argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(
-            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-            start_new_session=True, env=env,
-        )
-        self.procs.append(p)
-        return p
-
-    def stop(self, p: subprocess.Popen, timeout: float = 10.0) -> None:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _killpg(p.pid)
-                p.wait(5)
-
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            try:
-                self.stop(p, timeout=15)
-            except Exception:  # noqa: BLE001 - at exit, keep killing the rest
-                _killpg(p.pid)
-        for pid in self.extra_pids:
-            kill_if_ours(pid)
-
-
-def _killpg(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+#: Every process this script started, so all of them die at exit, also on Ctrl-C.
+CHILDREN = Processes()
+#: Processes `mtpstack up` started for this script, killed at exit if `mtpstack up` left one behind.
+UP_CHILDREN: list[int] = []
 
 
 def kill_if_ours(pid: int) -> None:
@@ -124,10 +85,13 @@ def kill_if_ours(pid: int) -> None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return
     if b"mtpstack" in cmdline:
-        _killpg(pid)
+        signal_group(pid, signal.SIGKILL)
 
 
-CHILDREN = Children()
+def stop_all() -> None:
+    CHILDREN.stop_all(timeout=15)
+    for pid in UP_CHILDREN:
+        kill_if_ours(pid)
 
 
 def memory_kib(pid: int) -> dict:
@@ -147,32 +111,11 @@ def say(text: str) -> None:
     print(f"load-bench: {text}", file=sys.stderr, flush=True)
 
 
-# -- Prometheus text --------------------------------------------------------------------------
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def parse_metrics(text: str) -> dict[str, dict[tuple, float]]:
-    """{name: {((label, value), ...): sample}} from Prometheus text."""
-    out: dict[str, dict[tuple, float]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m:
-            labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
-            out.setdefault(m.group(1), {})[labels] = float(m.group(3))
-    return out
-
-
-def sample(metrics: dict, name: str, **labels: str) -> float | None:
-    return metrics.get(name, {}).get(tuple(sorted(labels.items())))
-
-
+# -- Prometheus text (parsed by `mtpstack.bench.prometheus`) ---------------------------------
 async def get_metrics(session: aiohttp.ClientSession, url: str) -> dict:
     try:
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return parse_metrics(await r.text())
+            return parse_samples(await r.text())
     except (aiohttp.ClientError, TimeoutError):
         return {}
 
@@ -217,99 +160,27 @@ class GaugeSampler:
         self._task.cancel()
 
 
-# -- processes of the fake setups -------------------------------------------------------------
-@dataclass
-class Fake:
-    name: str
-    model: str
-    port: int
-    gate: int
-    log: Path
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "devkit.fake_upstream", "--host", HOST, "--port", str(self.port), "--gate", str(self.gate),
-                "--name", self.name, "--delay", str(LOAD_DELAY), "--chunks", str(LOAD_CHUNKS), "--interval", str(LOAD_INTERVAL)]
-        self.proc = CHILDREN.start(argv, self.log)
-
-
-@dataclass
-class ProxyProc:
-    port: int
-    config_path: Path
-    log: Path
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> None:
-        self.proc = CHILDREN.start([sys.executable, "-m", "mtpstack", "proxy", "--config", str(self.config_path)], self.log)
-
-
-def fake_fleet(fakes: list[Fake], proxy_port: int, max_waiting: int, queue_timeout: float = 60.0) -> dict:
-    gates = {}
-    for f in fakes:
-        gates[f.model] = f.gate
-    return {
-        "proxy": {
-            "host": HOST, "port": proxy_port, "modelConcurrencyLimits": gates,
-            "queue": {"maxWaiting": max_waiting, "timeoutSeconds": queue_timeout},
-            "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30},
-            "shutdownGraceSeconds": 2,
-        },
-        "workers": {
-            f.name: {"model": f.model, "target": {"path": "fake/upstream", "bits": 4}, "maxNumSeqs": f.gate, "host": HOST, "port": f.port}
-            for f in fakes
-        },
+# -- the fake setups ----------------------------------------------------------------------------
+def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int, queue_timeout: float = 60.0) -> FakeFleet:
+    """Fake upstreams, paced for load, behind a proxy whose gates are theirs and whose queue holds `max_waiting`."""
+    gates = {model: gate for _, model, gate in fakes}
+    proxy = {
+        "modelConcurrencyLimits": gates,
+        "queue": {"maxWaiting": max_waiting, "timeoutSeconds": queue_timeout},
+        "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30},
+        "shutdownGraceSeconds": 2,
     }
+    pacing = ["--delay", str(LOAD_DELAY), "--chunks", str(LOAD_CHUNKS), "--interval", str(LOAD_INTERVAL)]
+    return FakeFleet(workdir / label, fakes, proxy, fake_args=pacing, processes=CHILDREN)
 
 
-async def wait_status(
-    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen | None, timeout: float, what: str, proc_name: str | None = None
-) -> None:
-    """Poll `url` until 200; fails when `proc` (named `proc_name`, default `what`) exits first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc_name or what} exited with code {proc.returncode} while waiting for {what}")
-        if (await get_json(session, url))[0] == 200:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{what} not ready within {timeout:g} s: {url}")
+async def start_setup(setup: FakeFleet) -> None:
+    await asyncio.to_thread(setup.start)
 
 
-class FakeSetup:
-    """Fake upstreams plus a proxy process in front of them, from one config."""
-
-    def __init__(self, workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int):
-        self.dir = workdir / label
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.fakes = [Fake(name, model, free_port(), gate, self.dir / f"{name}.log") for name, model, gate in fakes]
-        self.proxy = ProxyProc(free_port(), self.dir / "fleet.yaml", self.dir / "proxy.log")
-        self.proxy.config_path.write_text(yaml.safe_dump(fake_fleet(self.fakes, self.proxy.port, max_waiting)))
-
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        for f in self.fakes:
-            f.start()
-        for f in self.fakes:
-            await wait_status(session, f.url + "/health", f.proc, 60, f"fake upstream `{f.name}`")
-        self.proxy.start()
-        await wait_status(session, self.proxy.url + "/readyz", self.proxy.proc, 60, "the proxy")
-
-    def stop(self) -> None:
-        for p in [self.proxy.proc, *(f.proc for f in self.fakes)]:
-            if p is not None:
-                CHILDREN.stop(p)
-
-    async def stats(self, session: aiohttp.ClientSession) -> dict[str, dict]:
-        return {f.name: (await get_json(session, f.url + "/stats"))[1] for f in self.fakes}
+async def upstream_stats(session: aiohttp.ClientSession, setup: FakeFleet) -> dict[str, dict]:
+    """Each fake's own count of what it served (`/stats`), by name."""
+    return {f.name: (await get_json(session, f.url + "/stats"))[1] for f in setup.fakes}
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -426,26 +297,26 @@ def tally_dict(t: LoadTally, seconds: float) -> dict:
 async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients: int, max_waiting: int, deadline: float) -> dict:
     label = f"fake-gate{gate}-waiting{max_waiting}"
     say(f"{label}: {requests} requests from {clients} clients, 2 upstreams of gate {gate}")
-    setup = FakeSetup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting)
+    setup = fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting)
     try:
-        await setup.start(session)
-        pid = setup.proxy.proc.pid
+        await start_setup(setup)
+        pid = setup.proxy.pid
         before = memory_kib(pid)
         tally = LoadTally()
-        targets = {f"inflight{{worker={f.name}}}": (setup.proxy.url, "mtpstack_proxy_inflight", {"worker": f.name}) for f in setup.fakes}
-        targets["queue_depth{model=fake}"] = (setup.proxy.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
+        targets = {f"inflight{{worker={f.name}}}": (setup.url, "mtpstack_proxy_inflight", {"worker": f.name}) for f in setup.fakes}
+        targets["queue_depth{model=fake}"] = (setup.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
         t0 = time.monotonic()
         with GaugeSampler(session, targets, interval=0.1) as sampler:
             # in two halves, to tell a one-time growth of the proxy's memory from a steady one
             half = requests // 2
-            complete = await drive(session, setup.proxy.url, half, clients, fake_body("fake"), tally, 90.0, deadline)
+            complete = await drive(session, setup.url, half, clients, fake_body("fake"), tally, 90.0, deadline)
             middle = memory_kib(pid)
-            complete &= await drive(session, setup.proxy.url, requests, clients, fake_body("fake"), tally, 90.0, deadline, start=half)
+            complete &= await drive(session, setup.url, requests, clients, fake_body("fake"), tally, 90.0, deadline, start=half)
         seconds = time.monotonic() - t0
         await asyncio.sleep(1.0)
         after = memory_kib(pid)
-        stats = await setup.stats(session)
-        m = await get_metrics(session, setup.proxy.url)
+        stats = await upstream_stats(session, setup)
+        m = await get_metrics(session, setup.url)
         result = {
             "label": label, "target": "fake", "gate": gate, "upstreams": len(setup.fakes), "clients": clients,
             "max_waiting": max_waiting, "capacity": gate * len(setup.fakes) + max_waiting,
@@ -464,69 +335,7 @@ async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients
         setup.stop()
 
 
-# -- streaming clients for faults --------------------------------------------------------------
-@dataclass
-class RawStream:
-    """One streamed request over a raw socket, so closing it is exactly a FIN or an RST."""
-
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    status: int | None = None
-    buffer: bytes = b""
-    events: int = 0
-
-    @classmethod
-    async def open(cls, port: int, body: dict, request_id: str | None = None) -> RawStream:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-        data = json.dumps(body).encode()
-        rid = f"X-Request-Id: {request_id}\r\n" if request_id else ""
-        writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n{rid}"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
-        )
-        await writer.drain()
-        return cls(reader, writer)
-
-    async def headers(self) -> int:
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        self.status = int(head.split(b" ", 2)[1])
-        return self.status
-
-    async def until_events(self, n: int) -> bool:
-        """Read until `n` SSE events arrived; False at end of stream first."""
-        while self.events < n:
-            chunk = await self.reader.read(65536)
-            if not chunk:
-                return False
-            self.buffer = (self.buffer + chunk)[-4096:]
-            self.events += chunk.count(b"data: ")
-        return True
-
-    async def outcome(self) -> str:
-        """Read to the end: `done` ([DONE] seen), `error_event`, `cut` (ended with neither), or `status_N`."""
-        if self.status is None:
-            await self.headers()
-        rest = await self.reader.read()
-        tail = self.buffer + rest
-        if self.status != 200:
-            return f"status_{self.status}"
-        if b"data: [DONE]" in tail:
-            return "done"
-        if b'data: {"error"' in tail:
-            return "error_event"
-        return "cut"
-
-    def close(self, how: str = "fin") -> None:
-        if how == "rst":
-            sock = self.writer.get_extra_info("socket")
-            if sock is not None:
-                import struct
-
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.writer.close()
-
-
+# -- streaming clients for faults (`devkit.raw_http.RawStream`) ----------------------------------
 async def settle(session, check, timeout: float = SETTLE_SECONDS) -> tuple[bool, object]:
     """Poll `check()` -> (ok, value) until ok or `timeout`; returns the last (ok, value)."""
     deadline = time.monotonic() + timeout
@@ -561,7 +370,7 @@ async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill,
     streams = []
     try:
         for _ in range(3):
-            streams.append(await RawStream.open(proxy_port, body))
+            streams.append(await RawStream.open(HOST, proxy_port, body))
             await asyncio.sleep(0.02)  # arrival order: the third one queues behind the gate
 
         async def first_chunk(s: RawStream) -> bool:
@@ -610,29 +419,27 @@ def summarize_rounds(rounds: list[dict]) -> dict:
 
 async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dict:
     """SIGKILL fake upstreams mid-stream, round robin over 4 models of one upstream each, and restart them."""
-    setup = FakeSetup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], max_waiting=8)
+    setup = fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], max_waiting=8)
     say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
     rounds: list[dict] = []
     try:
-        await setup.start(session)
+        await start_setup(setup)
         for i in range(kills):
             if time.monotonic() > deadline:
                 break
             f = setup.fakes[i % len(setup.fakes)]
-            await _await_healthy(session, setup.proxy.url, f, deadline)
+            await _await_healthy(session, setup.url, f, deadline)
             body = {"model": f.model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}
 
             def kill(f=f):
-                _killpg(f.proc.pid)
-                f.proc.wait(5)
-                f.restarts += 1
+                f.kill()
                 f.start()  # back in the background; the proxy's health check picks it up
 
-            r = await kill_round(session, setup.proxy.url, setup.proxy.port, body, kill, f.name)
+            r = await kill_round(session, setup.url, setup.port, body, kill, f.name)
             rounds.append(r)
             if (i + 1) % 20 == 0:
                 say(f"fake kills: {i + 1} done")
-        ok, value = await settle(session, proxy_slots(session, setup.proxy.url))
+        ok, value = await settle(session, proxy_slots(session, setup.url))
         result = {"target": "fake", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok}
         say(f"fake kills: {result['outcomes']}, leaked after: {value}")
         return result
@@ -644,32 +451,30 @@ async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict
     """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
     The stream on the other must finish, and once the dead one's stream has its error event (the
     proxy has then marked it unhealthy), new requests must be answered by the survivor."""
-    setup = FakeSetup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], max_waiting=8)
+    setup = fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], max_waiting=8)
     say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
     rounds: list[dict] = []
     after = LoadTally()
     try:
-        await setup.start(session)
+        await start_setup(setup)
         victim = setup.fakes[0]
         for i in range(n):
             if time.monotonic() > deadline:
                 break
             for f in setup.fakes:
-                await _await_healthy(session, setup.proxy.url, f, deadline)
+                await _await_healthy(session, setup.url, f, deadline)
             # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded)
             body = {"model": "mm", "prompt": "long", "stream": True, "x_fake": {"chunks": 200, "interval": 0.005}}
 
             def kill():
-                _killpg(victim.proc.pid)
-                victim.proc.wait(5)
-                victim.restarts += 1
+                victim.kill()
                 victim.start()
 
             streams = []
             outcomes = []
             try:
                 for _ in range(2):
-                    streams.append(await RawStream.open(setup.proxy.port, body))
+                    streams.append(await RawStream.open(HOST, setup.port, body))
                     await asyncio.sleep(0.02)
                 for st in streams:
                     try:
@@ -691,10 +496,10 @@ async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict
                 for st in streams:
                     st.close()
             # the error event came after the proxy marked the dead upstream unhealthy
-            await asyncio.gather(*(one_request(session, setup.proxy.url, {"model": "mm", "prompt": "x"}, after, HANG_SECONDS) for _ in range(4)))
-            ok, value = await settle(session, proxy_slots(session, setup.proxy.url))
+            await asyncio.gather(*(one_request(session, setup.url, {"model": "mm", "prompt": "x"}, after, HANG_SECONDS) for _ in range(4)))
+            ok, value = await settle(session, proxy_slots(session, setup.url))
             rounds.append({"admitted_before_kill": 2, "outcomes": outcomes, "slot_leaked": not ok, "after": value})
-        ok, value = await settle(session, proxy_slots(session, setup.proxy.url))
+        ok, value = await settle(session, proxy_slots(session, setup.url))
         s = summarize_rounds(rounds)
         result = {
             "target": "fake", "requested": n, **s, "slots_after": value, "leaked_after": not ok,
@@ -707,10 +512,10 @@ async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict
         setup.stop()
 
 
-async def _await_healthy(session, proxy_url: str, f: Fake, deadline: float) -> None:
+async def _await_healthy(session, proxy_url: str, f: FakeUpstream, deadline: float) -> None:
     end = min(deadline, time.monotonic() + 60)
     while time.monotonic() < end:
-        if f.proc.poll() is not None:  # the restart lost a race for the port: try again
+        if not f.process.alive():  # the restart lost a race for the port: try again
             f.start()
         status, body = await get_json(session, proxy_url + "/readyz")
         if body.get("workers", {}).get(f.name, {}).get("healthy"):
@@ -741,7 +546,7 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
             rid = f"load-bench-{os.getpid()}-{i}"
             try:
                 async with asyncio.timeout(HANG_SECONDS):
-                    s = await RawStream.open(proxy_port, body_for(model, early != "plain"), rid)
+                    s = await RawStream.open(HOST, proxy_port, body_for(model, early != "plain"), rid)
                     if early:
                         await asyncio.sleep(rng.uniform(0.02, 0.08))
                         kind = f"{early}/{how}"
@@ -806,21 +611,21 @@ async def serves_again(session, proxy_url: str, bodies: list[dict]) -> dict:
 
 
 async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
-    setup = FakeSetup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], max_waiting=16)
+    setup = fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], max_waiting=16)
     say(f"fake disconnects: {n} from 16 clients over {len(setup.fakes)} upstreams of gate 2")
     try:
-        await setup.start(session)
-        m0 = await get_metrics(session, setup.proxy.url)
+        await start_setup(setup)
+        m0 = await get_metrics(session, setup.url)
         models = [f.model for f in setup.fakes]
         r = await disconnects(
-            session, setup.proxy.url, setup.proxy.port, models, n, 16,
+            session, setup.url, setup.port, models, n, 16,
             # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
             lambda model, stream: {"model": model, "prompt": "long", "stream": stream, "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
             deadline,
         )
 
         async def upstreams_idle():
-            stats = await setup.stats(session)
+            stats = await upstream_stats(session, setup)
             return all(v.get("active") == 0 for v in stats.values()), stats
 
         # The proxy frees its slot first and then closes the upstream connection, so the
@@ -828,9 +633,9 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
         t_idle = time.monotonic()
         _, stats = await settle(session, upstreams_idle)
         idle_seconds = time.monotonic() - t_idle
-        m1 = await get_metrics(session, setup.proxy.url)
-        again = await serves_again(session, setup.proxy.url, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
-        by_kind = logged_statuses(setup.proxy.log, r.pop("ids"))
+        m1 = await get_metrics(session, setup.url)
+        again = await serves_again(session, setup.url, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
+        by_kind = logged_statuses(setup.log, r.pop("ids"))
         result = {
             "target": "fake", "requested": n, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind,
             "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
@@ -852,7 +657,8 @@ def _delta(m0: dict, m1: dict, name: str, status: str) -> int:
 
 # -- the real stack ----------------------------------------------------------------------------
 class RealStack:
-    """`mtpstack up` as a subprocess: one native worker on tiny models, width 2, gate 2."""
+    """`mtpstack up` as a subprocess: one native worker on tiny models, width 2, gate 2. What it
+    started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
 
     def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2):
         self.dir = workdir / "real"
@@ -875,35 +681,42 @@ class RealStack:
         self.config_path = self.dir / "fleet.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.run_dir = self.dir / "run"
-        self.proc: subprocess.Popen | None = None
+        self.url = url_of(HOST, self.port)
+        self.log = self.dir / "up.log"
+        self.proc: Process | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+    def status(self) -> dict:
+        """`mtpstack status`'s document for this run; {} before `mtpstack up` has written its run directory."""
+        from mtpstack.status import StatusError, collect
 
-    def state(self) -> dict:
         try:
-            return json.loads((self.run_dir / "state.json").read_text())
-        except (FileNotFoundError, ValueError):
+            return collect(self.run_dir)
+        except StatusError:
             return {}
 
-    def pids(self) -> list[int]:
-        s = self.state()
-        return [p for p in [s.get("proxy", {}).get("pid"), *(w.get("pid") for w in s.get("workers", {}).values())] if p]
+    async def astatus(self) -> dict:
+        return await asyncio.to_thread(self.status)  # it asks the processes over HTTP
 
-    def worker(self) -> dict:
-        return self.state().get("workers", {}).get("w0", {})
+    def pids(self, status: dict) -> list[int]:
+        return [p for p in [status.get("proxy", {}).get("pid"), *(w.get("pid") for w in status.get("workers", {}).values())] if p]
 
-    async def start(self, session) -> None:
+    async def worker(self) -> dict:
+        return (await self.astatus()).get("workers", {}).get("w0", {})
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until the proxy is ready; `runtime.StartError` when `mtpstack up` exits first or `timeout` passes."""
+        await asyncio.to_thread(self.proc.wait_ready, "/readyz", timeout)
+
+    async def start(self) -> None:
         argv = [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "180"]
-        self.proc = CHILDREN.start(argv, self.dir / "up.log")
-        await wait_status(session, self.url + "/readyz", self.proc, 240, "`mtpstack up`")
-        CHILDREN.extra_pids.extend(self.pids())
+        self.proc = CHILDREN.start(argv, log_path=self.log, name="mtpstack up", kind="stack", url=self.url, cwd=ROOT)
+        await self.wait_ready(240)
+        UP_CHILDREN.extend(self.pids(await self.astatus()))
 
     def stop(self) -> None:
-        pids = self.pids()
+        pids = self.pids(self.status())
         if self.proc is not None:
-            CHILDREN.stop(self.proc, timeout=45)
+            self.proc.stop(timeout=45)
         for pid in pids:
             kill_if_ours(pid)  # only if `mtpstack up` left one behind
 
@@ -927,20 +740,22 @@ async def real_phase(session, workdir: Path, out: dict, *, requests: int, client
     out.update({"width": stack.width, "gate": stack.width})
     try:
         await _real_steps(session, stack, out, requests=requests, clients=clients, n_disconnects=n_disconnects, kills=kills, deadline=deadline)
+    except StartError:
+        raise  # it names `mtpstack up` and ends with its log tail
     except Exception as e:
-        log = stack.dir / "up.log"
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:]) if log.exists() else ""
-        raise RuntimeError(f"{e}\n`mtpstack up` log tail ({log}):\n{tail}") from e
+        raise RuntimeError(f"{e}\n`mtpstack up` log tail ({stack.log}):\n{tail_text(stack.log, 12)}") from e
     finally:
         stack.stop()
 
 
 async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
     t0 = time.monotonic()
-    await stack.start(session)
+    await stack.start()
     out["startup_seconds"] = round(time.monotonic() - t0, 1)
-    worker_url = stack.worker()["url"]
-    proxy_pid = stack.state()["proxy"]["pid"]
+    status = await stack.astatus()
+    worker_url = status["workers"]["w0"]["url"]
+    proxy_pid = status["proxy"]["pid"]
+    proxy_log = Path(status["proxy"]["log"])
 
     # load
     say(f"real load: {requests} requests from {clients} clients")
@@ -990,7 +805,7 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
         wm1 = await get_metrics(session, worker_url)
         tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
         again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
-        by_kind = logged_statuses(stack.run_dir / "logs" / "proxy.log", r.pop("ids"))
+        by_kind = logged_statuses(proxy_log, r.pop("ids"))
         out["disconnects"] = {
             "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
             # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
@@ -1008,190 +823,29 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
         for i in range(kills):
             if time.monotonic() > deadline:
                 break
-            await wait_status(session, stack.url + "/readyz", stack.proc, min(180, max(1, deadline - time.monotonic())), "the restarted worker", "`mtpstack up`")
-            pid = stack.worker()["pid"]
+            await stack.wait_ready(min(180, max(1, deadline - time.monotonic())))
+            pid = (await stack.worker())["pid"]
 
             def kill(pid=pid):
-                _killpg(pid)
+                signal_group(pid, signal.SIGKILL)
 
             rounds.append(await kill_round(session, stack.url, stack.port, real_body(i, max_tokens=400, stream=True), kill, "w0"))
             end = time.monotonic() + 60
-            while stack.worker().get("pid") in (None, pid) and time.monotonic() < end:
+            while (await stack.worker()).get("pid") in (None, pid) and time.monotonic() < end:
                 await asyncio.sleep(0.2)
-            CHILDREN.extra_pids.extend(stack.pids())
+            UP_CHILDREN.extend(stack.pids(await stack.astatus()))
             say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
         back = True
         try:
-            await wait_status(session, stack.url + "/readyz", stack.proc, 180, "the restarted worker", "`mtpstack up`")
-        except RuntimeError:
+            await stack.wait_ready(180)
+        except StartError:
             back = False
         ok, value = await settle(session, proxy_slots(session, stack.url))
         again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)]) if back else None
         out["kills"] = {
             "target": "real", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok,
-            "restarts": stack.worker().get("restarts"), "serves_again": again,
+            "restarts": (await stack.worker()).get("restarts"), "serves_again": again,
         }
-
-
-# -- report (pure) -----------------------------------------------------------------------------
-def table(headers: list[str], rows: list[list]) -> list[str]:
-    """Left-aligned columns, two spaces apart; None shows as `-`."""
-    cells = [[("-" if c is None else str(c)) for c in row] for row in [headers, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-
-
-def mib(kib: int | None) -> str | None:
-    return None if kib is None else f"{kib / 1024:.1f}"
-
-
-def _statuses(r: dict) -> str:
-    parts = [f"{r['statuses'].get('200', 0)} x 200"]
-    for code, n in sorted(r.get("error_codes", {}).items()):
-        parts.append(f"{n} x {code}")
-    return ", ".join(parts)
-
-
-def load_lines(rows: list[dict]) -> list[str]:
-    headers = ["target", "gate", "ups", "clients", "maxWaiting", "requests", "answers", "unanswered", "streams ok",
-               "max conc. per upstream", "proxy inflight max", "proxy RSS MiB before/half/after/peak", "req/s", "s"]
-    out = []
-    for r in rows:
-        if r.get("target") == "fake":
-            conc = ", ".join(str(v) for v in r["upstream_max_concurrency"].values())
-            inflight = max((v or 0) for k, v in r["sampled_max"].items() if k.startswith("inflight"))
-        else:
-            conc = f"{_int(r['sampled_max'].get('worker_active_sequences'))} (sampled)"
-            inflight = r["sampled_max"].get("proxy_inflight{worker=w0}")
-        rss = r["proxy_rss_kib"]
-        out.append([r["target"], r["gate"], r["upstreams"], r["clients"], r["max_waiting"], r["sent"], _statuses(r), r["unanswered"],
-                    f"{r['streams_done']}/{r['streams']}", conc, _int(inflight),
-                    "/".join(mib(rss.get(k)) or "-" for k in ("before", "half", "after", "peak")), r["requests_per_second"], r["seconds"]])
-    return table(headers, out)
-
-
-def _int(v) -> int | None:
-    return None if v is None else int(v)
-
-
-def _outcomes(d: dict) -> str:
-    return ", ".join(f"{n} {k}" for k, n in sorted(d.items(), key=lambda kv: -kv[1]))
-
-
-def fault_lines(result: dict) -> list[str]:
-    rows = []
-    for key in ("fake_kills", "real_kills"):
-        r = result.get(key)
-        if r:
-            leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {_slots(r['slots_after'])}"
-            rows.append(["worker SIGKILL mid-stream", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]), None])
-    r = result.get("fake_failover")
-    if r:
-        leaked = f"{r['rounds_with_leaked_slot']} rounds; after: {_slots(r['slots_after'])}"
-        after = r["requests_after_failure"]
-        answered = ", ".join(f"{n} x {k}" for k, n in sorted(after["statuses"].items())) or "none"
-        rows.append(["SIGKILL, 1 of 2 workers", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]),
-                     f"then {answered} of {after['sent']}"])
-    for key in ("fake_disconnects", "real_disconnects"):
-        r = result.get(key)
-        if r:
-            logged = ", ".join(f"{n} x {k}" for k, n in sorted(r.get("proxy_logged", {}).items())) or None
-            rows.append(["client disconnect", r["target"], r["disconnects"], r["disconnects"], r["hung"], f"after: {_slots(r['slots_after'])}",
-                         _outcomes(r["kinds"]), logged])
-    return table(["fault", "target", "count", "clients", "hung", "leaked proxy slots", "client outcomes", "proxy logged"], rows)
-
-
-def _slots(v) -> str:
-    if not isinstance(v, dict):
-        return str(v)
-    return f"inflight {_int(v.get('inflight'))}, queued {_int(v.get('queue_depth'))}"
-
-
-def checks(result: dict) -> list[tuple[bool, str]]:
-    """(passed, sentence) for every property the run must show."""
-    out: list[tuple[bool, str]] = []
-    for r in result.get("load", []):
-        name = f"{r['target']} gate {r['gate']}, maxWaiting {r['max_waiting']}"
-        out.append((r["unanswered"] == 0, f"{name}: requests unanswered: {r['unanswered']}"))
-        out.append((r.get("complete", True), f"{name}: all {r['requested']} requests sent before the deadline: {r['sent']}"))
-        if r["target"] == "fake":
-            conc = list(r["upstream_max_concurrency"].values())
-            out.append((all(c == r["gate"] for c in conc), f"{name}: largest concurrency each upstream saw equals the gate {r['gate']}: {conc}"))
-            out.append((r["upstream_violations"] == 0, f"{name}: requests an upstream refused above its gate: {r['upstream_violations']}"))
-            out.append((r["inflight_after"] == 0, f"{name}: proxy inflight after the run: {r['inflight_after']}"))
-        else:
-            active = r["sampled_max"].get("worker_active_sequences")
-            out.append((active is not None and active <= r["gate"], f"{name}: worker active sequences never above the gate (sampled max): {_int(active)}"))
-            out.append((r["worker_full_rejections"] == 0, f"{name}: worker_full 429s from the worker: {r['worker_full_rejections']}"))
-        inflight = [v for k, v in r["sampled_max"].items() if "inflight" in k]
-        out.append((all(v is not None and v <= r["gate"] for v in inflight), f"{name}: proxy inflight never above the gate (sampled max): {[_int(v) for v in inflight]}"))
-        others = {k: n for k, n in r["error_codes"].items() if k != "429 queue_full"}
-        out.append((not others, f"{name}: answers other than 200 and 429 queue_full: {others or 0}"))
-        qf = r["error_codes"].get("429 queue_full", 0)
-        if r["queue_bound_reachable"]:
-            out.append((qf > 0 and r["retry_after_missing"] == 0, f"{name}: the queue bound was hit and every 429 queue_full had Retry-After: {qf} (without: {r['retry_after_missing']}; values: {r.get('retry_after_values') or {}})"))
-        else:
-            out.append((qf == 0, f"{name}: 429 queue_full while the queue had room for every client: {qf}"))
-        out.append((r["stream_errors"] + r["stream_truncated"] == 0, f"{name}: streams ending without [DONE]: {r['stream_errors'] + r['stream_truncated']}"))
-    for key in ("fake_kills", "real_kills"):
-        r = result.get(key)
-        if r:
-            name = f"{r['target']} worker kills ({r['kills']} of {r['requested']})"
-            out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
-            out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
-            out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
-            out.append((r["admitted_streams_cut_without_error_event"] == 0, f"{name}: streams cut without an error event: {r['admitted_streams_cut_without_error_event']}"))
-    r = result.get("fake_failover")
-    if r:
-        name = f"fake failover ({r['kills']} of {r['requested']})"
-        out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
-        out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
-        out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
-        want = {"done": r["kills"], "error_event": r["kills"]}
-        out.append((r["outcomes"] == want, f"{name}: the stream on the dead worker ends with an error event, the one on the survivor with [DONE]: {r['outcomes']}"))
-        after = r["requests_after_failure"]
-        out.append((after["sent"] > 0 and after["statuses"].get("200", 0) == after["sent"],
-                    f"{name}: requests right after the failure answered 200 (by the survivor): {after['statuses'].get('200', 0)} of {after['sent']} {after['error_codes'] or ''}".rstrip()))
-    for key in ("fake_disconnects", "real_disconnects"):
-        r = result.get(key)
-        if r:
-            name = f"{r['target']} client disconnects ({r['disconnects']} of {r['requested']})"
-            out.append((r["disconnects"] == r["requested"], f"{name}: disconnects done before the deadline: {r['disconnects']}"))
-            out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
-            out.append((not r["leaked_after"], f"{name}: leaked proxy slots after settling: {r['slots_after']}"))
-            if "upstream_active_after" in r:
-                active = sum((v or 0) for v in r["upstream_active_after"].values())
-                out.append((active == 0, f"{name}: requests still active in the upstreams after settling: {active}"))
-            if "worker_active_sequences_after" in r:
-                out.append((not r["worker_leaked_after"], f"{name}: worker active sequences after settling: {_int(r['worker_active_sequences_after'])}"))
-            if "proxy_logged" in r:
-                other = {k: n for k, n in r["proxy_logged"].items() if k != "499"}
-                out.append((not other, f"{name}: disconnects the proxy logged with a status other than 499: {other or 0}"))
-            if "tokens_generated" in r:
-                out.append((r["tokens_generated"] < r["tokens_if_never_stopped"],
-                            f"{name}: tokens the worker generated for them: {r['tokens_generated']} (at most {r['tokens_if_never_stopped']} if it never stopped)"))
-            again = r.get("serves_again") or {}
-            out.append((again.get("unanswered", 1) == 0 and again.get("statuses", {}).get("200", 0) == again.get("sent", -1),
-                        f"{name}: every model serves again afterwards: {again.get('statuses')}"))
-    return out
-
-
-def report_lines(result: dict) -> list[str]:
-    meta = result["meta"]
-    lines = [f"mtpstack load bench, {meta['date']}", f"command: {meta['command']}",
-             f"machine: {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, commit {meta['commit']}, {meta['seconds']} s"]
-    if meta.get("modified"):
-        lines.append("uncommitted changes in the checkout: " + ", ".join(meta["modified"]))
-    lines.append("")
-    lines += ["Load (answers by status; streams ok = streamed requests that ended with [DONE])", *load_lines(result.get("load", [])), ""]
-    lines += ["Faults (hung = no end, error or status within %g s; leaked = proxy inflight or queue not back to 0 within %g s)" % (HANG_SECONDS, SETTLE_SECONDS),
-              *fault_lines(result), ""]
-    cs = checks(result)
-    lines.append(f"Checks: {sum(ok for ok, _ in cs)} of {len(cs)} hold")
-    lines += [f"  {'ok  ' if ok else 'FAIL'}  {text}" for ok, text in cs]
-    for note in result.get("errors", []):
-        lines.append(f"  FAIL  phase did not finish: {note}")
-    return lines
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -1293,12 +947,12 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(run(args, workdir))
     except KeyboardInterrupt:
         say("interrupted; stopping every process started here")
-        CHILDREN.stop_all()
+        stop_all()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         return 130
     finally:
-        CHILDREN.stop_all()
+        stop_all()
     result["meta"] = {
         "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/scripts/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(), "modified": _modified(),

@@ -33,7 +33,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from mtpstack.worker.proof import free_port
+
+from mtpstack.runtime import Process, StartError, free_port, url_of
 
 ROOT = _checkout.ROOT
 CHUNKS = 256
@@ -86,42 +86,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
+def start(name: str, argv: list[str], workdir: Path, port: int) -> Process:
+    """`name` serving on loopback `port`, its output in `workdir/NAME.log`."""
+    return Process(argv, log_path=workdir / f"{name}.log", name=name, url=url_of("127.0.0.1", port), cwd=ROOT).start()
 
 
-def start(name: str, argv: list[str], workdir: Path) -> Proc:
-    log = workdir / f"{name}.log"
-    popen = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), start_new_session=True)
-    return Proc(name, popen, log)
-
-
-async def wait_ready(url: str, proc: Proc, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.popen.poll() is not None:
-                raise SystemExit(f"error: `{proc.name}` exited with {proc.popen.returncode}; its log: {proc.log}")
-            try:
-                async with s.get(url) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise SystemExit(f"error: `{proc.name}` was not ready within {timeout:g} s: {url}")
+async def wait_ready(proc: Process, path: str, timeout: float = 30.0) -> None:
+    try:
+        await asyncio.to_thread(proc.wait_ready, path, timeout)
+    except StartError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def nginx_conf(workdir: Path, routes: dict[int, int]) -> str:
@@ -374,7 +348,7 @@ class PagePoller:
 
 async def bench(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    procs: list[Proc] = []
+    procs: list[Process] = []
     py = sys.executable
     ports = {k: free_port() for k in ("up_instant", "up_paced", "proxy", "nginx_instant", "nginx_paced")}
     up_pids: dict[str, int] = {}
@@ -385,11 +359,11 @@ async def bench(args: argparse.Namespace) -> dict:
                 f"upstream-{mode}",
                 [py, "-m", "devkit.fake_upstream", "--port", str(ports[f"up_{mode}"]), "--gate", "4",
                  "--chunks", str(CHUNKS), "--interval", str(interval), "--delay", str(delay), "--name", mode, *(["--stamp"] if mode == "paced" else [])],
-                workdir,
+                workdir, ports[f"up_{mode}"],
             )
             procs.append(p)
-            up_pids[mode] = p.popen.pid
-            await wait_ready(f"http://127.0.0.1:{ports[f'up_{mode}']}/health", p)
+            up_pids[mode] = p.pid
+            await wait_ready(p, "/health")
         config = {
             "proxy": {"port": ports["proxy"], "concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
             "workers": {
@@ -398,10 +372,10 @@ async def bench(args: argparse.Namespace) -> dict:
             },
         }
         (workdir / "fleet.json").write_text(json.dumps(config))
-        mtp = start("mtpstack", [py, "-m", "mtpstack", "proxy", "--config", str(workdir / "fleet.json")], workdir)
+        mtp = start("mtpstack", [py, "-m", "mtpstack", "proxy", "--config", str(workdir / "fleet.json")], workdir, ports["proxy"])
         procs.append(mtp)
-        await wait_ready(f"http://127.0.0.1:{ports['proxy']}/readyz", mtp)
-        pids = {"mtpstack": mtp.popen.pid}
+        await wait_ready(mtp, "/readyz")
+        pids = {"mtpstack": mtp.pid}
         targets = ["direct", "mtpstack"]
         nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
         nginx_version = None
@@ -409,10 +383,10 @@ async def bench(args: argparse.Namespace) -> dict:
             conf = workdir / "nginx.conf"
             conf.write_text(nginx_conf(workdir, {ports["nginx_instant"]: ports["up_instant"], ports["nginx_paced"]: ports["up_paced"]}))
             nginx_version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
-            ng = start("nginx", [nginx, "-c", str(conf), "-p", str(workdir)], workdir)
+            ng = start("nginx", [nginx, "-c", str(conf), "-p", str(workdir)], workdir, ports["nginx_instant"])
             procs.append(ng)
-            await wait_ready(f"http://127.0.0.1:{ports['nginx_instant']}/health", ng)
-            pids["nginx"] = ng.popen.pid
+            await wait_ready(ng, "/health")
+            pids["nginx"] = ng.pid
             targets.insert(1, "nginx")
         else:
             print("note: nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only", file=sys.stderr)

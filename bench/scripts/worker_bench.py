@@ -159,9 +159,8 @@ def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> l
 
 
 def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> dict:
+    from mtpstack.runtime import Process, free_port, url_of
     from mtpstack.worker.launcher import worker_env
-    from mtpstack.worker.process import WorkerProcess
-    from mtpstack.worker.proof import free_port
 
     servers = {}
     env = worker_env()
@@ -171,13 +170,13 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> 
     env.setdefault("HF_HUB_CACHE", str(hf_cache))
     for name in names:
         port = free_port()
-        servers[name] = WorkerProcess(server_argv(name, target, head, depth, port), host="127.0.0.1", port=port,
-                                      log_path=logdir / f"{name}.log", name=name, env=env)
+        servers[name] = Process(server_argv(name, target, head, depth, port), log_path=logdir / f"{name}.log", name=name,
+                                kind="worker", url=url_of("127.0.0.1", port), env=env)
     try:
         for proc in servers.values():
             proc.start()
         for proc in servers.values():
-            proc.wait_healthy(timeout=300)
+            proc.wait_ready("/health", 300, state="healthy")
     except Exception:
         for proc in servers.values():
             proc.stop()

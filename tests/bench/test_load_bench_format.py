@@ -1,4 +1,5 @@
-"""The load bench's pure parts: Prometheus parsing, the table, the checks and the report lines."""
+"""The load bench's pure parts (`bench/scripts/load_report.py`): the table, the checks and the report lines; and
+the Prometheus parsing it shares with `mtpstack bench` (`mtpstack.bench.prometheus`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import copy
 import pytest
 
 from devkit.scripts import load_script
+from mtpstack.bench.prometheus import parse_samples, sample
 
-_script = load_script("load_bench")
+_script = load_script("load_report")
 checks = _script.checks
 fault_lines = _script.fault_lines
 load_lines = _script.load_lines
-parse_metrics = _script.parse_metrics
 report_lines = _script.report_lines
-sample = _script.sample
 table = _script.table
 
 METRICS = """# HELP mtpstack_proxy_inflight Requests admitted.
@@ -85,7 +85,7 @@ def failed(r: dict) -> list[str]:
 
 
 def test_parse_metrics_reads_labelled_and_bare_samples_and_skips_comments():
-    m = parse_metrics(METRICS)
+    m = parse_samples(METRICS)
     assert sample(m, "mtpstack_proxy_inflight", worker="u0") == 2.0
     assert sample(m, "mtpstack_proxy_requests_total", status="200", model="fake") == 19990.0
     assert sample(m, "mtpstack_worker_active_sequences") == 1.0

@@ -15,8 +15,9 @@ from mtpstack.bench.sweep import (
     prove_weights,
     write_outputs,
 )
+from mtpstack.runtime import free_port
 from mtpstack.validator import load_valid_config
-from mtpstack.worker.proof import free_port, hash_weights
+from mtpstack.worker.proof import hash_weights
 
 pytestmark = pytest.mark.mlx
 
@@ -72,7 +73,7 @@ def other_worker(other_pair, tmp_path):
     """A worker started on a different pair of weights (seed 1)."""
     from mtpstack.validator import WorkerProfile, worker_argv
     from mtpstack.worker.launcher import resolve_command, worker_env
-    from mtpstack.worker.process import WorkerProcess
+    from mtpstack.runtime import Process, url_of
 
     target, drafter = other_pair
     port = free_port()
@@ -80,11 +81,10 @@ def other_worker(other_pair, tmp_path):
         {"model": "tiny", "target": {"path": str(target), "bits": "fp32"},
          "drafter": {"path": str(drafter), "bits": "fp32", "depth": 2}, "maxNumSeqs": 1, "port": port}
     )
-    proc = WorkerProcess(resolve_command(worker_argv(profile)), host="127.0.0.1", port=port,
-                         log_path=tmp_path / "other.log", env=worker_env())
-    proc.start()
+    proc = Process(resolve_command(worker_argv(profile)), log_path=tmp_path / "other.log", kind="worker",
+                   url=url_of("127.0.0.1", port), env=worker_env()).start()
     try:
-        proc.wait_healthy(timeout=120)
+        proc.wait_ready("/health", 120, state="healthy")
         yield proc, profile
     finally:
         proc.stop()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -15,24 +13,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mtpstack.validator import FleetConfig, worker_argv
 from devkit.demo.tiny import build_tiny_pair
+from mtpstack.bench.prometheus import parse_samples, sample
+from mtpstack.runtime import Process, free_port, http_status, url_of
+from mtpstack.validator import FleetConfig, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
-from mtpstack.worker.process import WorkerProcess
-from mtpstack.worker.proof import free_port
 
 #: Loading tiny models takes well under a second; the bound covers a busy 2-core CI machine.
 STARTUP_TIMEOUT = 120.0
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, {}
+    return http_status(url, timeout)
 
 
 def get_text(url: str, timeout: float = 5.0) -> str:
@@ -42,14 +34,7 @@ def get_text(url: str, timeout: float = 5.0) -> str:
 
 def metric(text: str, name: str, **labels) -> float | None:
     """The value of one sample in Prometheus text; None when absent."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head == name or head == f"{name}{{{want}}}":
-            return float(value)
-    return None
+    return sample(parse_samples(text), name, **labels)
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
@@ -71,24 +56,15 @@ class Stack:
         self.config_path.write_text(yaml.safe_dump(config))
         self.run_dir = root / "run"
         self.config = config
-        self.proxy_url = f"http://127.0.0.1:{config['proxy']['port']}"
-        self.out = (root / "up.out").open("w")
+        self.proxy_url = url_of("127.0.0.1", config["proxy"]["port"])
         self.err_path = root / "up.err"
-        self.proc = subprocess.Popen(
+        self.proc = Process(
             [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "90", *up_args],
-            stdout=self.out,
-            stderr=self.err_path.open("w"),
-            stdin=subprocess.DEVNULL,
-            cwd=root,
-        )
+            log_path=self.err_path, stdout_path=root / "up.out", name="mtpstack up", kind="stack", url=self.proxy_url, cwd=root,
+        ).start()
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"`mtpstack up` exited with {self.proc.returncode}:\n{self.err_path.read_text()}")
-            return get_json(self.proxy_url + "/readyz", timeout=2)[0] == 200
-
-        wait_until(ready, timeout, "the stack to be ready")
+        self.proc.wait_ready("/readyz", timeout)
 
     def state(self) -> dict:
         return json.loads((self.run_dir / "state.json").read_text())
@@ -103,16 +79,9 @@ class Stack:
         state = self.state()
         return [p for p in [state["proxy"].get("pid"), *(w.get("pid") for w in state["workers"].values())] if p]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.out.close()
-        return self.proc.returncode
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM `mtpstack up`, as a service manager stops it; its exit code."""
+        return self.proc.stop(timeout)
 
 
 def alive(pid: int) -> bool:
@@ -175,12 +144,12 @@ def width_1_worker(tiny_models, tmp_path):
     """A real worker serving one sequence at a time, with a short admission grace."""
     data = fleet(*tiny_models, width=1, extra_args=["--admission-grace-seconds", "0.2"])
     profile = FleetConfig.model_validate(data).workers["w0"]
-    proc = WorkerProcess(
-        resolve_command(worker_argv(profile)), host=profile.host, port=profile.port, log_path=tmp_path / "worker.log", env=worker_env()
-    )
-    proc.start()
+    proc = Process(
+        resolve_command(worker_argv(profile)), log_path=tmp_path / "worker.log", kind="worker", url=url_of(profile.host, profile.port),
+        env=worker_env(),
+    ).start()
     try:
-        proc.wait_healthy(timeout=120)
+        proc.wait_ready("/health", 120, state="healthy")
         yield data
     finally:
         proc.stop()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import sys
@@ -62,7 +61,7 @@ def test_sigterm_stops_the_proxy_then_the_workers_and_leaves_no_process(tiny_mod
         assert len(pids) == 3 and all(alive(p) for p in pids)
         wait_until(lambda: "curl -s" in (tmp_path / "up.out").read_text(), 10, "the ready banner")
     finally:
-        code = s.stop(signal.SIGTERM)
+        code = s.stop()
     assert code == 0
     for pid in pids:
         wait_until(lambda: not alive(pid), 15, f"process {pid} to be gone")

@@ -10,16 +10,9 @@ import urllib.request
 
 import pytest
 
-from devkit.hostile import (
-    MALFORMED_HTTP,
-    SLOW_KINDS,
-    proxy_before_fake,
-    random_body,
-    random_http,
-    raw_exchange,
-    request_bytes,
-    slow_client,
-)
+from devkit.fake_fleet import proxy_before_fake
+from devkit.hostile import MALFORMED_HTTP, random_body, random_http
+from devkit.raw_http import SLOW_KINDS, raw_exchange, request_bytes, slow_client
 
 #: The deadline under test, short so that slow clients are cut off quickly.
 CLIENT_SECONDS = 1.0
@@ -92,7 +85,7 @@ def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
 
 def test_afterwards_the_proxy_is_alive_holds_nothing_and_logged_only_json(proxy):
     # Runs last in this module: everything above went to this process.
-    assert proxy.proc.poll() is None
+    assert proxy.proxy.alive()
     ready = _get_json(f"http://127.0.0.1:{proxy.port}/readyz")
     assert ready["workers"]["w"]["inflight"] == 0 and ready["models"]["m"]["waiting"] == 0
     entries = _log(proxy)

@@ -14,8 +14,7 @@ mx = pytest.importorskip("mlx.core", reason="the worker tests need mlx")
 from mtpstack.validator import WorkerProfile, worker_argv  # noqa: E402
 from devkit.demo.tiny import build_tiny_pair  # noqa: E402
 from mtpstack.worker.launcher import resolve_command, worker_env  # noqa: E402
-from mtpstack.worker.process import WorkerProcess  # noqa: E402
-from mtpstack.worker.proof import free_port  # noqa: E402
+from mtpstack.runtime import Process, free_port, url_of  # noqa: E402
 
 #: Every HTTP call in these tests is bounded by this.
 HTTP_TIMEOUT = 30.0
@@ -58,15 +57,15 @@ class LiveWorker:
         }
         self.profile = WorkerProfile.model_validate(spec)
         self.argv = resolve_command(worker_argv(self.profile))
-        self.proc = WorkerProcess(self.argv, host="127.0.0.1", port=self.port, log_path=tmp / f"worker-{self.port}.log",
-                                  name=name, env=worker_env({**__import__("os").environ, **(env or {})}))
+        self.proc = Process(self.argv, log_path=tmp / f"worker-{self.port}.log", name=name, kind="worker",
+                            url=url_of("127.0.0.1", self.port), env=worker_env({**__import__("os").environ, **(env or {})}))
         self.url = self.proc.url
         self.name = name
 
     def __enter__(self) -> "LiveWorker":
         self.proc.start()
         try:
-            self.proc.wait_healthy(timeout=START_TIMEOUT)
+            self.proc.wait_ready("/health", START_TIMEOUT, state="healthy")
         except Exception:
             self.proc.stop(timeout=5)
             raise

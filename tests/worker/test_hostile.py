@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from devkit.hostile import random_body, random_http, raw_exchange, request_bytes
+from devkit.hostile import random_body, random_http
+from devkit.raw_http import raw_exchange, request_bytes
 
 CHAT = [{"role": "user", "content": "hi"}]
 #: The tiny pair's vocabulary (`build_tiny_pair`'s config.json).

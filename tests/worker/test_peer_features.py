@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
-import urllib.request
 
 import openai
 import pytest
 
+from mtpstack.runtime import Process, StartError, free_port, url_of
 from tests.worker.agent_models import build_agent_pair
-from mtpstack.worker.proof import free_port
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -44,29 +41,18 @@ def ours(pair, tmp_path_factory, live_worker_class):
 def mlx_lm(pair, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mlxlm")
     port = free_port()
-    log = open(tmp / "server.log", "wb")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", str(pair[0]), "--host", "127.0.0.1",
-                             "--port", str(port), "--prompt-cache-size", "0"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = Process([sys.executable, "-m", "mlx_lm.server", "--model", str(pair[0]), "--host", "127.0.0.1",
+                    "--port", str(port), "--prompt-cache-size", "0"], log_path=tmp / "server.log", name="mlx_lm.server",
+                   kind="peer server", url=url_of("127.0.0.1", port), env=env).start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlx_lm.server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
-                time.sleep(0.2)
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0), str(pair[0])
-    finally:
-        proc.terminate()
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+            proc.wait_ready("/health", START_TIMEOUT, state="healthy")
+        except StartError as e:
+            pytest.fail(f"mlx_lm.server did not start: {e}")
+        yield openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", timeout=60, max_retries=0), str(pair[0])
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(params=["ours", "mlx_lm"])

@@ -121,8 +121,7 @@ def test_weights_explains_what_it_cannot_reach():
 
 def test_weights_proves_an_mlx_lm_server_from_its_command_line_alone(tiny_pair, tmp_path):
     from mtpstack.worker.launcher import which
-    from mtpstack.worker.process import WorkerProcess
-    from mtpstack.worker.proof import free_port
+    from mtpstack.runtime import Process, free_port
 
     if which("mlx_lm.server") is None:
         pytest.skip("mlx_lm.server is not installed")
@@ -132,9 +131,7 @@ def test_weights_proves_an_mlx_lm_server_from_its_command_line_alone(tiny_pair, 
         "drafter": {"path": str(tiny_pair[1]), "bits": "fp32", "depth": 2},
         "maxNumSeqs": 1, "port": free_port(),
     })
-    proc = WorkerProcess(resolve_command(worker_argv(profile)), host="127.0.0.1", port=profile.port,
-                         log_path=tmp_path / "mlx.log", env=worker_env())
-    proc.start()
+    proc = Process(resolve_command(worker_argv(profile)), log_path=tmp_path / "mlx.log", kind="worker", env=worker_env()).start()
     try:
         out = _weights(str(proc.pid))
         assert out.returncode == 0, out.stderr
@@ -167,5 +164,5 @@ def test_health_says_loading_until_the_models_are_in(tiny_pair, live_worker):
     assert seen == (503, "loading")
     status, _, body = w.post_json("/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert (status, body["error"]["code"]) == (503, "loading")
-    w.proc.wait_healthy(timeout=60)
+    w.proc.wait_ready("/health", 60, state="healthy")
     assert w.post_json("/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
