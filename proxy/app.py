@@ -26,17 +26,10 @@ from mtpstack.proxy.dashboard import dashboard
 from mtpstack.proxy import fleet
 from mtpstack.proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
-from mtpstack.proxy.http import (
-    REQUEST_DROP,
-    REQUEST_ID,
-    RESPONSE_DROP,
-    error_response,
-    filter_headers,
-    request_id,
-    sse_error_event,
-)
+from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, filter_headers, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
+from mtpstack.requestid import REQUEST_ID, request_id
 from mtpstack.validator import FleetConfig, gate_for
 from mtpstack.validator.bounds import BodyError, parse_json_body
 from mtpstack.validator.placement import dial_host
