@@ -29,12 +29,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.validator.deep import local_dir
-from mtpstack.validator.findings import display_name
-from mtpstack.validator.load import load_config, validate_data
-from mtpstack.validator.placement import is_placed, parts_on
-from mtpstack.validator.rules import did_you_mean
+from mtpstack.validator import (
+    FleetConfig,
+    did_you_mean,
+    display_name,
+    is_placed,
+    load_config,
+    local_dir,
+    parts_on,
+    validate_data,
+    worker_argv,
+)
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.worker.process import WorkerProcess, WorkerStartError
 

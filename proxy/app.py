@@ -31,9 +31,7 @@ from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from mtpstack.requestid import REQUEST_ID, request_id
-from mtpstack.validator import FleetConfig, gate_for
-from mtpstack.validator.bounds import BodyError, parse_json_body
-from mtpstack.validator.placement import dial_host
+from mtpstack.validator import BodyError, FleetConfig, dial_host, gate_for, parse_json_body
 
 log = logging.getLogger("mtpstack.proxy")
 

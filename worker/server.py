@@ -29,8 +29,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mtpstack.requestid import REQUEST_ID, request_id
-from mtpstack.validator.bounds import BodyError, parse_json_body
-from mtpstack.validator.modeldir import config_value
+from mtpstack.validator import BodyError, config_value, parse_json_body
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.proof import read_cmdline
 from mtpstack.worker.protocol import render, responses
