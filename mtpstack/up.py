@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpstack.logs import render
 from mtpstack.validator import (
     FleetConfig,
     did_you_mean,
@@ -314,6 +315,7 @@ class Stack:
 
     def _wait_all(self, items: list[Managed], what: str) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.out, no_color="NO_COLOR" in os.environ)
@@ -330,18 +332,21 @@ class Stack:
                     if not m.process.alive():
                         raise UpError(
                             f"{m.kind} `{name}` exited with code {m.process._proc.returncode} before it was ready\n\n"
-                            f"log tail ({m.log_path}):\n{m.process.log_tail()}",
+                            f"log tail ({m.log_path}):\n{render(m.process.log_tail().splitlines())}",
                             f"the whole log is at `{m.log_path}`",
                         )
                     if m.ready():
                         del pending[name]
                         progress.update(tasks[name], description=f"{m.kind} `{name}` ready at {m.url}")
                         console.print(f"{m.kind} `{name}` ready at {m.url} (pid {m.process.pid})")
+                    else:  # what it is doing: its latest log line
+                        latest = render(m.process.log_tail(1).splitlines()).partition("\n")[0]
+                        progress.update(tasks[name], description=escape(f"starting {m.kind} `{name}` ({m.url}): {latest}"))
                 if pending and time.monotonic() - start > self.health_timeout:
                     m = next(iter(pending.values()))
                     raise UpError(
                         f"{m.kind} `{m.name}` not ready after {self.health_timeout:g} s at {m.url}{m.ready_path}\n\n"
-                        f"log tail ({m.log_path}):\n{m.process.log_tail()}",
+                        f"log tail ({m.log_path}):\n{render(m.process.log_tail().splitlines())}",
                         "raise `--health-timeout` if loading the model takes longer",
                     )
                 time.sleep(0.2)

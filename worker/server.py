@@ -992,7 +992,7 @@ async def serve(config: WorkerConfig) -> int:
 
             e = gen.load_error
             msg = str(e) if isinstance(e, (ModelNotFound, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"
-            print(f"error: the worker failed to load its models: {msg}", file=__import__("sys").stderr)
+            log.error("the worker failed to load its models: %s", msg)
             code = 1
             break
     await runner.cleanup()
