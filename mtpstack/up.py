@@ -207,7 +207,7 @@ class Managed:
 
     def start(self, env: dict[str, str]) -> None:
         self.process = WorkerProcess(self.argv, host=self.host, port=self.port, log_path=self.log_path, name=self.name, env=env)
-        # the proxy has no /health; readiness is polled by `wait_ready` below
+        # the proxy has no /health: `ready` polls its `ready_path` (`/readyz`)
         self.process.start()
         self.history.append({"pid": self.process.pid, "started_at": self.process.started_at})
 
