@@ -37,8 +37,7 @@ import aiohttp
 from mtpstack.bench import report as rpt
 from mtpstack.bench.prometheus import unlabelled
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
-from mtpstack.validator import FleetConfig, WorkerProfile, validate_data, worker_argv
-from mtpstack.validator.findings import format_path
+from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.runtime import Process, StartError, free_port, url_of
 from mtpstack.worker.proof import fetch_identity, hash_weights, read_cmdline, weights_from_argv
@@ -146,8 +145,6 @@ def with_depth(profile: WorkerProfile, depth: int | None) -> WorkerProfile:
 def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str) -> tuple[list[Configuration], Configuration]:
     """The configurations to measure, baseline first, and the baseline itself."""
     if worker not in config.workers:
-        from mtpstack.validator.rules import did_you_mean
-
         guess = did_you_mean(worker, list(config.workers))
         raise SweepError(
             f"no worker named `{worker}` in the config",

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from mtpstack.runtime import http_status
-from mtpstack.validator.argv import draft_kind_from_argv
+from mtpstack.validator import draft_kind_from_argv
 from mtpstack.worker.proof import identity_disagreements, read_cmdline, weights_from_argv
 
 

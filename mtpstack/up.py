@@ -27,13 +27,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpstack.runtime import Process, StartError, url_of, wait_all_ready
-from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.validator.deep import local_dir
-from mtpstack.validator.findings import display_name
-from mtpstack.validator.load import load_config, validate_data
-from mtpstack.validator.placement import is_placed, parts_on
-from mtpstack.validator.rules import did_you_mean
+from mtpstack.logs import render_line
+from mtpstack.runtime import Process, StartError, log_tail, url_of, wait_all_ready
+from mtpstack.validator import (
+    FleetConfig,
+    did_you_mean,
+    display_name,
+    is_placed,
+    load_config,
+    local_dir,
+    parts_on,
+    validate_data,
+    worker_argv,
+)
 from mtpstack.worker.launcher import resolve_command, worker_env
 
 DEFAULT_RUN_DIR = Path(".mtpstack/run")
@@ -173,8 +179,10 @@ class Managed:
         return url_of(self.host, self.port)
 
     def start(self, env: dict[str, str]) -> None:
-        # readiness (`ready_path`: /health of a worker, /readyz of the proxy) is polled by `Stack._wait_all`
-        self.process = Process(self.argv, log_path=self.log_path, name=self.name, kind=self.kind, url=self.url, env=env).start()
+        # readiness (`ready_path`: /health of a worker, /readyz of the proxy) is polled by `Stack._wait_all`;
+        # its log lines (JSON from our services) are rendered as plain text wherever a person reads them
+        self.process = Process(self.argv, log_path=self.log_path, name=self.name, kind=self.kind, url=self.url, env=env,
+                               render_log=render_line).start()
         self.history.append({"pid": self.process.pid, "started_at": self.process.started_at})
 
     def state(self) -> dict:
@@ -278,6 +286,7 @@ class Stack:
 
     def _wait_all(self, items: list[Managed], what: str) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(file=self.out, no_color="NO_COLOR" in os.environ)
@@ -286,13 +295,21 @@ class Stack:
         ) as progress:
             tasks = {m.name: progress.add_task(f"starting {m.kind} `{m.name}` ({m.url})") for m in items}
 
+            ready: set[str] = set()
+
             def on_ready(p: Process) -> None:
+                ready.add(p.name)
                 progress.update(tasks[p.name], description=f"{p.kind} `{p.name}` ready at {p.url}")
                 console.print(f"{p.kind} `{p.name}` ready at {p.url} (pid {p.pid})")
 
             def on_tick(elapsed: float) -> None:
                 if self.stopping.is_set():
                     raise KeyboardInterrupt
+                for m in items:  # what each process still starting is doing: its latest log line, as text
+                    latest = log_tail(m.log_path, 1) if m.name not in ready else None
+                    if latest:
+                        doing = render_line(latest[-1]).partition("\n")[0]
+                        progress.update(tasks[m.name], description=escape(f"starting {m.kind} `{m.name}` ({m.url}): {doing}"))
 
             on_tick(0.0)
             try:

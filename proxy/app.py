@@ -24,22 +24,14 @@ from mtpstack.proxy.deadline import ClientDeadlines, deadline_of
 from mtpstack.proxy.deadline import middleware as client_deadline_middleware
 from mtpstack.proxy.dashboard import dashboard
 from mtpstack.proxy import fleet
-from mtpstack.proxy.fleet import FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
+from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
-from mtpstack.proxy.http import (
-    REQUEST_DROP,
-    REQUEST_ID,
-    RESPONSE_DROP,
-    error_response,
-    filter_headers,
-    request_id,
-    sse_error_event,
-)
+from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, filter_headers, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
+from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
-from mtpstack.validator import FleetConfig, gate_for
-from mtpstack.validator.bounds import BodyError, parse_json_body
-from mtpstack.validator.placement import dial_host
+from mtpstack.requestid import REQUEST_ID, request_id
+from mtpstack.validator import BodyError, FleetConfig, dial_host, gate_for, parse_json_body
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -51,27 +43,6 @@ NATIVE_ONLY_PATHS = ("/v1/responses",)
 NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
 CLIENT_CLOSED = 499
-
-
-@dataclass(eq=False)
-class ProxyState:
-    config: FleetConfig
-    upstreams: dict[str, Upstream]
-    admissions: dict[str, ModelAdmission]
-    metrics: ProxyMetrics
-    health_interval: float
-    api_keys: tuple[bytes, ...] | None
-    #: One HTTP client (keep-alive pool) per worker, by worker name.
-    clients: dict[str, UpstreamClient] = field(default_factory=dict)
-    #: The client deadline of every connection `mtpstack proxy` accepts (`mtpstack.proxy.deadline`).
-    deadlines: ClientDeadlines | None = None
-    #: The fleet's state behind `/v1/fleet/status` and `/dashboard`, collected in the background.
-    fleet: FleetCollector | None = None
-    draining: bool = False
-    started: float = field(default_factory=time.time)
-
-
-STATE = web.AppKey("state", ProxyState)
 
 
 def upstream_url(host: str, port: int) -> str:
@@ -124,13 +95,13 @@ def create_app(
         clients=clients,
     )
 
-    state.fleet = FleetCollector(state, fleet_interval)
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
     app = web.Application(middlewares=[client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
+    app[FLEET] = FleetCollector(state, fleet_interval)
     app.cleanup_ctx.append(_clients_ctx)
-    app.cleanup_ctx.append(health_ctx(STATE))
-    app.cleanup_ctx.append(fleet_ctx(STATE))
+    app.cleanup_ctx.append(health_ctx)
+    app.cleanup_ctx.append(fleet_ctx)
     app.on_shutdown.append(_start_draining)
     for path in FORWARDED_PATHS:
         app.router.add_post(path, forward)
@@ -213,9 +184,8 @@ async def list_models(request: web.Request, state: ProxyState, rid: str) -> web.
 @_keyed
 async def fleet_status(request: web.Request, state: ProxyState, rid: str) -> web.Response:
     """The last snapshot of `mtpstack.proxy.fleet`: no worker is asked on a reader's behalf."""
-    assert state.fleet is not None
     return web.Response(
-        body=state.fleet.body,
+        body=request.app[FLEET].body,
         content_type="application/json",
         headers={REQUEST_ID: rid, hdrs.CACHE_CONTROL: "no-store"},
     )
@@ -578,8 +548,7 @@ async def _relay_stream(
                     # head before prefill, so the head's time says nothing about the first token.
                     ttft = time.monotonic() - ex.sent
                     state.metrics.observe_first_token(upstream.name, ttft)
-                    if state.fleet is not None:
-                        state.fleet.first_token(upstream.name, ttft)
+                    request.app[FLEET].first_token(upstream.name, ttft)
                 try:
                     await resp.write(first)
                 except ConnectionError:

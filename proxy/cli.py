@@ -11,9 +11,10 @@ import sys
 
 from aiohttp import web
 
-from mtpstack.proxy.app import STATE, create_app
+from mtpstack.logs import configure as configure_logs
+from mtpstack.proxy.app import create_app
 from mtpstack.proxy.auth import ApiKeysError
-from mtpstack.proxy.logs import configure as configure_logs
+from mtpstack.proxy.state import STATE
 from mtpstack.validator import ConfigError, FleetConfig, load_config
 
 log = logging.getLogger("mtpstack.proxy")

@@ -21,18 +21,16 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterable
+from typing import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 from mtpstack.validator import WorkerProfile, worker_argv
 from mtpstack.worker.proof import identity_disagreements, weights_from_argv
-
-if TYPE_CHECKING:
-    from mtpstack.proxy.app import ProxyState
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -352,24 +350,24 @@ def _why(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def fleet_ctx(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[None]]:
+#: The app's collector, behind `/v1/fleet/status` and `/dashboard`.
+FLEET = web.AppKey("fleet", FleetCollector)
+
+
+async def fleet_ctx(app: web.Application) -> AsyncIterator[None]:
     """A cleanup context: one collection before serving, then one per interval until shutdown."""
+    collector = app[FLEET]
+    await collector.collect()
 
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        collector = app[key].fleet
-        await collector.collect()
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(collector.interval)
+            try:
+                await collector.collect()
+            except Exception:  # one bad round must not end the dashboard
+                log.exception("fleet status collection failed")
 
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(collector.interval)
-                try:
-                    await collector.collect()
-                except Exception:  # one bad round must not end the dashboard
-                    log.exception("fleet status collection failed")
-
-        task = asyncio.create_task(loop(), name="fleet-status")
-        yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    return ctx
+    task = asyncio.create_task(loop(), name="fleet-status")
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator
 
 from aiohttp import web
 
 from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
-
-if TYPE_CHECKING:
-    from mtpstack.proxy.app import ProxyState
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -69,19 +67,15 @@ async def _watch(state: ProxyState, upstream: Upstream) -> None:
         set_health(state, upstream, healthy, detail)
 
 
-def health_ctx(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[None]]:
+async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     """A cleanup context: check every worker once before serving, then keep checking."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        state = app[key]
-        ups = list(state.upstreams.values())
-        results = await asyncio.gather(*(probe(state.clients[u.name], HEALTH_TIMEOUT_SECONDS) for u in ups))
-        for u, (healthy, detail) in zip(ups, results):
-            set_health(state, u, healthy, detail)
-        tasks = [asyncio.create_task(_watch(state, u), name=f"health:{u.name}") for u in ups]
-        yield
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    return ctx
+    state = app[STATE]
+    ups = list(state.upstreams.values())
+    results = await asyncio.gather(*(probe(state.clients[u.name], HEALTH_TIMEOUT_SECONDS) for u in ups))
+    for u, (healthy, detail) in zip(ups, results):
+        set_health(state, u, healthy, detail)
+    tasks = [asyncio.create_task(_watch(state, u), name=f"health:{u.name}") for u in ups]
+    yield
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,14 +1,17 @@
-"""HTTP policy of the proxy: which headers cross it, how errors look, request ids."""
+"""HTTP policy of the proxy: which headers cross it, how errors look.
+
+Request ids are both services' convention: `mtpstack.requestid`.
+"""
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from http import HTTPStatus
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from aiohttp import hdrs, web
+
+from mtpstack.requestid import REQUEST_ID
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one connection, so they never
 #: cross the proxy; headers named in `Connection` are dropped with them.
@@ -22,14 +25,10 @@ HOP_BY_HOP = frozenset(
 #: Request headers the proxy sets itself or keeps to itself: the length is recomputed, the
 #: host is the worker's, and API keys are for the proxy only (workers never see them).
 REQUEST_DROP = HOP_BY_HOP | {
-    h.lower() for h in (hdrs.HOST, hdrs.CONTENT_LENGTH, hdrs.AUTHORIZATION, "X-Api-Key", "X-Request-Id", hdrs.EXPECT)
+    h.lower() for h in (hdrs.HOST, hdrs.CONTENT_LENGTH, hdrs.AUTHORIZATION, "X-Api-Key", REQUEST_ID, hdrs.EXPECT)
 }
 #: Response headers aiohttp writes itself for the client connection.
-RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, "X-Request-Id")}
-
-REQUEST_ID = "X-Request-Id"
-#: A client-chosen request id is kept only if it is short and plain (it lands in logs and headers).
-_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, REQUEST_ID)}
 
 #: OpenAI error `type` per status class.
 _ERROR_TYPES = {
@@ -40,13 +39,6 @@ _ERROR_TYPES = {
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "invalid_request_error",
     HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
 }
-
-
-def request_id(headers: Mapping[str, str]) -> str:
-    given = headers.get(REQUEST_ID)
-    if given and _CLIENT_REQUEST_ID.fullmatch(given):
-        return given
-    return uuid.uuid4().hex
 
 
 def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> list[tuple[str, str]]:

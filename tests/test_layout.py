@@ -51,3 +51,137 @@ def test_the_package_list_covers_every_package_folder():
     assert found == declared
     # The benchmark scripts are run by path and stay out of the package.
     assert not (ROOT / "bench" / "scripts" / "__init__.py").exists()
+
+
+# -- layers -------------------------------------------------------------------------------
+# validator <- proxy / worker / bench <- CLI, with BASE (the modules directly in `mtpstack/`
+# that are not the CLI: version, errors, runtime, logs, request ids) below them all.
+
+#: The CLI layer: it may import anything, and nothing below it imports it.
+CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.__main__"}
+#: What each layer may import (besides itself and third-party code).
+MAY_IMPORT = {
+    "base": {"base"},
+    "validator": {"base", "validator"},
+    "proxy": {"base", "validator"},
+    "worker": {"base", "validator"},
+    "bench": {"base", "validator"},
+    "cli": {"base", "validator", "proxy", "worker", "bench", "cli"},
+}
+#: The worker's parts the bench needs to start and prove workers: process handling and the weights
+#: proof, none of which loads mlx.
+BENCH_USES_WORKER = {"mtpstack.worker.launcher", "mtpstack.worker.proof"}
+#: Known leftovers, each owned by a parallel change of issue 13; remove an entry once its import is gone.
+LEFTOVERS = {
+    # The weights proof (claim from an argv, its check against /identity) is pure parsing that the
+    # proxy's fleet status uses too: it belongs below the services (the one weights proof, helper C).
+    ("mtpstack.proxy.fleet", "mtpstack.worker.proof"),
+}
+
+
+def product_modules() -> dict[str, Path]:
+    """Every module of the wheel by its import name (from pyproject's `package-dir`)."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    modules = {}
+    for package, folder in tool["package-dir"].items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder)
+            inside = [ROOT / folder / Path(*rel.parts[:i]) for i in range(len(rel.parts))]
+            if SKIP.intersection(rel.parts) or not all((d / "__init__.py").exists() for d in inside):
+                continue  # not in a package (bench/scripts), or a nested package listed on its own
+            parts = [*rel.parent.parts, path.stem] if path.stem != "__init__" else list(rel.parent.parts)
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = product_modules()
+
+
+def layer(module: str) -> str:
+    if module in CLI:
+        return "cli"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in BARE else "base"
+
+
+def imports(module: str, tree: ast.Module, at_import_time: bool = False) -> list[tuple[int, str, list[str]]]:
+    """(line, imported module, names taken from it) for each import of a product module; with
+    `at_import_time`, only those run when the module is imported (not those inside functions)."""
+    nodes = list(ast.iter_child_nodes(tree)) if at_import_time else list(ast.walk(tree))
+    found = []
+    while nodes:
+        node = nodes.pop()
+        if at_import_time and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            nodes.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package, `level - 1` packages up
+                package = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.append((node.lineno, sub, []) if sub in MODULES else (node.lineno, base, [a.name]))
+    return [(line, name, names) for line, name, names in found if name in MODULES]
+
+
+def trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def test_the_layers_point_one_way():
+    bad = []
+    for module, tree in trees().items():
+        own = layer(module)
+        for line, imported, _ in imports(module, tree):
+            other = layer(imported)
+            if other == own or other in MAY_IMPORT[own] or (module, imported) in LEFTOVERS:
+                continue
+            if own == "bench" and imported in BENCH_USES_WORKER:
+                continue
+            bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {own} imports {other} (`{imported}`)")
+    assert bad == []
+
+
+def test_no_import_cycles():
+    graph = {m: {i for _, i, _ in imports(m, tree, at_import_time=True) if i != m} for m, tree in trees().items()}
+    cycles = []
+    for start in sorted(graph):
+        # A path back to `start` through modules sorted after it: each cycle found once, from its first module.
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif nxt > start and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert cycles == []
+
+
+def test_other_packages_use_the_validators_public_names_only():
+    import mtpstack.validator
+
+    bad = []
+    for module, tree in trees().items():
+        if layer(module) == "validator":
+            continue
+        for line, imported, names in imports(module, tree):
+            if layer(imported) != "validator":
+                continue
+            hidden = [n for n in names if n not in mtpstack.validator.__all__]
+            if imported != "mtpstack.validator" or hidden:
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: `{imported}` {hidden or ''}".rstrip())
+    assert bad == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name} from {node.module}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert bad == []

@@ -1,8 +1,11 @@
 """The fleet config model and the rules that guard it.
 
-Every other component imports the config from here; nobody parses it a second way.
+Every other component imports the config from here; nobody parses it a second way. Other
+packages import only the names below, never the modules behind them (tests/test_layout.py).
 """
 
+from mtpstack.validator.argv import draft_kind_from_argv, worker_argv
+from mtpstack.validator.bounds import BodyError, parse_json_body
 from mtpstack.validator.config import (
     Backend,
     Bits,
@@ -16,14 +19,29 @@ from mtpstack.validator.config import (
     WorkerProfile,
 )
 from mtpstack.validator.coupling import gate_for, gate_source
-from mtpstack.validator.argv import worker_argv
-from mtpstack.validator.findings import Finding, Report
+from mtpstack.validator.deep import local_dir
+from mtpstack.validator.findings import Finding, Report, display_name, format_path
 from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
+from mtpstack.validator.modeldir import (
+    BUNDLED_MTP_PREFIX,
+    DRAFTER_KINDS,
+    config_value,
+    detect_drafter_kind,
+    head_mismatch,
+    model_facts,
+    read_config,
+    same_directory,
+)
+from mtpstack.validator.placement import dial_host, is_placed, parts_on
+from mtpstack.validator.rules import did_you_mean
 
 __all__ = [
+    "BUNDLED_MTP_PREFIX",
     "Backend",
     "Bits",
+    "BodyError",
     "ConfigError",
+    "DRAFTER_KINDS",
     "DrafterSpec",
     "Finding",
     "FleetConfig",
@@ -34,10 +52,25 @@ __all__ = [
     "TargetSpec",
     "TimeoutsConfig",
     "WorkerProfile",
+    "config_value",
+    "detect_drafter_kind",
+    "dial_host",
+    "did_you_mean",
+    "display_name",
+    "draft_kind_from_argv",
+    "format_path",
     "gate_for",
     "gate_source",
+    "head_mismatch",
+    "is_placed",
     "load_config",
     "load_valid_config",
+    "local_dir",
+    "model_facts",
+    "parse_json_body",
+    "parts_on",
+    "read_config",
+    "same_directory",
     "validate_data",
     "validate_file",
     "worker_argv",

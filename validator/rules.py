@@ -225,7 +225,8 @@ def check_mlx_lm_context(config: FleetConfig) -> Iterator[Finding]:
             )
 
 
-def _canonical_host(host: str) -> str:
+def canonical_host(host: str) -> str:
+    """One spelling per listening address (`localhost` and `[::1]` as IP addresses, names lower-cased)."""
     host = host.strip("[]")
     if host == "localhost":
         return "127.0.0.1"
@@ -266,7 +267,7 @@ def _port_conflicts(config: FleetConfig, parts: tuple[bool, list[str]], host_nam
             clash = first_on_port.get(port)
             first_wildcard.setdefault(port, me)
         else:
-            key = (port, _canonical_host(host))
+            key = (port, canonical_host(host))
             clash = min((c for c in (first_wildcard.get(port), first_on_host.get(key)) if c is not None), default=None)
             first_on_host.setdefault(key, me)
         first_on_port.setdefault(port, me)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 import urllib.error
 from pathlib import Path
 
+from mtpstack.logs import configure as configure_logs
 from mtpstack.worker.classify import CLASS_PATTERN
 
 from mtpstack.worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
@@ -75,10 +75,7 @@ def _fail(message: str, hint: str | None = None) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from mtpstack.proxy.logs import MalformedHttpInOneLine
-
-    logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
+    configure_logs(args.log_level)
     if args.max_num_seqs < 1:
         return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if args.max_context_tokens is not None and args.max_context_tokens < 1:

@@ -32,7 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
-from mtpstack.validator.modeldir import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.validator import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
 from mtpstack.worker.caches import CacheNotSupported, batch_caches, check_rollback
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.mtp.load import HeadLoadError, load_head

@@ -11,7 +11,7 @@ import time
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker import answers
 from mtpstack.worker.classify import CLASS_HEADER
 from mtpstack.worker.config import WorkerConfig

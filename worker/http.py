@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from aiohttp import hdrs, web
 
-# The request id is the proxy's convention, shared so that one id names a request in both logs.
-# The worker's one import of it: every worker module takes these two names from here.
-from mtpstack.proxy.http import REQUEST_ID, request_id
+# The request id is shared with the proxy (`mtpstack.requestid`) so one id names a request in both logs;
+# every worker module takes these two names from here.
+from mtpstack.requestid import REQUEST_ID, request_id
 
 __all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "generation_failed", "request_id"]
 

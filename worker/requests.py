@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from mtpstack.validator.modeldir import config_value
+from mtpstack.validator import config_value
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError, bad_request

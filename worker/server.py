@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 from aiohttp import web
 
@@ -81,7 +80,7 @@ async def serve(config: WorkerConfig) -> int:
 
             e = gen.load_error
             msg = str(e) if isinstance(e, (ModelNotFound, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"
-            print(f"error: the worker failed to load its models: {msg}", file=sys.stderr)
+            log.error("the worker failed to load its models: %s", msg)
             code = 1
             break
     await runner.cleanup()

@@ -42,6 +42,18 @@ def test_a_worker_that_cannot_load_is_named_with_its_log_tail(tiny_models, tmp_p
     assert "Traceback" not in result.stderr.split("log tail")[0]
 
 
+def test_the_log_tail_of_a_worker_that_fails_to_load_is_plain_text(tiny_models, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "nope"}')  # found, listened, then not loadable
+    result = up(fleet(broken, tiny_models[1], width=1), tmp_path)
+    assert result.returncode == 1
+    tail = result.stderr.split("log tail", 1)[1]
+    # The worker logged JSON lines (`mtpstack.logs`); `up` shows them as a person reads them.
+    assert "\nlistening on http://" in tail and "\nerror: the worker failed to load its models: " in tail
+    assert '"event"' not in tail
+
+
 def test_a_busy_port_is_named_before_anything_starts(tiny_models, tmp_path):
     config = fleet(*tiny_models, width=1)
     with socket.socket() as busy:

@@ -32,6 +32,12 @@ class Fleet:
 
         return self.client.server.app[STATE]
 
+    @property
+    def collector(self):
+        from mtpstack.proxy.fleet import FLEET
+
+        return self.client.server.app[FLEET]
+
     def assert_no_violations(self) -> None:
         for name, f in self.fakes.items():
             assert f.violations == 0, f"worker {name} was sent more than its gate of {f.gate}: {f.stats()}"

@@ -136,9 +136,9 @@ async def test_a_worker_whose_width_differs_from_the_gate_is_flagged(make_fleet)
 
 async def test_a_restart_is_counted_when_the_worker_reports_a_new_pid(make_fleet):
     f = await make_fleet({"w1": {"gate": 1, "identity": identity_of(1, pid=100)}})
-    await wait_for(lambda: f.state.fleet.tracks["w1"].pid == 100, "the first identity")
+    await wait_for(lambda: f.collector.tracks["w1"].pid == 100, "the first identity")
     f.fakes["w1"].identity = identity_of(1, pid=200, started_at=2000.0)
-    await wait_for(lambda: f.state.fleet.tracks["w1"].restarts == 1, "the restart to be seen")
+    await wait_for(lambda: f.collector.tracks["w1"].restarts == 1, "the restart to be seen")
     w = (await status_of(f))["workers"]["w1"]
     assert (w["pid"], w["restarts"]) == (200, 1)
 
@@ -152,7 +152,7 @@ async def test_a_worker_without_identity_is_shown_unchecked_not_as_agreeing(make
 
 async def test_mlx_lm_workers_are_not_asked_for_routes_they_lack(make_fleet):
     f = await make_fleet({"w1": {"gate": 1, "backend": "mlx-lm"}})
-    await wait_for(lambda: f.state.fleet.rounds >= 3, "a few collections")
+    await wait_for(lambda: f.collector.rounds >= 3, "a few collections")
     assert (f.fakes["w1"].identity_requests, f.fakes["w1"].metrics_requests) == (0, 0)
     w = (await status_of(f))["workers"]["w1"]
     assert w["weights"]["checked"] is False and w["identity_error"] == "mlx_lm.server has no /identity"
@@ -173,7 +173,7 @@ async def test_refusals_are_counted_by_code_in_the_status_and_in_metrics(make_fl
     assert r.status == 429
     assert (await f.client.post("/v1/chat/completions", data=b"{")).status == 400
     await slow
-    await wait_for(lambda: f.state.fleet.snapshot["models"]["m"]["refusals"].get("queue_full"), "a collection after the refusal")
+    await wait_for(lambda: f.collector.snapshot["models"]["m"]["refusals"].get("queue_full"), "a collection after the refusal")
     assert (await status_of(f))["models"]["m"]["refusals"] == {"queue_full": 1}
     text = await (await f.client.get("/metrics")).text()
     assert 'mtpstack_proxy_refusals_total{code="queue_full",model="m"} 1.0' in text
@@ -190,7 +190,7 @@ async def test_time_to_first_token_is_taken_at_the_first_chunk_not_the_head(make
     assert 'mtpstack_proxy_time_to_first_token_seconds_count{worker="w1"} 1.0' in text
     # The head came at once, the first chunk not before 0.2 s: measured at the head it would fall under 0.1 s.
     assert 'mtpstack_proxy_time_to_first_token_seconds_bucket{le="0.1",worker="w1"} 0.0' in text
-    ttft = await wait_for(lambda: f.state.fleet.snapshot["workers"]["w1"]["time_to_first_token_seconds"], "a collection")
+    ttft = await wait_for(lambda: f.collector.snapshot["workers"]["w1"]["time_to_first_token_seconds"], "a collection")
     assert ttft["n"] == 1 and ttft["median"] >= 0.2
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mtpstack.cli import main
 from mtpstack.validator import load_config, validate_data
-from mtpstack.validator.rules import WILDCARD_HOSTS, _canonical_host, check_ports
+from mtpstack.validator.rules import WILDCARD_HOSTS, canonical_host, check_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VALID = (ROOT / "examples" / "valid" / "fleet.yaml").read_text()
@@ -114,7 +114,7 @@ def _ports_quadratic(data: dict) -> list[tuple]:
     for i, (path, host, port) in enumerate(listeners):
         for other_path, other_host, other_port in listeners[:i]:
             if other_port == port and (host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS
-                                       or _canonical_host(host) == _canonical_host(other_host)):
+                                       or canonical_host(host) == canonical_host(other_host)):
                 out.append((path, other_path))
                 break
     return out

@@ -124,3 +124,5 @@ def test_after_all_of_that_the_process_is_alive_and_every_slot_free(worker):
     # aiohttp's refusals of malformed HTTP are logged in one line each, without a traceback.
     log = worker.proc.log_path.read_text()
     assert "Error handling request" in log and "Traceback" not in log
+    # The worker logs as the proxy does (`mtpstack.logs`): one JSON object per line.
+    assert all(isinstance(json.loads(line), dict) for line in log.splitlines())

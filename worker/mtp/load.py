@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtpstack.validator.modeldir import BUNDLED_MTP_PREFIX, read_config, same_directory
+from mtpstack.validator import BUNDLED_MTP_PREFIX, read_config, same_directory
 from mtpstack.worker.mtp.qwen3_5 import Qwen35MTPHead
 
 #: Standalone folder `model_type` -> head class.

@@ -1,0 +1,23 @@
+"""The request id both services use: one `X-Request-Id` per request, end to end.
+
+The proxy takes a client's id or mints one, sends it to the worker and echoes it on its answer;
+the worker echoes the id it received. Both log it, so one request can be followed through both logs.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Mapping
+
+REQUEST_ID = "X-Request-Id"
+#: A client-chosen request id is kept only if it is short and plain (it lands in logs and headers).
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The id the request brought, if it is plain enough to log; otherwise a new one."""
+    given = headers.get(REQUEST_ID)
+    if given and _CLIENT_REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
