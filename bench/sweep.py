@@ -36,6 +36,7 @@ import aiohttp
 
 from mtpstack.bench import report as rpt
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
+from mtpstack.errors import UserError
 from mtpstack.validator import FleetConfig, WorkerProfile, validate_data, worker_argv
 from mtpstack.validator.findings import format_path
 from mtpstack.worker.launcher import resolve_command, worker_env
@@ -58,12 +59,8 @@ ACCEPTED = "mtpstack_worker_tokens_accepted_total"
 TARGET_STEPS = "mtpstack_worker_target_steps_total"
 
 
-class SweepError(Exception):
+class SweepError(UserError):
     """Stops the whole sweep. `hint` says what to do."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
 
 
 class ConfigurationAborted(Exception):

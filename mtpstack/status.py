@@ -16,15 +16,14 @@ import json
 import os
 from pathlib import Path
 
+from mtpstack.errors import UserError
 from mtpstack.up import http_status
 from mtpstack.validator.argv import draft_kind_from_argv
 from mtpstack.worker.proof import identity_disagreements, read_cmdline, weights_from_argv
 
 
-class StatusError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+class StatusError(UserError):
+    """No run to show: `mtpstack status` exits 1."""
 
 
 def _alive(pid: int | None) -> bool:

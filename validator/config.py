@@ -23,8 +23,12 @@ DrafterKindSetting = Literal[DRAFTER_KINDS]
 
 #: The batch-width range every gate and every worker must sit in.
 WIDTH_MIN, WIDTH_MAX = 1, 4
-#: The draft depth range.
+#: The draft depth range: the one limit the config, the worker's flags and its engine share
+#: (a worker also takes depth 0: no drafting). `modules/lib/defaults.nix` restates it, tested equal.
 DEPTH_MIN, DEPTH_MAX = 1, 8
+#: The depth of a worker started without `--draft-depth` (a config always names one).
+#: mlx_lm.server's own `--num-draft-tokens` default is its own, not this.
+DEPTH_DEFAULT = 3
 Depth = Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})]
 #: A workload class name in `drafter.depth`: it travels in `--draft-depth-map NAME=D,...` and in a header.
 DEPTH_CLASS_PATTERN = r"[A-Za-z0-9_.-]{1,64}"

@@ -14,12 +14,10 @@ import sys
 import urllib.error
 from pathlib import Path
 
+from mtpstack.errors import UserError, print_error
+from mtpstack.validator.config import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN
 from mtpstack.worker.classify import CLASS_PATTERN
-
 from mtpstack.worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
-
-#: Default draft depth; `mtpstack.worker.proof.weights_from_argv` assumes the same when the flag is absent.
-DEFAULT_DEPTH = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--draft-kind", choices=("auto", "mtp", "model"), default="auto",
                    help="mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a "
                    "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
-    w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
+    w.add_argument("--draft-depth", type=int, default=DEPTH_DEFAULT,
+                   help=f"tokens drafted per step, 0 to {DEPTH_MAX} (default: {DEPTH_DEFAULT})")
     w.add_argument("--draft-depth-map", default="",
                    help="depth per workload class, `code=4,prose=2`; `--draft-depth` serves every other class")
     w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
@@ -69,32 +68,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- mtpstack worker ---------------------------------------------------------------------
 
 
-def _fail(message: str, hint: str | None = None) -> int:
-    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
-    return 1
-
-
 def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from mtpstack.proxy.logs import MalformedHttpInOneLine
 
     logging.getLogger("aiohttp.server").addFilter(MalformedHttpInOneLine())
     if args.max_num_seqs < 1:
-        return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
+        return print_error(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if args.max_context_tokens is not None and args.max_context_tokens < 1:
-        return _fail(
+        return print_error(
             f"`--max-context-tokens` must be at least 1: {args.max_context_tokens}",
             "pass a positive token count, or leave the flag out for the model's own maximum",
         )
-    if not 0 <= args.draft_depth <= 16:
-        return _fail(f"`--draft-depth` must be between 0 and 16: {args.draft_depth}")
+    if not 0 <= args.draft_depth <= DEPTH_MAX:
+        return print_error(f"`--draft-depth` must be between 0 and {DEPTH_MAX}: {args.draft_depth}")
     try:
         depth_map = parse_depth_map(args.draft_depth_map)
     except ValueError as e:
-        return _fail(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
+        return print_error(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
     for cls, depth in depth_map.items():
-        if not CLASS_PATTERN.fullmatch(cls) or not 1 <= depth <= 16:
-            return _fail(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` and a depth from 1 to 16")
+        if not CLASS_PATTERN.fullmatch(cls) or not DEPTH_MIN <= depth <= DEPTH_MAX:
+            return print_error(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` "
+                               f"and a depth from {DEPTH_MIN} to {DEPTH_MAX}")
     from mtpstack.worker.engine import ModelNotFound, resolve_model_path
     from mtpstack.worker.server import WorkerConfig, serve
 
@@ -104,7 +99,7 @@ def run_worker(args: argparse.Namespace) -> int:
             try:
                 resolve_model_path(value)
             except ModelNotFound as e:
-                return _fail(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
+                return print_error(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
     config = WorkerConfig(
         model=args.model,
         draft_model=args.draft_model,
@@ -128,10 +123,8 @@ def run_worker(args: argparse.Namespace) -> int:
 # -- mtpstack weights --------------------------------------------------------------------
 
 
-class ProofError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+class ProofError(UserError):
+    """What a worker loaded cannot be proven at all (no such process, no /identity)."""
 
 
 def _resolve_local(path: str, pid: int) -> str:
@@ -263,10 +256,7 @@ def _render_text(report: dict) -> list[str]:
 
 
 def run_weights(args: argparse.Namespace) -> int:
-    try:
-        report = prove(args.worker, timeout=args.timeout)
-    except ProofError as e:
-        return _fail(e.message, e.hint)
+    report = prove(args.worker, timeout=args.timeout)  # a `ProofError` is printed by `mtpstack.cli.main`
     if args.format == "json":
         claim: WeightsClaim = report["claim"]
         out = {k: v for k, v in report.items() if k != "claim"}
