@@ -99,11 +99,13 @@ class ProxyConfig(StrictModel):
     port: Port = Field(8080, description="Port the proxy listens on.")
     concurrency_limit: Width = Field(
         1,
-        description="Admission gate (1-4) per worker for any model not in modelConcurrencyLimits; must equal those workers' maxNumSeqs.",
+        description=f"Admission gate ({WIDTH_MIN}-{WIDTH_MAX}) per worker for any model not in modelConcurrencyLimits; "
+        "must equal those workers' maxNumSeqs.",
     )
     model_concurrency_limits: dict[str, Width] = Field(
         default_factory=dict,
-        description="Served model name -> admission gate (1-4) per worker of that model; must equal those workers' maxNumSeqs.",
+        description=f"Served model name -> admission gate ({WIDTH_MIN}-{WIDTH_MAX}) per worker of that model; "
+        "must equal those workers' maxNumSeqs.",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
@@ -135,7 +137,7 @@ class DrafterSpec(StrictModel):
     bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
     depth: Depth | dict[str, Depth] = Field(
         description=(
-            "Draft depth: tokens the drafter proposes per verification step (1-8); or a depth per workload class, "
+            f"Draft depth: tokens the drafter proposes per verification step ({DEPTH_MIN}-{DEPTH_MAX}); or a depth per workload class, "
             "`{code: 4, prose: 2, default: 3}` (`default` required; native backend only)."
         )
     )
@@ -169,7 +171,7 @@ class WorkerProfile(StrictModel):
     backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
     target: TargetSpec
     drafter: DrafterSpec | None = Field(None, description="The drafter (an MTP head or a small model); null: no speculation.")
-    max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
+    max_num_seqs: Width = Field(description=f"The worker's batch width ({WIDTH_MIN}-{WIDTH_MAX}); must equal its model's proxy gate.")
     max_context_tokens: ContextTokens | None = Field(
         None,
         description=(

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from mtpstack.proxy.http import REQUEST_ID, request_id
 from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.validator.config import DEPTH_DEFAULT
 from mtpstack.validator.modeldir import config_value
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.proof import read_cmdline
@@ -68,7 +69,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 class WorkerConfig:
     model: str
     draft_model: str | None = None
-    draft_depth: int = 3
+    draft_depth: int = DEPTH_DEFAULT
     #: `--draft-depth-map`: the depth per workload class; `draft_depth` is the depth of every other class.
     draft_depth_map: dict[str, int] = field(default_factory=dict)
     draft_kind: str = "auto"
