@@ -38,10 +38,11 @@ from mtpstack.bench import report as rpt
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.errors import UserError
 from mtpstack.validator import FleetConfig, WorkerProfile, validate_data, worker_argv
+from mtpstack.validator.claim import weights_from_argv
 from mtpstack.validator.findings import format_path
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.worker.process import WorkerProcess, WorkerStartError
-from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, free_port, hash_weights, weights_from_argv
+from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, free_port, hash_weights
 from mtpstack.worker.proof import prove_weights as proof_of_weights
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"

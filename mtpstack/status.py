@@ -18,7 +18,8 @@ from pathlib import Path
 
 from mtpstack.errors import UserError
 from mtpstack.up import http_status
-from mtpstack.worker.proof import IdentityUnavailable, Mismatch, ProofError, WeightsProof, prove_weights
+from mtpstack.validator.claim import Mismatch
+from mtpstack.worker.proof import IdentityUnavailable, ProofError, WeightsProof, prove_weights
 
 
 class StatusError(UserError):

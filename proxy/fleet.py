@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mtpstack.proxy.admission import Upstream
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 from mtpstack.validator import WorkerProfile, worker_argv
-from mtpstack.worker.proof import identity_disagreements, weights_from_argv
+from mtpstack.validator.claim import identity_disagreements, weights_from_argv
 
 if TYPE_CHECKING:
     from mtpstack.proxy.app import ProxyState

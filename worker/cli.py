@@ -14,14 +14,12 @@ from pathlib import Path
 
 from mtpstack.errors import print_error
 from mtpstack.validator.config import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN
+from mtpstack.validator.claim import Mismatch, WeightsClaim, parse_depth_map
 from mtpstack.worker.classify import CLASS_PATTERN
 from mtpstack.worker.proof import (
-    Mismatch,
     ModelNotFound,
     ProofError,  # noqa: F401  (raised by `prove`; `mtpstack.cli.main` prints it)
-    WeightsClaim,
     WeightsProof,
-    parse_depth_map,
     prove_weights,
     resolve_model_path,
 )

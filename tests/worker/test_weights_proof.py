@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mtpstack.validator import WorkerProfile, worker_argv
+from mtpstack.validator.claim import weights_from_argv
 from mtpstack.worker import proof as pf
 from tests.sleeping_process import sleeping_process
 
@@ -54,7 +55,7 @@ def test_each_item_the_identity_disagrees_on_is_named(worker, what, change):
 
 def test_the_command_line_is_held_to_what_the_caller_asked_for_and_the_hashes_to_the_expected(worker):
     pid, identity = worker
-    asked = pf.weights_from_argv(worker_argv(_profile(depth=3)))
+    asked = weights_from_argv(worker_argv(_profile(depth=3)))
     proof = pf.prove_weights(pid, "http://unused", asked=asked, expected_sha256={"target": "t", "drafter": "other"},
                              fetch=lambda url: identity)
     assert [(m.what, m.want, m.got, m.at) for m in proof.mismatches] == [
@@ -77,7 +78,7 @@ def test_an_mlx_lm_server_is_proven_from_its_command_line_alone_without_restatin
     with sleeping_process(argv) as proc:
         proof = pf.prove_weights(proc.pid, fetch=lambda url: pytest.fail("mlx_lm.server has no /identity"))
     assert proof.proved and proof.identity is None and proof.note == pf.MLX_LM_NOTE
-    bare = pf.weights_from_argv(["mlx_lm.server", "--model", "/m/target", "--draft-model", "/m/drafter"])
+    bare = weights_from_argv(["mlx_lm.server", "--model", "/m/target", "--draft-model", "/m/drafter"])
     assert (bare.depth, bare.port) == (None, None)  # mlx_lm.server's own defaults are not ours to restate
 
 
