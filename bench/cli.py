@@ -212,7 +212,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ValueError
     except ValueError:
         return print_error(f"cannot read `--repeats {args.repeats}` / `--adaptive {args.adaptive}`",
-                      "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
+                           "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
     if args.effect <= args.margin:
         return print_error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
     if args.design == "paired":

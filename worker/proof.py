@@ -131,7 +131,8 @@ def prove_weights(
         identity = _fetch(fetch, url, None)
         pid = identity.get("pid")
         try:
-            argv = read_cmdline(int(pid))
+            pid = int(pid)
+            argv = read_cmdline(pid)
         except (ProcessLookupError, TypeError, ValueError) as e:
             raise ProofError(f"the process `{url}/identity` names is not running on this machine: pid {pid}",
                              "run `mtpstack weights` on the worker's own host") from e
