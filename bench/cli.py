@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
+from mtpstack.errors import print_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,14 +94,14 @@ def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tup
     from mtpstack.bench.stats import neighbour_correlation
 
     if not -1.0 < args.rho < 1.0:
-        return _error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
+        return print_error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
     measured = None
     if args.rho_from is not None:
         try:
             runs = json.loads(args.rho_from.read_text())["runs"]
             measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return _error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m mtpstack.bench.alternate`")
+            return print_error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m mtpstack.bench.alternate`")
     start, cap = adaptive
     if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
         repeats = list(sim.PAIRED_REPEATS)
@@ -127,11 +128,6 @@ def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tup
     return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
 
 
-def _error(message: str, hint: str | None = None) -> int:
-    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
-    return 1
-
-
 def _stderr_console():
     from rich.console import Console
 
@@ -148,25 +144,23 @@ def run_sweep(args: argparse.Namespace) -> int:
         config = load_valid_config(args.config)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
-        return _error(f"the config is not valid: `{args.config}`", f"run `mtpstack validate {args.config}`")
-    try:
-        settings = sw.SweepSettings(
-            config_file=str(args.config), worker=args.worker, depths=sw.parse_depths(args.depths), baseline=args.baseline,
-            repeats=args.repeats, max_repeats=max(args.max_repeats, args.repeats),
-            workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
-            max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
-        )
-        worker = config.workers.get(args.worker)
-        settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
-        settings.alternate = args.alternate
-        console = _stderr_console()
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, console=console) as progress:
-            sweep = sw.Sweep(config, settings, progress=progress, log=progress.console.print)
-            results = sweep.run()
-    except sw.SweepError as e:
-        return _error(e.message, e.hint)
+        return print_error(f"the config is not valid: `{args.config}`", f"run `mtpstack validate {args.config}`")
+    # A `SweepError` stops the sweep; `mtpstack.cli.main` prints it.
+    settings = sw.SweepSettings(
+        config_file=str(args.config), worker=args.worker, depths=sw.parse_depths(args.depths), baseline=args.baseline,
+        repeats=args.repeats, max_repeats=max(args.max_repeats, args.repeats),
+        workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
+        max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
+    )
+    worker = config.workers.get(args.worker)
+    settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
+    settings.alternate = args.alternate
+    console = _stderr_console()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        sweep = sw.Sweep(config, settings, progress=progress, log=progress.console.print)
+        results = sweep.run()
     paths = sw.write_outputs(results, args.out)
     print("\n".join(_report_lines(results)))
     if args.emit_config:
@@ -187,10 +181,7 @@ def _report_lines(results: dict, margin: float | None = None) -> list[str]:
 def run_report(args: argparse.Namespace) -> int:
     from mtpstack.bench import report as rpt
 
-    try:
-        results = rpt.load_results(args.results)
-    except rpt.ResultsError as e:
-        return _error(e.message, e.hint)
+    results = rpt.load_results(args.results)  # a `ResultsError` is printed by `mtpstack.cli.main`
     if args.emit_config:
         print("\n".join(rpt.emit_config(results, margin=args.margin)))
         return 0
@@ -203,10 +194,7 @@ def run_report(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     from mtpstack.bench import report as rpt
 
-    try:
-        a, b = rpt.load_results(args.a), rpt.load_results(args.b)
-    except rpt.ResultsError as e:
-        return _error(e.message, e.hint)
+    a, b = rpt.load_results(args.a), rpt.load_results(args.b)
     lines = rpt.compare_lines(a, b, a_name=str(args.a), b_name=str(args.b), margin=args.margin)
     print("\n".join(lines))
     return 1 if any(line.startswith("error:") for line in lines) else 0
@@ -223,10 +211,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         if adaptive is not None and (len(adaptive) != 2 or adaptive[0] > adaptive[1]):
             raise ValueError
     except ValueError:
-        return _error(f"cannot read `--repeats {args.repeats}` / `--adaptive {args.adaptive}`",
-                      "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
+        return print_error(f"cannot read `--repeats {args.repeats}` / `--adaptive {args.adaptive}`",
+                           "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
     if args.effect <= args.margin:
-        return _error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
+        return print_error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
     if args.design == "paired":
         return _simulate_paired(args, repeats, adaptive or (DEFAULT_REPEATS, DEFAULT_MAX_REPEATS))
     with Progress(console=_stderr_console(), transient=True) as progress:

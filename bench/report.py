@@ -26,6 +26,7 @@ from mtpstack.bench.stats import (
     settling,
     summarize,
 )
+from mtpstack.errors import UserError
 
 SCHEMA = "mtpstack-bench/1"
 #: The metric decisions are made on: output tokens over the whole request, prefill included,
@@ -38,10 +39,8 @@ METRICS = {
 }
 
 
-class ResultsError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+class ResultsError(UserError):
+    """A results file that cannot be read or compared."""
 
 
 def load_results(path: str | Path) -> dict:
@@ -491,10 +490,6 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def format_error(message: str, hint: str | None = None) -> str:
-    return f"error: {message}" + (f"\n\nhint: {hint}" if hint else "")
 
 
 def lines_to_text(lines: Sequence[str]) -> str:

@@ -37,10 +37,12 @@ import aiohttp
 from mtpstack.bench import report as rpt
 from mtpstack.bench.prometheus import unlabelled
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
-from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, worker_argv
-from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.errors import UserError
 from mtpstack.runtime import Process, StartError, free_port, url_of
-from mtpstack.worker.proof import fetch_identity, hash_weights, read_cmdline, weights_from_argv
+from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
+from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights
+from mtpstack.worker.proof import prove_weights as proof_of_weights
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_WORKLOADS = ("code", "prose")
@@ -58,12 +60,8 @@ ACCEPTED = "mtpstack_worker_tokens_accepted_total"
 TARGET_STEPS = "mtpstack_worker_target_steps_total"
 
 
-class SweepError(Exception):
+class SweepError(UserError):
     """Stops the whole sweep. `hint` says what to do."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
 
 
 class ConfigurationAborted(Exception):
@@ -233,50 +231,31 @@ def drafter_kind(profile: WorkerProfile, identity: dict | None) -> str | None:
     return ((identity or {}).get("drafter") or {}).get("kind") or profile.drafter.kind
 
 
-def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] = fetch_identity) -> dict:
-    """Check a running worker against the configuration: paths and depth from its own
-    command line, content hashes and pid from `/identity`. Raises `ConfigurationAborted`
-    listing every mismatch; returns the proof for results.json."""
+#: How the sweep names a disagreement of the proof: the item, and where it was found.
+_SWEEP_NAMES = {("target", "/identity"): "target path", ("drafter", "/identity"): "drafter path", ("depth", "/identity"): "draft depth",
+                ("depth", "command line"): "draft depth"}
+
+
+def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] | None = None) -> dict:
+    """Check a running worker against its configuration with the one weights proof
+    (`mtpstack.worker.proof.prove_weights`): its own command line must name what the profile asks
+    for, its `/identity` must agree with that command line, and the hashes must be the expected
+    ones. Raises `ConfigurationAborted` listing every mismatch; returns the proof for results.json."""
     profile = expected.profile
     want_drafter = profile.drafter.path if profile.drafter else None
     want_depth = profile.drafter.default_depth if profile.drafter else None
-    problems: list[str] = []
     try:
-        cmdline = read_cmdline(pid)
-        claim = weights_from_argv(cmdline)
-    except (ProcessLookupError, ValueError) as e:
-        raise ConfigurationAborted(f"cannot read the worker's command line (pid {pid}): {e}") from None
-
-    def check(what: str, got, want) -> None:
-        if got != want:
-            problems.append(f"{what}: asked for {want!r}, the process has {got!r}")
-
-    check("backend (command line)", claim.backend, profile.backend)
-    check("target (command line)", claim.target, profile.target.path)
-    check("drafter (command line)", claim.drafter, want_drafter)
-    check("draft depth (command line)", claim.depth, want_depth)
-    identity: dict | None = None
-    if profile.backend == "native":
-        try:
-            identity = fetch(url)
-        except Exception as e:  # noqa: BLE001 - any failure to answer aborts the configuration
-            raise ConfigurationAborted(f"cannot read `{url}/identity`: {e}") from None
-        check("pid (/identity)", identity.get("pid"), pid)
-        target = identity.get("target") or {}
-        drafter = identity.get("drafter") or {}
-        check("target path (/identity)", target.get("path"), profile.target.path)
-        if expected.target_sha256 is not None:
-            check("target sha256 (/identity)", target.get("sha256"), expected.target_sha256)
-        check("drafter path (/identity)", drafter.get("path") if drafter else None, want_drafter)
-        if want_drafter is not None and expected.drafter_sha256 is not None:
-            check("drafter sha256 (/identity)", drafter.get("sha256"), expected.drafter_sha256)
-        check("draft depth (/identity)", identity.get("draft_depth"), want_depth)
-        # A declared kind must be the one loaded; `auto`, or a worker that does not report it, proves nothing here.
-        if profile.drafter is not None and profile.drafter.kind != "auto" and drafter.get("kind") is not None:
-            check("drafter kind (/identity)", drafter["kind"], profile.drafter.kind)
-    if problems:
-        raise ConfigurationAborted("the weights proof failed: " + "; ".join(problems))
-    return {"cmdline": cmdline, "claim": asdict(claim), "identity": identity, "expected": {
+        proof = proof_of_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
+                                 expected_sha256={"target": expected.target_sha256, "drafter": expected.drafter_sha256})
+    except IdentityUnavailable as e:
+        raise ConfigurationAborted(f"cannot read `{url}/identity`: {e.__cause__ or e}") from None
+    except ProofError as e:
+        raise ConfigurationAborted(f"cannot read the worker's command line (pid {pid}): {e.__cause__ or e}") from None
+    if not proof.proved:
+        raise ConfigurationAborted("the weights proof failed: " + "; ".join(
+            f"{_SWEEP_NAMES.get((m.what, m.at), m.what)} ({m.at}): asked for {m.want!r}, the process has {m.got!r}"
+            for m in proof.mismatches))
+    return {"cmdline": proof.argv, "claim": asdict(proof.claim), "identity": proof.identity, "expected": {
         "target": profile.target.path, "target_sha256": expected.target_sha256,
         "drafter": want_drafter, "drafter_sha256": expected.drafter_sha256, "depth": want_depth,
     }}

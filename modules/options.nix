@@ -93,7 +93,7 @@ in
         default = defaults.proxy.concurrencyLimit;
         example = 2;
         description = ''
-          Admission gate (1-4) per worker for any model not in
+          Admission gate (${toString defaults.widthMin}-${toString defaults.widthMax}) per worker for any model not in
           `modelConcurrencyLimits`. It must equal those workers'
           `maxNumSeqs`: change the two together.
         '';
@@ -105,7 +105,7 @@ in
           "qwen3.8-27b" = 2;
         };
         description = ''
-          Served model name -> admission gate (1-4) per worker of that model.
+          Served model name -> admission gate (${toString defaults.widthMin}-${toString defaults.widthMax}) per worker of that model.
           Each must equal those workers' `maxNumSeqs`: change the two
           together.
         '';

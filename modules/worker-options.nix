@@ -73,7 +73,7 @@ in
               example = literalExpression "{ code = 4; prose = 2; default = 3; }";
               description = ''
                 Draft depth: tokens the drafter proposes per verification
-                step (1-8); or a depth per workload class, with `default`
+                step (${toString defaults.depthMin}-${toString defaults.depthMax}); or a depth per workload class, with `default`
                 required for requests of no listed class. A request names its
                 class in `mtpstack_class` or `X-Mtpstack-Class`, else the
                 worker classifies its prompt (`code` or `prose`). Backend
@@ -109,7 +109,7 @@ in
       type = types.ints.between defaults.widthMin defaults.widthMax;
       example = 2;
       description = ''
-        The worker's batch width (1-4). It must equal the proxy's gate for
+        The worker's batch width (${toString defaults.widthMin}-${toString defaults.widthMax}). It must equal the proxy's gate for
         this worker's model (`proxy.modelConcurrencyLimits.<model>`, else
         `proxy.concurrencyLimit`): change the two together. Any matched pair
         is valid, with or without a drafter.

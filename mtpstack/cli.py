@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from mtpstack.errors import UserError, print_error
+
 #: subcommand -> module exposing `register(subparsers)`; the module sets `func` on its parser.
 SUBCOMMANDS: dict[str, str] = {
     "validate": "mtpstack.validator.cli",
@@ -44,5 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except UserError as e:
+        return print_error(e)
     except KeyboardInterrupt:
         return 130

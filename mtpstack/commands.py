@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -42,13 +41,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from mtpstack.status import StatusError, collect, render
+    from mtpstack.status import collect, render
 
-    try:
-        status = collect(args.run_dir)
-    except StatusError as e:
-        print(f"error: {e.message}" + (f"\n\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)
-        return 1
+    status = collect(args.run_dir)  # a `StatusError` is printed by `mtpstack.cli.main`
     if args.format == "json":
         print(json.dumps(status, indent=2))
     else:

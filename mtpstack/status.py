@@ -16,15 +16,14 @@ import json
 import os
 from pathlib import Path
 
+from mtpstack.errors import UserError
 from mtpstack.runtime import http_status
-from mtpstack.validator import draft_kind_from_argv
-from mtpstack.worker.proof import identity_disagreements, read_cmdline, weights_from_argv
+from mtpstack.validator import Mismatch
+from mtpstack.worker.proof import IdentityUnavailable, ProofError, WeightsProof, prove_weights
 
 
-class StatusError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
+class StatusError(UserError):
+    """No run to show: `mtpstack status` exits 1."""
 
 
 def _alive(pid: int | None) -> bool:
@@ -39,30 +38,41 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def _weights(pid: int, url: str) -> dict:
+def local_weights(pid: int, url: str) -> dict:
+    """The weights proof (`prove_weights`, without re-hashing) as `mtpstack status` shows it."""
     try:
-        argv = read_cmdline(pid)
-        claim = weights_from_argv(argv)
-    except (ProcessLookupError, ValueError):
-        return {"proved": False, "why": "process gone or not a worker"}
-    # The drafter's kind as the worker resolved it (/identity), else as its command line asks.
-    argv_kind = draft_kind_from_argv(argv) if claim.drafter is not None else None
-    out = {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "depthMap": claim.depth_map or None,
-           "maxNumSeqs": claim.max_num_seqs, "kind": argv_kind}
-    if claim.backend == "mlx-lm":
-        return out | {"proved": True, "why": "from the command line alone (mlx_lm.server has no /identity)"}
-    status, identity = http_status(url + "/identity")
-    if status != 200:
-        return out | {"proved": False, "why": f"/identity answered {status or 'nothing'}"}
-    mismatches = identity_disagreements(claim, identity, "argv", argv_kind)
-    reported_kind = (identity.get("drafter") or {}).get("kind")
-    if reported_kind is not None:
-        out["kind"] = reported_kind
-    if identity.get("pid") != pid:
-        mismatches.append(f"pid: /identity reports {identity.get('pid')}")
-    if mismatches:
-        return out | {"proved": False, "why": "; ".join(mismatches)}
-    return out | {"proved": True, "why": "argv agrees with /identity", "device": identity.get("device")}
+        proof = prove_weights(pid, url, timeout=IDENTITY_TIMEOUT)
+    except ProofError as e:
+        so_far = e.proof if isinstance(e, IdentityUnavailable) else None
+        if so_far is None:
+            return {"proved": False, "why": "process gone or not a worker"}
+        return _shown(so_far) | {"proved": False, "why": f"/identity answered {e.status or 'nothing'}"}
+    out = _shown(proof)
+    if proof.claim.backend == "mlx-lm":
+        return out | {"proved": proof.proved, "why": "from the command line alone (mlx_lm.server has no /identity)"}
+    if not proof.proved:
+        return out | {"proved": False, "why": "; ".join(_clause(m) for m in proof.mismatches)}
+    return out | {"proved": True, "why": "argv agrees with /identity", "device": proof.identity.get("device")}
+
+
+#: How long `status` waits for a worker's `/identity`; it asks every worker in turn.
+IDENTITY_TIMEOUT = 2.0
+
+
+def _shown(proof: WeightsProof) -> dict:
+    """What the command line names, with the drafter's kind as the worker resolved it, else as asked."""
+    claim = proof.claim
+    return {"target": claim.target, "drafter": claim.drafter, "depth": claim.depth, "depthMap": claim.depth_map or None,
+            "maxNumSeqs": claim.max_num_seqs, "kind": proof.resolved_kind}
+
+
+def _clause(m: Mismatch) -> str:
+    """One disagreement as `status` words it: `what: argv `X`, /identity `Y``."""
+    if m.what == "pid":
+        return f"pid: /identity reports {m.got}"
+    if m.what == "argv":
+        return "argv: /identity reports another command line"
+    return f"{m.what}: argv `{m.want}`, /identity `{m.got}`"
 
 
 def _remote_weights(part: dict) -> dict:
@@ -138,7 +148,7 @@ def collect(run_dir: Path) -> dict:
         if remote:
             weights = _remote_weights(w) if health else {"proved": False, "why": f"on host `{w['host']}`: no answer"}
         else:
-            weights = _weights(w["pid"], w["url"]) if alive else {"proved": False, "why": "not running"}
+            weights = local_weights(w["pid"], w["url"]) if alive else {"proved": False, "why": "not running"}
         seen = upstreams.get(name, {})
         result["workers"][name] = {
             "pid": w.get("pid"),

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpstack.errors import UserError, print_error
 from mtpstack.logs import render_line
 from mtpstack.runtime import Process, StartError, log_tail, url_of, wait_all_ready
 from mtpstack.validator import (
@@ -52,11 +53,8 @@ STABLE_AFTER_SECONDS = 60.0
 SUPERVISE_INTERVAL = 0.25
 
 
-class UpError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class UpError(UserError):
+    """`mtpstack up` cannot start or keep the stack up."""
 
 
 def default_fleet() -> dict:
@@ -389,8 +387,7 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host:
         config, data = effective_config(config_file)
         host = this_host(config, host)
     except UpError as e:
-        _error(e)
-        return 1
+        return print_error(e)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "fleet.json").write_text(json.dumps(data, indent=2))
     stack = Stack(config, run_dir.resolve(), health_timeout=health_timeout, host=host)
@@ -409,7 +406,7 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host:
         stack.say("interrupted while starting; stopping what was started")
         code = 130
     except UpError as e:
-        _error(e)
+        print_error(e)
         code = 1
     finally:
         stack.stop()
@@ -418,7 +415,3 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host:
     if code == 0:
         stack.say("stopped")
     return code
-
-
-def _error(e: UpError) -> None:
-    print(f"error: {e.message}" + (f"\n\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)

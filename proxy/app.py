@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import AsyncIterator, Awaitable, Callable
 

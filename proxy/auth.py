@@ -8,14 +8,11 @@ from pathlib import Path
 from aiohttp import hdrs
 from multidict import CIMultiDictProxy
 
+from mtpstack.errors import UserError
 
-class ApiKeysError(Exception):
+
+class ApiKeysError(UserError):
     """The keys file cannot be used; the message names the file, never a key."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
 
 
 def load_api_keys(path: str | Path) -> tuple[bytes, ...]:

@@ -11,9 +11,9 @@ import sys
 
 from aiohttp import web
 
+from mtpstack.errors import print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.proxy.app import create_app
-from mtpstack.proxy.auth import ApiKeysError
 from mtpstack.proxy.state import STATE
 from mtpstack.validator import ConfigError, FleetConfig, load_config
 
@@ -29,10 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, metavar="FILE", help="the fleet config (YAML or JSON)")
     p.set_defaults(func=run)
-
-
-def _error(message: str, hint: str | None = None) -> None:
-    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
 
 
 def load(file: str) -> FleetConfig:
@@ -54,19 +50,13 @@ def run(args: argparse.Namespace) -> int:
         if text:
             print(text, file=sys.stderr)
         n = len(e.report.errors)
-        _error(f"not starting the proxy: the config has {n} error{'s' * (n != 1)}: `{args.config}`")
-        return 1
+        return print_error(f"not starting the proxy: the config has {n} error{'s' * (n != 1)}: `{args.config}`")
     configure_logs()
-    try:
-        app = create_app(config)
-    except ApiKeysError as e:
-        _error(e.message, e.hint)
-        return 1
+    app = create_app(config)  # an `ApiKeysError` is printed by `mtpstack.cli.main`
     try:
         return asyncio.run(serve(app, config))
     except OSError as e:
-        _error(f"cannot listen on {config.proxy.host}:{config.proxy.port}: {e.strerror or e}", "change `proxy.port` or stop what uses it")
-        return 1
+        return print_error(f"cannot listen on {config.proxy.host}:{config.proxy.port}: {e.strerror or e}", "change `proxy.port` or stop what uses it")
 
 
 async def serve(app: web.Application, config: FleetConfig) -> int:

@@ -30,7 +30,7 @@ from mtpstack.proxy.admission import Upstream
 from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 from mtpstack.validator import WorkerProfile, worker_argv
-from mtpstack.worker.proof import identity_disagreements, weights_from_argv
+from mtpstack.validator import identity_disagreements, weights_from_argv
 
 log = logging.getLogger("mtpstack.proxy")
 

@@ -71,12 +71,6 @@ MAY_IMPORT = {
 #: The worker's parts the bench needs to start and prove workers: process handling and the weights
 #: proof, none of which loads mlx.
 BENCH_USES_WORKER = {"mtpstack.worker.launcher", "mtpstack.worker.proof"}
-#: Known leftovers, each owned by a parallel change of issue 13; remove an entry once its import is gone.
-LEFTOVERS = {
-    # The weights proof (claim from an argv, its check against /identity) is pure parsing that the
-    # proxy's fleet status uses too: it belongs below the services (the one weights proof, helper C).
-    ("mtpstack.proxy.fleet", "mtpstack.worker.proof"),
-}
 
 
 def product_modules() -> dict[str, Path]:
@@ -136,7 +130,7 @@ def test_the_layers_point_one_way():
         own = layer(module)
         for line, imported, _ in imports(module, tree):
             other = layer(imported)
-            if other == own or other in MAY_IMPORT[own] or (module, imported) in LEFTOVERS:
+            if other == own or other in MAY_IMPORT[own]:
                 continue
             if own == "bench" and imported in BENCH_USES_WORKER:
                 continue

@@ -24,7 +24,7 @@ DEPTH_MAP_FLAG = "--draft-depth-map"
 
 def format_depth_map(depths: dict[str, int]) -> str:
     """`{"prose": 2, "code": 4}` -> `code=4,prose=2`: one plain argument, sorted as Nix sorts attribute names;
-    `mtpstack.worker.proof.parse_depth_map` reads it back."""
+    `mtpstack.validator.claim.parse_depth_map` reads it back."""
     return ",".join(f"{name}={depths[name]}" for name in sorted(depths))
 
 

@@ -23,8 +23,12 @@ DrafterKindSetting = Literal[DRAFTER_KINDS]
 
 #: The batch-width range every gate and every worker must sit in.
 WIDTH_MIN, WIDTH_MAX = 1, 4
-#: The draft depth range.
+#: The draft depth range: the one limit the config, the worker's flags and its engine share
+#: (a worker also takes depth 0: no drafting). `modules/lib/defaults.nix` restates it, tested equal.
 DEPTH_MIN, DEPTH_MAX = 1, 8
+#: The depth of a worker started without `--draft-depth` (a config always names one).
+#: mlx_lm.server's own `--num-draft-tokens` default is its own, not this.
+DEPTH_DEFAULT = 3
 Depth = Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})]
 #: A workload class name in `drafter.depth`: it travels in `--draft-depth-map NAME=D,...` and in a header.
 DEPTH_CLASS_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
@@ -95,11 +99,13 @@ class ProxyConfig(StrictModel):
     port: Port = Field(8080, description="Port the proxy listens on.")
     concurrency_limit: Width = Field(
         1,
-        description="Admission gate (1-4) per worker for any model not in modelConcurrencyLimits; must equal those workers' maxNumSeqs.",
+        description=f"Admission gate ({WIDTH_MIN}-{WIDTH_MAX}) per worker for any model not in modelConcurrencyLimits; "
+        "must equal those workers' maxNumSeqs.",
     )
     model_concurrency_limits: dict[str, Width] = Field(
         default_factory=dict,
-        description="Served model name -> admission gate (1-4) per worker of that model; must equal those workers' maxNumSeqs.",
+        description=f"Served model name -> admission gate ({WIDTH_MIN}-{WIDTH_MAX}) per worker of that model; "
+        "must equal those workers' maxNumSeqs.",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
@@ -131,7 +137,7 @@ class DrafterSpec(StrictModel):
     bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
     depth: Depth | dict[str, Depth] = Field(
         description=(
-            "Draft depth: tokens the drafter proposes per verification step (1-8); or a depth per workload class, "
+            f"Draft depth: tokens the drafter proposes per verification step ({DEPTH_MIN}-{DEPTH_MAX}); or a depth per workload class, "
             "`{code: 4, prose: 2, default: 3}` (`default` required; native backend only)."
         )
     )
@@ -165,7 +171,7 @@ class WorkerProfile(StrictModel):
     backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
     target: TargetSpec
     drafter: DrafterSpec | None = Field(None, description="The drafter (an MTP head or a small model); null: no speculation.")
-    max_num_seqs: Width = Field(description="The worker's batch width (1-4); must equal its model's proxy gate.")
+    max_num_seqs: Width = Field(description=f"The worker's batch width ({WIDTH_MIN}-{WIDTH_MAX}); must equal its model's proxy gate.")
     max_context_tokens: ContextTokens | None = Field(
         None,
         description=(

@@ -10,19 +10,18 @@ from pathlib import Path
 
 import yaml
 
+from mtpstack.errors import UserError
 from mtpstack.validator.bounds import depth_exceeds
 
 KeyPath = tuple[str, ...]
 
 
-class Unreadable(Exception):
+class Unreadable(UserError):
     """The file cannot be read or parsed; `line` is 1-based where known."""
 
     def __init__(self, message: str, line: int | None = None, hint: str | None = None):
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, hint)
         self.line = line
-        self.hint = hint
 
 
 @dataclass

@@ -8,18 +8,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-import urllib.error
 from pathlib import Path
 
+from mtpstack.errors import print_error
 from mtpstack.logs import configure as configure_logs
+from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN, Mismatch, WeightsClaim, parse_depth_map
 from mtpstack.worker.classify import CLASS_PATTERN
-
-from mtpstack.worker.proof import WeightsClaim, fetch_identity, hash_weights, parse_depth_map, read_cmdline, weights_from_argv
-
-#: Default draft depth; `mtpstack.worker.proof.weights_from_argv` assumes the same when the flag is absent.
-DEFAULT_DEPTH = 3
+from mtpstack.worker.proof import (
+    ModelNotFound,
+    ProofError,  # noqa: F401  (raised by `prove`; `mtpstack.cli.main` prints it)
+    WeightsProof,
+    prove_weights,
+    resolve_model_path,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--draft-kind", choices=("auto", "mtp", "model"), default="auto",
                    help="mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a "
                    "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
-    w.add_argument("--draft-depth", type=int, default=DEFAULT_DEPTH, help=f"tokens drafted per step (default: {DEFAULT_DEPTH})")
+    w.add_argument("--draft-depth", type=int, default=DEPTH_DEFAULT,
+                   help=f"tokens drafted per step, 0 to {DEPTH_MAX} (default: {DEPTH_DEFAULT})")
     w.add_argument("--draft-depth-map", default="",
                    help="depth per workload class, `code=4,prose=2`; `--draft-depth` serves every other class")
     w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
@@ -69,30 +72,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- mtpstack worker ---------------------------------------------------------------------
 
 
-def _fail(message: str, hint: str | None = None) -> int:
-    print(f"error: {message}" + (f"\n\nhint: {hint}" if hint else ""), file=sys.stderr)
-    return 1
-
-
 def run_worker(args: argparse.Namespace) -> int:
     configure_logs(args.log_level)
     if args.max_num_seqs < 1:
-        return _fail(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
+        return print_error(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if args.max_context_tokens is not None and args.max_context_tokens < 1:
-        return _fail(
+        return print_error(
             f"`--max-context-tokens` must be at least 1: {args.max_context_tokens}",
             "pass a positive token count, or leave the flag out for the model's own maximum",
         )
-    if not 0 <= args.draft_depth <= 16:
-        return _fail(f"`--draft-depth` must be between 0 and 16: {args.draft_depth}")
+    if not 0 <= args.draft_depth <= DEPTH_MAX:
+        return print_error(f"`--draft-depth` must be between 0 and {DEPTH_MAX}: {args.draft_depth}")
     try:
         depth_map = parse_depth_map(args.draft_depth_map)
     except ValueError as e:
-        return _fail(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
+        return print_error(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
     for cls, depth in depth_map.items():
-        if not CLASS_PATTERN.fullmatch(cls) or not 1 <= depth <= 16:
-            return _fail(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` and a depth from 1 to 16")
-    from mtpstack.worker.engine import ModelNotFound, resolve_model_path
+        if not CLASS_PATTERN.fullmatch(cls) or not DEPTH_MIN <= depth <= DEPTH_MAX:
+            return print_error(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` "
+                               f"and a depth from {DEPTH_MIN} to {DEPTH_MAX}")
     from mtpstack.worker.config import WorkerConfig
     from mtpstack.worker.server import serve
 
@@ -102,7 +100,7 @@ def run_worker(args: argparse.Namespace) -> int:
             try:
                 resolve_model_path(value)
             except ModelNotFound as e:
-                return _fail(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
+                return print_error(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
     config = WorkerConfig(
         model=args.model,
         draft_model=args.draft_model,
@@ -126,109 +124,42 @@ def run_worker(args: argparse.Namespace) -> int:
 # -- mtpstack weights --------------------------------------------------------------------
 
 
-class ProofError(Exception):
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
-
-
-def _resolve_local(path: str, pid: int) -> str:
-    """Resolve `path` as the worker process saw it (relative to its working directory)."""
-    from mtpstack.worker.engine import ModelNotFound, resolve_model_path
-
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        try:
-            p = Path(os.readlink(f"/proc/{pid}/cwd")) / p
-        except OSError:
-            pass
-    try:
-        return str(resolve_model_path(str(p) if p.exists() else path))
-    except ModelNotFound:
-        return str(p)
-
-
 def prove(target: str, timeout: float = 5.0) -> dict:
-    """Gather and cross-check what a worker loaded. Returns a report dict; `problems` lists disagreements."""
+    """Gather and cross-check what a worker loaded (`prove_weights`, files re-hashed). Returns a
+    report dict; `problems` lists disagreements. Raises `ProofError` when nothing can be compared."""
     if target.isdigit():
-        pid = int(target)
-        try:
-            argv = read_cmdline(pid)
-        except ProcessLookupError:
-            raise ProofError(f"no process with id: `{pid}`") from None
-        try:
-            claim = weights_from_argv(argv)
-        except ValueError:
-            raise ProofError(f"process `{pid}` is not a worker: `{' '.join(argv)}`") from None
-        if claim.backend == "mlx-lm":
-            return {"pid": pid, "url": claim.url, "argv": argv, "claim": claim, "identity": None, "problems": [],
-                    "note": "mlx_lm.server has no /identity: these weights are proven from its command line alone"}
-        url = claim.url
-        identity = _identity(url, timeout, pid=pid)
+        proof = prove_weights(int(target), rehash=True, timeout=timeout)
     else:
-        url = target if "://" in target else f"http://{target}"
-        url = url.rstrip("/")
-        identity = _identity(url, timeout)
-        pid = identity.get("pid")
-        try:
-            argv = read_cmdline(int(pid))
-        except (ProcessLookupError, TypeError, ValueError):
-            raise ProofError(
-                f"the process `{url}/identity` names is not running on this machine: pid {pid}",
-                "run `mtpstack weights` on the worker's own host",
-            ) from None
-        try:
-            claim = weights_from_argv(argv)
-        except ValueError:
-            raise ProofError(f"process `{pid}` named by `{url}/identity` is not a worker: `{' '.join(argv)}`") from None
-
-    problems: list[str] = []
-    if identity.get("pid") != pid:
-        problems.append(f"/identity reports pid {identity.get('pid')}, the process is {pid}")
-    if identity.get("argv") != argv:
-        problems.append("/identity reports a different command line than the process has")
-    for role, claimed in (("target", claim.target), ("drafter", claim.drafter)):
-        ident = identity.get(role)
-        if claimed is None and ident is None:
-            continue
-        if claimed is None or ident is None:
-            problems.append(f"the {role} is {claimed or 'none'} on the command line but {ident and ident.get('path') or 'none'} on /identity")
-            continue
-        if ident.get("path") != claimed:
-            problems.append(f"the {role} path is `{claimed}` on the command line but `{ident.get('path')}` on /identity")
-        resolved = _resolve_local(claimed, pid)
-        if resolved != ident.get("resolved_path"):
-            problems.append(f"the {role} resolves to `{resolved}` here but the worker loaded `{ident.get('resolved_path')}`")
-        try:
-            now = hash_weights(Path(ident.get("resolved_path") or resolved))
-        except (OSError, FileNotFoundError) as e:
-            problems.append(f"the {role}'s files cannot be read now: {e}")
-        else:
-            ident["sha256_now"] = now
-            if now != ident.get("sha256"):
-                problems.append(f"the {role}'s files changed since the worker loaded them: `{ident.get('resolved_path')}`")
-    if claim.drafter is not None and identity.get("draft_depth") != claim.depth:
-        problems.append(f"the draft depth is {claim.depth} on the command line but {identity.get('draft_depth')} on /identity")
-    if claim.drafter is not None and (identity.get("draft_depth_map") or {}) != claim.depth_map:
-        problems.append(f"the depth per class is {claim.depth_map} on the command line but {identity.get('draft_depth_map')} on /identity")
-    if identity.get("max_num_seqs") != claim.max_num_seqs:
-        problems.append(f"max_num_seqs is {claim.max_num_seqs} on the command line but {identity.get('max_num_seqs')} on /identity")
-    return {"pid": pid, "url": url, "argv": argv, "claim": claim, "identity": identity, "problems": problems, "note": None}
+        url = (target if "://" in target else f"http://{target}").rstrip("/")
+        proof = prove_weights(url=url, rehash=True, timeout=timeout)
+    return {"pid": proof.pid, "url": proof.url, "argv": proof.argv, "claim": proof.claim, "identity": proof.identity,
+            "problems": [_sentence(m, proof) for m in proof.mismatches], "note": proof.note}
 
 
-def _identity(url: str, timeout: float, pid: int | None = None) -> dict:
-    try:
-        return fetch_identity(url, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
-            raise ProofError(f"no /identity at `{url}`: not a native mtpstack worker",
-                             "an `mlx_lm.server` worker is proven by its process id: `mtpstack weights PID`") from None
-        raise ProofError(f"the worker answered {e.code} on `{url}/identity`",
-                         "a worker answers 503 while it loads; retry in a moment" if e.code == 503 else None) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        who = f"process `{pid}`'s worker" if pid is not None else "the worker"
-        reason = getattr(e, "reason", e)
-        raise ProofError(f"{who} does not answer on `{url}/identity`: {reason}") from None
+def _sentence(m: Mismatch, proof: WeightsProof) -> str:
+    """One disagreement as `mtpstack weights` words it."""
+    role = m.what.split()[0]
+    if m.what == "pid":
+        return f"/identity reports pid {m.got}, the process is {m.want}"
+    if m.what == "argv":
+        return "/identity reports a different command line than the process has"
+    if m.what in ("target", "drafter"):
+        if m.want is None or m.got is None:
+            return f"the {m.what} is {m.want or 'none'} on the command line but {m.got or 'none'} on /identity"
+        return f"the {m.what} path is `{m.want}` on the command line but `{m.got}` on /identity"
+    if m.what.endswith(" resolved"):
+        return f"the {role} resolves to `{m.want}` here but the worker loaded `{m.got}`"
+    if m.what.endswith(" files"):
+        return f"the {role}'s files cannot be read now: {m.got}"
+    if m.what.endswith(" sha256"):
+        return f"the {role}'s files changed since the worker loaded them: `{(proof.identity or {})[role].get('resolved_path')}`"
+    if m.what == "depth":
+        return f"the draft depth is {m.want} on the command line but {m.got} on /identity"
+    if m.what == "depth per class":
+        return f"the depth per class is {m.want} on the command line but {(proof.identity or {}).get('draft_depth_map')} on /identity"
+    if m.what == "maxNumSeqs":
+        return f"max_num_seqs is {m.want} on the command line but {m.got} on /identity"
+    return f"the {m.what} is `{m.want}` on the command line but `{m.got}` on /identity"
 
 
 def _render_text(report: dict) -> list[str]:
@@ -261,10 +192,7 @@ def _render_text(report: dict) -> list[str]:
 
 
 def run_weights(args: argparse.Namespace) -> int:
-    try:
-        report = prove(args.worker, timeout=args.timeout)
-    except ProofError as e:
-        return _fail(e.message, e.hint)
+    report = prove(args.worker, timeout=args.timeout)  # a `ProofError` is printed by `mtpstack.cli.main`
     if args.format == "json":
         claim: WeightsClaim = report["claim"]
         out = {k: v for k, v in report.items() if k != "claim"}

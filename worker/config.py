@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mtpstack.validator import DEPTH_DEFAULT
+
 #: Output tokens when a request sets no `max_tokens` (capped by the context left).
 DEFAULT_MAX_TOKENS = 512
 
@@ -12,7 +14,7 @@ DEFAULT_MAX_TOKENS = 512
 class WorkerConfig:
     model: str
     draft_model: str | None = None
-    draft_depth: int = 3
+    draft_depth: int = DEPTH_DEFAULT
     #: `--draft-depth-map`: the depth per workload class; `draft_depth` is the depth of every other class.
     draft_depth_map: dict[str, int] = field(default_factory=dict)
     draft_kind: str = "auto"

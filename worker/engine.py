@@ -32,41 +32,17 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
-from mtpstack.validator import DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
 from mtpstack.worker.caches import CacheNotSupported, batch_caches, check_rollback
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
-from mtpstack.worker.proof import hash_weights
+from mtpstack.worker.proof import ModelNotFound, hash_weights, resolve_model_path  # noqa: F401  (re-exported)
 
 log = logging.getLogger("mtpstack.worker")
 
 #: Prompt tokens processed per step; a long prompt is prefilled over several
 #: steps so the other active sequences keep making progress meanwhile.
 PREFILL_CHUNK = 512
-#: Deepest speculation the engine accepts; beyond this a drafter rarely pays.
-MAX_DEPTH = 16
-
-
-class ModelNotFound(Exception):
-    """A model path that is neither a local directory nor a cached hub id."""
-
-
-def resolve_model_path(path_or_id: str) -> Path:
-    """A local directory as is; otherwise a hub id looked up in huggingface_hub's cache, offline."""
-    path = Path(path_or_id).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelNotFound(f"model path is not a directory: `{path_or_id}`")
-        return path.resolve()
-    looks_like_id = path_or_id.count("/") == 1 and not path_or_id.startswith((".", "/", "~"))
-    if not looks_like_id:
-        raise ModelNotFound(f"model directory does not exist: `{path_or_id}`")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(path_or_id, local_files_only=True)).resolve()
-    except Exception:
-        raise ModelNotFound(f"model is neither a local directory nor in the Hugging Face cache: `{path_or_id}`") from None
 
 
 @dataclass
@@ -163,13 +139,13 @@ class Engine:
         target: str,
         drafter: str | None = None,
         *,
-        draft_depth: int = 3,
+        draft_depth: int = DEPTH_DEFAULT,
         target_bits: str | None = None,
         drafter_bits: str | None = None,
         draft_kind: str = "auto",
     ) -> "Engine":
-        if not 0 <= draft_depth <= MAX_DEPTH:
-            raise ValueError(f"draft depth must be between 0 and {MAX_DEPTH}: {draft_depth}")
+        if not 0 <= draft_depth <= DEPTH_MAX:
+            raise ValueError(f"draft depth must be between 0 and {DEPTH_MAX}: {draft_depth}")
         if draft_kind not in DRAFTER_KINDS:
             raise ValueError(f"draft kind must be one of {', '.join(DRAFTER_KINDS)}: {draft_kind}")
         t = load_one(target, target_bits)

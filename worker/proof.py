@@ -1,21 +1,32 @@
-"""Proving which weights a worker process loaded.
+"""Proving which weights a worker process loaded: the one proof `mtpstack weights`,
+`mtpstack status` and `mtpstack bench sweep` run (`prove_weights`).
 
 The weight paths and draft depth are on a worker's command line on purpose: the
 process's own argv (read from the kernel, not from anything it says about
-itself) names them. A native worker also reports what it resolved and hashed at
-load on `GET /identity`; `mtpstack weights` cross-checks the two.
+itself) names them (`mtpstack.validator.claim.weights_from_argv` reads them).
+A native worker also reports what it resolved and hashed at load on `GET /identity`;
+the proof cross-checks the two, and, where the caller asks, the command line against
+what it expected and the hashes against the files.
+
+No mlx here: the bench and the CLI import this without loading a model.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
+import os
 import platform
 import subprocess
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from mtpstack.errors import UserError
+from mtpstack.validator import Mismatch, WeightsClaim, compare_identity, draft_kind_from_argv, weights_from_argv
 
 #: Read in chunks so hashing a multi-GB shard does not hold it in memory.
 HASH_CHUNK = 1 << 20
@@ -40,155 +51,210 @@ def read_cmdline(pid: int) -> list[str]:
     return out.stdout.strip().split()
 
 
-@dataclass(frozen=True)
-class WeightsClaim:
-    """What a worker's argv says it serves."""
+# -- the proof -----------------------------------------------------------------------------
 
-    backend: str  # "native" or "mlx-lm"
-    target: str
-    drafter: str | None
-    depth: int | None
-    max_num_seqs: int | None
-    host: str | None = None
-    port: int | None = None
-    served_model_name: str | None = None
-    #: `--draft-depth-map`: the depth per workload class beside `depth` (the `default` class); empty without.
-    depth_map: dict[str, int] = field(default_factory=dict)
+
+class ProofError(UserError):
+    """What a worker loaded cannot be proven at all: no such process, not a worker, no `/identity`.
+    The original failure, where there was one, is the `__cause__`."""
+
+
+class IdentityUnavailable(ProofError):
+    """`/identity` did not answer with a document. `status` is its HTTP status (0: no answer);
+    `proof` is what the command line alone gave (None when the proof started from a URL)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, status: int = 0):
+        super().__init__(message, hint)
+        self.status = status
+        self.proof: WeightsProof | None = None
+
+
+@dataclass
+class WeightsProof:
+    """What a worker process serves by its own command line, what its `/identity` says (None for
+    mlx_lm.server, which has none: `note` says so), and every disagreement found."""
+
+    pid: int
+    url: str | None
+    argv: list[str]
+    claim: WeightsClaim
+    #: The drafter kind the command line asks for (`--draft-kind`), None without one.
+    kind: str | None
+    identity: dict | None
+    mismatches: list[Mismatch]
+    note: str | None = None
 
     @property
-    def url(self) -> str | None:
-        if self.port is None:
-            return None
-        host = self.host or "127.0.0.1"
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+    def proved(self) -> bool:
+        return not self.mismatches
+
+    @property
+    def resolved_kind(self) -> str | None:
+        """The drafter's kind as the worker resolved it (`/identity`), else as its command line asks."""
+        return ((self.identity or {}).get("drafter") or {}).get("kind") or self.kind
 
 
-def parse_depth_map(text: str) -> dict[str, int]:
-    """`code=4,prose=2` (`--draft-depth-map`, written by `mtpstack.validator.argv.format_depth_map`) -> `{"code": 4, "prose": 2}`.
-    Raises `ValueError` on an entry that is not `CLASS=DEPTH`."""
-    out: dict[str, int] = {}
-    for entry in text.split(",") if text else []:
-        name, sep, value = entry.partition("=")
-        if not sep or not name or not value.isdigit():
-            raise ValueError(f"not `CLASS=DEPTH`: {entry!r}")
-        out[name] = int(value)
-    return out
+#: Compared between what a caller asked for and the command line (`prove_weights(asked=...)`).
+ASKED_FIELDS = (("backend", "backend"), ("target", "target"), ("drafter", "drafter"), ("depth", "depth"),
+                ("depth per class", "depth_map"), ("maxNumSeqs", "max_num_seqs"))
+MLX_LM_NOTE = "mlx_lm.server has no /identity: these weights are proven from its command line alone"
 
 
-def _program_start(argv: list[str]) -> tuple[str, int] | None:
-    """Find the backend and the index after the program name in a full process argv."""
-    for i, arg in enumerate(argv):
-        # Nix wraps console scripts as `.NAME-wrapped`.
-        name = Path(arg).name.lstrip(".").removesuffix("-wrapped")
-        if name in ("mlx_lm.server",) or (arg == "mlx_lm.server" and i > 0 and argv[i - 1] == "-m"):
-            return "mlx-lm", i + 1
-        if arg == "mlx_lm" and i + 1 < len(argv) and argv[i + 1] == "server":
-            return "mlx-lm", i + 2
-        if name in ("mtpstack", "__main__.py") or (arg == "mtpstack" and i > 0 and argv[i - 1] == "-m"):
-            if i + 1 < len(argv) and argv[i + 1] == "worker":
-                return "native", i + 2
-    return None
+def prove_weights(
+    pid: int | None = None,
+    url: str | None = None,
+    *,
+    asked: WeightsClaim | None = None,
+    expected_sha256: dict[str, str | None] | None = None,
+    rehash: bool = False,
+    timeout: float = 5.0,
+    fetch: Callable[[str], dict] | None = None,
+) -> WeightsProof:
+    """Prove what the worker process `pid` (or the one `url/identity` names) serves.
 
+    Always: its own command line (/proc/PID/cmdline) is read and parsed, and for a native worker
+    `/identity` is fetched (from `url`, else the address on the command line) and must agree with
+    it on pid, argv, target and drafter paths, depth, depth per class, drafter kind and maxNumSeqs.
+    Where the caller asks: the command line must name what `asked` claims (the bench's configuration),
+    `/identity`'s hashes must be `expected_sha256[role]`, and with `rehash` the files on disk are
+    resolved as the process saw them and hashed again (`sha256_now` joins `/identity`'s entry).
 
-def _flags(args: list[str]) -> dict[str, str]:
-    flags: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            if "=" in arg:
-                key, value = arg[2:].split("=", 1)
-                flags[key] = value
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                flags[arg[2:]] = args[i + 1]
-                i += 1
-            else:
-                flags[arg[2:]] = ""
-        i += 1
-    return flags
-
-
-def weights_from_argv(argv: list[str]) -> WeightsClaim:
-    """Parse the weights a `mtpstack worker` or `mlx_lm.server` argv names.
-
-    Accepts a full process argv (interpreter, `-m`, script paths included) or the
-    bare argv from `validator.worker_argv`. Raises `ValueError` when the argv is
-    neither program or names no model.
+    Raises `ProofError` when there is nothing to compare (`IdentityUnavailable` for `/identity`).
     """
-    found = _program_start(argv)
-    if found is None:
-        raise ValueError(f"not a `mtpstack worker` or `mlx_lm.server` command line: {' '.join(argv)}")
-    backend, start = found
-    flags = _flags(argv[start:])
-    if not flags.get("model"):
-        raise ValueError(f"the command line names no `--model`: {' '.join(argv)}")
-
-    def as_int(key: str) -> int | None:
-        value = flags.get(key)
-        return int(value) if value not in (None, "") else None
-
-    drafter = flags.get("draft-model") or None
-    if backend == "native":
-        depth = as_int("draft-depth")
-        if drafter is not None and depth is None:
-            depth = 3  # the worker's default; keep in step with mtpstack.worker.cli
-        max_num_seqs = as_int("max-num-seqs")
-        served = flags.get("served-model-name")
-        depth_map = parse_depth_map(flags.get("draft-depth-map") or "") if drafter is not None else {}
+    fetch = fetch or (lambda u: fetch_identity(u, timeout=timeout))
+    identity = None
+    if pid is None:
+        if url is None:
+            raise ValueError("prove_weights needs a pid or a url")
+        identity = _fetch(fetch, url, None)
+        pid = identity.get("pid")
+        try:
+            pid = int(pid)
+            argv = read_cmdline(pid)
+        except (ProcessLookupError, TypeError, ValueError) as e:
+            raise ProofError(f"the process `{url}/identity` names is not running on this machine: pid {pid}",
+                             "run `mtpstack weights` on the worker's own host") from e
+        try:
+            claim = weights_from_argv(argv)
+        except ValueError as e:
+            raise ProofError(f"process `{pid}` named by `{url}/identity` is not a worker: `{' '.join(argv)}`") from e
     else:
-        depth = as_int("num-draft-tokens")
-        if drafter is not None and depth is None:
-            depth = 3  # mlx_lm.server's default --num-draft-tokens
-        width = [w for w in (as_int("decode-concurrency"), as_int("prompt-concurrency")) if w is not None]
-        # mlx_lm.server serves one request at a time once a draft model is set.
-        max_num_seqs = 1 if drafter is not None else (max(width) if width else 32)
-        served = None
-        depth_map = {}
-    return WeightsClaim(
-        backend=backend,
-        target=flags["model"],
-        drafter=drafter,
-        depth=depth if drafter is not None else None,
-        max_num_seqs=max_num_seqs,
-        host=flags.get("host") or "127.0.0.1",
-        port=as_int("port") if backend == "native" else (as_int("port") or 8080),
-        served_model_name=served,
-        depth_map=depth_map,
-    )
+        try:
+            argv = read_cmdline(pid)
+        except ProcessLookupError as e:
+            raise ProofError(f"no process with id: `{pid}`") from e
+        try:
+            claim = weights_from_argv(argv)
+        except ValueError as e:
+            raise ProofError(f"process `{pid}` is not a worker: `{' '.join(argv)}`") from e
+        url = url or claim.url
+    kind = draft_kind_from_argv(argv) if claim.drafter is not None else None
+    mismatches = [Mismatch(what, getattr(asked, attr), getattr(claim, attr), "command line")
+                  for what, attr in ASKED_FIELDS if asked is not None and getattr(asked, attr) != getattr(claim, attr)]
+    if claim.backend == "mlx-lm":
+        return WeightsProof(pid, url, argv, claim, kind, None, mismatches, MLX_LM_NOTE)
+    if identity is None:
+        try:
+            identity = _fetch(fetch, url, pid)
+        except IdentityUnavailable as e:
+            e.proof = WeightsProof(pid, url, argv, claim, kind, None, mismatches)
+            raise
+    if identity.get("pid") != pid:
+        mismatches.append(Mismatch("pid", pid, identity.get("pid"), "/identity"))
+    if identity.get("argv") != argv:
+        mismatches.append(Mismatch("argv", argv, identity.get("argv"), "/identity"))
+    mismatches += compare_identity(claim, identity, kind)
+    for role in ("target", "drafter"):
+        entry = identity.get(role)
+        if not isinstance(entry, dict) or getattr(claim, role) is None:
+            continue
+        want = (expected_sha256 or {}).get(role)
+        if want is not None and entry.get("sha256") != want:
+            mismatches.append(Mismatch(f"{role} sha256", want, entry.get("sha256"), "/identity"))
+        if rehash:
+            mismatches += _rehash(role, getattr(claim, role), entry, pid)
+    return WeightsProof(pid, url, argv, claim, kind, identity, mismatches)
 
 
-def identity_disagreements(claim: WeightsClaim, identity: dict, source: str, kind: str | None = None) -> list[str]:
-    """How a worker's `/identity` disagrees with a claim about what it serves (read from an argv),
-    one sentence per difference naming the claim's `source`; empty when they agree. `kind` is
-    the drafter kind the claim asks for (`auto` accepts whatever the worker resolved)."""
-    found: list[str] = []
-
-    def differs(what: str, claimed, reported) -> None:
-        if claimed != reported:
-            found.append(f"{what}: {source} `{claimed}`, /identity `{reported}`")
-
-    differs("target", claim.target, (identity.get("target") or {}).get("path"))
-    differs("drafter", claim.drafter, (identity.get("drafter") or {}).get("path"))
-    if claim.drafter is not None:
-        differs("depth", claim.depth, identity.get("draft_depth"))
-        if claim.depth_map or identity.get("draft_depth_map"):
-            differs("depth per class", claim.depth_map, identity.get("draft_depth_map") or {})
-        reported_kind = (identity.get("drafter") or {}).get("kind")
-        if reported_kind is not None and kind not in (None, "auto", reported_kind):
-            differs("drafter kind", kind, reported_kind)
-    if claim.max_num_seqs is not None and "max_num_seqs" in identity:
-        differs("maxNumSeqs", claim.max_num_seqs, identity["max_num_seqs"])
+def _rehash(role: str, path: str, entry: dict, pid: int) -> list[Mismatch]:
+    """The files of `role` on disk against what the worker loaded; sets `entry["sha256_now"]`."""
+    found = []
+    resolved = resolve_as_seen(path, pid)
+    if resolved != entry.get("resolved_path"):
+        found.append(Mismatch(f"{role} resolved", resolved, entry.get("resolved_path"), "files"))
+    try:
+        now = hash_weights(Path(entry.get("resolved_path") or resolved))
+    except OSError as e:
+        found.append(Mismatch(f"{role} files", entry.get("resolved_path") or resolved, str(e), "files"))
+    else:
+        entry["sha256_now"] = now
+        if now != entry.get("sha256"):
+            found.append(Mismatch(f"{role} sha256", entry.get("sha256"), now, "files"))
     return found
+
+
+def _fetch(fetch: Callable[[str], dict], url: str | None, pid: int | None) -> dict:
+    """`/identity` as a dict, or `IdentityUnavailable` saying why not (with the HTTP status)."""
+    who = f"process `{pid}`'s worker" if pid is not None else "the worker"
+    if url is None:
+        raise IdentityUnavailable(f"{who} names no `--port` to reach its /identity at")
+    try:
+        identity = fetch(url)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise IdentityUnavailable(f"no /identity at `{url}`: not a native mtpstack worker",
+                                      "an `mlx_lm.server` worker is proven by its process id: `mtpstack weights PID`",
+                                      status=e.code) from e
+        raise IdentityUnavailable(f"the worker answered {e.code} on `{url}/identity`",
+                                  "a worker answers 503 while it loads; retry in a moment" if e.code == 503 else None,
+                                  status=e.code) from e
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        raise IdentityUnavailable(f"{who} does not answer on `{url}/identity`: {getattr(e, 'reason', e)}") from e
+    if not isinstance(identity, dict):
+        raise IdentityUnavailable(f"{who} answers no JSON object on `{url}/identity`", status=200)
+    return identity
 
 
 def fetch_identity(url: str, timeout: float = 5.0) -> dict:
     """GET url/identity as JSON. Raises `urllib.error.URLError`/`HTTPError`/`ValueError`."""
     with urllib.request.urlopen(url.rstrip("/") + "/identity", timeout=timeout) as resp:
         return json.loads(resp.read().decode("utf-8"))
+
+
+class ModelNotFound(Exception):
+    """A model path that is neither a local directory nor a cached hub id."""
+
+
+def resolve_model_path(path_or_id: str) -> Path:
+    """A local directory as is; otherwise a hub id looked up in huggingface_hub's cache, offline."""
+    path = Path(path_or_id).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFound(f"model path is not a directory: `{path_or_id}`")
+        return path.resolve()
+    looks_like_id = path_or_id.count("/") == 1 and not path_or_id.startswith((".", "/", "~"))
+    if not looks_like_id:
+        raise ModelNotFound(f"model directory does not exist: `{path_or_id}`")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_id, local_files_only=True)).resolve()
+    except Exception:
+        raise ModelNotFound(f"model is neither a local directory nor in the Hugging Face cache: `{path_or_id}`") from None
+
+
+def resolve_as_seen(path: str, pid: int) -> str:
+    """Resolve `path` as the worker process `pid` saw it (relative to its working directory)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        try:
+            p = Path(os.readlink(f"/proc/{pid}/cwd")) / p
+        except OSError:
+            pass
+    try:
+        return str(resolve_model_path(str(p) if p.exists() else path))
+    except ModelNotFound:
+        return str(p)
 
 
 def weight_files(model_dir: Path) -> list[Path]:

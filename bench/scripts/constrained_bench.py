@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from mtpstack.bench.stats import summarize
+from mtpstack.validator import DEPTH_DEFAULT
 
 SCHEMA = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"], "additionalProperties": False}
 PROMPT = 'Return the function as JSON.\n{"code": "def parse_args(argv):\\n'
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(DEMO_TARGET))
     ap.add_argument("--drafter", default=str(DEMO_HEAD))
-    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=DEPTH_DEFAULT)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path)

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtpstack.validator import DEPTH_DEFAULT
+
 REPO = _checkout.ROOT
 
 PROMPTS = [
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="configurations to run (default: all)")
     p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
     p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
-    p.add_argument("--depth", type=int, default=3, help="draft depth (default: 3)")
+    p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"draft depth (default: {DEPTH_DEFAULT})")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")

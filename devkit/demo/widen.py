@@ -31,6 +31,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from devkit.demo.bpe import TOKENIZER_FILES
+from mtpstack.errors import UserError, print_error
 
 # Scale of the random weights in the added rows and layers: small, like a trained model's.
 INIT_STD = 0.02
@@ -39,7 +40,7 @@ RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "linear_attn.out_proj.weight", "m
 WIDENABLE = ("qwen3", "qwen3_5")
 
 
-class WidenError(Exception):
+class WidenError(UserError):
     """A user-facing problem with the source model; the message follows the project's error style."""
 
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         out = widen(args.src, args.out, mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers,
                     seed=args.seed)
     except WidenError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"wrote `{out}`: {parameter_count(out) / 1e6:.1f}M parameters, {size / 1e6:.0f} MB", file=sys.stderr)

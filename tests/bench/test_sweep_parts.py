@@ -11,6 +11,7 @@ from mtpstack.bench import sweep as sw
 from mtpstack.bench.stats import DEFAULT_REPEATS
 from mtpstack.cli import main
 from mtpstack.validator import load_valid_config
+from mtpstack.worker.proof import read_cmdline
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "valid" / "fleet.yaml"
 
@@ -243,7 +244,8 @@ def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(examp
     profile = _with_kind(example, declared)
     pid = sleeping_worker(profile)
     drafter = {"path": profile.drafter.path} | ({"kind": reported} if reported else {})
-    identity = {"pid": pid, "target": {"path": profile.target.path}, "drafter": drafter, "draft_depth": profile.drafter.depth}
+    identity = {"pid": pid, "argv": read_cmdline(pid), "target": {"path": profile.target.path}, "drafter": drafter,
+                "draft_depth": profile.drafter.depth}
     expected = sw.Expected(profile, None, None)
     if proved:
         assert sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)["identity"] == identity

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from mtpstack.status import collect, render
+from mtpstack.worker.proof import read_cmdline
 from tests.sleeping_process import sleeping_process
 
 
@@ -28,7 +29,9 @@ def run(tmp_path):
     def start(argv_kind: str | None, identity_kind: str | None) -> dict:
         proc = stack.enter_context(sleeping_process(worker_argv(argv_kind)))
         drafter = {"path": "/m/drafter"} | ({"kind": identity_kind} if identity_kind else {})
-        identity = {"pid": proc.pid, "target": {"path": "/m/target"}, "drafter": drafter, "draft_depth": 3}
+        # As a worker's /identity: its own pid and command line, what it loaded.
+        identity = {"pid": proc.pid, "argv": read_cmdline(proc.pid), "target": {"path": "/m/target"}, "drafter": drafter,
+                    "draft_depth": 3}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import typing
+
 import pytest
 
+from mtpstack.validator import config as model
 from mtpstack.validator.load import validate_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +83,17 @@ def test_render_fills_the_defaults_the_config_model_fills(rendered_examples):
         config, _ = validate_data(rendered, name)
         assert config is not None, name
         assert rendered == config.model_dump(by_alias=True, mode="json"), name
+
+
+def test_the_nix_ranges_and_choices_are_the_config_models(nixh):
+    """modules/lib/defaults.nix restates the model's limits (Nix cannot import them): width and depth
+    ranges, backends, drafter kinds and bits must be the pydantic model's, value for value."""
+    d = nixh.eval(file=nixh.lib / "defaults.nix")
+    assert (d["widthMin"], d["widthMax"]) == (model.WIDTH_MIN, model.WIDTH_MAX)
+    assert (d["depthMin"], d["depthMax"]) == (model.DEPTH_MIN, model.DEPTH_MAX)
+    assert d["backends"] == list(typing.get_args(model.Backend))
+    assert d["drafterKinds"] == list(typing.get_args(model.DrafterKindSetting))
+    assert d["bits"] == list(typing.get_args(model.Bits))
 
 
 def test_examples_include_both_kinds():

@@ -75,7 +75,7 @@ def test_a_depth_map_becomes_the_default_depth_and_one_sorted_plain_argument():
 
 
 def test_the_weights_proof_reads_the_depth_map_back():
-    from mtpstack.worker.proof import parse_depth_map, weights_from_argv
+    from mtpstack.validator.claim import parse_depth_map, weights_from_argv
 
     argv = worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": {"prose": 2, "default": 3, "code": 4}}))
     claim = weights_from_argv(argv)

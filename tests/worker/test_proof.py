@@ -12,7 +12,8 @@ import pytest
 
 from mtpstack.validator import WorkerProfile, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
-from mtpstack.worker.proof import read_cmdline, weights_from_argv
+from mtpstack.validator.claim import weights_from_argv
+from mtpstack.worker.proof import read_cmdline
 
 
 def _profile(backend="native", drafter=True, width=2) -> WorkerProfile:
