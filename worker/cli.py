@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
-from mtpstack.errors import print_error
+from mtpstack.errors import UserError, print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN, Mismatch, WeightsClaim, parse_depth_map
 from mtpstack.worker.classify import CLASS_PATTERN
@@ -74,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     configure_logs(args.log_level)
+    # transformers (which mlx-lm imports for some model families, Qwen3.5 among them) prints an
+    # advisory that PyTorch is absent, as text through its own handler: a worker never uses PyTorch,
+    # and its log is JSON lines.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if args.max_num_seqs < 1:
         return print_error(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if args.max_context_tokens is not None and args.max_context_tokens < 1:
@@ -118,7 +124,18 @@ def run_worker(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         draft_kind=args.draft_kind,
     )
-    return asyncio.run(serve(config))
+    try:
+        code = asyncio.run(serve(config))
+    except UserError as e:  # printed here: the exit below skips `mtpstack.cli.main`
+        code = print_error(e)
+    # Shut down cleanly by now (answers finished, sockets closed). mlx used from a thread other than
+    # the main one (the generation thread) can abort the process in its static destructors at exit
+    # (ml-explore/mlx#3126: "terminate called without an active exception", SIGABRT on about a third
+    # of SIGTERMs here), so the worker leaves without running them, its log flushed first.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # -- mtpstack weights --------------------------------------------------------------------

@@ -13,6 +13,7 @@ import signal
 
 from aiohttp import web
 
+from mtpstack.errors import UserError
 from mtpstack.worker import handlers
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop
@@ -62,7 +63,8 @@ async def serve(config: WorkerConfig) -> int:
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise SystemExit(f"error: cannot listen on `{config.host}:{config.port}`: {e.strerror or e}") from None
+        raise UserError(f"cannot listen on `{config.host}:{config.port}`: {e.strerror or e}",
+                        "change the worker's `port` (`--port`) or stop what uses it") from None
     log.info("listening on http://%s:%d (loading models)", config.host, config.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
