@@ -289,7 +289,8 @@ class Stack:
 
         console = Console(file=self.out, no_color="NO_COLOR" in os.environ)
         with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True,
+            disable=not console.is_terminal,  # no spinner, and no blank line it leaves, in a log or a pipe
         ) as progress:
             tasks = {m.name: progress.add_task(f"starting {m.kind} `{m.name}` ({m.url})") for m in items}
 
