@@ -2,7 +2,7 @@
 
 `configure` is the one logging setup of both services (`mtpstack proxy` and `mtpstack worker`).
 Their own events that are already JSON objects (`{"event": "request", ...}`) pass through as
-they are. Everything else, aiohttp's own errors for malformed HTTP and any `log.exception`
+they are, after a `time` field (RFC 3339, UTC, milliseconds) that every line carries first. Everything else, aiohttp's own errors for malformed HTTP and any `log.exception`
 included, becomes `{"event": "log", "level", "logger", "message"}`, with a traceback, where one
 is logged, as a string field, never as extra lines. A client's malformed HTTP is logged with the
 parser's error, without its traceback.
@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 import traceback
+from datetime import datetime, timezone
 from typing import Iterable
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -45,12 +46,19 @@ class JsonLines(logging.Formatter):
         entry = _event(message)
         if entry is None:
             entry = {"event": "log", "level": record.levelname.lower(), "logger": record.name, "message": message}
+        # When it happened, first: RFC 3339 in UTC to the millisecond (a launchd log file has no other clock).
+        entry = {"time": timestamp(record.created), **entry}
         if record.exc_info and record.exc_info[0] is not None:
             entry["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"
             entry["traceback"] = "".join(traceback.format_exception(*record.exc_info))
         elif record.stack_info:
             entry["traceback"] = record.stack_info
         return json.dumps(entry)
+
+
+def timestamp(created: float) -> str:
+    """`2026-11-30T19:45:01.123Z`: a record's creation time as the `time` field writes it."""
+    return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def configure(level: int | str = logging.INFO) -> logging.Handler:
@@ -73,6 +81,7 @@ def render_line(line: str) -> str:
     if entry is None:
         return line.rstrip("\n")
     fields = dict(entry)
+    fields.pop("time", None)  # the person reading is watching it happen
     event = fields.pop("event", None)
     tb = fields.pop("traceback", None)
     if event == "log":

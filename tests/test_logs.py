@@ -22,9 +22,12 @@ def raised(exc: BaseException) -> BaseException:
         return e
 
 
-def test_an_event_of_the_proxy_passes_through_as_it_is():
-    line = JsonLines().format(record(json.dumps({"event": "request", "status": 200})))
-    assert json.loads(line) == {"event": "request", "status": 200}
+def test_an_event_of_the_proxy_passes_through_as_it_is_after_its_time():
+    rec = record(json.dumps({"event": "request", "status": 200}))
+    rec.created = 1796067901.1234
+    line = JsonLines().format(rec)
+    assert json.loads(line) == {"time": "2026-11-30T19:45:01.123Z", "event": "request", "status": 200}
+    assert line.startswith('{"time": ')
 
 
 def test_an_exception_logged_anywhere_is_one_line_with_its_traceback_in_a_field():
