@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="/health turns 503 when work is pending and no step finished for this long (default: 30)")
     w.add_argument("--default-max-tokens", type=int, default=512,
                    help="output tokens when a request sets no max_tokens (default: 512)")
-    w.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    w.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="any case: `debug` and `DEBUG` are one level")
     w.set_defaults(func=run_worker)
 
     p = subparsers.add_parser(
