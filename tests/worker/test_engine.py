@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 
 from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from tests.worker.greedy import PROMPTS, plain_greedy
 
-PROMPTS = [
-    "def main():",
-    "The quick brown fox jumps over",
-    "import os\nimport sys\n",
-    "Copyright (C) 2024 Free Software Foundation, Inc.\n",
-    "x",
-]
 MAX_TOKENS = 40
 
 
@@ -27,11 +19,7 @@ def engine(tiny_pair) -> Engine:
 @pytest.fixture(scope="module")
 def reference(engine) -> dict[str, list[int]]:
     """The target's own greedy tokens from mlx-lm's plain `generate_step`."""
-    out = {}
-    for prompt in PROMPTS:
-        ids = engine.text_prompt(prompt)
-        out[prompt] = [t for t, _ in generate_step(mx.array(ids), engine.target.model, max_tokens=MAX_TOKENS)]
-    return out
+    return plain_greedy(engine, MAX_TOKENS)
 
 
 def run(engine: Engine, prompt: list[int], **kw) -> "Sequence":  # noqa: F821

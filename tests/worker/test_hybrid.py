@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 
 from mtpstack.worker.caches import StepStateCache
 from mtpstack.worker.engine import Batch, Engine, SamplingParams, Scheduler
+from tests.worker.greedy import PROMPTS, plain_greedy
 
-PROMPTS = [
-    "def main():",
-    "The quick brown fox jumps over",
-    "import os\nimport sys\n",
-    "Copyright (C) 2024 Free Software Foundation, Inc.\n",
-    "x",
-]
 MAX_TOKENS = 32
 
 
@@ -28,10 +21,7 @@ def engine(hybrid_pair) -> Engine:
 @pytest.fixture(scope="module")
 def reference(engine) -> dict[str, list[int]]:
     """The target's own greedy tokens from mlx-lm's plain `generate_step` (its own caches, no speculation)."""
-    return {
-        p: [t for t, _ in generate_step(mx.array(engine.text_prompt(p)), engine.target.model, max_tokens=MAX_TOKENS)]
-        for p in PROMPTS
-    }
+    return plain_greedy(engine, MAX_TOKENS)
 
 
 def params(depth: int, **kw) -> SamplingParams:
