@@ -83,6 +83,16 @@ def _slots(v) -> str:
     return f"inflight {_int(v.get('inflight'))}, queued {_int(v.get('queue_depth'))}"
 
 
+def kill_checks(name: str, r: dict) -> list[tuple[bool, str]]:
+    """What every kill phase must show: each kill done in time, no hung client, no leaked slot."""
+    return [
+        (r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"),
+        (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
+        (r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"],
+         f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"),
+    ]
+
+
 def checks(result: dict) -> list[tuple[bool, str]]:
     """(passed, sentence) for every property the run must show."""
     out: list[tuple[bool, str]] = []
@@ -113,16 +123,12 @@ def checks(result: dict) -> list[tuple[bool, str]]:
         r = result.get(key)
         if r:
             name = f"{r['target']} worker kills ({r['kills']} of {r['requested']})"
-            out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
-            out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
-            out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
+            out += kill_checks(name, r)
             out.append((r["admitted_streams_cut_without_error_event"] == 0, f"{name}: streams cut without an error event: {r['admitted_streams_cut_without_error_event']}"))
     r = result.get("fake_failover")
     if r:
         name = f"fake failover ({r['kills']} of {r['requested']})"
-        out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
-        out.append((r["hung"] == 0, f"{name}: hung clients: {r['hung']}"))
-        out.append((r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"], f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"))
+        out += kill_checks(name, r)
         want = {"done": r["kills"], "error_event": r["kills"]}
         out.append((r["outcomes"] == want, f"{name}: the stream on the dead worker ends with an error event, the one on the survivor with [DONE]: {r['outcomes']}"))
         after = r["requests_after_failure"]
