@@ -23,7 +23,6 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -79,10 +78,24 @@ def http_status(url: str, timeout: float = POLL_TIMEOUT, headers: dict[str, str]
 def log_tail(path: Path, lines: int = TAIL_LINES) -> list[str] | None:
     """The last `lines` lines of a log, raw, without their line ends; None when there is no log."""
     try:
-        with Path(path).open("r", encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
+        f = Path(path).open("rb")
     except FileNotFoundError:
         return None
+    with f:
+        # Read back from the end, not through the whole file: `up` polls this while a process starts,
+        # and a run directory's logs grow across runs and restarts.
+        pos = f.seek(0, 2)
+        data, block = b"", 8192
+        while pos > 0 and data.count(b"\n") <= lines:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+            block *= 2
+    found = data.decode("utf-8", errors="replace").split("\n")
+    if found[-1] == "":
+        found.pop()  # the end of the last line, not a line
+    return found[-lines:] if lines > 0 else []
 
 
 def tail_text(path: Path, lines: int = TAIL_LINES, render: LineRenderer | None = None) -> str:

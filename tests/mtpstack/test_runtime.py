@@ -162,6 +162,22 @@ def test_the_log_tail_is_raw_lines_and_a_renderer_plugs_in(tmp_path):
     assert log_tail(tmp_path / "missing.log") is None and tail_text(tmp_path / "missing.log") == "(no log)"
 
 
+def test_the_log_tail_of_a_long_log_is_its_last_lines_exactly(tmp_path):
+    # Read back from the end in growing blocks: lines across block edges, multi-byte text, no final newline.
+    log = tmp_path / "long.log"
+    lines = [f"línea {i} " + "x" * (i % 300) for i in range(20_000)]
+    log.write_text("\n".join(lines))
+    assert log_tail(log, 20) == lines[-20:]
+    assert log_tail(log, 1) == lines[-1:] and log_tail(log, 0) == []
+    log.write_text("\n".join(lines) + "\n")
+    assert log_tail(log, 500) == lines[-500:]
+    short = tmp_path / "short.log"
+    short.write_text("only\n")
+    assert log_tail(short, 20) == ["only"]
+    short.write_text("")
+    assert log_tail(short, 20) == []
+
+
 def test_no_other_module_starts_or_signals_process_groups():
     """The runtime is the one owner of process groups: nothing else in the product, the benches,
     the dev kit or the tests starts a new session or signals a group by hand."""
