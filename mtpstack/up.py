@@ -275,14 +275,14 @@ class Stack:
         for m in self.workers:
             m.start(self.env)
         self.write_state("starting")
-        self._wait_all(self.workers, "workers")
+        self._wait_all(self.workers)
         if self.proxy is not None:
             self.proxy.start(self.env)
             self.write_state("starting")
-            self._wait_all([self.proxy], "proxy")
+            self._wait_all([self.proxy])
         self.write_state("running")
 
-    def _wait_all(self, items: list[Managed], what: str) -> None:
+    def _wait_all(self, items: list[Managed]) -> None:
         from rich.console import Console
         from rich.markup import escape
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

@@ -19,7 +19,6 @@ from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN, Mismatch, We
 from mtpstack.worker.classify import CLASS_PATTERN
 from mtpstack.worker.proof import (
     ModelNotFound,
-    ProofError,  # noqa: F401  (raised by `prove`; `mtpstack.cli.main` prints it)
     WeightsProof,
     prove_weights,
     resolve_model_path,

@@ -36,7 +36,7 @@ from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, config_v
 from mtpstack.worker.caches import CacheNotSupported, batch_caches, check_rollback
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
-from mtpstack.worker.proof import ModelNotFound, hash_weights, resolve_model_path  # noqa: F401  (re-exported)
+from mtpstack.worker.proof import hash_weights, resolve_model_path
 
 log = logging.getLogger("mtpstack.worker")
 

@@ -20,6 +20,7 @@ from mtpstack.worker.generation import GenerationLoop
 from mtpstack.worker.handlers import CONFIG, GEN, METRICS, SLOTS
 from mtpstack.worker.http import MAX_BODY_BYTES
 from mtpstack.worker.metrics import Metrics
+from mtpstack.worker.proof import ModelNotFound
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -78,8 +79,6 @@ async def serve(config: WorkerConfig) -> int:
         except asyncio.TimeoutError:
             pass
         if gen.load_error is not None:
-            from mtpstack.worker.engine import ModelNotFound
-
             e = gen.load_error
             msg = str(e) if isinstance(e, (ModelNotFound, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"
             log.error("the worker failed to load its models: %s", msg)

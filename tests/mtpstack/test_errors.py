@@ -12,7 +12,7 @@ from mtpstack.proxy.auth import ApiKeysError
 from mtpstack.status import StatusError
 from mtpstack.up import UpError
 from mtpstack.validator.source import Unreadable
-from mtpstack.worker.cli import ProofError
+from mtpstack.worker.proof import ProofError
 
 
 def test_an_error_with_a_hint_puts_the_hint_after_a_blank_line():
