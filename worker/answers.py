@@ -22,6 +22,7 @@ def _usage(parsed: ParsedRequest, seq) -> dict:
         "prompt_tokens": len(parsed.prompt),
         "completion_tokens": len(seq.tokens),
         "total_tokens": len(parsed.prompt) + len(seq.tokens),
+        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
         # Extensions: how much of the output the drafter proposed and the target kept.
         "draft_tokens": seq.drafted,
         "accepted_draft_tokens": seq.accepted,
@@ -152,7 +153,7 @@ async def respond(request: web.Request, parsed: ParsedRequest, handle: RequestHa
                      "param": None}])
     else:
         seq = handle.seq
-        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens)))
+        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens), seq.cached_tokens))
         if resp is None:
             return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
         await send(events)

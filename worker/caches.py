@@ -16,9 +16,13 @@ afterwards each row keeps only its own first `keep[r]` positions:
   rejected draft ever touches the state that is kept, and no second forward is
   needed.
 
-Rows enter once (`extend`, from a sequence's own prefill caches) and leave once
-(`filter`); those are the only copies of a row's cache. Any other cache type
-is refused by `check_rollback`, naming the layer.
+The rows being prefilled share caches of the same kinds (`batch_caches(...,
+prefill=True)`): attention rows as above, gated-delta rows in
+`PrefillStateCache`, where mlx-lm's own layer skips each row's padding. A row
+leaves the prefill batch (`take_row`) and joins the decoding batch
+(`add_row`) once, and leaves that once (`filter`); those, and the prefix
+cache's snapshots (`segment`, `row`), are the only copies of a row's cache.
+Any other cache type is refused by `check_rollback`, naming the layer.
 """
 
 from __future__ import annotations
@@ -92,19 +96,39 @@ class RaggedKVCache:
         """Forget each row's last `drop[r]` positions."""
         self.lengths = [length - d for length, d in zip(self.lengths, drop)]
 
-    def extend(self, other: KVCache) -> None:
-        """Append a sequence's own (single-row) cache as a new last row."""
-        length = other.offset
+    def add_row(self, keys: mx.array | None, values: mx.array | None) -> None:
+        """Append one row holding `keys`/`values` ([1, heads, length, dim]; None: an empty row)."""
+        length = 0 if keys is None else keys.shape[2]
         have = 0 if self.keys is None else self.keys.shape[2]
+        if keys is None:
+            if self.keys is not None:
+                self.keys = mx.concatenate([self.keys, mx.zeros((1,) + self.keys.shape[1:], self.keys.dtype)])
+                self.values = mx.concatenate([self.values, mx.zeros((1,) + self.values.shape[1:], self.values.dtype)])
+            self.lengths = self.lengths + [0]
+            return
         size = max(have, -(-max(length, 1) // self.step) * self.step)
-        k = _pad_to(other.keys[:, :, :length, :], size)
-        v = _pad_to(other.values[:, :, :length, :], size)
+        k, v = _pad_to(keys, size), _pad_to(values, size)
         if self.keys is None:
+            rows = len(self.lengths)  # earlier rows, all empty
+            if rows:
+                k = mx.concatenate([mx.zeros((rows,) + k.shape[1:], k.dtype), k])
+                v = mx.concatenate([mx.zeros((rows,) + v.shape[1:], v.dtype), v])
             self.keys, self.values = k, v
         else:
             self.keys = mx.concatenate([_pad_to(self.keys, size), k])
             self.values = mx.concatenate([_pad_to(self.values, size), v])
         self.lengths = self.lengths + [length]
+
+    def row(self, r: int) -> tuple[mx.array | None, mx.array | None]:
+        """Row r's keys and values, [1, heads, length, dim] (None when it is empty)."""
+        return self.segment(r, 0, self.lengths[r])
+
+    def segment(self, r: int, start: int, end: int) -> tuple[mx.array | None, mx.array | None]:
+        """Row r's positions start..end-1, as arrays of their own (None when empty)."""
+        if end <= start or self.keys is None:
+            return None, None
+        return (mx.contiguous(self.keys[r : r + 1, :, start:end, :]),
+                mx.contiguous(self.values[r : r + 1, :, start:end, :]))
 
     def filter(self, rows: list[int]) -> None:
         """Keep only `rows`, in that order."""
@@ -128,11 +152,43 @@ def _pad_to(x: mx.array, size: int) -> mx.array:
     return mx.concatenate([x, pad], axis=2)
 
 
-class StepStateCache(ArraysCache):
-    """Conv and recurrent state of a gated-delta layer for a batch, committed per row after each step."""
+def _cat_rows(have: mx.array | None, rows: int, new: mx.array | None) -> mx.array | None:
+    """`have` (state of `rows` rows, None: all zero) with one more row; zeros stand in for a missing side."""
+    if have is None and new is None:
+        return None
+    if have is None:
+        have = mx.zeros((rows,) + new.shape[1:], new.dtype) if rows else None
+    if new is None:
+        new = mx.zeros((1,) + have.shape[1:], have.dtype)
+    return new if have is None else mx.concatenate([have, new])
+
+
+class StateRows(ArraysCache):
+    """A gated-delta layer's conv and recurrent state, a row per sequence: rows join, leave and are copied out."""
 
     def __init__(self):
         super().__init__(size=2)
+        self.rows = 0
+
+    def add_row(self, conv: mx.array | None, state: mx.array | None) -> None:
+        self.cache = [_cat_rows(self[0], self.rows, conv), _cat_rows(self[1], self.rows, state)]
+        self.rows += 1
+
+    def row(self, r: int) -> tuple[mx.array | None, mx.array | None]:
+        """Row r's conv and recurrent state as arrays of their own (None where the batch has none yet)."""
+        return tuple(None if c is None else mx.contiguous(c[r : r + 1]) for c in self.cache)
+
+    def filter(self, rows: list[int]) -> None:
+        index = mx.array(rows, dtype=mx.int32) if rows else None
+        self.cache = [None if c is None or index is None else c[index] for c in self.cache]
+        self.rows = len(rows)
+
+
+class StepStateCache(StateRows):
+    """Conv and recurrent state of a gated-delta layer for a batch, committed per row after each step."""
+
+    def __init__(self):
+        super().__init__()
         self.pending: tuple[mx.array, list[mx.array]] | None = None
 
     def make_mask(self, n: int):
@@ -149,18 +205,19 @@ class StepStateCache(ArraysCache):
         pick = (kept - 1).reshape((-1,) + (1,) * (stacked.ndim - 1))
         self[1] = mx.take_along_axis(stacked, pick, axis=1).squeeze(1)
 
-    def extend(self, other: ArraysCache) -> None:
-        if self[0] is None:
-            self.cache = [other[0], other[1]]
-        else:
-            self.cache = [mx.concatenate([self[0], other[0]]), mx.concatenate([self[1], other[1]])]
 
-    def filter(self, rows: list[int]) -> None:
-        if not rows:
-            self.cache = [None, None]
-            return
-        index = mx.array(rows, dtype=mx.int32)
-        self.cache = [self[0][index], self[1][index]]
+
+class PrefillStateCache(StateRows):
+    """Conv and recurrent state of a gated-delta layer for the rows being prefilled together.
+
+    Rows run chunks of different lengths in one forward, padded on the right.
+    mlx-lm's own layer does the rest (`lengths`, set by `prepare` before the
+    forward): padded positions leave the recurrent state alone and the conv
+    window is taken at each row's last real position, so nothing is rolled back.
+    """
+
+    def commit(self, keep: list[int], ran: int) -> None:
+        self.finalize()
 
 
 # -- gated-delta layers that keep every position's state ---------------------------------
@@ -276,5 +333,35 @@ def check_rollback(model) -> list[str]:
     return kinds
 
 
-def batch_caches(kinds: list[str]) -> list:
-    return [RaggedKVCache() if kind == "kv" else StepStateCache() for kind in kinds]
+def batch_caches(kinds: list[str], *, prefill: bool = False) -> list:
+    """Empty batch caches for layers of these kinds: the decoding batch's, or (`prefill`) the prefilling rows'."""
+    state = PrefillStateCache if prefill else StepStateCache
+    return [RaggedKVCache() if kind == "kv" else state() for kind in kinds]
+
+
+def prepare_chunk(caches: list, lengths: list[int]) -> None:
+    """Before a prefill forward of right-padded chunks: each row's real length."""
+    for cache in caches:
+        if isinstance(cache, PrefillStateCache):
+            cache.prepare(lengths=lengths)
+
+
+def take_row(caches: list, r: int) -> list[tuple]:
+    """Row r of every layer, as arrays of its own: what `add_row` takes back, here or in another batch."""
+    return [cache.row(r) for cache in caches]
+
+
+def add_row(caches: list, parts: list[tuple] | None) -> None:
+    """Append one row to every layer (None: an empty row)."""
+    for i, cache in enumerate(caches):
+        cache.add_row(*(parts[i] if parts is not None else (None, None)))
+
+
+def filter_rows(caches: list, rows: list[int]) -> None:
+    for cache in caches:
+        cache.filter(rows)
+
+
+def commit(caches: list, keep: list[int], ran: int) -> None:
+    for cache in caches:
+        cache.commit(keep, ran)

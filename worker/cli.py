@@ -15,7 +15,16 @@ from pathlib import Path
 
 from mtpstack.errors import UserError, print_error
 from mtpstack.logs import configure as configure_logs
-from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DEPTH_MIN, Mismatch, WeightsClaim, parse_depth_map
+from mtpstack.validator import (
+    DEPTH_DEFAULT,
+    DEPTH_MAX,
+    DEPTH_MIN,
+    PREFIX_CACHE_GIB_DEFAULT,
+    PREFIX_CACHE_GIB_MAX,
+    Mismatch,
+    WeightsClaim,
+    parse_depth_map,
+)
 from mtpstack.worker.classify import CLASS_PATTERN
 from mtpstack.worker.proof import (
     ModelNotFound,
@@ -46,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--max-context-tokens", type=int, default=None,
                    help="longest context (prompt plus output tokens) a request may use, capped at the model's own "
                    "maximum; longer: 400 context_length_exceeded (default: the model's own maximum)")
+    w.add_argument("--prefix-cache-gib", type=float, default=PREFIX_CACHE_GIB_DEFAULT,
+                   help="memory for prompt snapshots later requests resume from, in GiB; 0 turns the prefix cache off "
+                   f"(default: {PREFIX_CACHE_GIB_DEFAULT})")
     w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     w.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
@@ -89,6 +101,9 @@ def run_worker(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.draft_depth <= DEPTH_MAX:
         return print_error(f"`--draft-depth` must be between 0 and {DEPTH_MAX}: {args.draft_depth}")
+    if not 0 <= args.prefix_cache_gib <= PREFIX_CACHE_GIB_MAX:  # NaN fails both comparisons
+        return print_error(f"`--prefix-cache-gib` must be between 0 and {PREFIX_CACHE_GIB_MAX}: {args.prefix_cache_gib}",
+                           "pass a size in GiB, or 0 to turn the prefix cache off")
     try:
         depth_map = parse_depth_map(args.draft_depth_map)
     except ValueError as e:
@@ -116,6 +131,7 @@ def run_worker(args: argparse.Namespace) -> int:
         drafter_bits=args.drafter_bits,
         max_num_seqs=args.max_num_seqs,
         max_context_tokens=args.max_context_tokens,
+        prefix_cache_gib=args.prefix_cache_gib,
         served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
         host=args.host,
         port=args.port,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtpstack.validator import DEPTH_DEFAULT
+from mtpstack.validator import DEPTH_DEFAULT, PREFIX_CACHE_GIB_DEFAULT
 
 #: Output tokens when a request sets no `max_tokens` (capped by the context left).
 DEFAULT_MAX_TOKENS = 512
@@ -23,12 +23,18 @@ class WorkerConfig:
     max_num_seqs: int = 1
     #: `--max-context-tokens`: caps the model's own context (None: the model's own maximum).
     max_context_tokens: int | None = None
+    #: `--prefix-cache-gib`: the prefix cache's budget (0: off).
+    prefix_cache_gib: float = PREFIX_CACHE_GIB_DEFAULT
     served_model_name: str = "default"
     host: str = "127.0.0.1"
     port: int = 8000
     admission_grace_seconds: float = 1.0
     stall_seconds: float = 30.0
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return int(self.prefix_cache_gib * 2**30)
 
     @property
     def deepest_draft_depth(self) -> int:

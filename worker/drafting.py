@@ -13,8 +13,9 @@
 - `ModelDrafter` (`model`): a separate small language model with its own KV cache.
 
 Both keep one resident batch cache (`mtpstack.worker.caches`) whose rows follow the
-engine's batch; each sequence prefills into caches of its own first
-(`new_cache`, `prefill`), which `extend` then appends as a row. Every
+engine's decoding batch, and give the rows being prefilled caches of the same
+kinds (`prefill_caches`, `prefill`: every prefilling row in one forward); a row
+moves from those to the decoding batch when its prompt is in. Every
 proposal is the drafter's argmax: the engine's acceptance rule (a draft stands
 when it equals the target's own sample) keeps the target's distribution
 whatever is proposed.
@@ -25,32 +26,21 @@ from __future__ import annotations
 from typing import Protocol
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
-
-from mtpstack.worker.caches import RaggedKVCache, batch_caches
+from mtpstack.worker.caches import RaggedKVCache, batch_caches, commit, filter_rows, prepare_chunk
 
 
 class Drafter(Protocol):
     kind: str
-    caches: list
+    caches: list  # the decoding batch's, one row per decoding sequence
 
-    def new_cache(self) -> list: ...
-    def prefill(self, seq, tokens: list[int], hidden: mx.array, bonus: mx.array | None) -> None: ...
+    def prefill_caches(self) -> list: ...
+    def span(self, start: int, end: int) -> tuple[int, int]: ...
+    def prefill(self, caches: list, rows: list, chunks: list[list[int]], hidden: mx.array | None,
+                finals: dict[int, int], carries: list) -> None: ...
     def start(self, seq) -> None: ...
-    def extend(self, seq) -> None: ...
     def filter(self, rows: list[int]) -> None: ...
     def draft(self, rows: list, depth: int) -> mx.array: ...
     def accept(self, rows: list, depth: int, accepted: list[int], sampled: mx.array, drafts: mx.array, hidden: mx.array) -> None: ...
-
-
-def _extend(caches: list, own: list) -> None:
-    for batch, single in zip(caches, own):
-        batch.extend(single)
-
-
-def _filter(caches: list, rows: list[int]) -> None:
-    for batch in caches:
-        batch.filter(rows)
 
 
 def _pick(x: mx.array, index: list[int]) -> mx.array:
@@ -67,36 +57,55 @@ class HeadDrafter:
         self.parts = target_parts
         self.caches = [RaggedKVCache() for _ in head.layers]
 
-    def new_cache(self) -> list:
-        return self.head.make_cache()
+    def prefill_caches(self) -> list:
+        return [RaggedKVCache() for _ in self.head.layers]
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """The head's entries for prompt positions start..end-1: entry t pairs hidden t with token t+1."""
+        return max(start - 1, 0), end - 1
 
     def _seed(self, out: mx.array) -> tuple[mx.array, mx.array]:
         """The next step's first proposal and the head state it came from, from head outputs [rows, 1, H]."""
         return mx.argmax(self.parts.lm_head(out), axis=-1).astype(mx.uint32), out
 
-    def prefill(self, seq, tokens: list[int], hidden: mx.array, bonus: mx.array | None) -> None:
-        """Head entries for one prompt chunk: position t pairs token t+1 with the target's hidden state at t.
+    def prefill(self, caches, rows, chunks, hidden, finals, carries) -> None:
+        """Head entries for each row's chunk, in one head forward over the rows (right-padded).
 
-        `tokens` is the chunk plus the prompt's next token when there is one; after the
-        last chunk `bonus` (the first generated token) takes that place.
+        A row's entry pairs the target's hidden state at a position with the next
+        token: the hidden state carried from the row's previous chunk (None at the
+        prompt's start) pairs with the chunk's first token, and so on; a row whose
+        prompt ends here also pairs its last hidden state with its first
+        generated token (`finals[r]`), which yields its first proposal (the seed).
         """
-        nxt = mx.array(tokens[1:], dtype=mx.uint32)  # `tokens` runs one past the chunk where the prompt does
-        if bonus is not None:  # the prompt's last position pairs with the first generated token
-            nxt = mx.concatenate([nxt, bonus.reshape(-1).astype(mx.uint32)])
-        if nxt.size == 0:
+        tokens, states = [], []
+        for r, (chunk, carry) in enumerate(zip(chunks, carries)):
+            c = len(chunk)
+            row_tokens = list(chunk) if carry is not None else list(chunk[1:])
+            parts = ([carry] if carry is not None and c else []) + ([hidden[r : r + 1, : c - 1]] if c > 1 else [])
+            if r in finals:
+                row_tokens.append(finals[r])
+                parts.append(hidden[r : r + 1, c - 1 : c] if c else carry)
+            tokens.append(row_tokens)
+            states.append(parts)
+        lengths = [len(t) for t in tokens]
+        width = max(lengths)
+        if not width:
             return
-        out = self.head(self.parts.embed(nxt[None]), hidden, seq.draft_cache)
-        if bonus is not None:
-            seq.seed, seq.seed_hidden = self._seed(out[:, -1:, :])
+        ref = next(p for parts in states for p in parts)  # some row has a position: width > 0
+        padded = [mx.concatenate(parts + ([mx.zeros((1, width - n, ref.shape[2]), ref.dtype)] if n < width else []), axis=1)
+                  for parts, n in zip(states, lengths)]
+        ids = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.uint32)
+        out = self.head(self.parts.embed(ids), mx.concatenate(padded), caches)
+        commit(caches, lengths, width)
+        for r in finals:
+            seed, seed_hidden = self._seed(_pick(out[r : r + 1], [lengths[r] - 1]))
+            rows[r].seed, rows[r].seed_hidden = seed, seed_hidden
 
     def start(self, seq) -> None:
         pass  # the seed was made by the last prefill chunk
 
-    def extend(self, seq) -> None:
-        _extend(self.caches, seq.draft_cache)
-
     def filter(self, rows: list[int]) -> None:
-        _filter(self.caches, rows)
+        filter_rows(self.caches, rows)
 
     def draft(self, rows: list, depth: int) -> mx.array:
         token = mx.concatenate([r.seed.reshape(1, 1) for r in rows])
@@ -141,31 +150,37 @@ class ModelDrafter:
         if any(kind != "kv" for kind in cache_kinds):
             raise ValueError("a separate draft model must keep plain KV caches (its rejected drafts are rolled back by length)")
         self.model = model
+        self.kinds = cache_kinds
         self.caches = batch_caches(cache_kinds)
 
-    def new_cache(self) -> list:
-        return make_prompt_cache(self.model)
+    def prefill_caches(self) -> list:
+        return batch_caches(self.kinds, prefill=True)
 
-    def prefill(self, seq, tokens: list[int], hidden: mx.array, bonus: mx.array | None) -> None:
-        chunk = tokens[: hidden.shape[1]]  # the lookahead token belongs to the next chunk
-        self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=seq.draft_cache)
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        return start, end
+
+    def prefill(self, caches, rows, chunks, hidden, finals, carries) -> None:
+        lengths = [len(c) for c in chunks]
+        width = max(lengths)
+        if not width:
+            return
+        ids = mx.array([list(c) + [0] * (width - len(c)) for c in chunks], dtype=mx.uint32)
+        prepare_chunk(caches, lengths)
+        self.model(ids, cache=caches)
+        commit(caches, lengths, width)
 
     def start(self, seq) -> None:
         seq.draft_y = [seq.y]  # the first generated token, not yet seen by the drafter
 
-    def extend(self, seq) -> None:
-        _extend(self.caches, seq.draft_cache)
-
     def filter(self, rows: list[int]) -> None:
-        _filter(self.caches, rows)
+        filter_rows(self.caches, rows)
 
     def draft(self, rows: list, depth: int) -> mx.array:
         lengths = [len(r.draft_y) for r in rows]
         width = max(lengths)
         padded = [r.draft_y + r.draft_y[-1:] * (width - len(r.draft_y)) for r in rows]
         logits = self.model(mx.array(padded, dtype=mx.uint32), cache=self.caches)
-        for cache in self.caches:
-            cache.commit(lengths, width)
+        commit(self.caches, lengths, width)
         token = mx.argmax(_pick(logits, [n - 1 for n in lengths]), axis=-1).astype(mx.uint32)
         proposals = [token]
         for _ in range(depth - 1):

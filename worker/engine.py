@@ -28,21 +28,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
 from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
-from mtpstack.worker.caches import CacheNotSupported, batch_caches, check_rollback
+from mtpstack.worker.caches import CacheNotSupported, add_row, batch_caches, check_rollback, commit, filter_rows, prepare_chunk, take_row
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
+from mtpstack.worker.prefix_cache import Hit, PrefixCache, Stretch
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
 from mtpstack.worker.proof import hash_weights, resolve_model_path
 
 log = logging.getLogger("mtpstack.worker")
 
-#: Prompt tokens processed per step; a long prompt is prefilled over several
-#: steps so the other active sequences keep making progress meanwhile.
+#: The most prompt tokens a row prefills in one step, and the prefix cache's snapshot
+#: interval: a chunk never crosses a multiple of it, so every prompt is snapshotted at
+#: the same absolute positions and two prompts that share 1,100 tokens share two snapshots.
 PREFILL_CHUNK = 512
+#: Tokens one step runs while any row decodes: the decoding rows' drafted positions
+#: first, the rest shared by the rows being prefilled. It bounds how much a long prompt
+#: arriving can stretch the other rows' time between tokens.
+STEP_TOKENS = 512
+#: The fewest prompt tokens a prefilling row gets per step however busy the batch.
+MIN_PREFILL_SHARE = 16
 
 
 @dataclass
@@ -260,10 +267,16 @@ class Sequence:
         self.prompt = list(prompt)
         self.params = params
         self.use_drafter = engine.drafter is not None and params.depth > 0
-        # Own caches while prefilling; made on the first step, in the generation thread.
-        self.target_cache: list | None = None
-        self.draft_cache: list | None = None
-        self._prefilled = 0
+        self._prefilled = 0  # prompt tokens in the caches
+        self.carry = None  # the target's final hidden state at the last prefilled position [1, 1, H]
+        #: Positions besides the multiples of PREFILL_CHUNK where the prefix cache snapshots the
+        #: prompt (the chat template's message boundaries); the prompt's end always is one.
+        self.snapshot_at: set[int] = set()
+        self.cached_tokens = 0  # prompt tokens taken from the prefix cache
+        self._resumed: Hit | None = None
+        self._snapshots: list[Stretch] = []
+        self._snap_from = 0
+        self.prefilling = False  # a row of the scheduler's prefill batch
         self.y: int | None = None  # the last emitted token, the target's next input
         self.seed = self.seed_hidden = None  # an MTP head's next first proposal and its state
         self.draft_y: list[int] = []  # a draft model's next input
@@ -308,6 +321,19 @@ class Sequence:
             if seq is self and result is not None:
                 return result
         return StepResult()
+
+    def next_chunk(self, share: int) -> list[int]:
+        """The prompt tokens this row prefills next: at most `share`, never past a snapshot point."""
+        start = self._prefilled
+        end = min(len(self.prompt), start + share, (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
+        for point in self.snapshot_at:
+            if start < point < end:
+                end = point
+        return self.prompt[start:end]
+
+    def at_snapshot_point(self) -> bool:
+        pos = self._prefilled
+        return pos > self._snap_from and (pos == len(self.prompt) or pos % PREFILL_CHUNK == 0 or pos in self.snapshot_at)
 
     def plan(self) -> int:
         """How many tokens this row drafts next step: never more than could be emitted (k + 1 <= left)."""
@@ -387,49 +413,21 @@ class Batch:
         self.drafter = engine.make_drafter()
         self.rows: list[Sequence] = []
 
-    def prefill(self, seq: Sequence) -> StepResult:
-        """One prompt chunk into the sequence's own caches; after the last, its first token and a place in the batch."""
-        engine = self.engine
-        if seq.target_cache is None:
-            seq.target_cache = make_prompt_cache(engine.target.model)
-            seq.draft_cache = self.drafter.new_cache() if self.drafter is not None else None
-        start = seq._prefilled
-        end = min(start + PREFILL_CHUNK, len(seq.prompt))
-        chunk = seq.prompt[start:end]
-        hidden = engine.parts.hidden(mx.array(chunk, dtype=mx.uint32)[None], seq.target_cache)
-        final = end == len(seq.prompt)
-        last = engine.parts.lm_head(hidden[0, -1:, :]) if final else None
-        bonus = seq._sample(seq.hook.constrain(last, []) if seq.hook else last) if final else None
+    def join(self, seq: Sequence, target: list[tuple], draft: list[tuple] | None) -> None:
+        """A sequence whose prompt is in becomes a row, with its caches' rows (`caches.take_row`)."""
+        add_row(self.caches, target)
         if self.drafter is not None:
-            lookahead = seq.prompt[start : end + 1]  # each position's next token, where the prompt has it
-            self.drafter.prefill(seq, lookahead, hidden, bonus)
-        mx.eval([c.state for c in seq.target_cache], bonus if bonus is not None else [],
-                [c.state for c in seq.draft_cache] if seq.draft_cache is not None else [],
-                seq.seed if seq.seed is not None else [])
-        seq._prefilled = end
-        if not final:
-            return StepResult(prefill=end - start)
-        seq.y = int(bonus.item())
-        emitted = seq._emit([seq.y])
-        if seq.hook is not None:
-            seq.hook.observe(last[:emitted], [seq.y][:emitted])
-        if not seq.finished:
-            if self.drafter is not None:
-                self.drafter.start(seq)
-                self.drafter.extend(seq)
-            for batch, own in zip(self.caches, seq.target_cache):
-                batch.extend(own)
-            seq.target_cache = seq.draft_cache = None
-            seq.in_batch = True
-            self.rows.append(seq)
-        return StepResult(prefill=end - start, tokens=emitted)
+            add_row(self.drafter.caches, draft)
+            self.drafter.start(seq)
+        seq.in_batch = True
+        seq.carry = None  # the prompt's last hidden state: only the prefix cache needed it
+        self.rows.append(seq)
 
     def remove_finished(self) -> None:
         keep = [i for i, seq in enumerate(self.rows) if not seq.finished]
         if len(keep) == len(self.rows):
             return
-        for cache in self.caches:
-            cache.filter(keep)
+        filter_rows(self.caches, keep)
         if self.drafter is not None:
             self.drafter.filter(keep)
         for seq in self.rows:
@@ -462,8 +460,7 @@ class Batch:
             while n < k and s_row[n] == d_row[n]:
                 n += 1
             accepted.append(n)
-        for cache in self.caches:
-            cache.commit([n + 1 for n in accepted], depth + 1)
+        commit(self.caches, [n + 1 for n in accepted], depth + 1)
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
         results = []
@@ -478,19 +475,153 @@ class Batch:
         return results
 
 
+class PrefillBatch:
+    """The rows whose prompts are being prefilled: one target forward (and one drafter forward) a step for all.
+
+    Each row runs a chunk of its prompt per step, chunks of different lengths
+    padded on the right (`caches`: attention rows keep their own lengths, the
+    gated-delta layers skip padded positions). A row may start from a prefix
+    cache hit. When its last chunk is in, its first token is sampled, the
+    snapshots it took go into the prefix cache, and it moves to the decoding
+    batch (`Batch.join`).
+    """
+
+    def __init__(self, engine: Engine, drafter):
+        self.engine = engine
+        self.caches = batch_caches(engine.cache_kinds, prefill=True)
+        self.drafter = drafter  # the decoding batch's drafter: the same module, its own prefill caches here
+        self.draft_caches = drafter.prefill_caches() if drafter is not None else []
+        self.rows: list[Sequence] = []
+
+    def admit(self, seq: Sequence, cache: PrefixCache | None) -> None:
+        """A new row, resumed from the deepest prefix-cache snapshot its prompt begins with."""
+        hit = cache.lookup(seq.prompt) if cache is not None else None
+        target = draft = None
+        if hit is not None:
+            target, draft, seq.carry = _restore(hit, self.engine.cache_kinds)
+            seq._prefilled = seq._snap_from = seq.cached_tokens = hit.length
+            seq._resumed = hit
+        add_row(self.caches, target)
+        add_row(self.draft_caches, draft)
+        seq.prefilling = True
+        self.rows.append(seq)
+
+    def remove_finished(self) -> None:
+        keep = [i for i, seq in enumerate(self.rows) if seq.prefilling and not seq.finished]
+        if len(keep) == len(self.rows):
+            return
+        for seq in self.rows:
+            if seq.finished:
+                seq.prefilling = False
+                seq._snapshots = []  # a prefill that did not complete leaves nothing behind
+        filter_rows(self.caches, keep)
+        filter_rows(self.draft_caches, keep)
+        self.rows = [self.rows[i] for i in keep]
+
+    def step(self, share: int, batch: Batch, cache: PrefixCache | None) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
+        """One chunk of every row (at most `share` tokens each); rows whose prompt is in join `batch`."""
+        engine, rows = self.engine, self.rows
+        chunks = [seq.next_chunk(share) for seq in rows]
+        lengths = [len(c) for c in chunks]
+        width = max(lengths)
+        hidden = None
+        if width:
+            ids = mx.array([c + [0] * (width - len(c)) for c in chunks], dtype=mx.uint32)
+            prepare_chunk(self.caches, lengths)
+            hidden = engine.parts.hidden(ids, self.caches)
+            commit(self.caches, lengths, width)
+        last = [hidden[r : r + 1, n - 1 : n] if n else seq.carry for r, (seq, n) in enumerate(zip(rows, lengths))]
+        finals, logits, errors = {}, {}, {}
+        for r, (seq, n) in enumerate(zip(rows, lengths)):
+            if seq._prefilled + n < len(seq.prompt):
+                continue
+            try:  # a request's own sampling hook (its grammar) may fail: that row alone
+                logits[r] = engine.parts.lm_head(last[r][0])
+                finals[r] = seq._sample(seq.hook.constrain(logits[r], []) if seq.hook else logits[r])
+            except Exception as e:
+                errors[r] = e
+                finals.pop(r, None)
+        mx.eval(list(finals.values()))
+        bonus = {r: int(t.item()) for r, t in finals.items()}
+        carries = [seq.carry for seq in rows]
+        if self.drafter is not None:
+            self.drafter.prefill(self.draft_caches, rows, chunks, hidden, bonus, carries)
+        for seq, h in zip(rows, last):
+            seq.carry = h
+        mx.eval([c.state for c in self.caches], [c.state for c in self.draft_caches], [seq.carry for seq in rows if seq.carry is not None],
+                [seq.seed for seq in rows if seq.seed is not None])
+        results = []
+        for r, (seq, n) in enumerate(zip(rows, lengths)):
+            seq._prefilled += n
+            if r in errors:
+                log.error("prefill of a row failed: %s: %s", type(errors[r]).__name__, errors[r])
+                seq.finish_reason = "error"
+                results.append((seq, None, errors[r]))
+                continue
+            if cache is not None and cache.enabled and seq.at_snapshot_point():
+                seq._snapshots.append(self._snapshot(r, seq))
+            if r not in bonus:
+                results.append((seq, StepResult(prefill=n), None))
+                continue
+            seq.y = bonus[r]
+            emitted = seq._emit([seq.y])
+            if seq.hook is not None:
+                seq.hook.observe(logits[r][:emitted], [seq.y][:emitted])
+            if cache is not None:
+                cache.insert(seq._resumed.node if seq._resumed else None, seq._snapshots)
+            seq._snapshots, seq._resumed = [], None
+            seq.prefilling = False
+            if not seq.finished:
+                batch.join(seq, take_row(self.caches, r), take_row(self.draft_caches, r))
+            results.append((seq, StepResult(prefill=n, tokens=emitted), None))
+        self.remove_finished()
+        return results
+
+    def _snapshot(self, r: int, seq: Sequence) -> Stretch:
+        """Row r's stretch since its last snapshot: attention and drafter entries over it, the state at its end."""
+        start, end = seq._snap_from, seq._prefilled
+        seq._snap_from = end
+        kinds = self.engine.cache_kinds
+        target = [c.segment(r, start, end) if kind == "kv" else None for c, kind in zip(self.caches, kinds)]
+        draft = [c.segment(r, *self.drafter.span(start, end)) for c in self.draft_caches] if self.drafter is not None else []
+        states = [None if kind == "kv" else c.row(r) for c, kind in zip(self.caches, kinds)]
+        return Stretch(tokens=tuple(seq.prompt[start:end]), segment=(target, draft), end_state=(states, mx.contiguous(seq.carry)))
+
+
+def _restore(hit: Hit, kinds: list[str]) -> tuple[list[tuple], list[tuple], mx.array]:
+    """A row's caches at a prefix-cache hit: the stretches' entries joined, the state at its end."""
+    segments = hit.segments
+    states, carry = hit.end_state
+
+    def joined(layer: int, which: int) -> tuple:
+        parts = [seg[which][layer] for seg in segments if seg[which][layer][0] is not None]
+        if not parts:
+            return None, None
+        return (mx.concatenate([p[0] for p in parts], axis=2), mx.concatenate([p[1] for p in parts], axis=2))
+
+    target = [joined(i, 0) if kind == "kv" else states[i] for i, kind in enumerate(kinds)]
+    draft = [joined(j, 1) for j in range(len(segments[0][1]))]
+    return target, draft, carry
+
+
 class Scheduler:
     """The generation loop's seam: `step()` advances every active sequence once.
 
-    Sequences still prefilling run one prompt chunk each; every decoding
-    sequence is a row of one resident batch that drafts and verifies in one
-    step (rows accept different lengths and may draft different depths). Every
-    active sequence makes progress every step and none waits for another.
+    Every decoding sequence is a row of one resident batch that drafts and
+    verifies in one forward (rows accept different lengths and may draft
+    different depths); every sequence still prefilling is a row of the prefill
+    batch, which runs a chunk of each prompt in one forward, within a token
+    budget shared with the decoding rows (`STEP_TOKENS`). Every active sequence
+    makes progress every step and none waits for another. With a prefix cache,
+    a prompt resumes from the deepest snapshot it begins with.
     """
 
-    def __init__(self, max_num_seqs: int):
+    def __init__(self, max_num_seqs: int, prefix_cache: PrefixCache | None = None):
         self.max_num_seqs = max_num_seqs
+        self.prefix_cache = prefix_cache
         self.active: list[Sequence] = []
         self.batch: Batch | None = None
+        self.prefilling: PrefillBatch | None = None
         self.batched_steps = 0  # target forwards shared by more than one sequence
         self.decode_steps = 0  # batched decode forwards (draft and verify of every decoding row), any width
 
@@ -499,6 +630,7 @@ class Scheduler:
             raise RuntimeError("scheduler full")
         if self.batch is None:
             self.batch = Batch(seq.engine)
+            self.prefilling = PrefillBatch(seq.engine, self.batch.drafter)
         self.active.append(seq)
 
     def drop_cancelled(self) -> list[Sequence]:
@@ -509,6 +641,7 @@ class Scheduler:
             self.active.remove(seq)
         if dropped and self.batch is not None:
             self.batch.remove_finished()
+            self.prefilling.remove_finished()
         return dropped
 
     def step(self) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
@@ -522,8 +655,9 @@ class Scheduler:
                 results.append((seq, None, None))
         if self.batch is None:
             return results
-        batch = self.batch
+        batch, prefilling = self.batch, self.prefilling
         batch.remove_finished()
+        prefilling.remove_finished()
         decoding = list(batch.rows)
         if decoding:
             try:
@@ -536,15 +670,29 @@ class Scheduler:
                 for seq in decoding:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
-        for seq in [s for s in self.active if not s.in_batch and not s.finished]:
+        for seq in self.active:
+            if not seq.in_batch and not seq.prefilling and not seq.finished:
+                prefilling.admit(seq, self.prefix_cache)
+        if prefilling.rows:
             try:
-                results.append((seq, batch.prefill(seq), None))
-            except Exception as e:  # one broken request must not stop the others
+                results.extend(prefilling.step(self._share(decoding, len(prefilling.rows)), batch, self.prefix_cache))
+            except Exception as e:  # one broken forward must not stop the loop
                 log.exception("prefill failed")
-                seq.finish_reason = "error"
-                results.append((seq, None, e))
+                for seq in prefilling.rows:
+                    seq.finish_reason = "error"
+                    results.append((seq, None, e))
         batch.remove_finished()
+        prefilling.remove_finished()
         for seq, _, _ in results:
             if seq.finished and seq in self.active:
                 self.active.remove(seq)
         return results
+
+    @staticmethod
+    def _share(decoding: list[Sequence], prefilling: int) -> int:
+        """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes,
+        else an equal part of what the decoding rows leave of the step's budget."""
+        if not decoding:
+            return PREFILL_CHUNK
+        left = STEP_TOKENS - sum(seq.plan() + 1 for seq in decoding if not seq.finished)
+        return min(PREFILL_CHUNK, max(MIN_PREFILL_SHARE, left // prefilling))

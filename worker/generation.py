@@ -104,6 +104,7 @@ class GenerationLoop:
 
     def _load(self) -> None:
         from mtpstack.worker.engine import Engine, Scheduler
+        from mtpstack.worker.prefix_cache import PrefixCache
 
         c = self.config
         started = time.monotonic()
@@ -114,7 +115,7 @@ class GenerationLoop:
         )
         # The one place the context is capped: every check reads `engine.context_length`.
         self.engine.context_length = effective_context(self.engine.context_length, c.max_context_tokens)
-        self.scheduler = Scheduler(c.max_num_seqs)
+        self.scheduler = Scheduler(c.max_num_seqs, prefix_cache=PrefixCache(c.prefix_cache_bytes))
         self.identity = build_identity(c, self.engine)
         self.metrics.drafter_info(self.engine)
         log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %d, layers: %s)", c.model,
@@ -164,6 +165,7 @@ class GenerationLoop:
             self.last_progress = time.monotonic()
             if sched.decode_steps > steps:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
+            self.metrics.prefix_cache(sched.prefix_cache.stats)
             for seq, result, error in results:
                 if result is not None:
                     handle = getattr(seq, "handle", None)

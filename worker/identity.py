@@ -54,6 +54,7 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "batched_verification": engine.batchable,
         "context_length": engine.context_length,
         "max_context_tokens": config.max_context_tokens,
+        "prefix_cache": {"max_gib": config.prefix_cache_gib, "max_bytes": config.prefix_cache_bytes},
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),
         "pid": os.getpid(),

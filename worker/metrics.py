@@ -55,6 +55,14 @@ class Metrics:
         self.accepted_by_class = Counter(
             "mtpstack_worker_tokens_accepted_by_class", "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
         )
+        self.cache_lookups = Counter("mtpstack_worker_prefix_cache_lookups", "Prompts looked up in the prefix cache.", registry=r)
+        self.cache_hits = Counter("mtpstack_worker_prefix_cache_hits", "Prompts that resumed from a prefix-cache snapshot.", registry=r)
+        self.cache_tokens = Counter("mtpstack_worker_prefix_cache_tokens_reused",
+                                    "Prompt tokens taken from the prefix cache instead of prefilled.", registry=r)
+        self.cache_evictions = Counter("mtpstack_worker_prefix_cache_evictions",
+                                       "Snapshots dropped to keep the prefix cache within its budget.", registry=r)
+        self.cache_bytes = Gauge("mtpstack_worker_prefix_cache_bytes", "Bytes the prefix cache holds.", registry=r)
+        self._cache_seen = (0, 0, 0, 0)
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
             self.drafted_by_position.labels(position=str(position))
@@ -64,6 +72,15 @@ class Metrics:
         if engine.drafter is not None:
             self.drafter.labels(kind=engine.draft_kind, bundled=str(engine.drafter.bundled).lower(),
                                 depth=str(engine.draft_depth)).set(1)
+
+    def prefix_cache(self, stats) -> None:
+        """Bring the prefix-cache series up to the cache's own counts (the generation thread keeps those)."""
+        now = (stats.lookups, stats.hits, stats.tokens_reused, stats.evictions)
+        for counter, new, old in zip((self.cache_lookups, self.cache_hits, self.cache_tokens, self.cache_evictions), now, self._cache_seen):
+            if new > old:
+                counter.inc(new - old)
+        self._cache_seen = now
+        self.cache_bytes.set(stats.bytes)
 
     def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None) -> None:
         if drafted and cls is not None:

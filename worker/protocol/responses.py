@@ -231,7 +231,7 @@ class ResponseBuilder:
         return events + [self._event("response.incomplete" if incomplete else "response.completed", response=final)]
 
 
-def usage(prompt_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt_tokens + output_tokens}

@@ -1,0 +1,204 @@
+"""The prefix cache in the engine: a hit is invisible in the output, the budget holds, nothing half-made is reused."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+import mtpstack.worker.engine as engine_module
+from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.prefix_cache import PrefixCache, Stretch
+from tests.worker.greedy import plain_greedy
+
+MAX_TOKENS = 24
+#: Small chunks, so the short prompts a tiny model prefills quickly still cross several snapshot points.
+CHUNK = 8
+SYSTEM = "You are a careful assistant. Answer briefly and exactly.\nTools: read_file, write_file, run.\n"
+TURN_1 = SYSTEM + "user: list the files\nassistant:"
+TURN_2 = TURN_1 + " a.py b.py\nuser: open a.py\nassistant:"
+OTHER = SYSTEM + "user: what is 2 + 2?\nassistant:"
+PROMPTS = [TURN_1, TURN_2, OTHER]
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", CHUNK)
+
+
+@pytest.fixture(scope="module", params=["head", "model"])
+def engine(request, hybrid_pair, tiny_pair) -> Engine:
+    """A hybrid target with its MTP head, and a plain-attention target with a separate draft model."""
+    target, drafter = hybrid_pair if request.param == "head" else tiny_pair
+    return Engine.load(str(target), str(drafter), draft_depth=4)
+
+
+@pytest.fixture(scope="module")
+def reference(engine) -> dict[str, list[int]]:
+    return plain_greedy(engine, MAX_TOKENS, PROMPTS)
+
+
+def params(depth: int, **kw) -> SamplingParams:
+    return SamplingParams(**{"max_tokens": MAX_TOKENS, "depth": depth, "ignore_eos": True, **kw})
+
+
+def run(sched: Scheduler, engine: Engine, prompts: list[str], depth: int = 3, steps_before: dict | None = None):
+    """Every prompt as a row of `sched` at once; returns the sequences once all are done."""
+    seqs = [engine.new_sequence(engine.text_prompt(p), params(depth)) for p in prompts]
+    for seq in seqs:
+        sched.add(seq)
+    while sched.active:
+        sched.step()
+    return seqs
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3, 4])
+def test_a_hit_gives_the_targets_own_greedy_text_at_every_depth(engine, reference, depth):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(1, prefix_cache=cache)
+    (first,) = run(sched, engine, [TURN_1], depth)
+    (second,) = run(sched, engine, [TURN_2], depth)
+    (again,) = run(sched, engine, [TURN_2], depth)
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == len(engine.text_prompt(TURN_1))  # the whole first turn's prompt
+    assert again.cached_tokens == len(engine.text_prompt(TURN_2))  # a repeated prompt prefills nothing
+    assert first.tokens == reference[TURN_1]
+    assert second.tokens == again.tokens == reference[TURN_2]
+    if depth:
+        assert 0 < second.accepted <= second.drafted
+
+
+def test_a_conversation_that_shares_only_the_system_prompt_resumes_at_the_last_snapshot_inside_it(engine, reference):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(1, prefix_cache=cache)
+    run(sched, engine, [TURN_1])
+    (other,) = run(sched, engine, [OTHER])
+    a, b = engine.text_prompt(TURN_1), engine.text_prompt(OTHER)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert other.cached_tokens == shared // CHUNK * CHUNK > 0
+    assert other.tokens == reference[OTHER]
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_hits_on_one_prefix_by_rows_of_one_batch_each_give_their_own_text(engine, reference, width):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(width, prefix_cache=cache)
+    run(sched, engine, [TURN_1])
+    seqs = run(sched, engine, [TURN_2, OTHER, TURN_1][:width], depth=2)
+    assert all(seq.cached_tokens > 0 for seq in seqs)
+    assert [seq.tokens for seq in seqs] == [reference[p] for p in [TURN_2, OTHER, TURN_1][:width]]
+
+
+def test_a_row_joining_a_decoding_batch_from_a_hit_leaves_the_other_rows_text_alone(engine, reference):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(2, prefix_cache=cache)
+    run(sched, engine, [TURN_1])
+    a = engine.new_sequence(engine.text_prompt(OTHER), params(3))
+    sched.add(a)
+    for _ in range(6):
+        sched.step()
+    b = engine.new_sequence(engine.text_prompt(TURN_2), params(3))
+    sched.add(b)
+    while sched.active:
+        sched.step()
+    assert b.cached_tokens > 0
+    assert a.tokens == reference[OTHER] and b.tokens == reference[TURN_2]
+
+
+def test_two_rows_prefilling_the_same_new_prompt_at_once_store_it_once(engine, reference):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(2, prefix_cache=cache)
+    seqs = run(sched, engine, [TURN_1, TURN_1])
+    assert [s.cached_tokens for s in seqs] == [0, 0]
+    entries, size = cache.stats.entries, cache.stats.bytes
+    run(sched, engine, [TURN_1])
+    assert (cache.stats.entries, cache.stats.bytes) == (entries, size)
+    assert -(-len(engine.text_prompt(TURN_1)) // CHUNK) == entries  # one node per chunk, the last ending the prompt
+
+
+def test_a_cancelled_prefill_leaves_nothing_in_the_cache(engine, reference):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(1, prefix_cache=cache)
+    seq = engine.new_sequence(engine.text_prompt(TURN_2), params(3))
+    sched.add(seq)
+    sched.step()
+    sched.step()  # two chunks in, the prompt not yet
+    assert seq._prefilled == 2 * CHUNK and not seq.tokens
+    seq.cancelled = True
+    sched.drop_cancelled()
+    assert cache.stats.entries == 0 and cache.stats.bytes == 0
+    (again,) = run(sched, engine, [TURN_2])
+    assert again.cached_tokens == 0 and again.tokens == reference[TURN_2]
+
+
+def test_a_prompt_ended_by_its_first_token_is_still_cached(engine):
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(1, prefix_cache=cache)
+    seq = engine.new_sequence(engine.text_prompt(TURN_1), params(3, max_tokens=1))
+    sched.add(seq)
+    while sched.active:
+        sched.step()
+    assert seq.finish_reason == "length" and cache.stats.entries > 0
+
+
+def test_the_budget_holds_under_many_distinct_prompts_and_the_most_recent_stays(engine, reference):
+    sched = Scheduler(1, prefix_cache=PrefixCache(1))
+    run(sched, engine, [TURN_1])
+    one_prompt = sched.prefix_cache.stats.evictions
+    assert one_prompt > 0 and sched.prefix_cache.stats.bytes <= 1  # nothing fits a 1-byte budget
+
+    probe = PrefixCache(64 << 20)
+    run(Scheduler(1, prefix_cache=probe), engine, [TURN_1])
+    budget = probe.stats.bytes * 3  # room for about three prompts of this size
+    cache = PrefixCache(budget)
+    sched = Scheduler(1, prefix_cache=cache)
+    for i in range(8):
+        run(sched, engine, [f"{i} {TURN_1}"])
+        assert cache.stats.bytes <= budget
+    assert cache.stats.evictions > 0
+    (last,) = run(sched, engine, [f"7 {TURN_1}"])
+    assert last.cached_tokens == len(engine.text_prompt(f"7 {TURN_1}"))
+    (first,) = run(sched, engine, [f"0 {TURN_1}"])
+    assert first.cached_tokens == 0  # the least recently used went first
+
+
+# -- the tree on its own ------------------------------------------------------------------
+
+
+def stretch(tokens, state=True, size=100) -> Stretch:
+    return Stretch(tokens=tuple(tokens), segment=[mx.zeros((size,), mx.uint8)],
+                   end_state=[mx.zeros((size,), mx.uint8)] if state else None)
+
+
+def test_lookup_takes_the_deepest_snapshot_the_prompt_begins_with():
+    cache = PrefixCache(1 << 20)
+    cache.insert(None, [stretch([1, 2]), stretch([3, 4]), stretch([5])])
+    assert cache.lookup([1, 2, 3, 4, 5, 6]).length == 5
+    assert cache.lookup([1, 2, 3, 4, 9]).length == 4
+    assert cache.lookup([1, 2, 3]).length == 2
+    assert cache.lookup([2, 1]) is None
+    assert (cache.stats.lookups, cache.stats.hits, cache.stats.tokens_reused) == (4, 3, 11)
+
+
+def test_an_inner_snapshot_loses_its_state_before_a_more_recent_leaf_goes():
+    cache = PrefixCache(1 << 20)
+    cache.insert(None, [stretch([1, 2]), stretch([3, 4])])
+    full = cache.stats.bytes
+    cache.max_bytes = full - 1
+    cache._evict()
+    assert cache.lookup([1, 2, 3, 4]).length == 4  # the leaf stays
+    assert cache.lookup([1, 2, 9]) is None  # the inner node has no state to resume from
+    assert cache.stats.bytes == full - 100 and cache.stats.evictions == 1
+
+
+def test_evicting_a_leaf_also_drops_ancestors_left_without_a_state_or_children():
+    cache = PrefixCache(1 << 20)
+    cache.insert(None, [stretch([1, 2], state=False), stretch([3, 4])])
+    cache.max_bytes = 0
+    cache._evict()
+    assert cache.stats.entries == 0 and cache.stats.bytes == 0 and not cache.root.children
+
+
+def test_a_zero_budget_disables_the_cache():
+    cache = PrefixCache(0)
+    cache.insert(None, [stretch([1, 2])])
+    assert cache.lookup([1, 2]) is None and cache.stats.lookups == 0 and cache.stats.entries == 0
