@@ -130,6 +130,22 @@ in
       '';
     };
 
+    prefixCache.maxGiB = mkOption {
+      type = types.addCheck types.number (n: n >= 0 && n <= defaults.prefixCacheGiBMax) // {
+        description = "number between 0 and ${toString defaults.prefixCacheGiBMax} (GiB)";
+      };
+      default = defaults.worker.prefixCache.maxGiB;
+      example = 8;
+      description = ''
+        Memory the worker keeps for prompt snapshots that later requests
+        resume from, so each turn of an agent's conversation prefills only
+        what is new (least recently used out first); `0` turns the prefix
+        cache off. Passed as `--prefix-cache-gib`; with backend `mlx-lm` it
+        becomes `--prompt-cache-bytes` (off with a drafter). Counted by
+        `mtpstack validate --deep` in the host's memory budget.
+      '';
+    };
+
     host = mkOption {
       type = types.nonEmptyStr;
       default = defaults.worker.host;

@@ -11,7 +11,7 @@ that exec it resolve that name to a path.
 
 from __future__ import annotations
 
-from mtpstack.validator.config import WorkerProfile
+from mtpstack.validator.config import WorkerProfile, format_gib
 
 NATIVE_PROGRAM = "mtpstack"
 MLX_LM_PROGRAM = "mlx_lm.server"
@@ -20,6 +20,8 @@ DRAFT_KIND_FLAG = "--draft-kind"
 #: The native worker's flag for the depth per workload class: `code=4,prose=2`, sorted by class;
 #: `--draft-depth` carries the `default` class.
 DEPTH_MAP_FLAG = "--draft-depth-map"
+#: The native worker's prefix cache budget in GiB (`prefixCache.maxGiB`; 0: off).
+PREFIX_CACHE_FLAG = "--prefix-cache-gib"
 
 
 def format_depth_map(depths: dict[str, int]) -> str:
@@ -46,6 +48,7 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
     if profile.max_context_tokens is not None:
         argv += ["--max-context-tokens", str(profile.max_context_tokens)]
     argv += [
+        PREFIX_CACHE_FLAG, format_gib(profile.prefix_cache.max_gib),
         "--served-model-name", profile.model,
         "--host", profile.host,
         "--port", str(profile.port),
@@ -63,9 +66,13 @@ def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
             "--draft-model", profile.drafter.path,
             # A depth map is refused with this backend (`mlx-lm-depth-map`); its default stands in.
             "--num-draft-tokens", str(profile.drafter.default_depth),
-            # With a draft model its prompt cache returns wrong text after a hit.
-            "--prompt-cache-size", "0",
         ]
+    gib = profile.prefix_cache.max_gib
+    if profile.drafter is not None or gib == 0:
+        # With a draft model its prompt cache returns wrong text after a hit.
+        argv += ["--prompt-cache-size", "0"]
+    else:
+        argv += ["--prompt-cache-bytes", str(int(gib * 2**30))]
     argv += [
         "--decode-concurrency", str(profile.max_num_seqs),
         "--prompt-concurrency", str(profile.max_num_seqs),

@@ -37,6 +37,12 @@ Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum":
 #: The smallest per-worker context cap; there is no upper bound but the model's own maximum (`--deep`).
 CONTEXT_MIN = 1
 ContextTokens = Annotated[int, Field(json_schema_extra={"minimum": CONTEXT_MIN})]
+#: The worker's prefix cache budget in GiB: a bare `mtpstack worker` and a profile without
+#: `prefixCache` both get the default; 0 turns the cache off. The ceiling keeps the rendered
+#: flag (`format_gib`, C's `%g`, which Nix's `builtins.toJSON` also writes) exact.
+PREFIX_CACHE_GIB_DEFAULT = 2
+PREFIX_CACHE_GIB_MAX = 65536
+PrefixCacheGiB = Annotated[float, Field(ge=0, le=PREFIX_CACHE_GIB_MAX, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Host = Annotated[str, Field(min_length=1)]
 
@@ -166,6 +172,22 @@ class DrafterSpec(StrictModel):
         return {name: self.depth[name] for name in sorted(self.depth) if name != "default"}
 
 
+def format_gib(value: float) -> str:
+    """A GiB figure as the command line carries it: `2`, `0.5`, `1.25` (six significant digits, as Nix renders it)."""
+    return format(value, "g")
+
+
+class PrefixCacheSpec(StrictModel):
+    max_gib: PrefixCacheGiB = Field(
+        PREFIX_CACHE_GIB_DEFAULT,
+        alias="maxGiB",  # not to_camel's `maxGib`
+        description=(
+            "Memory the worker keeps for prompt snapshots that later requests resume from (GiB, least recently used "
+            "out first); 0 turns the prefix cache off. Rendered as `--prefix-cache-gib`; mlx_lm.server has no byte budget."
+        ),
+    )
+
+
 class WorkerProfile(StrictModel):
     model: str = Field(min_length=1, description="Served model name: what clients put in `model`.")
     backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
@@ -178,6 +200,10 @@ class WorkerProfile(StrictModel):
             "Longest context (prompt plus generated tokens) the worker accepts per request, at most the model's own "
             "maximum; null: the model's own maximum (`max_position_embeddings`). Native backend only."
         ),
+    )
+    prefix_cache: PrefixCacheSpec = Field(
+        default_factory=PrefixCacheSpec,
+        description="The worker's prefix cache: each turn of a conversation prefills only what is new.",
     )
     host: Host = Field(
         "127.0.0.1",

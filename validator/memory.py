@@ -1,5 +1,6 @@
 """`--deep` memory budget: what each worker needs (weights of its target and drafter, plus the
-KV cache at its batch width and its context: `maxContextTokens` when set, else the model's own maximum) against `hosts.<name>.memoryGiB`.
+KV cache at its batch width and its context: `maxContextTokens` when set, else the model's own maximum, plus its
+prefix cache budget) against `hosts.<name>.memoryGiB`.
 
 Model files are read, never downloaded: a local directory, else a hub id's snapshot in the local
 Hugging Face cache. A worker whose files are not at hand leaves its host unchecked, and says so.
@@ -81,7 +82,11 @@ def worker_need(worker: WorkerProfile, base: Path) -> tuple[int | None, str]:
         return None, f"`{target}/config.json` lacks the sizes the KV cache needs"
     context = context_tokens(model_config, worker.max_context_tokens)
     parts.append(f"KV cache {kv / GIB:.1f} GiB ({worker.max_num_seqs} x {context} tokens)")
-    return weights + kv, ", ".join(parts)
+    # mlx_lm.server's own prompt cache is bounded by the same figure (`--prompt-cache-bytes`).
+    cache = int(worker.prefix_cache.max_gib * GIB)
+    if cache:
+        parts.append(f"prefix cache {worker.prefix_cache.max_gib:g} GiB")
+    return weights + kv + cache, ", ".join(parts)
 
 
 def check_memory(config: FleetConfig, base: Path) -> Iterator[Finding]:
@@ -113,5 +118,5 @@ def check_memory(config: FleetConfig, base: Path) -> Iterator[Finding]:
                     f"the workers on host `{display_name(host)}` need about {total / GIB:.1f} GiB "
                     f"but it has {spec.memory_gib:g} GiB: {each}"
                 ),
-                hint="place a worker on another host, lower a batch width (and its gate), or use a smaller quantization",
+                hint="place a worker on another host, lower a batch width (and its gate) or a `prefixCache.maxGiB`, or use a smaller quantization",
             )

@@ -73,6 +73,9 @@ let
         ]
     )
     ++ [
+      # C's %g, as `mtpstack.validator.format_gib` writes it: `2`, `0.5`.
+      "--prefix-cache-gib"
+      (builtins.toJSON w.prefixCache.maxGiB)
       "--served-model-name"
       w.model
       "--host"
@@ -84,7 +87,8 @@ let
 
   # mlx_lm.server decodes at the larger of its two concurrency flags, so both
   # carry the batch width. With a draft model its prompt cache answers wrong
-  # text after a hit, hence `--prompt-cache-size 0`. It has no context cap
+  # text after a hit, hence `--prompt-cache-size 0`; without one the prefix
+  # cache budget becomes its `--prompt-cache-bytes`. It has no context cap
   # (`maxContextTokens` with it is refused: `mlx-lm-cannot-cap-context`).
   mlxLmArgv =
     w:
@@ -102,8 +106,18 @@ let
           w.drafter.path
           "--num-draft-tokens"
           (toString (defaultDepth w.drafter.depth))
+        ]
+    )
+    ++ (
+      if w.drafter != null || w.prefixCache.maxGiB == 0 then
+        [
           "--prompt-cache-size"
           "0"
+        ]
+      else
+        [
+          "--prompt-cache-bytes"
+          (toString (builtins.floor (w.prefixCache.maxGiB * 1073741824)))
         ]
     )
     ++ [

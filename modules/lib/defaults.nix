@@ -29,6 +29,10 @@
     backend = "native";
     drafter = null;
     maxContextTokens = null;
+    # GiB of prompt snapshots later requests resume from; 0: off.
+    prefixCache = {
+      maxGiB = 2;
+    };
     host = "127.0.0.1";
     extraArgs = [ ];
     deployOn = null;
@@ -47,6 +51,8 @@
   widthMax = 4;
   depthMin = 1;
   depthMax = 8;
+  # The prefix cache budget's ceiling, in GiB (as PREFIX_CACHE_GIB_MAX).
+  prefixCacheGiBMax = 65536;
   backends = [ "native" "mlx-lm" ];
   # `auto`: the worker (and `mtpstack validate --deep`) detect it from the drafter's files.
   drafterKinds = [ "auto" "mtp" "model" ];

@@ -37,6 +37,7 @@ let
     // worker
     // {
       drafter = if drafter == null then null else defaults.drafter // drafter;
+      prefixCache = defaults.worker.prefixCache // (worker.prefixCache or { });
     };
 in
 {

@@ -174,7 +174,7 @@ let
     };
     workerExecStart = {
       expr = units.mtpstack-worker-mtp.serviceConfig.ExecStart;
-      expected = ''"/pkg/bin/mtpstack" "worker" "--model" "/srv/models/target dir" "--target-bits" "4" "--draft-model" "/srv/models/drafter" "--drafter-bits" "6" "--draft-depth" "3" "--draft-kind" "auto" "--max-num-seqs" "2" "--served-model-name" "qwen3.8-27b" "--host" "127.0.0.1" "--port" "8101"'';
+      expected = ''"/pkg/bin/mtpstack" "worker" "--model" "/srv/models/target dir" "--target-bits" "4" "--draft-model" "/srv/models/drafter" "--drafter-bits" "6" "--draft-depth" "3" "--draft-kind" "auto" "--max-num-seqs" "2" "--prefix-cache-gib" "2" "--served-model-name" "qwen3.8-27b" "--host" "127.0.0.1" "--port" "8101"'';
     };
     workerEnvironmentHasNoPreload = {
       expr = units.mtpstack-worker-mtp.environment ? LD_PRELOAD;
@@ -237,6 +237,8 @@ let
         "bf16"
         "--max-num-seqs"
         "3"
+        "--prefix-cache-gib"
+        "2"
         "--served-model-name"
         "plain"
         "--host"

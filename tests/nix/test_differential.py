@@ -60,6 +60,8 @@ def workers(draw) -> dict:
         ("backend", st.sampled_from(["native", "mlx-lm"])),
         ("drafter", st.one_of(st.none(), drafter)),
         ("maxContextTokens", st.one_of(st.none(), st.integers(1, 2**20))),
+        ("prefixCache", st.fixed_dictionaries({}, optional={"maxGiB": st.one_of(
+            st.integers(0, 65536), st.sampled_from([0.0, 0.5, 1.25, 2.0, 0.1, 100.75, 65536.0]))})),
         ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost", "[::1]", "LocalHost", "127.0.0.2", "10.0.0.5"])),
         ("extraArgs", st.lists(args, max_size=3)),
         ("deployOn", deploy_on),

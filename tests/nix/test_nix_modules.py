@@ -52,6 +52,8 @@ def test_max_num_seqs_outside_its_type_is_rejected_with_nixpkgs_text(nixh, nixpk
         ("drafter", '{ path = "d"; bits = 6; depth = "3"; }', "drafter.depth' is not of type `integer between 1 and 8"),
         ("maxContextTokens", "0", "null or (positive integ"),
         ("maxContextTokens", '"4096"', "null or (positive integ"),
+        ("prefixCache.maxGiB", "(-1)", "number between 0 and 65536"),
+        ("prefixCache.maxGiB", '"2"', "number between 0 and 65536"),
     ],
 )
 def test_other_options_reject_values_outside_their_types(nixh, nixpkgs_lib, option, value, type_text):
@@ -91,7 +93,8 @@ def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib)
     assert argv[1:] == [
         "worker", "--model", TARGET, "--target-bits", "4",
         "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
-        "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
+        "--max-num-seqs", "2", "--prefix-cache-gib", "2", "--served-model-name", "qwen3.8-27b",
+        "--host", "127.0.0.1", "--port", "8101",
     ]  # fmt: skip
 
 
@@ -124,6 +127,14 @@ def test_max_context_tokens_reaches_the_worker_after_its_width_and_the_rendered_
     default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker())
     assert "--max-context-tokens" not in default["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"]
     assert default["renderedConfig"]["workers"]["w"]["maxContextTokens"] is None
+
+
+@pytest.mark.parametrize(("value", "flag"), [("0.5", "0.5"), ("0", "0"), ("16", "16")])
+def test_the_prefix_cache_budget_reaches_the_worker_and_the_rendered_config(nixh, nixpkgs_lib, value, flag):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{"prefixCache.maxGiB": value}))
+    argv = shlex.split(result["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"])
+    assert argv[argv.index("--prefix-cache-gib") + 1] == flag
+    assert result["renderedConfig"]["workers"]["w"]["prefixCache"] == {"maxGiB": float(value)}
 
 
 def test_units_are_hardened_with_a_state_directory_and_no_blas_preload(nixh, nixpkgs_lib):

@@ -21,10 +21,24 @@ def test_native_argv_carries_weights_depth_and_width():
         "mtpstack", "worker",
         "--model", "/m/target", "--target-bits", "4",
         "--draft-model", "/m/drafter", "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
-        "--max-num-seqs", "2", "--served-model-name", "qwen3.8-27b",
+        "--max-num-seqs", "2", "--prefix-cache-gib", "2", "--served-model-name", "qwen3.8-27b",
         "--host", "127.0.0.1", "--port", "8101",
         "--admission-grace-seconds", "2",
     ]
+
+
+@pytest.mark.parametrize(("gib", "flag"), [(0, "0"), (0.5, "0.5"), (1.25, "1.25"), (16.0, "16"), (1 / 3, "0.333333")])
+def test_the_prefix_cache_budget_is_on_the_native_worker_argv_as_nix_writes_it(gib, flag):
+    argv = worker_argv(profile(prefixCache={"maxGiB": gib}))
+    assert argv[argv.index("--prefix-cache-gib") + 1] == flag
+
+
+def test_mlx_lm_gets_the_prefix_cache_budget_in_bytes_without_a_drafter_and_no_cache_with_one():
+    argv = worker_argv(profile(backend="mlx-lm", drafter=None, prefixCache={"maxGiB": 0.5}))
+    assert argv[argv.index("--prompt-cache-bytes") + 1] == str(2**29)
+    off = worker_argv(profile(backend="mlx-lm", drafter=None, prefixCache={"maxGiB": 0}))
+    assert off[off.index("--prompt-cache-size") + 1] == "0" and "--prompt-cache-bytes" not in off
+    assert "--prompt-cache-bytes" not in worker_argv(profile(backend="mlx-lm"))
 
 
 @pytest.mark.parametrize("kind", ["mtp", "model"])
@@ -54,7 +68,7 @@ def test_mlx_lm_argv_sets_both_concurrency_flags_and_disables_the_prompt_cache_w
     assert argv[argv.index("--prompt-cache-size") + 1] == "0"
     assert argv[argv.index("--num-draft-tokens") + 1] == "3"
     assert "--draft-kind" not in argv  # mlx_lm.server has no such flag
-    assert "--prompt-cache-size" not in worker_argv(profile(backend="mlx-lm", drafter=None))
+    assert "--prompt-cache-size" not in worker_argv(profile(backend="mlx-lm", drafter=None))  # its byte budget instead
 
 
 def test_max_context_tokens_follows_the_width_on_the_native_worker_only():

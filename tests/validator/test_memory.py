@@ -24,7 +24,9 @@ def model(directory, n_floats=1024):
     return directory
 
 
-def fleet(tmp_path, target: str, memory_gib: float, width: int = 2, max_context: int | None = None) -> object:
+def fleet(tmp_path, target: str, memory_gib: float, width: int = 2, max_context: int | None = None,
+          prefix_cache_gib: float = 0) -> object:
+    """A placed one-worker fleet, validated with `--deep`; the prefix cache is off unless asked for."""
     data = {
         "hosts": {"mac1": {"address": "10.0.0.11", "memoryGiB": memory_gib}, "gw": {"address": "10.0.0.1"}},
         "proxy": {"deployOn": "gw", "concurrencyLimit": width},
@@ -33,6 +35,7 @@ def fleet(tmp_path, target: str, memory_gib: float, width: int = 2, max_context:
     }  # fmt: skip
     if max_context is not None:
         data["workers"]["w"]["maxContextTokens"] = max_context
+    data["workers"]["w"]["prefixCache"] = {"maxGiB": prefix_cache_gib}
     file = tmp_path / "fleet.yaml"
     file.write_text(yaml.safe_dump(data))
     return load_config(file, deep=True)[1]
@@ -74,6 +77,14 @@ def test_the_kv_cache_is_counted_at_max_context_tokens_when_set(tmp_path):
     assert memory_findings(fleet(tmp_path, "t", memory_gib=budget * 1.01, width=4, max_context=512)) == []
     [f] = memory_findings(fleet(tmp_path, "t", memory_gib=0.0001, width=4, max_context=512))
     assert "(4 x 512 tokens)" in f.message
+
+
+def test_the_prefix_cache_budget_counts_against_the_host(tmp_path):
+    model(tmp_path / "t")
+    assert memory_findings(fleet(tmp_path, "t", memory_gib=1, prefix_cache_gib=0.5)) == []
+    [f] = memory_findings(fleet(tmp_path, "t", memory_gib=1, prefix_cache_gib=1))
+    assert f.code == "host-memory-exceeded" and "prefix cache 1 GiB" in f.message
+    assert "prefixCache.maxGiB" in f.hint
 
 
 def test_a_hub_id_is_read_from_the_local_cache(tmp_path, monkeypatch):
