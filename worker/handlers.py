@@ -133,6 +133,8 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
 
     try:
         seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
+        if parsed.agent is not None:
+            seq.snapshot_at = set(parsed.agent.boundaries)
     except Exception as e:  # nothing was submitted: give the slot back
         slots.release()
         log.exception("request %s: the sequence could not be created", rid)

@@ -42,7 +42,8 @@ class LiveWorker:
     """A real `mtpstack worker` subprocess, started from `validator.worker_argv` like `mtpstack up` does."""
 
     def __init__(self, tmp: Path, target: Path, drafter: Path | None, *, depth: int = 3, width: int = 3,
-                 extra: list[str] = (), env: dict | None = None, name: str = "tiny", max_context_tokens: int | None = None):
+                 extra: list[str] = (), env: dict | None = None, name: str = "tiny", max_context_tokens: int | None = None,
+                 prefix_cache_gib: float | None = None):
         self.port = free_port()
         spec = {
             "model": name,
@@ -55,6 +56,8 @@ class LiveWorker:
             "extraArgs": list(extra),
             "maxContextTokens": max_context_tokens,
         }
+        if prefix_cache_gib is not None:
+            spec["prefixCache"] = {"maxGiB": prefix_cache_gib}
         self.profile = WorkerProfile.model_validate(spec)
         self.argv = resolve_command(worker_argv(self.profile))
         self.proc = Process(self.argv, log_path=tmp / f"worker-{self.port}.log", name=name, kind="worker",
@@ -75,8 +78,11 @@ class LiveWorker:
         self.proc.stop(timeout=5)
 
     def get_json(self, path: str) -> dict:
+        return json.loads(self.get_text(path))
+
+    def get_text(self, path: str) -> str:
         with urllib.request.urlopen(self.url + path, timeout=HTTP_TIMEOUT) as resp:
-            return json.loads(resp.read())
+            return resp.read().decode()
 
     def post_json(self, path: str, body) -> tuple[int, dict, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

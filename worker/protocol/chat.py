@@ -47,6 +47,9 @@ class AgentRequest:
     output: OutputSpec | None
     hook: RowHook | None
     logprobs_shape: str | None  # "chat", "completion" or None
+    #: Prompt positions worth a prefix-cache snapshot: where the leading system messages end
+    #: (a system prompt with its tools, which other conversations share).
+    boundaries: tuple[int, ...] = ()
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -229,6 +232,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
     top, shape = _logprobs(body, kind)
     grammar = response_grammar(body)
     prompt = output = None
+    boundaries: tuple[int, ...] = ()
     ban = None
     reasoning = False
     if kind == "chat":
@@ -240,6 +244,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
         messages = normalize_messages(body.get("messages"))
         kwargs = _template_kwargs(body)
         prompt = _template(tok, messages, tools, kwargs)
+        boundaries = system_boundary(tok, messages, tools, kwargs, prompt)
         if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
             reasoning = tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt)
         output = OutputSpec(Markers.of(tok), reasoning, tools, parse_tools=choice != "none" and tools is not None)
@@ -264,7 +269,25 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
         think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
         constraint = Constraint(matcher, g._vocab, think_end, reasoning)
     hook = RowHook(top, constraint) if (top is not None or constraint is not None) else None
-    return AgentRequest(prompt, output, hook, shape)
+    return AgentRequest(prompt, output, hook, shape, boundaries)
+
+
+def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[int, ...]:
+    """Where the leading system (or developer) messages end in `prompt`, when the template renders
+    them alone as the prompt's own beginning; else nothing. One more render, of those messages only."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+        lead += 1
+    if not lead or lead == len(messages) or not tok.has_chat_template:
+        return ()
+    try:
+        head = tok.apply_chat_template(messages[:lead], tools=tools, add_generation_prompt=False, tokenize=True, **kwargs)
+    except Exception:  # a template may refuse a conversation without a user turn: no boundary, nothing else lost
+        return ()
+    if isinstance(head, dict):
+        head = head["input_ids"]
+    n = len(head)
+    return (n,) if 0 < n < len(prompt) and [int(t) for t in head] == prompt[:n] else ()
 
 
 def _template(tok, messages, tools, kwargs) -> list[int]:
