@@ -84,3 +84,15 @@ def test_a_responses_request_and_a_completion_reuse_the_cache_too(live_worker, p
         r2 = client.responses.create(model="tiny", instructions=SYSTEM, input="hello", max_output_tokens=8)
         assert r2.usage.input_tokens_details.cached_tokens == r2.usage.input_tokens > 0
         assert r1.output_text == r2.output_text
+
+
+def test_a_flood_of_distinct_prompts_stays_within_the_budget(live_worker, pair):
+    budget_gib = 0.0005  # about 512 KiB: a handful of this model's snapshots
+    with live_worker(*pair, depth=2, width=2, prefix_cache_gib=budget_gib) as w:
+        client = openai.OpenAI(base_url=w.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        for i in range(12):
+            client.completions.create(model="tiny", prompt=f"{i} " + SYSTEM, max_tokens=1, temperature=0)
+            metrics = parse_counters(w.get_text("/metrics"))
+            assert metrics["mtpstack_worker_prefix_cache_bytes"] <= budget_gib * 2**30
+        assert metrics["mtpstack_worker_prefix_cache_evictions_total"] > 0
+        assert w.get_json("/health")["status"] == "ok"
