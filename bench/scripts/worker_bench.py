@@ -11,7 +11,10 @@ Measures, with medians and min-max over repeats (after discarded warm-up rounds)
   1. single-stream throughput (tok/s, end to end) and time to first token;
   2. the head's speedup over no head (native and mlx-vlm), and the speedup its measured
      acceptance predicts at this machine's draft cost (target and head forwards timed in-process);
-  3. 4 concurrent clients: aggregate tok/s and time to first token.
+  3. 4 concurrent clients: aggregate tok/s and time to first token (prompts new each round, so
+     no prefix cache holds them).
+Single-stream prompts repeat every 4 rounds: a server with a prefix cache answers those from it,
+and its time to first token is reported apart for cache hits and whole prefills.
 
     python bench/scripts/worker_bench.py --out bench-worker.json          # the demo pair, target widened
     python bench/scripts/worker_bench.py --target DIR --drafter DIR       # any local target + head
@@ -73,6 +76,17 @@ def fmt(s: dict, unit: str = "", digits: int = 2) -> str:
     return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f}, n={s['n']})"
 
 
+def single_summary(runs: list[dict]) -> dict:
+    """tok/s over every run; time to first token over all, and apart for the runs whose prompt the
+    server's prefix cache held (it reported `cached_tokens`) and those it prefilled whole."""
+    return {
+        "tok_s": summarize([r["tok_s"] for r in runs]),
+        "ttft_s": summarize([r["ttft_s"] for r in runs]),
+        "ttft_cold_s": summarize([r["ttft_s"] for r in runs if not r.get("cached_tokens")]),
+        "ttft_hit_s": summarize([r["ttft_s"] for r in runs if r.get("cached_tokens")]),
+    }
+
+
 def ratio(a: dict, b: dict) -> float | None:
     if not a.get("median") or not b.get("median"):
         return None
@@ -83,6 +97,9 @@ def report_lines(summary: dict) -> list[str]:
     lines = ["single stream, end-to-end tok/s (median (min-max, n)):"]
     for name, s in summary["single"].items():
         lines.append(f"  {name:<22} {fmt(s['tok_s'])}   ttft {fmt(s['ttft_s'], ' s', 3)}")
+        if s.get("ttft_hit_s", {}).get("n"):
+            lines.append(f"  {'':<22} ttft prefilled whole {fmt(s['ttft_cold_s'], ' s', 3)}, "
+                         f"from the prefix cache {fmt(s['ttft_hit_s'], ' s', 3)}")
     lines.append("the head's speedup over no head (ratio of medians):")
     for name, value in summary["speedup"].items():
         lines.append(f"  {name:<22} {value:.3f}x" if value else f"  {name:<22} n/a")
@@ -208,13 +225,15 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str
                     text.append(piece)
     end = time.perf_counter()
     tokens = (usage or {}).get("completion_tokens") or 0
-    return {"ttft_s": (first or end) - start, "total_s": end - start, "tokens": tokens,
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return {"ttft_s": (first or end) - start, "total_s": end - start, "tokens": tokens, "cached_tokens": cached,
             "tok_s": tokens / (end - start) if end > start else 0.0, "text": "".join(text)}
 
 
-async def concurrent(session, url: str, clients: int, max_tokens: int, model: str) -> dict:
+async def concurrent(session, url: str, clients: int, max_tokens: int, model: str, tag: str = "") -> dict:
+    """`clients` streams at once; `tag` (e.g. the round) begins every prompt, so no prefix cache holds them."""
     start = time.perf_counter()
-    runs = await asyncio.gather(*(stream_one(session, url, PROMPTS[i % len(PROMPTS)], max_tokens, model)
+    runs = await asyncio.gather(*(stream_one(session, url, f"{tag}{PROMPTS[i % len(PROMPTS)]}", max_tokens, model)
                                   for i in range(clients)))
     wall = time.perf_counter() - start
     ttfts = [r["ttft_s"] for r in runs]
@@ -312,7 +331,7 @@ async def run(args) -> dict:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
                                  + ", ".join(f"{k}={v[:40]!r}" for k, v in texts.items()))
                 for name in servers:
-                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name])
+                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name], f"# round {rnd}\n")
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
                 print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"),
@@ -322,7 +341,7 @@ async def run(args) -> dict:
         for proc in servers.values():
             proc.stop()
 
-    single = {name: {k: summarize([r[k] for r in rs]) for k in ("tok_s", "ttft_s")} for name, rs in samples["single"].items()}
+    single = {name: single_summary(rs) for name, rs in samples["single"].items()}
     conc = {name: {k: summarize([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
             for name, rs in samples["concurrent"].items()}
     speedup = {

@@ -38,3 +38,12 @@ def test_the_prediction_counts_tokens_per_step_against_the_step_cost():
     # acceptance 0.5 at depth 2: 1 + 0.5 + 0.25 tokens per step; a step costs (1.5 + 2 * 0.25) plain forwards
     p = wb.predicted_speedup(0.5, 2, {"plain_s": 1.0, "verify_s": 1.5, "head_s": 0.25})
     assert p["tokens_per_step"] == 1.75 and p["step_cost"] == 2.0 and p["speedup"] == 0.875
+
+
+def test_single_stream_ttft_is_reported_apart_for_prefix_cache_hits_and_whole_prefills():
+    runs = [{"tok_s": 10.0, "ttft_s": 0.5, "cached_tokens": 0}, {"tok_s": 12.0, "ttft_s": 0.7, "cached_tokens": 0},
+            {"tok_s": 11.0, "ttft_s": 0.05, "cached_tokens": 9}]
+    s = wb.single_summary(runs)
+    assert s["ttft_s"]["n"] == 3 and s["ttft_cold_s"]["median"] == 0.6 and s["ttft_hit_s"]["median"] == 0.05
+    lines = wb.report_lines({"single": {"native+mtp": s}, "speedup": {}, "concurrent": {}})
+    assert any("from the prefix cache 0.050 s" in line and "prefilled whole 0.600 s" in line for line in lines)
