@@ -690,9 +690,11 @@ class Scheduler:
 
     @staticmethod
     def _share(decoding: list[Sequence], prefilling: int) -> int:
-        """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes,
-        else an equal part of what the decoding rows leave of the step's budget."""
+        """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes, else an
+        equal part of what the decoding rows leave of the step's budget, rounded down to a power of two
+        so that chunks fit the 512-token snapshot interval exactly and every step costs about the same."""
         if not decoding:
             return PREFILL_CHUNK
         left = STEP_TOKENS - sum(seq.plan() + 1 for seq in decoding if not seq.finished)
-        return min(PREFILL_CHUNK, max(MIN_PREFILL_SHARE, left // prefilling))
+        share = max(MIN_PREFILL_SHARE, left // prefilling)
+        return min(PREFILL_CHUNK, 1 << (share.bit_length() - 1))

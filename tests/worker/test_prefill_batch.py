@@ -1,0 +1,77 @@
+"""Prompts being prefilled share one forward a step, within a token budget shared with the decoding rows."""
+
+from __future__ import annotations
+
+import pytest
+
+import mtpstack.worker.engine as engine_module
+from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from tests.worker.greedy import plain_greedy
+
+LONG = "Copyright (C) 2024 Free Software Foundation, Inc.\n" * 8
+PROMPTS = ["def main():", LONG, "import os\nimport sys\n" * 4]
+
+
+@pytest.fixture(scope="module")
+def engine(hybrid_pair) -> Engine:
+    return Engine.load(str(hybrid_pair[0]), str(hybrid_pair[1]), draft_depth=3)
+
+
+def params(max_tokens=24, depth=3) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, depth=depth, ignore_eos=True)
+
+
+def count_forwards(engine, monkeypatch) -> list:
+    calls = []
+    real = type(engine.parts).hidden
+
+    def hidden(self, tokens, cache):
+        calls.append(tokens.shape)
+        return real(self, tokens, cache)
+
+    monkeypatch.setattr(type(engine.parts), "hidden", hidden)
+    return calls
+
+
+def test_prompts_arriving_together_are_prefilled_in_one_forward_and_keep_their_own_text(engine, monkeypatch):
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 16)
+    reference = plain_greedy(engine, 24, PROMPTS)
+    sched = Scheduler(3)
+    seqs = [engine.new_sequence(engine.text_prompt(p), params()) for p in PROMPTS]
+    for seq in seqs:
+        sched.add(seq)
+    calls = count_forwards(engine, monkeypatch)
+    sched.step()
+    assert calls == [(3, 16)]  # one forward: three rows, each at most one 16-token chunk
+    while sched.active:
+        sched.step()
+    assert [s.tokens for s in seqs] == [reference[p] for p in PROMPTS]
+
+
+def test_a_decoding_row_gets_tokens_every_step_while_a_long_prompt_is_prefilled_in_even_chunks(engine, monkeypatch):
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 64)
+    monkeypatch.setattr(engine_module, "STEP_TOKENS", 40)
+    reference = plain_greedy(engine, 64, [PROMPTS[0], LONG])
+    sched = Scheduler(2)
+    a = engine.new_sequence(engine.text_prompt(PROMPTS[0]), params(64))
+    sched.add(a)
+    for _ in range(3):
+        sched.step()
+    b = engine.new_sequence(engine.text_prompt(LONG), params(64))
+    sched.add(b)
+    chunks = []
+    while not b.tokens:
+        results = {seq: r for seq, r, _ in sched.step()}
+        assert results[a].tokens >= 1  # the decoding row never waits for the prompt
+        chunks.append(results[b].prefill)
+    # 40 - (3 drafts + 1) = 36 left: 32 a step (a power of two, so chunks meet the 64-token interval exactly)
+    assert set(chunks[:-1]) == {32} and 0 < chunks[-1] <= 32
+    while sched.active:
+        sched.step()
+    assert a.tokens == reference[PROMPTS[0]] and b.tokens == reference[LONG]
+
+
+@pytest.mark.parametrize(("decoding", "prefilling", "share"), [(0, 1, 512), (0, 3, 512), (1, 1, 256), (2, 3, 128), (4, 4, 64)])
+def test_the_share_is_a_power_of_two_of_what_decoding_leaves(engine, decoding, prefilling, share):
+    rows = [engine.new_sequence([1, 2, 3], params(100, depth=3)) for _ in range(decoding)]
+    assert Scheduler._share(rows, prefilling) == share
