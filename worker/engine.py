@@ -227,6 +227,13 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
         kinds = check_rollback(model)
     except CacheNotSupported as e:
         raise ValueError(f"the draft model cannot be rolled back: {e}: `{path}`") from None
+    if any(kind != "kv" for kind in kinds):
+        # Refused here, before /health ever answers 200, not at the first request.
+        raise ValueError(
+            f"the draft model `{path}` keeps recurrent (gated-delta) state, which a separate draft model's rejected "
+            f"drafts cannot be rolled back from; the target `{target.path}` may be a hybrid, its draft model may not"
+            "\n\nhint: use the target's MTP head (`--draft-kind mtp`), or a draft model with attention layers only"
+        )
     return loaded, lambda engine: ModelDrafter(model, kinds)
 
 

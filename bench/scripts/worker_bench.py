@@ -54,6 +54,8 @@ CONFIGS = {
     "mlx-vlm+mtp": ("mlx-vlm", True),
     "mlx-vlm": ("mlx-vlm", False),
     "mlx_lm.server": ("mlx-lm", False),
+    # The same as `native+mtp`, run by another build of mtpstack (`--baseline PROGRAM`): before vs after a change.
+    "native+mtp@baseline": ("native", True),
 }
 #: Batch width of every server (4 clients at once).
 WIDTH = 4
@@ -157,7 +159,7 @@ def widen_target(src: Path, dest: Path, args) -> Path:
 # -- servers -------------------------------------------------------------------------------
 
 
-def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> list[str]:
+def server_argv(name: str, target: Path, head: Path, depth: int, port: int, baseline: str | None = None) -> list[str]:
     from mtpstack.validator import WorkerProfile, worker_argv
     from mtpstack.worker.launcher import resolve_command
 
@@ -174,10 +176,31 @@ def server_argv(name: str, target: Path, head: Path, depth: int, port: int) -> l
         "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if with_head else None,
         "maxNumSeqs": WIDTH, "port": port,
     })
-    return resolve_command(worker_argv(profile))
+    argv = resolve_command(worker_argv(profile))
+    if name.endswith("@baseline"):
+        if not baseline:
+            raise SystemExit(f"`{name}` needs `--baseline PROGRAM`: the `mtpstack` executable of the build to compare with")
+        argv = [baseline, *_known_to(baseline, argv[1:])]
+    return argv
 
 
-def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> dict:
+def _known_to(program: str, args: list[str]) -> list[str]:
+    """`args` less the flags (with their values) that `program worker --help` does not list:
+    an older build does not know a flag this one renders."""
+    import subprocess
+
+    helptext = subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
+    out, i = [], 0
+    while i < len(args):
+        if args[i].startswith("--") and args[i] not in helptext:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, baseline: str | None = None) -> dict:
     from mtpstack.runtime import Process, free_port, url_of
     from mtpstack.worker.launcher import worker_env
 
@@ -189,7 +212,7 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names) -> 
     env.setdefault("HF_HUB_CACHE", str(hf_cache))
     for name in names:
         port = free_port()
-        servers[name] = Process(server_argv(name, target, head, depth, port), log_path=logdir / f"{name}.log", name=name,
+        servers[name] = Process(server_argv(name, target, head, depth, port, baseline), log_path=logdir / f"{name}.log", name=name,
                                 kind="worker", url=url_of("127.0.0.1", port), env=env)
     try:
         for proc in servers.values():
@@ -311,7 +334,7 @@ async def run(args) -> dict:
     notes = []
     costs = draft_costs(target, head, args.depth)
     models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
-    servers = start_servers(target, head, args.depth, workdir, args.configs)
+    servers = start_servers(target, head, args.depth, workdir, args.configs, args.baseline)
     try:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -402,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
+    p.add_argument("--baseline", metavar="PROGRAM",
+                   help="the `mtpstack` executable of another build, run as `native+mtp@baseline` (e.g. a venv of the "
+                   "previous commit), so before and after a change are measured side by side")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
     if bool(args.target) != bool(args.drafter):

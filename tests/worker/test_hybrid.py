@@ -205,3 +205,10 @@ def test_a_prompt_prefilled_over_several_chunks_drafts_as_one_prefilled_at_once(
         chunked.step()
     assert chunked.tokens == whole.tokens == reference[prompt]
     assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
+
+
+def test_a_hybrid_draft_model_is_refused_at_load_naming_it_and_the_fix(hybrid_pair):
+    target, _ = hybrid_pair
+    with pytest.raises(ValueError, match="keeps recurrent") as e:
+        Engine.load(str(target), str(target), draft_kind="model")  # a hybrid as its own separate draft model
+    assert f"`{target}`" in str(e.value) and "--draft-kind mtp" in str(e.value)
