@@ -17,9 +17,10 @@ HOSTS_NIX = ROOT / "examples" / "fleet" / "hosts.nix"
 HOSTS = {"gateway": "nixos", "mac1": "darwin", "mac2": "darwin"}
 
 
-def on_host(host: str, *extra: str) -> str:
-    """Host `host`'s modules from the example, plus `extra` module definitions."""
-    return f"{{ lib, ... }}: {{ imports = (import {HOSTS_NIX}).{host}.modules; {' '.join(extra)} }}"
+def on_host(host: str, *extra: str, modules: tuple[str, ...] = ()) -> str:
+    """Host `host`'s modules from the example, plus `extra` definitions and `modules`."""
+    imports = f"(import {HOSTS_NIX}).{host}.modules ++ [ {' '.join(f'({m})' for m in modules)} ]"
+    return f"{{ lib, ... }}: {{ imports = {imports}; {' '.join(extra)} }}"
 
 
 def test_the_examples_hosts_are_the_ones_tested(nixh):
@@ -58,24 +59,87 @@ def test_the_gateway_opens_the_proxy_port_and_no_worker_port(nixh, nixpkgs_lib):
     assert result["firewallRules"] == {"nftables": "", "iptables": ""}
 
 
+IPTABLES_RULE = "iptables -w -A nixos-fw -p tcp -s 10.0.0.1 --dport 8101 -j nixos-fw-accept\n"
+NFTABLES_RULE = "ip saddr 10.0.0.1 tcp dport 8101 accept\n"
+#: nixpkgs' `networking.firewall.backend` (nixos/modules/services/networking/firewall.nix), declared
+#: as it declares it, for the evaluations that have it.
+BACKEND_OPTION = (
+    "options.networking.firewall.backend = lib.mkOption {"
+    ' type = lib.types.enum [ "iptables" "nftables" "firewalld" ]; default = "iptables"; };'
+)
+
+
 @pytest.mark.parametrize(
     ("nftables", "rules"),
     [
-        ("false", {"nftables": "", "iptables": "iptables -A nixos-fw -p tcp -s 10.0.0.1 --dport 8101 -j nixos-fw-accept\n"}),
-        ("true", {"nftables": "ip saddr 10.0.0.1 tcp dport 8101 accept\n", "iptables": ""}),
+        ("false", {"nftables": "", "iptables": IPTABLES_RULE}),
+        ("true", {"nftables": NFTABLES_RULE, "iptables": ""}),
     ],
 )
 def test_a_worker_host_opens_the_worker_port_to_the_proxy_host_only(nixh, nixpkgs_lib, nftables, rules):
-    # mac1's part on a Linux worker box: nix-darwin has no firewall option to set.
+    # mac1's part on a Linux worker box, on a NixOS without `networking.firewall.backend`:
+    # the backend follows `networking.nftables.enable`.
     result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", f"networking.nftables.enable = {nftables};"))
     assert result["firewall"] == []  # never to everyone
     assert result["firewallRules"] == rules
 
 
-def test_an_ipv6_proxy_address_gets_ipv6_rules(nixh, nixpkgs_lib):
-    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1"; networking.nftables.enable = true;'
-    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
-    assert result["firewallRules"]["nftables"] == "ip6 saddr fd00::1 tcp dport 8101 accept\n"
+@pytest.mark.parametrize(
+    ("backend", "rules"),
+    [
+        ("iptables", {"nftables": "", "iptables": IPTABLES_RULE}),
+        ("nftables", {"nftables": NFTABLES_RULE, "iptables": ""}),
+        ("firewalld", {"nftables": "", "iptables": ""}),
+    ],
+)
+def test_the_rules_follow_nixpkgs_firewall_backend_where_it_exists(nixh, nixpkgs_lib, backend, rules):
+    # `networking.nftables.enable` says the opposite, to show the backend option wins.
+    nftables = "false" if backend == "nftables" else "true"
+    module = f'{{ lib, ... }}: {{ {BACKEND_OPTION} config.networking.firewall.backend = "{backend}"; config.networking.nftables.enable = {nftables}; }}'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", modules=(module,)))
+    assert result["firewallRules"] == rules
+    warned = [w for w in result["warnings"] if "under firewalld" in w]
+    assert bool(warned) == (backend == "firewalld")
+    if warned:
+        assert "worker `qwen-a`'s port 8101" in warned[0] and "stay closed" in warned[0]
+
+
+def test_an_ipv6_fleet_gets_ipv6_rules(nixh, nixpkgs_lib):
+    extra = (
+        'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1";'
+        ' services.mtpstack.hosts.mac1.address = lib.mkForce "fd00::11";'
+    )
+    for nftables, key, rule in (
+        ("true", "nftables", "ip6 saddr fd00::1 tcp dport 8101 accept\n"),
+        ("false", "iptables", "ip6tables -w -A nixos-fw -p tcp -s fd00::1 --dport 8101 -j nixos-fw-accept\n"),
+    ):
+        result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra, f"networking.nftables.enable = {nftables};"))
+        assert result["firewallRules"][key] == rule
+
+
+def test_the_rule_family_is_the_dialled_addresss_and_a_mismatched_proxy_address_is_refused(nixh, nixpkgs_lib):
+    # An IPv6 gateway dialling mac1 at 10.0.0.11 connects from an IPv4 address: `ip6 saddr fd00::1` would never match.
+    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1";'
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
+    assert (
+        "would admit `services.mtpstack.hosts.gateway.address` `fd00::1` (IPv6) to worker `qwen-a`'s port,"
+        " but the proxy dials that worker at `10.0.0.11` (IPv4)"
+    ) in e.value.stderr
+
+
+def test_a_worker_dialled_by_name_takes_the_proxy_addresss_family(nixh, nixpkgs_lib):
+    extra = 'services.mtpstack.hosts.mac1.address = lib.mkForce "mac1.lan";'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra, "networking.nftables.enable = true;"))
+    assert result["firewallRules"]["nftables"] == NFTABLES_RULE
+
+
+def test_an_unplaced_proxy_with_the_firewall_open_fails_with_the_placement_message(nixh, nixpkgs_lib):
+    # Before: "value is null while a string was expected" from the firewall's rule text.
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", "services.mtpstack.proxy.deployOn = lib.mkForce null;"))
+    assert "`services.mtpstack.proxy.deployOn` is null, so every host would run a proxy" in e.value.stderr
+    assert "value is null" not in e.value.stderr
 
 
 def test_a_proxy_address_that_is_no_ip_fails_when_the_firewall_is_opened(nixh, nixpkgs_lib):
