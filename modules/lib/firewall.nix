@@ -24,6 +24,28 @@ let
     else
       "ip";
 
+  # Where a worker listens on every address: validator/rules.py's
+  # WILDCARD_HOSTS (tests/nix/test_nix_lib.py compares the two).
+  wildcardHosts = [
+    "0.0.0.0"
+    "::"
+    "[::]"
+    "*"
+  ];
+
+  # Workers on `hostName` that the proxy dials from another host while they
+  # listen on every address: where no rule restricts their port (nix-darwin
+  # has no port firewall), any host on the network reaches them.
+  exposed =
+    { config, hostName }:
+    # An unplaced proxy is an error of its own (placement.nix).
+    if config.proxy.deployOn == null then
+      [ ]
+    else
+      builtins.filter (
+        name: placement.isRemote config name && builtins.elem config.workers.${name}.host wildcardHosts
+      ) (placement.partsOn config hostName).workers;
+
   rules =
     { config, hostName }:
     let
@@ -72,5 +94,11 @@ let
     };
 in
 {
-  inherit isIpLiteral family rules;
+  inherit
+    isIpLiteral
+    family
+    wildcardHosts
+    exposed
+    rules
+    ;
 }

@@ -180,6 +180,18 @@ def test_placement_errors_fail_every_hosts_evaluation(nixh, nixpkgs_lib, extra, 
         assert message in e.value.stderr, host
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_mac_worker_listening_on_every_address_is_a_warning_naming_its_own_address(nixh, nixpkgs_lib, host):
+    # nix-darwin has no port firewall: a worker on 0.0.0.0 is open to the whole network.
+    result = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac1", f'services.mtpstack.workers.qwen-a.host = lib.mkForce "{host}";'))
+    (warning,) = result["warnings"]
+    assert warning.startswith(f"worker `qwen-a` listens on `{host}` (`services.mtpstack.workers.qwen-a.host`), every address of this Mac")
+    assert "Set it to `10.0.0.11` (`services.mtpstack.hosts.mac1.address`)" in warning
+    # Only the host that runs it is warned; the example binds each worker to its Mac's address.
+    other = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac2", f'services.mtpstack.workers.qwen-a.host = lib.mkForce "{host}";'))
+    assert other["warnings"] == []
+
+
 def test_a_host_name_outside_the_declared_hosts_is_refused(nixh, nixpkgs_lib):
     with pytest.raises(nixh.NixError) as e:
         nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway", 'networking.hostName = lib.mkForce "gatewy";'))
