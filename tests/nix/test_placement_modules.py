@@ -222,14 +222,20 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
             nixpkgs.lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
             nix-darwin.lib.darwinSystem = args: {{ kind = "darwin"; inherit (args) system; n = builtins.length args.modules; }};
             deploy-rs.lib.aarch64-darwin.activate.darwin = config: {{ activates = config; }};
+            colmena.lib.makeHive = hive: {{ madeFrom = hive; }};
             mtpstack = {{ nixosModules.default = module "nixos"; darwinModules.default = module "darwin"; }};
           }};
           hosts = import {HOSTS_NIX};
         in {{
           nixos = outputs.nixosConfigurations;
           darwin = outputs.darwinConfigurations;
-          deploy = builtins.mapAttrs (_: n: {{ inherit (n) hostname; inherit (n.profiles.system) path; }}) outputs.deploy.nodes;
-          colmena = builtins.mapAttrs (_: n: n.deployment.targetHost) (builtins.removeAttrs outputs.colmena [ "meta" ]);
+          deploy = builtins.mapAttrs (_: n: {{
+            inherit (n) hostname sshUser interactiveSudo remoteBuild;
+            inherit (n.profiles.system) path user;
+          }}) outputs.deploy.nodes;
+          colmena = builtins.mapAttrs (_: n: n.deployment) (builtins.removeAttrs outputs.colmenaHive.madeFrom [ "meta" ]);
+          colmenaModules = builtins.mapAttrs (_: n: builtins.length n.imports) (builtins.removeAttrs outputs.colmenaHive.madeFrom [ "meta" ]);
+          colmenaMeta = outputs.colmenaHive.madeFrom.meta ? nixpkgs;
           hostModules = builtins.mapAttrs (_: h: builtins.length h.modules) hosts;
         }}
         """
@@ -238,8 +244,13 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
     plus = 2
     assert outputs["nixos"] == {"gateway": {"kind": "nixos", "system": "x86_64-linux", "n": outputs["hostModules"]["gateway"] + plus}}
     assert set(outputs["darwin"]) == {"mac1", "mac2"}
-    assert outputs["colmena"] == {"gateway": "10.0.0.1"}
+    # colmena reads `colmenaHive`, made by `colmena.lib.makeHive` from the gateway's hive.
+    assert outputs["colmena"] == {"gateway": {"targetHost": "10.0.0.1", "targetUser": "root", "buildOnTarget": True}}
+    assert outputs["colmenaModules"] == {"gateway": outputs["hostModules"]["gateway"] + plus}
+    assert outputs["colmenaMeta"]
+    # deploy-rs logs in as an administrator (macOS admits no root SSH), sudoes to root, builds on the Mac.
     assert outputs["deploy"] == {
-        name: {"hostname": address, "path": {"activates": outputs["darwin"][name]}}
+        name: {"hostname": address, "sshUser": "admin", "interactiveSudo": True, "remoteBuild": True,
+               "user": "root", "path": {"activates": outputs["darwin"][name]}}
         for name, address in (("mac1", "10.0.0.11"), ("mac2", "10.0.0.12"))
-    }
+    }  # fmt: skip
