@@ -46,7 +46,7 @@ let
           # The prebuilt wheels with the Metal runtime, as nixpkgs' mlx-bin
           # (pkgs/development/python-modules/mlx/bin.nix) packages them; the
           # source build has Metal off and would run on the CPU.
-          mlx-metal = prev.mlx-metal.overridePythonAttrs {
+          mlx-metal = prev.mlx-metal.overridePythonAttrs (_: {
             inherit (pins.mlx-metal) version;
             src = fetchPypi {
               pname = "mlx_metal";
@@ -56,13 +56,13 @@ let
               python = "py3";
               abi = "none";
             };
-          };
+          });
           mlx-bin = prev.mlx-bin.overridePythonAttrs (
             let
               pythonVersion = python3.pythonVersion;
               dist = "cp${lib.replaceStrings [ "." ] [ "" ] pythonVersion}";
             in
-            {
+            _: {
               inherit (pins.mlx) version;
               src = fetchPypi {
                 pname = "mlx";
