@@ -19,6 +19,23 @@ let
     inherit pkgs cfg;
     contents = cfg.renderedConfig;
   };
+
+  # nix-darwin's own accounts take 350 and up (nixbld), 399, 530-535
+  # (modules/misc/ids.nix, services/{ofborg,gitlab-runner,github-runner,...});
+  # macOS gives people 501 and up. A hidden system account below 500, taken
+  # by none of those. nix-darwin refuses two managed users with one uid at
+  # evaluation (`users.uids`, modules/users/default.nix).
+  defaultId = 470;
+
+  exposed = mtpLib.firewall.exposed {
+    config = cfg.renderedConfig;
+    inherit (cfg) hostName;
+  };
+  ownAddress =
+    if cfg.hostName != null && cfg.hosts ? ${cfg.hostName} then
+      "`${cfg.hosts.${cfg.hostName}.address}` (`services.mtpstack.hosts.${cfg.hostName}.address`)"
+    else
+      "this host's own address";
 in
 {
   imports = [ ./options.nix ];
@@ -37,8 +54,8 @@ in
     users.knownUsers = [ user ];
     users.knownGroups = [ user ];
     users.users.${user} = {
-      uid = lib.mkDefault 531;
-      gid = lib.mkDefault 531;
+      uid = lib.mkDefault defaultId;
+      gid = lib.mkDefault defaultId;
       home = stateDir;
       createHome = true;
       shell = "/usr/bin/false";
@@ -46,9 +63,18 @@ in
       description = "mtpstack daemons";
     };
     users.groups.${user} = {
-      gid = lib.mkDefault 531;
+      gid = lib.mkDefault defaultId;
       description = "mtpstack daemons";
     };
+
+    # nix-darwin has no port firewall (only `networking.applicationFirewall`,
+    # which filters per program): `openFirewall` can restrict nothing here.
+    warnings = map (
+      name:
+      "worker `${name}` listens on `${cfg.workers.${name}.host}` (`services.mtpstack.workers.${name}.host`), every address of this Mac, for the proxy on host `${cfg.proxy.deployOn}`,"
+      + " and nix-darwin has no port firewall, so any host on the network reaches it past the proxy's gate and API keys."
+      + " Set it to ${ownAddress}, or restrict port ${toString cfg.workers.${name}.port} to the proxy host with pf (docs/nix.md, Firewall)"
+    ) exposed;
 
     # The daemons run as ${user}: their state and log directories must
     # exist and belong to it before launchd loads them. nix-darwin runs

@@ -23,9 +23,10 @@ in
     example = "10.0.0.11";
     description = ''
       Where the other hosts reach this one: the proxy dials the workers
-      placed here at this address, and with `openFirewall` a worker's port
-      here is opened to the proxy host's address only (an IP address, since
-      nftables rules take no host names).
+      placed here at this address, and with `openFirewall` on NixOS a
+      worker's port here is opened to the proxy host's address only (an IP
+      address of the family the proxy dials, since nftables rules take no
+      host names).
     '';
   };
 }

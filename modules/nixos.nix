@@ -63,7 +63,14 @@ let
     config = cfg.renderedConfig;
     inherit (cfg) hostName;
   };
-  nftables = config.networking.nftables.enable or false;
+  # nixpkgs' `networking.firewall.backend` (firewalld, else nftables, else
+  # iptables); an evaluation without nixpkgs' firewall module (or a nixpkgs
+  # older than that option) falls back to the choice it replaced.
+  firewallBackend =
+    config.networking.firewall.backend
+      or (if config.networking.nftables.enable or false then "nftables" else "iptables");
+  show = name: "`services.mtpstack.${name}`";
+  familyName = f: if f == "ip6" then "IPv6" else "IPv4";
 in
 {
   imports = [ ./options.nix ];
@@ -75,16 +82,39 @@ in
       allowedTCPPorts = firewall.allowedTCPPorts;
       # allowedTCPPorts cannot filter by source: the workers the proxy dials
       # from another host get rules that admit the proxy host only.
-      extraInputRules = lib.mkIf nftables firewall.nftables;
-      extraCommands = lib.mkIf (!nftables) firewall.iptables;
+      extraInputRules = lib.mkIf (firewallBackend == "nftables") firewall.nftables;
+      extraCommands = lib.mkIf (firewallBackend == "iptables") firewall.iptables;
     };
 
-    assertions = map (rule: {
-      assertion = mtpLib.firewall.isIpLiteral rule.source;
-      message =
-        "`services.mtpstack.openFirewall` opens worker `${rule.worker}`'s port to the proxy host only, by its address,"
-        + " but `services.mtpstack.hosts.${cfg.proxy.deployOn}.address` is `${rule.source}`, not an IP address (nftables rules take none)."
-        + " Set it to the proxy host's IP address, or open the port yourself";
-    }) (lib.optionals cfg.openFirewall firewall.sourceFiltered);
+    warnings = lib.optional (
+      cfg.openFirewall && firewallBackend == "firewalld" && firewall.sourceFiltered != [ ]
+    ) "`services.mtpstack.openFirewall` cannot admit the proxy host to ${
+      lib.concatMapStringsSep ", " (r: "worker `${r.worker}`'s port ${toString r.port}") firewall.sourceFiltered
+    } under firewalld (`networking.firewall.backend` is `firewalld`, which reads neither `extraInputRules` nor `extraCommands`), so they stay closed. Add a firewalld rich rule admitting the proxy host's address to them, or use the nftables or iptables backend";
+
+    assertions = lib.optionals cfg.openFirewall (
+      lib.concatMap (
+        rule:
+        let
+          sourceFamily = mtpLib.firewall.family rule.source;
+        in
+        [
+          {
+            assertion = sourceFamily != null;
+            message =
+              "${show "openFirewall"} opens worker `${rule.worker}`'s port to the proxy host only, by its address,"
+              + " but ${show "hosts.${rule.proxyHost}.address"} is `${rule.source}`, not an IP address (nftables rules take none)."
+              + " Set it to the proxy host's IP address, or open the port yourself";
+          }
+          {
+            assertion = sourceFamily == null || rule.family == sourceFamily;
+            message =
+              "${show "openFirewall"} would admit ${show "hosts.${rule.proxyHost}.address"} `${rule.source}` (${familyName sourceFamily}) to worker `${rule.worker}`'s port,"
+              + " but the proxy dials that worker at `${rule.dialled}` (${familyName rule.family}), so it connects from an ${familyName rule.family} address and the rule would never match."
+              + " Give both hosts addresses of one family in ${show "hosts"}, or open the port yourself";
+          }
+        ]
+      ) firewall.sourceFiltered
+    );
   };
 }

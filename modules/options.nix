@@ -222,8 +222,11 @@ in
       description = ''
         NixOS: open the proxy's port on the host that runs the proxy, and the
         port of each worker placed here while the proxy runs elsewhere, to the
-        proxy host's `hosts.<name>.address` only (nftables or iptables rules
-        filtered by source). nix-darwin opens nothing: see docs/nix.md.
+        proxy host's `hosts.<name>.address` only (rules for the
+        `networking.firewall.backend` in use, nftables or iptables, filtered
+        by source; under firewalld a warning). nix-darwin has no port
+        firewall, so this restricts nothing there: bind workers to the host's
+        own address, or use pf (docs/nix.md, Firewall).
       '';
     };
 

@@ -1,32 +1,131 @@
 # mtpstack as a Python application, from this repository's source, with
-# nixpkgs' python3Packages.
+# nixpkgs' python3Packages: its dependencies are pyproject.toml's, mlx-lm (and
+# on aarch64-darwin the Metal mlx) at the versions modules/pins.nix pins by
+# hash, and the build imports every module a running worker, proxy and
+# `mtpstack validate` import (modules/python-imports.json).
 {
   lib,
   stdenv,
   python3,
+  fetchPypi,
 }:
 let
+  pins = import ./pins.nix;
   onAppleSilicon = stdenv.hostPlatform.isDarwin && stdenv.hostPlatform.isAarch64;
 
-  # nixpkgs' source build of mlx has Metal off: on a Mac it imports and
-  # silently runs on the CPU. The prebuilt wheel (mlx-bin, with mlx-metal)
-  # runs on the GPU; mlx-lm must see the same mlx, so the whole package set
-  # is overridden, not just this application's inputs.
+  # mlx-lm's and mlx's versions matter beyond their bounds (worker/caches.py
+  # imports `mlx_lm.models.gated_delta.normalize_qk`, new in mlx-lm 0.32), and
+  # mlx-lm must see the same mlx as mtpstack: the whole package set is
+  # overridden, not just this application's inputs.
   python = python3.override {
     self = python;
-    packageOverrides =
-      final: prev:
-      lib.optionalAttrs onAppleSilicon {
-        # A nixpkgs without mlx-bin still evaluates (a default config must),
-        # with a warning naming the consequence.
-        mlx =
-          prev.mlx-bin or (lib.warn ''
+    packageOverrides = final: prev: {
+      mlx-lm = prev.mlx-lm.overridePythonAttrs (old: {
+        inherit (pins.mlx-lm) version;
+        src = fetchPypi {
+          pname = "mlx_lm";
+          inherit (pins.mlx-lm) version hash;
+        };
+        # The sdist takes its version from PKG-INFO through setuptools-scm.
+        build-system = (old.build-system or [ ]) ++ [ final.setuptools-scm ];
+        # A dependency since 0.32 (nixpkgs' recipe has it for the tests only).
+        dependencies = lib.unique ((old.dependencies or [ ]) ++ [ final.sentencepiece ]);
+        # nixpkgs' list (network, Metal) still covers 0.32.2's tests but one
+        # new file, whose model runs the Metal kernel `qk_norm_rope`
+        # ("[metal_kernel] No Metal back-end" on the CPU build); the other
+        # Metal tests skip themselves without Metal.
+        disabledTestPaths = (old.disabledTestPaths or [ ]) ++ [ "tests/test_muse_spark.py" ];
+        meta = old.meta // {
+          changelog = "https://github.com/ml-explore/mlx-lm/releases/tag/v${pins.mlx-lm.version}";
+        };
+      });
+    }
+    // lib.optionalAttrs onAppleSilicon (
+      if prev ? mlx-bin then
+        {
+          # The prebuilt wheels with the Metal runtime, as nixpkgs' mlx-bin
+          # (pkgs/development/python-modules/mlx/bin.nix) packages them; the
+          # source build has Metal off and would run on the CPU.
+          mlx-metal = prev.mlx-metal.overridePythonAttrs (_: {
+            inherit (pins.mlx-metal) version;
+            src = fetchPypi {
+              pname = "mlx_metal";
+              inherit (pins.mlx-metal) version platform hash;
+              format = "wheel";
+              dist = "py3";
+              python = "py3";
+              abi = "none";
+            };
+          });
+          mlx-bin = prev.mlx-bin.overridePythonAttrs (
+            let
+              pythonVersion = python3.pythonVersion;
+              dist = "cp${lib.replaceStrings [ "." ] [ "" ] pythonVersion}";
+            in
+            _: {
+              inherit (pins.mlx) version;
+              src = fetchPypi {
+                pname = "mlx";
+                inherit (pins.mlx) version platform;
+                inherit dist;
+                python = dist;
+                abi = dist;
+                format = "wheel";
+                hash =
+                  pins.mlx.wheels.${pythonVersion} or (throw ''
+                    mtpstack: modules/pins.nix pins the Metal wheel of mlx ${pins.mlx.version} for Python ${lib.concatStringsSep ", " (builtins.attrNames pins.mlx.wheels)}, not for this nixpkgs' python3 (${pythonVersion})
+
+                    hint: add its hash to `mlx.wheels` in modules/pins.nix (`pip download --no-deps --only-binary :all: --platform ${pins.mlx.platform} --python-version ${pythonVersion} mlx==${pins.mlx.version}`, then `nix hash file`), or set `services.mtpstack.package`'');
+              };
+            }
+          );
+          mlx = final.mlx-bin;
+        }
+      else
+        {
+          # A nixpkgs without mlx-bin still evaluates (a default config must),
+          # with a warning naming the consequence.
+          mlx = lib.warn ''
             mtpstack: this nixpkgs has no `python3Packages.mlx-bin` (the Metal build of mlx), so workers on aarch64-darwin run mlx on the CPU only, many times slower
 
-            hint: use a nixpkgs that carries pkgs/development/python-modules/mlx/bin.nix, or set `services.mtpstack.package` to a build with a Metal-enabled mlx; a running worker reports its device on /identity'' prev.mlx);
-      };
+            hint: use a nixpkgs that carries pkgs/development/python-modules/mlx/bin.nix, or set `services.mtpstack.package` to a build with a Metal-enabled mlx; a running worker reports its device on /identity'' prev.mlx;
+        }
+    );
   };
   ps = python.pkgs;
+
+  # Elsewhere mlx is nixpkgs' source build, unpinned (modules/pins.nix says
+  # why); CI tests the worker with the oldest version accepted here.
+  checkedMlx =
+    if onAppleSilicon || lib.versionAtLeast ps.mlx.version pins.nixpkgs.mlx then
+      ps.mlx
+    else
+      throw ''
+        mtpstack: this nixpkgs' mlx is ${ps.mlx.version}, older than ${pins.nixpkgs.mlx}, the oldest the worker is tested with (requirements-nixpkgs.lock)
+
+        hint: use a newer nixpkgs, or set `services.mtpstack.package` to a build with mlx >= ${pins.nixpkgs.mlx}'';
+
+  # pyproject.toml's `project.dependencies`, as nixpkgs attribute names (PEP
+  # 503 names; extras and markers dropped: nixpkgs' mlx is the CPU build on
+  # Linux and mlx-bin's override on aarch64-darwin).
+  pyproject = builtins.fromTOML (builtins.readFile ../pyproject.toml);
+  requirementName =
+    requirement:
+    lib.toLower (
+      builtins.replaceStrings [ "_" "." ] [ "-" "-" ] (
+        builtins.head (builtins.match "[[:space:]]*([A-Za-z0-9][A-Za-z0-9._-]*).*" requirement)
+      )
+    );
+  dependencyNames = lib.unique (map requirementName pyproject.project.dependencies);
+  dependency =
+    name:
+    if name == "mlx" then
+      checkedMlx
+    else
+      ps.${name} or (throw ''
+        mtpstack: pyproject.toml requires `${name}`, which this nixpkgs' python3Packages does not carry
+
+        hint: package it in modules/package.nix's `packageOverrides`, or use a nixpkgs that has it'');
 
   # The repository minus what never belongs in a build.
   src = builtins.path {
@@ -54,40 +153,21 @@ ps.buildPythonApplication {
 
   build-system = [ ps.setuptools ];
 
-  dependencies = with ps; [
-    aiohttp
-    huggingface-hub
-    matplotlib
-    mlx
-    mlx-lm
-    numpy
-    prometheus-client
-    pydantic
-    pyyaml
-    rich
-    tokenizers
-  ];
-
-  # requirements.lock pins exact versions for the venv; nixpkgs decides here.
-  pythonRelaxDeps = true;
-  # `mlx[cpu]` names PyPI's CPU wheel on Linux; nixpkgs' mlx is the one to use.
-  pythonRemoveDeps = [ "mlx" ];
+  dependencies = map dependency dependencyNames;
 
   # Workers with `backend = "mlx-lm"` run mlx_lm.server from the same package.
   postInstall = ''
     ln -s ${ps.mlx-lm}/bin/mlx_lm.server $out/bin/mlx_lm.server
   '';
 
-  # One import root: the component folders install as mtpstack.proxy, mtpstack.worker, ...
-  pythonImportsCheck = [
-    "mtpstack"
-    "mtpstack.validator"
-    "mtpstack.proxy"
-  ];
+  # What a running worker, proxy and `mtpstack validate` import, lazily
+  # imported engine included: `python -m devkit.nix_package` derives it from
+  # the source (tests/nix/test_package_drift.py keeps it current).
+  pythonImportsCheck = lib.importJSON ./python-imports.json;
 
   passthru = {
-    inherit python;
-    inherit (ps) mlx;
+    inherit python pins dependencyNames;
+    inherit (ps) mlx mlx-lm;
   };
 
   meta = {

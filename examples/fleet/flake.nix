@@ -13,6 +13,10 @@
       url = "github:serokell/deploy-rs";
       inputs.nixpkgs.follows = "nixpkgs";
     };
+    colmena = {
+      url = "github:zhaofengli/colmena";
+      inputs.nixpkgs.follows = "nixpkgs";
+    };
     mtpstack = {
       url = "git+https://example.org/mtpstack";
       inputs.nixpkgs.follows = "nixpkgs";
@@ -25,6 +29,7 @@
       nixpkgs,
       nix-darwin,
       deploy-rs,
+      colmena,
       mtpstack,
     }:
     let
@@ -41,8 +46,19 @@
         };
         system.stateVersion = "25.11";
       };
+      # The account you log in to the Macs with over SSH (macOS admits no
+      # root login): an administrator, who may sudo.
+      macAdmin = "admin";
       darwinBase = {
         system.stateVersion = 6;
+        # deploy-rs copies the closure as `macAdmin`, whose paths the Mac's
+        # nix-daemon accepts only from a trusted user (nix-darwin's
+        # `nix.settings`; with `nix.enable = false`, set it in the installer's
+        # /etc/nix/nix.conf instead).
+        nix.settings.trusted-users = [
+          "root"
+          macAdmin
+        ];
       };
 
       nixosModules = h: [ mtpstack.nixosModules.default nixosBase ] ++ h.modules;
@@ -58,18 +74,24 @@
         }
       ) nixosHosts;
 
-      # `colmena apply --on gateway`
-      colmena = {
-        meta.nixpkgs = import nixpkgs { system = "x86_64-linux"; };
-      }
-      // builtins.mapAttrs (name: h: {
-        imports = nixosModules h;
-        deployment = {
-          targetHost = h.address;
-          targetUser = "root";
-        };
-        nixpkgs.hostPlatform = h.system;
-      }) nixosHosts;
+      # `colmena apply --on gateway`: colmena reads the `colmenaHive` output,
+      # made by `colmena.lib.makeHive` from a hive of NixOS hosts.
+      colmenaHive = colmena.lib.makeHive (
+        {
+          meta.nixpkgs = import nixpkgs { system = "x86_64-linux"; };
+        }
+        // builtins.mapAttrs (name: h: {
+          imports = nixosModules h;
+          deployment = {
+            targetHost = h.address;
+            targetUser = "root";
+            # Built on the gateway itself, so a Mac can deploy it without a
+            # Linux builder.
+            buildOnTarget = true;
+          };
+          nixpkgs.hostPlatform = h.system;
+        }) nixosHosts
+      );
 
       # nix-darwin hosts: `darwin-rebuild` on the Mac, or deploy-rs.
       darwinConfigurations = builtins.mapAttrs (
@@ -83,6 +105,14 @@
       # `deploy .#mac1` (deploy-rs activates nix-darwin with `activate.darwin`)
       deploy.nodes = builtins.mapAttrs (name: h: {
         hostname = h.address;
+        sshUser = macAdmin;
+        # Activation runs as root, through `sudo -u root` (deploy-rs' default
+        # `sudo`); without NOPASSWD sudo on the Mac deploy-rs asks for the
+        # password.
+        interactiveSudo = true;
+        # A darwin system builds on a Mac only: build it on the target, so a
+        # Linux machine can deploy without a darwin builder.
+        remoteBuild = true;
         profiles.system = {
           user = "root";
           path = deploy-rs.lib.${h.system}.activate.darwin self.darwinConfigurations.${name};

@@ -3,13 +3,16 @@
 # starts only the parts placed on it (`deployOn`), matched against its own
 # `networking.hostName` (or `services.mtpstack.hostName`), and every host's
 # evaluation checks the coupling of the whole fleet.
+let
+  hosts = import ./hosts.nix;
+in
 {
   services.mtpstack = {
     enable = true;
     openFirewall = true;
 
     # gateway, mac1, mac2 and their addresses, from ./hosts.nix.
-    hosts = builtins.mapAttrs (_: h: { inherit (h) address; }) (import ./hosts.nix);
+    hosts = builtins.mapAttrs (_: h: { inherit (h) address; }) hosts;
 
     proxy = {
       deployOn = "gateway";
@@ -33,19 +36,19 @@
             depth = 3;
           };
           maxNumSeqs = 2;
-          # Reached from the gateway: listen on the network, the firewall
-          # admits the gateway's address only.
-          host = "0.0.0.0";
           port = 8101;
+        };
+        # Reached from the gateway, so not on loopback; on its own Mac's
+        # fleet address rather than 0.0.0.0, since nix-darwin has no port
+        # firewall to keep the rest of the network out (docs/nix.md, Firewall).
+        on = host: {
+          deployOn = host;
+          host = hosts.${host}.address;
         };
       in
       {
-        qwen-a = qwen // {
-          deployOn = "mac1";
-        };
-        qwen-b = qwen // {
-          deployOn = "mac2";
-        };
+        qwen-a = qwen // on "mac1";
+        qwen-b = qwen // on "mac2";
       };
   };
 }

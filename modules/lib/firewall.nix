@@ -13,35 +13,92 @@ let
     builtins.match "[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}" address != null
     || builtins.match "[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*" address != null;
 
+  # "ip" (IPv4) or "ip6" for an IP literal, as nftables names the families;
+  # null for a host name, whose family only the resolver knows.
+  family =
+    address:
+    if !(isIpLiteral address) then
+      null
+    else if builtins.match ".*:.*" address != null then
+      "ip6"
+    else
+      "ip";
+
+  # Where a worker listens on every address: validator/rules.py's
+  # WILDCARD_HOSTS (tests/nix/test_nix_lib.py compares the two).
+  wildcardHosts = [
+    "0.0.0.0"
+    "::"
+    "[::]"
+    "*"
+  ];
+
+  # Workers on `hostName` that the proxy dials from another host while they
+  # listen on every address: where no rule restricts their port (nix-darwin
+  # has no port firewall), any host on the network reaches them.
+  exposed =
+    { config, hostName }:
+    # An unplaced proxy is an error of its own (placement.nix).
+    if config.proxy.deployOn == null then
+      [ ]
+    else
+      builtins.filter (
+        name: placement.isRemote config name && builtins.elem config.workers.${name}.host wildcardHosts
+      ) (placement.partsOn config hostName).workers;
+
   rules =
     { config, hostName }:
     let
       parts = placement.partsOn config hostName;
-      # Workers here that the proxy dials from another host.
-      remote = builtins.filter (placement.isRemote config) parts.workers;
-      source = config.hosts.${config.proxy.deployOn}.address or null;
-      v6 = source != null && builtins.match ".*:.*" source != null;
-      ports = map (name: toString config.workers.${name}.port) remote;
+      proxyHost = config.proxy.deployOn;
+      # Only a proxy placed on a declared host has an address to admit; any
+      # other placement is an error of its own (placement.nix).
+      proxyPlaced = proxyHost != null && config.hosts ? ${proxyHost};
+      source = if proxyPlaced then config.hosts.${proxyHost}.address else null;
+      # Workers here that the proxy dials from another host, each with the
+      # address it is dialled at: the proxy connects from its own address
+      # of that family, so the rule's family is the dialled one's.
+      remote = if proxyPlaced then builtins.filter (placement.isRemote config) parts.workers else [ ];
+      rule =
+        name:
+        let
+          dialled = placement.dialHost config name;
+        in
+        {
+          worker = name;
+          inherit (config.workers.${name}) port;
+          inherit proxyHost source dialled;
+          family = if family dialled != null then family dialled else family source;
+        };
+      filtered = map rule remote;
+      # Rules whose source cannot match are refused by the modules'
+      # assertions before these texts are used.
+      usable = builtins.filter (r: r.family != null && r.family == family r.source) filtered;
     in
     {
       allowedTCPPorts = if parts.proxy then [ config.proxy.port ] else [ ];
-      # [ { worker, port, source } ] for assertions and documentation.
-      sourceFiltered = map (name: {
-        worker = name;
-        inherit (config.workers.${name}) port;
-        inherit source;
-      }) remote;
+      # [ { worker, port, proxyHost, source, dialled, family } ] for the assertions.
+      sourceFiltered = filtered;
       nftables = builtins.concatStringsSep "" (
-        map (port: "${if v6 then "ip6" else "ip"} saddr ${source} tcp dport ${port} accept\n") ports
+        map (r: "${r.family} saddr ${r.source} tcp dport ${toString r.port} accept\n") usable
       );
+      # `-w`: wait for the xtables lock, as NixOS' own rules do.
       iptables = builtins.concatStringsSep "" (
         map (
-          port:
-          "${if v6 then "ip6tables" else "iptables"} -A nixos-fw -p tcp -s ${source} --dport ${port} -j nixos-fw-accept\n"
-        ) ports
+          r:
+          "${
+            if r.family == "ip6" then "ip6tables" else "iptables"
+          } -w -A nixos-fw -p tcp -s ${r.source} --dport ${toString r.port} -j nixos-fw-accept\n"
+        ) usable
       );
     };
 in
 {
-  inherit isIpLiteral rules;
+  inherit
+    isIpLiteral
+    family
+    wildcardHosts
+    exposed
+    rules
+    ;
 }

@@ -1,11 +1,24 @@
 # A rendered config -> nix-darwin `launchd.daemons.<name>` values: one daemon
 # per worker and one for the proxy. launchd takes the argument vector as a
-# list (no shell, no escaping) and knows no systemd specifiers.
+# list and knows no systemd specifiers.
 let
   argv = import ./argv.nix;
   placement = import ./placement.nix;
 
   label = name: "org.nixos.${name}";
+
+  # launchd may start a daemon at boot before the volume holding /nix/store
+  # is mounted: wait for it first, as nix-darwin's own `launchd.daemons.<name>.command`
+  # does (modules/launchd/default.nix: `/bin/wait4path /nix/store && exec ...`).
+  # The argument vector follows as `$@` ($0 is `name`), so it needs no quoting
+  # and is the process's own command line after `exec`.
+  waitForStore = name: programArguments: [
+    "/bin/sh"
+    "-c"
+    "/bin/wait4path /nix/store && exec \"$@\""
+    name
+  ]
+  ++ programArguments;
 
   # Arguments:
   #   config      the rendered config (render.nix)
@@ -31,7 +44,7 @@ let
       daemon = name: programArguments: {
         serviceConfig = {
           Label = label name;
-          ProgramArguments = programArguments;
+          ProgramArguments = waitForStore name programArguments;
           KeepAlive = true;
           RunAtLoad = true;
           StandardOutPath = "${logDir}/${name}.log";
@@ -60,5 +73,5 @@ let
     );
 in
 {
-  inherit label daemons;
+  inherit label waitForStore daemons;
 }

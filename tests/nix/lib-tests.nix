@@ -229,6 +229,11 @@ let
     launchdProgramArguments = {
       expr = daemons.mtpstack-worker-plain.serviceConfig.ProgramArguments;
       expected = [
+        # nix-darwin's own wait for the store's volume, then the argv itself.
+        "/bin/sh"
+        "-c"
+        "/bin/wait4path /nix/store && exec \"$@\""
+        "mtpstack-worker-plain"
         "/pkg/bin/mtpstack"
         "worker"
         "--model"

@@ -155,7 +155,8 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             argv = worker_argv(w)
             resolved = ["/bin/" + argv[0], *argv[1:]]
             assert unquote_exec_start(nix["execStart"][f"mtpstack-worker-{name}"]) == resolved, fleet
-            assert nix["programArguments"][f"mtpstack-worker-{name}"] == resolved, fleet
+            # launchd runs it behind nix-darwin's wait for the store: `sh -c '... exec "$@"' NAME ARGV...`.
+            assert nix["programArguments"][f"mtpstack-worker-{name}"][4:] == resolved, fleet
         mismatches_seen += bool(python_mismatched)
         context_caps_seen += any("--max-context-tokens" in worker_argv(w) for w in config.workers.values())
         depth_maps_seen += any("--draft-depth-map" in worker_argv(w) for w in config.workers.values())

@@ -123,3 +123,9 @@ def test_exec_start_quoting_is_accepted_by_systemd(nixh, tmp_path):
     unit.write_text(f"[Unit]\nDescription=test\n\n[Service]\nExecStart={exec_start}\n")
     proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_the_wildcard_hosts_are_the_validators(nixh):
+    from mtpstack.validator.rules import WILDCARD_HOSTS
+
+    assert set(nixh.eval(f"(import {nixh.lib}).firewall.wildcardHosts")) == WILDCARD_HOSTS

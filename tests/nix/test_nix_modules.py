@@ -174,7 +174,9 @@ def test_open_firewall_opens_only_the_proxy_port(nixh, nixpkgs_lib):
 def test_darwin_program_arguments_carry_the_weight_paths(nixh, nixpkgs_lib):
     result = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")
     sc = result["daemons"]["mtpstack-worker-qwen-mtp"]["serviceConfig"]
-    args = sc["ProgramArguments"]
+    wait, args = sc["ProgramArguments"][:4], sc["ProgramArguments"][4:]
+    # As nix-darwin's own daemons: wait for the store's volume, then exec the argv unquoted.
+    assert wait == ["/bin/sh", "-c", '/bin/wait4path /nix/store && exec "$@"', "mtpstack-worker-qwen-mtp"]
     assert args[0].endswith("-mtpstack/bin/mtpstack")
     assert args[args.index("--model") + 1] == TARGET
     assert args[args.index("--draft-model") + 1] == DRAFTER
@@ -182,7 +184,7 @@ def test_darwin_program_arguments_carry_the_weight_paths(nixh, nixpkgs_lib):
     assert (sc["KeepAlive"], sc["RunAtLoad"], sc["Label"]) == (True, True, "org.nixos.mtpstack-worker-qwen-mtp")
     assert sc["StandardErrorPath"].startswith("/var/log/mtpstack/")
     proxy = result["daemons"]["mtpstack-proxy"]["serviceConfig"]["ProgramArguments"]
-    assert proxy[1:3] == ["proxy", "--config"]
+    assert proxy[2].startswith("/bin/wait4path /nix/store") and proxy[5:7] == ["proxy", "--config"]
     assert result["knownUsers"] == [sc["UserName"]]
 
 
@@ -210,8 +212,22 @@ def test_darwin_makes_the_directories_before_launchd_loads_the_daemons_by_numeri
     assert activation["postActivation"] == ""
     lines = activation["extraActivation"].splitlines()
     assert lines[0] == "mkdir -p /var/lib/mtpstack/huggingface/hub /var/log/mtpstack"
-    assert lines[1].startswith("chown 531:531 /var/lib/mtpstack ") and lines[1].endswith(" /var/log/mtpstack")
+    assert lines[1].startswith("chown 470:470 /var/lib/mtpstack ") and lines[1].endswith(" /var/log/mtpstack")
     moved = nixh.eval_module(
         nixpkgs_lib, "darwin", f"{{ imports = [ {SINGLE} ]; users.users._mtpstack.uid = 610; users.groups._mtpstack.gid = 620; }}"
     )
     assert moved["activation"]["extraActivation"].splitlines()[1].startswith("chown 610:620 ")
+
+
+#: The uids and gids nix-darwin's own modules give their accounts (at nix-darwin a1fa429e):
+#: modules/misc/ids.nix (nixbld 350 and the build users after it, 534, 535),
+#: services/hercules-ci-agent (399, gid 32001), examples/hydra.nix (530), services/ofborg (531),
+#: services/gitlab-runner.nix (532), services/github-runner/service.nix (533).
+NIX_DARWIN_IDS = {*range(350, 350 + 64), 399, 530, 531, 532, 533, 534, 535, 32001}
+
+
+def test_the_darwin_account_takes_an_id_nix_darwin_gives_no_other_account(nixh, nixpkgs_lib):
+    activation = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")["activation"]
+    uid, gid = activation["extraActivation"].splitlines()[1].split()[1].split(":")
+    assert int(uid) not in NIX_DARWIN_IDS and int(gid) not in NIX_DARWIN_IDS
+    assert int(uid) < 501  # below the accounts macOS gives people

@@ -17,9 +17,10 @@ HOSTS_NIX = ROOT / "examples" / "fleet" / "hosts.nix"
 HOSTS = {"gateway": "nixos", "mac1": "darwin", "mac2": "darwin"}
 
 
-def on_host(host: str, *extra: str) -> str:
-    """Host `host`'s modules from the example, plus `extra` module definitions."""
-    return f"{{ lib, ... }}: {{ imports = (import {HOSTS_NIX}).{host}.modules; {' '.join(extra)} }}"
+def on_host(host: str, *extra: str, modules: tuple[str, ...] = ()) -> str:
+    """Host `host`'s modules from the example, plus `extra` definitions and `modules`."""
+    imports = f"(import {HOSTS_NIX}).{host}.modules ++ [ {' '.join(f'({m})' for m in modules)} ]"
+    return f"{{ lib, ... }}: {{ imports = {imports}; {' '.join(extra)} }}"
 
 
 def test_the_examples_hosts_are_the_ones_tested(nixh):
@@ -58,24 +59,87 @@ def test_the_gateway_opens_the_proxy_port_and_no_worker_port(nixh, nixpkgs_lib):
     assert result["firewallRules"] == {"nftables": "", "iptables": ""}
 
 
+IPTABLES_RULE = "iptables -w -A nixos-fw -p tcp -s 10.0.0.1 --dport 8101 -j nixos-fw-accept\n"
+NFTABLES_RULE = "ip saddr 10.0.0.1 tcp dport 8101 accept\n"
+#: nixpkgs' `networking.firewall.backend` (nixos/modules/services/networking/firewall.nix), declared
+#: as it declares it, for the evaluations that have it.
+BACKEND_OPTION = (
+    "options.networking.firewall.backend = lib.mkOption {"
+    ' type = lib.types.enum [ "iptables" "nftables" "firewalld" ]; default = "iptables"; };'
+)
+
+
 @pytest.mark.parametrize(
     ("nftables", "rules"),
     [
-        ("false", {"nftables": "", "iptables": "iptables -A nixos-fw -p tcp -s 10.0.0.1 --dport 8101 -j nixos-fw-accept\n"}),
-        ("true", {"nftables": "ip saddr 10.0.0.1 tcp dport 8101 accept\n", "iptables": ""}),
+        ("false", {"nftables": "", "iptables": IPTABLES_RULE}),
+        ("true", {"nftables": NFTABLES_RULE, "iptables": ""}),
     ],
 )
 def test_a_worker_host_opens_the_worker_port_to_the_proxy_host_only(nixh, nixpkgs_lib, nftables, rules):
-    # mac1's part on a Linux worker box: nix-darwin has no firewall option to set.
+    # mac1's part on a Linux worker box, on a NixOS without `networking.firewall.backend`:
+    # the backend follows `networking.nftables.enable`.
     result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", f"networking.nftables.enable = {nftables};"))
     assert result["firewall"] == []  # never to everyone
     assert result["firewallRules"] == rules
 
 
-def test_an_ipv6_proxy_address_gets_ipv6_rules(nixh, nixpkgs_lib):
-    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1"; networking.nftables.enable = true;'
-    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
-    assert result["firewallRules"]["nftables"] == "ip6 saddr fd00::1 tcp dport 8101 accept\n"
+@pytest.mark.parametrize(
+    ("backend", "rules"),
+    [
+        ("iptables", {"nftables": "", "iptables": IPTABLES_RULE}),
+        ("nftables", {"nftables": NFTABLES_RULE, "iptables": ""}),
+        ("firewalld", {"nftables": "", "iptables": ""}),
+    ],
+)
+def test_the_rules_follow_nixpkgs_firewall_backend_where_it_exists(nixh, nixpkgs_lib, backend, rules):
+    # `networking.nftables.enable` says the opposite, to show the backend option wins.
+    nftables = "false" if backend == "nftables" else "true"
+    module = f'{{ lib, ... }}: {{ {BACKEND_OPTION} config.networking.firewall.backend = "{backend}"; config.networking.nftables.enable = {nftables}; }}'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", modules=(module,)))
+    assert result["firewallRules"] == rules
+    warned = [w for w in result["warnings"] if "under firewalld" in w]
+    assert bool(warned) == (backend == "firewalld")
+    if warned:
+        assert "worker `qwen-a`'s port 8101" in warned[0] and "stay closed" in warned[0]
+
+
+def test_an_ipv6_fleet_gets_ipv6_rules(nixh, nixpkgs_lib):
+    extra = (
+        'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1";'
+        ' services.mtpstack.hosts.mac1.address = lib.mkForce "fd00::11";'
+    )
+    for nftables, key, rule in (
+        ("true", "nftables", "ip6 saddr fd00::1 tcp dport 8101 accept\n"),
+        ("false", "iptables", "ip6tables -w -A nixos-fw -p tcp -s fd00::1 --dport 8101 -j nixos-fw-accept\n"),
+    ):
+        result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra, f"networking.nftables.enable = {nftables};"))
+        assert result["firewallRules"][key] == rule
+
+
+def test_the_rule_family_is_the_dialled_addresss_and_a_mismatched_proxy_address_is_refused(nixh, nixpkgs_lib):
+    # An IPv6 gateway dialling mac1 at 10.0.0.11 connects from an IPv4 address: `ip6 saddr fd00::1` would never match.
+    extra = 'services.mtpstack.hosts.gateway.address = lib.mkForce "fd00::1";'
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra))
+    assert (
+        "would admit `services.mtpstack.hosts.gateway.address` `fd00::1` (IPv6) to worker `qwen-a`'s port,"
+        " but the proxy dials that worker at `10.0.0.11` (IPv4)"
+    ) in e.value.stderr
+
+
+def test_a_worker_dialled_by_name_takes_the_proxy_addresss_family(nixh, nixpkgs_lib):
+    extra = 'services.mtpstack.hosts.mac1.address = lib.mkForce "mac1.lan";'
+    result = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", extra, "networking.nftables.enable = true;"))
+    assert result["firewallRules"]["nftables"] == NFTABLES_RULE
+
+
+def test_an_unplaced_proxy_with_the_firewall_open_fails_with_the_placement_message(nixh, nixpkgs_lib):
+    # Before: "value is null while a string was expected" from the firewall's rule text.
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", "services.mtpstack.proxy.deployOn = lib.mkForce null;"))
+    assert "`services.mtpstack.proxy.deployOn` is null, so every host would run a proxy" in e.value.stderr
+    assert "value is null" not in e.value.stderr
 
 
 def test_a_proxy_address_that_is_no_ip_fails_when_the_firewall_is_opened(nixh, nixpkgs_lib):
@@ -116,6 +180,18 @@ def test_placement_errors_fail_every_hosts_evaluation(nixh, nixpkgs_lib, extra, 
         assert message in e.value.stderr, host
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_mac_worker_listening_on_every_address_is_a_warning_naming_its_own_address(nixh, nixpkgs_lib, host):
+    # nix-darwin has no port firewall: a worker on 0.0.0.0 is open to the whole network.
+    result = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac1", f'services.mtpstack.workers.qwen-a.host = lib.mkForce "{host}";'))
+    (warning,) = result["warnings"]
+    assert warning.startswith(f"worker `qwen-a` listens on `{host}` (`services.mtpstack.workers.qwen-a.host`), every address of this Mac")
+    assert "Set it to `10.0.0.11` (`services.mtpstack.hosts.mac1.address`)" in warning
+    # Only the host that runs it is warned; the example binds each worker to its Mac's address.
+    other = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac2", f'services.mtpstack.workers.qwen-a.host = lib.mkForce "{host}";'))
+    assert other["warnings"] == []
+
+
 def test_a_host_name_outside_the_declared_hosts_is_refused(nixh, nixpkgs_lib):
     with pytest.raises(nixh.NixError) as e:
         nixh.eval_module(nixpkgs_lib, "nixos", on_host("gateway", 'networking.hostName = lib.mkForce "gatewy";'))
@@ -146,14 +222,20 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
             nixpkgs.lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
             nix-darwin.lib.darwinSystem = args: {{ kind = "darwin"; inherit (args) system; n = builtins.length args.modules; }};
             deploy-rs.lib.aarch64-darwin.activate.darwin = config: {{ activates = config; }};
+            colmena.lib.makeHive = hive: {{ madeFrom = hive; }};
             mtpstack = {{ nixosModules.default = module "nixos"; darwinModules.default = module "darwin"; }};
           }};
           hosts = import {HOSTS_NIX};
         in {{
           nixos = outputs.nixosConfigurations;
           darwin = outputs.darwinConfigurations;
-          deploy = builtins.mapAttrs (_: n: {{ inherit (n) hostname; inherit (n.profiles.system) path; }}) outputs.deploy.nodes;
-          colmena = builtins.mapAttrs (_: n: n.deployment.targetHost) (builtins.removeAttrs outputs.colmena [ "meta" ]);
+          deploy = builtins.mapAttrs (_: n: {{
+            inherit (n) hostname sshUser interactiveSudo remoteBuild;
+            inherit (n.profiles.system) path user;
+          }}) outputs.deploy.nodes;
+          colmena = builtins.mapAttrs (_: n: n.deployment) (builtins.removeAttrs outputs.colmenaHive.madeFrom [ "meta" ]);
+          colmenaModules = builtins.mapAttrs (_: n: builtins.length n.imports) (builtins.removeAttrs outputs.colmenaHive.madeFrom [ "meta" ]);
+          colmenaMeta = outputs.colmenaHive.madeFrom.meta ? nixpkgs;
           hostModules = builtins.mapAttrs (_: h: builtins.length h.modules) hosts;
         }}
         """
@@ -162,8 +244,13 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
     plus = 2
     assert outputs["nixos"] == {"gateway": {"kind": "nixos", "system": "x86_64-linux", "n": outputs["hostModules"]["gateway"] + plus}}
     assert set(outputs["darwin"]) == {"mac1", "mac2"}
-    assert outputs["colmena"] == {"gateway": "10.0.0.1"}
+    # colmena reads `colmenaHive`, made by `colmena.lib.makeHive` from the gateway's hive.
+    assert outputs["colmena"] == {"gateway": {"targetHost": "10.0.0.1", "targetUser": "root", "buildOnTarget": True}}
+    assert outputs["colmenaModules"] == {"gateway": outputs["hostModules"]["gateway"] + plus}
+    assert outputs["colmenaMeta"]
+    # deploy-rs logs in as an administrator (macOS admits no root SSH), sudoes to root, builds on the Mac.
     assert outputs["deploy"] == {
-        name: {"hostname": address, "path": {"activates": outputs["darwin"][name]}}
+        name: {"hostname": address, "sshUser": "admin", "interactiveSudo": True, "remoteBuild": True,
+               "user": "root", "path": {"activates": outputs["darwin"][name]}}
         for name, address in (("mac1", "10.0.0.11"), ("mac2", "10.0.0.12"))
-    }
+    }  # fmt: skip
