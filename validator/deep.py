@@ -165,6 +165,19 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
                 )
             )
         return findings
+    if facts.recurrent:
+        findings.append(
+            Finding(
+                code="recurrent-draft-model",
+                severity="error",
+                path=path,
+                message=(
+                    f"`{directory}` is a `{facts.model_type}` model with gated-delta layers, whose state a separate "
+                    "draft model's rejected drafts cannot be rolled back from; the worker would refuse it at start"
+                ),
+                hint="use the target's MTP head as the drafter (`drafter.kind: mtp`), or a draft model with attention layers only",
+            )
+        )
     vocab = (facts.vocab_size, target_facts.vocab_size if target_facts is not None else None)
     if None not in vocab and vocab[0] != vocab[1]:
         findings.append(

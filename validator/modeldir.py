@@ -22,6 +22,10 @@ DRAFTER_KINDS = ("auto", "mtp", "model")
 MTP_HEAD_TYPES = {"qwen3_5_mtp": ("qwen3_5", "qwen3_5_moe", "qwen3_next")}
 #: Tensor-name prefix of an MTP head bundled in an original (unconverted) checkpoint.
 BUNDLED_MTP_PREFIX = "mtp."
+#: Families whose layers keep recurrent (gated-delta) state between attention layers: served as
+#: targets with per-row rollback, never as a separate draft model (whose rejected drafts are
+#: rolled back by length). The worker refuses such a draft model at load; `--deep` before that.
+RECURRENT_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 #: A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER = 100_000_000
 
@@ -70,10 +74,16 @@ class ModelFacts:
     hidden_size: int | None
     context_length: int | None
     has_bundled_mtp: bool  # `mtp.*` tensors in the directory's own safetensors
+    full_attention_interval: int | None = None
 
     @property
     def is_mtp_head(self) -> bool:
         return self.model_type in MTP_HEAD_TYPES
+
+    @property
+    def recurrent(self) -> bool:
+        """A model with gated-delta layers (every layer full attention, `full_attention_interval` 1, has none)."""
+        return not self.is_mtp_head and self.model_type in RECURRENT_FAMILIES and self.full_attention_interval != 1
 
     @property
     def family(self) -> str | None:
@@ -100,6 +110,7 @@ def model_facts(directory: Path, config: dict | None = None) -> ModelFacts | Non
         hidden_size=_int(config_value(config, "hidden_size")),
         context_length=_int(config_value(config, "max_position_embeddings")),
         has_bundled_mtp=any(n.startswith(BUNDLED_MTP_PREFIX) for n in tensor_names(directory)),
+        full_attention_interval=_int(config_value(config, "full_attention_interval")),
     )
 
 

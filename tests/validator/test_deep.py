@@ -79,7 +79,9 @@ def test_vocab_and_bits_mismatches_are_found_only_with_deep(tmp_path):
 
 def test_vocab_and_bits_kept_in_text_config_are_checked_too(tmp_path):
     t = qwen35(tmp_path, vocab=1024)
-    d = model_dir(tmp_path, "d", config={"model_type": "qwen3_5", "text_config": {"vocab_size": 2048, "dtype": "float16"}})
+    # every layer attention (`full_attention_interval` 1): a qwen3_5 that may draft
+    text = {"vocab_size": 2048, "dtype": "float16", "full_attention_interval": 1}
+    d = model_dir(tmp_path, "d", config={"model_type": "qwen3_5", "text_config": text})
     findings = deep_findings(fleet(tmp_path, t, d, 4, "bf16"))
     assert sorted((f.code, f.path[-2:]) for f in findings) == [
         ("bits-mismatch", ("drafter", "bits")),
@@ -162,6 +164,19 @@ def test_declared_model_on_a_head_is_a_kind_mismatch(tmp_path):
     assert (f.code, f.severity, f.path) == ("drafter-kind-mismatch", "error", ("workers", "w", "drafter", "kind"))
     assert "is an MTP head (`model_type` `qwen3_5_mtp`)" in f.message
     assert f.hint == "set `drafter.kind` to `mtp`, or leave it `auto`"
+
+
+@pytest.mark.parametrize("kind", [None, "model"])
+def test_a_hybrid_as_a_separate_draft_model_is_refused(tmp_path, kind):
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), qwen35(tmp_path, "small"), "bf16", "bf16", kind=kind))
+    assert (f.code, f.severity, f.path) == ("recurrent-draft-model", "error", ("workers", "w", "drafter", "path"))
+    assert "gated-delta layers" in f.message and "drafter.kind: mtp" in f.hint
+
+
+def test_a_qwen35_whose_every_layer_is_attention_may_draft(tmp_path):
+    text = {"model_type": "qwen3_5_text", "hidden_size": 64, "vocab_size": 1024, "full_attention_interval": 1}
+    small = model_dir(tmp_path, "small", config={"model_type": "qwen3_5", "text_config": text}, tensors=TARGET_TENSORS)
+    assert deep_findings(fleet(tmp_path, qwen35(tmp_path), small, "bf16", "bf16")) == []
 
 
 def test_a_declared_kind_is_checked_even_when_the_target_is_a_hub_id(tmp_path):
