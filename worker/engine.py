@@ -277,7 +277,7 @@ class Sequence:
         self._prefilled = 0  # prompt tokens in the caches
         self.carry = None  # the target's final hidden state at the last prefilled position [1, 1, H]
         #: Positions besides the multiples of PREFILL_CHUNK where the prefix cache snapshots the
-        #: prompt (the chat template's message boundaries); the prompt's end always is one.
+        #: prompt (the chat template's message boundaries); one token before its end always is one.
         self.snapshot_at: set[int] = set()
         self.cached_tokens = 0  # prompt tokens taken from the prefix cache
         self._resumed: Hit | None = None
@@ -329,18 +329,27 @@ class Sequence:
                 return result
         return StepResult()
 
-    def next_chunk(self, share: int) -> list[int]:
-        """The prompt tokens this row prefills next: at most `share`, never past a snapshot point."""
+    def next_chunk(self, share: int, snapshots: bool = False) -> list[int]:
+        """The prompt tokens this row prefills next: at most `share`, never past a multiple of
+        PREFILL_CHUNK nor (`snapshots`: a prefix cache takes them) past another snapshot point."""
         start = self._prefilled
         end = min(len(self.prompt), start + share, (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
-        for point in self.snapshot_at:
+        for point in self._points() if snapshots else ():
             if start < point < end:
                 end = point
         return self.prompt[start:end]
 
+    def _points(self) -> set[int]:
+        """Where the prompt is snapshotted besides the multiples of PREFILL_CHUNK: the hints, and one
+        token before its end. Not at the end itself: a tokenizer may merge the prompt's last token
+        (`assistant\n`) with the answer's first (`\n\n`) when the answer comes back in the next
+        turn's history, which then shares all but the last token; resuming one token earlier costs
+        a one-token prefill on an exact repeat."""
+        return self.snapshot_at | ({len(self.prompt) - 1} if len(self.prompt) > 1 else set())
+
     def at_snapshot_point(self) -> bool:
         pos = self._prefilled
-        return pos > self._snap_from and (pos == len(self.prompt) or pos % PREFILL_CHUNK == 0 or pos in self.snapshot_at)
+        return pos > self._snap_from and (pos % PREFILL_CHUNK == 0 or pos in self._points())
 
     def plan(self) -> int:
         """How many tokens this row drafts next step: never more than could be emitted (k + 1 <= left)."""
@@ -528,7 +537,7 @@ class PrefillBatch:
     def step(self, share: int, batch: Batch, cache: PrefixCache | None) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
         """One chunk of every row (at most `share` tokens each); rows whose prompt is in join `batch`."""
         engine, rows = self.engine, self.rows
-        chunks = [seq.next_chunk(share) for seq in rows]
+        chunks = [seq.next_chunk(share, cache is not None and cache.enabled) for seq in rows]
         lengths = [len(c) for c in chunks]
         width = max(lengths)
         hidden = None

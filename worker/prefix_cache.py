@@ -5,7 +5,7 @@ prefills it all again. A hybrid target's gated-delta layers keep a recurrent
 state that cannot be trimmed back to an earlier position, so the cache keeps
 *snapshots*: the complete state of every layer at chosen points of a prompt
 (every prefill-chunk boundary, the chat template's message boundaries, the
-prompt's end). A new prompt resumes from the deepest snapshot whose tokens
+prompt's end, less one token). A new prompt resumes from the deepest snapshot whose tokens
 are all its own first tokens, and prefills only the rest.
 
 The entries form a tree. A node is the stretch of tokens between two

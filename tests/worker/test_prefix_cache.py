@@ -59,8 +59,9 @@ def test_a_hit_gives_the_targets_own_greedy_text_at_every_depth(engine, referenc
     (second,) = run(sched, engine, [TURN_2], depth)
     (again,) = run(sched, engine, [TURN_2], depth)
     assert first.cached_tokens == 0
-    assert second.cached_tokens == len(engine.text_prompt(TURN_1))  # the whole first turn's prompt
-    assert again.cached_tokens == len(engine.text_prompt(TURN_2))  # a repeated prompt prefills nothing
+    # the first turn's prompt but its last token (see `Sequence._points`); a repeated prompt prefills one token
+    assert second.cached_tokens == len(engine.text_prompt(TURN_1)) - 1
+    assert again.cached_tokens == len(engine.text_prompt(TURN_2)) - 1
     assert first.tokens == reference[TURN_1]
     assert second.tokens == again.tokens == reference[TURN_2]
     if depth:
@@ -112,7 +113,8 @@ def test_two_rows_prefilling_the_same_new_prompt_at_once_store_it_once(engine, r
     entries, size = cache.stats.entries, cache.stats.bytes
     run(sched, engine, [TURN_1])
     assert (cache.stats.entries, cache.stats.bytes) == (entries, size)
-    assert -(-len(engine.text_prompt(TURN_1)) // CHUNK) == entries  # one node per chunk, the last ending the prompt
+    # one node per chunk, the last ending a token before the prompt's end
+    assert -(-(len(engine.text_prompt(TURN_1)) - 1) // CHUNK) == entries
 
 
 def test_a_cancelled_prefill_leaves_nothing_in_the_cache(engine, reference):
@@ -128,6 +130,32 @@ def test_a_cancelled_prefill_leaves_nothing_in_the_cache(engine, reference):
     assert cache.stats.entries == 0 and cache.stats.bytes == 0
     (again,) = run(sched, engine, [TURN_2])
     assert again.cached_tokens == 0 and again.tokens == reference[TURN_2]
+
+
+def test_a_next_turn_whose_first_token_merged_with_the_prompts_last_still_resumes(engine, reference):
+    """The previous prompt's last token is not in the next prompt (a tokenizer merged it with the answer)."""
+    cache = PrefixCache(64 << 20)
+    sched = Scheduler(1, prefix_cache=cache)
+    first = engine.text_prompt(TURN_1)
+    run_ids(sched, engine, first)
+    merged = first[:-1] + engine.text_prompt(" a.py b.py\nuser: open a.py\nassistant:")
+    (seq,) = run_ids(sched, engine, merged)
+    assert seq.cached_tokens == len(first) - 1
+    assert seq.tokens == plain_greedy_ids(engine, merged)
+
+
+def run_ids(sched, engine, prompt: list[int]):
+    seq = engine.new_sequence(prompt, params(3))
+    sched.add(seq)
+    while sched.active:
+        sched.step()
+    return (seq,)
+
+
+def plain_greedy_ids(engine, prompt: list[int]) -> list[int]:
+    from mlx_lm.generate import generate_step
+
+    return [t for t, _ in generate_step(mx.array(prompt), engine.target.model, max_tokens=MAX_TOKENS)]
 
 
 def test_a_prompt_ended_by_its_first_token_is_still_cached(engine):
@@ -156,7 +184,7 @@ def test_the_budget_holds_under_many_distinct_prompts_and_the_most_recent_stays(
         assert cache.stats.bytes <= budget
     assert cache.stats.evictions > 0
     (last,) = run(sched, engine, [f"7 {TURN_1}"])
-    assert last.cached_tokens == len(engine.text_prompt(f"7 {TURN_1}"))
+    assert last.cached_tokens == len(engine.text_prompt(f"7 {TURN_1}")) - 1
     (first,) = run(sched, engine, [f"0 {TURN_1}"])
     assert first.cached_tokens == 0  # the least recently used went first
 
