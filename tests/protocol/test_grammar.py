@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from tests.worker.agent_models import build_agent_tokenizer
+from devkit.demo.agent import build_agent_tokenizer
 from mtpstack.worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
 from mtpstack.worker.protocol.hooks import Constraint
 

@@ -13,7 +13,7 @@ import math
 import openai
 import pytest
 
-from tests.worker.agent_models import build_agent_pair
+from devkit.demo.agent import build_agent_pair
 
 WEATHER = {
     "type": "function",
