@@ -10,6 +10,8 @@ import json
 import socket
 import struct
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 
@@ -18,6 +20,18 @@ def request_bytes(path: str, body: bytes, extra: list[tuple[str, str]] = (), met
     head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json", f"Content-Length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+def json_answer(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None,
+                timeout: float = 30.0) -> tuple[int, dict, object]:
+    """(status, headers, JSON body) of one request, error statuses included; raises on a body
+    that is not JSON (aiohttp's plain-text refusals)."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
 
 def status_of(head: bytes) -> int | None:
     """The status code of a response that starts with `head`; None when it is no HTTP/1 status line."""

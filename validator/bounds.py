@@ -15,6 +15,11 @@ import json
 #: few more. Far below the interpreter's recursion limit, so nothing downstream can recurse
 #: itself to death on an accepted body.
 MAX_REQUEST_DEPTH = 64
+#: Longest request header (name and value) the proxy and the worker read, over aiohttp's 8,190:
+#: a header past it is refused by the HTTP parser in plain text, naming nothing; one below it
+#: reaches the handlers, which refuse an unusable value (an `X-Mtpstack-Class` of 10 KB) in
+#: OpenAI's shape, naming it. At most 128 headers, so a request head stays within 2 MiB.
+MAX_HEADER_BYTES = 16 * 1024
 
 
 class BodyError(ValueError):
