@@ -137,9 +137,10 @@ class RawStream:
     events: int = 0
 
     @classmethod
-    async def open(cls, host: str, port: int, body: dict, request_id: str | None = None) -> RawStream:
+    async def open(cls, host: str, port: int, body: dict, request_id: str | None = None, path: str | None = None) -> RawStream:
+        """`path`: by default chat completions for a body with `messages`, else completions."""
         reader, writer = await asyncio.open_connection(host, port)
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        path = path or ("/v1/chat/completions" if "messages" in body else "/v1/completions")
         extra = [("X-Request-Id", request_id)] if request_id else []
         writer.write(request_bytes(path, json.dumps(body).encode(), [*extra, ("Connection", "close")], host=f"{host}:{port}"))
         await writer.drain()
