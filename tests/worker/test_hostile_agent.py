@@ -12,13 +12,15 @@ import random
 import pytest
 
 from devkit.demo.agent import build_agent_pair
-from devkit.raw_http import RawStream
+from devkit.hostile import AGENT_SEEDS, random_agent_request, seed_request
+from devkit.raw_http import RawStream, json_answer
 
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}
 #: Streams cut in the middle: the issue saw a traceback for 12 of 40.
 CUT_STREAMS = 24
+FUZZ_SEED, FUZZ_COUNT = 23, 120
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,35 @@ async def test_clients_leaving_agent_streams_leave_no_traceback_and_no_slot(work
         if worker.get_json("/health")["active"] == 0:
             break
         await asyncio.sleep(0.05)
+    assert worker.get_json("/health") == {"max_num_seqs": 2, "active": 0, "status": "ok"}
+    entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]
+    assert not [e for e in entries if e.get("level") == "error" or "traceback" in e], entries[-5:]
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_SEEDS))
+def test_each_shape_that_answered_500_or_was_served_is_a_400_naming_its_field(worker, name):
+    path, body, param = seed_request(name, "tiny")
+    status, headers, payload = json_answer(worker.url + path, "POST", {"Content-Type": "application/json"}, body)
+    assert (status, payload["error"]["param"], payload["error"]["type"]) == (400, param, "invalid_request_error"), payload
+    assert headers["X-Request-Id"]
+
+
+def test_generated_hostile_agent_requests_get_no_5xx_and_each_400_names_a_field(worker):
+    rng = random.Random(FUZZ_SEED)
+    statuses: dict[int, int] = {}
+    for _ in range(FUZZ_COUNT):
+        path, body = random_agent_request(rng, "tiny")
+        status, _, payload = json_answer(worker.url + path, "POST", {"Content-Type": "application/json"}, body, timeout=60)
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status in (200, 400), (status, payload, body[:300])
+        if status == 400:
+            error = payload["error"]
+            assert error["param"] and error["message"] and error["type"] == "invalid_request_error", (error, body[:300])
+    assert statuses.get(400, 0) > FUZZ_COUNT // 2, statuses  # the generator is hostile, not merely odd
+
+
+def test_after_all_of_that_the_worker_is_healthy_with_every_slot_free_and_no_traceback(worker):
+    # Runs last in this module: every request above went to this process.
     assert worker.get_json("/health") == {"max_num_seqs": 2, "active": 0, "status": "ok"}
     entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]
     assert not [e for e in entries if e.get("level") == "error" or "traceback" in e], entries[-5:]
