@@ -425,3 +425,16 @@ def _agent_body(path: str, body: dict, model: str) -> bytes:
     else:
         whole = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return json.dumps({**whole, "chat_template_kwargs": {"enable_thinking": False}, **body}).encode()
+
+
+def agent_stream(i: int) -> tuple[str, dict]:
+    """(path, body) of a long stream on one of the agent answer paths, by turns: a Responses stream,
+    a chat stream that may call a tool, a forced call."""
+    no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+    if i % 3 == 0:
+        return "/v1/responses", {"input": "Say something long", "stream": True, "max_output_tokens": 400, **no_think}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "stream": True, "max_tokens": 400,
+                                    "ignore_eos": True, "tools": [tool], "tool_choice": "required" if i % 3 == 2 else "auto",
+                                    **no_think}

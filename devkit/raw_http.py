@@ -182,3 +182,16 @@ class RawStream:
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.writer.close()
+
+
+async def leave_streams(host: str, port: int, requests: list[tuple[str, dict]], after_events: int = 2) -> list[int | None]:
+    """Open each streamed request (path, body) in turn, read `after_events` events, then leave: by FIN
+    and RST by turns, at different points of the server's writing. Their statuses."""
+    statuses = []
+    for i, (path, body) in enumerate(requests):
+        stream = await RawStream.open(host, port, body, request_id=f"left-{i}", path=path)
+        statuses.append(await stream.headers())
+        await stream.until_events(after_events)
+        stream.close("rst" if i % 2 else "fin")
+        await asyncio.sleep(0.02 * (i % 4))
+    return statuses
