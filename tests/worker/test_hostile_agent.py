@@ -48,7 +48,7 @@ async def test_clients_leaving_agent_streams_leave_no_traceback_and_no_slot(work
     statuses = await leave_streams("127.0.0.1", port, [agent_stream(i) for i in range(CUT_STREAMS)])
     assert statuses == [200] * CUT_STREAMS
     assert settled(worker) == {"max_num_seqs": 2, "active": 0, "status": "ok"}
-    entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]
+    entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]  # each line JSON
     assert not [e for e in entries if e.get("level") == "error" or "traceback" in e], entries[-5:]
 
 
@@ -87,8 +87,17 @@ def test_compiling_hostile_schemas_delays_neither_health_nor_a_plain_stream(work
     assert idle.chunks > 10 and loaded.chunks > 10 and loaded.health_probes > 3  # both were measured
 
 
+def test_a_prompt_past_the_tokenizers_maximum_is_refused_and_logged_as_json(worker):
+    # 150 tools fill the system prompt past the template's 4,096 tokens: transformers warns on its
+    # own handler, which printed a text line into the JSON log (the last test reads every line).
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "x " * 40}} for i in range(120)]
+    status, _, payload = json_answer(worker.url + "/v1/chat/completions", "POST", {"Content-Type": "application/json"},
+                                     json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": tools}).encode())
+    assert (status, payload["error"]["code"]) == (400, "context_length_exceeded"), payload
+
+
 def test_after_all_of_that_the_worker_is_healthy_with_every_slot_free_and_no_traceback(worker):
     # Runs last in this module: every request above went to this process.
     assert settled(worker) == {"max_num_seqs": 2, "active": 0, "status": "ok"}
-    entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]
+    entries = [json.loads(line) for line in worker.proc.log_path.read_text().splitlines()]  # each line JSON
     assert not [e for e in entries if e.get("level") == "error" or "traceback" in e], entries[-5:]
