@@ -28,6 +28,8 @@ from http import HTTPStatus
 
 from aiohttp import web
 
+from mtpstack.validator import MAX_HEADER_BYTES
+
 #: Like the native worker's `--admission-grace-seconds`, shortened for tests.
 DEFAULT_GRACE_SECONDS = 0.1
 
@@ -253,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stamp", action="store_true", help='put the send time (time.monotonic()) in each chunk as "t"')
     args = ap.parse_args(argv)
     state = FakeState(gate=args.gate, name=args.name, chunks=args.chunks, interval=args.interval, delay=args.delay, stamp=args.stamp)
-    web.run_app(make_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True)
+    # Headers as long as a real worker reads (`MAX_HEADER_BYTES`), so what the proxy passes on arrives.
+    web.run_app(make_app(state), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True,
+                max_field_size=MAX_HEADER_BYTES)
     return 0
 
 

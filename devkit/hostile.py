@@ -246,3 +246,195 @@ def random_body(rng: random.Random, model: str = "m") -> bytes:
         key = rng.choice(list(ODD_FIELDS))
         body[key] = rng.choice(ODD_FIELDS[key])
     return json.dumps(body, allow_nan=True).encode(errors="surrogatepass")
+
+
+# -- the agent surfaces: tools, tool_choice, Responses items, JSON schemas ---------------
+
+#: The shapes that answered 500 with a traceback, or were served, before issue 23: each request
+#: answered 400 naming its field now. (path, body without `model`, the `param` named.)
+AGENT_SEEDS: dict[str, tuple[str, dict, str]] = {
+    "tool-choice-function-a-string": (
+        "/v1/chat/completions",
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": "f"}},
+        "tool_choice"),
+    "required-not-names": (
+        "/v1/chat/completions",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, "required": [{"x": 1}]}}}], "tool_choice": "required"},
+        "tools[0].function.parameters.required"),
+    "arguments-50k-deep": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 50_000 + "]" * 50_000}}]}]},
+        "messages[1].tool_calls[0].function.arguments"),
+    "arguments-5000-digits": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": ' + "9" * 5000 + "}"}}]}]},
+        "messages[1].tool_calls[0].function.arguments"),
+    "responses-arguments-50k-deep": (
+        "/v1/responses",
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 50_000 + "]" * 50_000}]},
+        "input[0].arguments"),
+    "responses-text-a-string": ("/v1/responses", {"input": "hi", "text": "x"}, "text"),
+    "responses-call-id-an-object": (
+        "/v1/responses", {"input": [{"type": "function_call", "call_id": {"a": 1}, "name": "f", "arguments": "{}"}]},
+        "input[0].call_id"),
+    "parameters-a-number": (
+        "/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": 5}]}, "tools[0].parameters"),
+    "tool-call-id-an-integer": (
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": 7, "content": "x"}]},
+        "messages[1].tool_call_id"),
+    "invalid-pattern": (
+        "/v1/chat/completions",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(abc"}}}},
+        "response_format"),
+}
+
+#: Parts of a JSON schema that compile slowly, fail to compile, or must not be acted on.
+ODD_PATTERNS = ["(abc", "[", "a{1000}{1000}", "(a+)+$", "(a|aa)*b", "\\", "(?<name>x)", "[z-a]", "\\p{Nope}", ".*" * 50]
+ODD_TYPES = ["frob", 5, None, ["string", "frob"], [], {"a": 1}]
+REMOTE_REFS = ["http://127.0.0.1:9/schema.json", "file:///etc/passwd", "#/$defs/missing", "#/$defs/self"]
+
+
+def hostile_schema(rng: random.Random, depth: int = 0) -> object:
+    """A JSON schema that is odd, expensive or wrong somewhere (or, now and then, fine)."""
+    kind = rng.randrange(12 if depth < 3 else 8)
+    if kind == 0:
+        return {"type": rng.choice(ODD_TYPES)}
+    if kind == 1:
+        return {"type": "string", "pattern": rng.choice(ODD_PATTERNS)}
+    if kind == 2:  # integer ranges: the lexer's work grows with them (the issue's 56 KB anyOf)
+        n, step = rng.choice([10, 100, 300]), rng.choice([7, 1000, 123_457])
+        return {"anyOf": [{"type": "integer", "minimum": -i * step - 17, "maximum": i * step * 8 + 523} for i in range(n)]}
+    if kind == 3:
+        return {"enum": [f"value-{i}" for i in range(rng.choice([1, 500, 5000]))]}
+    if kind == 4:
+        return {"$ref": rng.choice(REMOTE_REFS), "$defs": {"self": {"$ref": "#/$defs/self"}}}
+    if kind == 5:
+        return {"type": "integer", "minimum": rng.choice([10**9, -(10**9), 2**63, 1.5]), "maximum": rng.choice([10**9, 0, -1])}
+    if kind == 6:
+        return rng.choice([True, False, 5, "x", [], None, {}])
+    if kind == 7:
+        return {"type": "string", "minLength": rng.choice([-1, 10**9, "3"]), "maxLength": rng.choice([0, 10**12, None]),
+                "format": rng.choice(["date-time", "uuid", "frob"])}
+    props = {f"p{i}": hostile_schema(rng, depth + 1) for i in range(rng.randint(1, 3))}
+    if kind == 8:
+        return {"type": "object", "properties": props, "required": rng.choice([list(props), "p0", [1], [{"a": 1}]]),
+                "additionalProperties": rng.choice([False, True, 5, {"type": "frob"}])}
+    if kind == 9:
+        return {"type": "array", "items": hostile_schema(rng, depth + 1), "minItems": rng.choice([0, 10**6]), "maxItems": 3}
+    if kind == 10:
+        return {rng.choice(["anyOf", "oneOf", "allOf"]): [hostile_schema(rng, depth + 1) for _ in range(rng.randint(1, 4))]}
+    return {"type": "object", "properties": props}
+
+
+def _hostile_tool(rng: random.Random, responses: bool):
+    name = rng.choice(["f", "get_weather", "", "a<b", "x" * 300, 5, None])
+    params = rng.choice([hostile_schema(rng), {"type": "object", "properties": {"x": hostile_schema(rng)}, "required": ["x"]},
+                         {"type": "object", "properties": {"x": {"type": "string"}}}])
+    if rng.random() < 0.1:
+        return rng.choice([5, "f", None, {"type": "web_search"}, {"type": "function"}])
+    if responses:
+        return {"type": "function", "name": name, "parameters": params}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+def _tool_choice(rng: random.Random, responses: bool):
+    name = rng.choice(["f", "get_weather", "missing", 5, None, {"a": 1}])
+    named = {"type": "function", "name": name} if responses else {"type": "function", "function": rng.choice([{"name": name}, "f", 5, None])}
+    return rng.choice(["auto", "none", "required", "sometimes", 5, [], {}, {"type": "allowed_tools"}, named, named])
+
+
+def _arguments(rng: random.Random):
+    return rng.choice(['{"x": 1}', "{oops", "[1, 2]", "", "null", {"x": 1}, 5, None, [],
+                       "[" * rng.choice([63, 65, 5000]) + "]" * 5000, '{"x": ' + "9" * rng.choice([10, 4300, 5000]) + "}"])
+
+
+def _history(rng: random.Random) -> list:
+    call = {"id": rng.choice(["call_1", 5, {"a": 1}, None]), "type": "function",
+            "function": rng.choice([{"name": "f", "arguments": _arguments(rng)}, {"name": 5}, "f", None])}
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": rng.choice(["", None, 5]), "tool_calls": rng.choice([[call], call, "x", []])},
+             {"role": "tool", "tool_call_id": rng.choice(["call_1", 7, {"a": 1}, None]), "content": rng.choice(["ok", 5, [{"type": "text", "text": "ok"}]])}]
+    return turns[: rng.randint(1, 3)]
+
+
+def _input_items(rng: random.Random) -> list:
+    items = []
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(6)
+        if kind == 0:
+            items.append({"type": "function_call", "call_id": rng.choice(["c1", {"a": 1}, 5, None]),
+                          "name": rng.choice(["f", "", 5, None]), "arguments": _arguments(rng)})
+        elif kind == 1:
+            items.append({"type": "function_call_output", "call_id": rng.choice(["c1", 5, []]),
+                          "output": rng.choice(["ok", 5, None, [{"type": "output_text", "text": "ok"}], [{"type": "image"}]])})
+        elif kind == 2:
+            items.append({"role": rng.choice(["user", "assistant", "wizard", 5]), "content": rng.choice(
+                ["hi", 5, None, [{"type": "input_text", "text": "hi"}], [{"type": "input_image"}]])})
+        elif kind == 3:
+            items.append({"type": "reasoning", "summary": []})
+        elif kind == 4:
+            items.append(rng.choice([5, "x", None, {"type": "frob"}, {}]))
+        else:
+            items.append({"type": "message", "role": "user", "content": "hi"})
+    return items
+
+
+def random_agent_request(rng: random.Random, model: str = "m") -> tuple[str, bytes]:
+    """(path, body): a chat or Responses request whose tools, `tool_choice`, history, input items
+    or JSON schema are hostile; a seed of `AGENT_SEEDS` one time in five. Every request asks for 2
+    tokens without thinking, so one that is served is served quickly."""
+    if rng.random() < 0.2:
+        path, body, _ = seed_request(rng.choice(sorted(AGENT_SEEDS)), model)
+        return path, body
+    if rng.random() < 0.5:
+        path = "/v1/chat/completions"
+        body = {"messages": _history(rng) if rng.random() < 0.4 else [{"role": "user", "content": "hi"}]}
+        if rng.random() < 0.6:
+            body["tools"] = [_hostile_tool(rng, False) for _ in range(rng.randint(1, 3))]
+            body["tool_choice"] = _tool_choice(rng, False)
+        else:
+            body["response_format"] = rng.choice([
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": hostile_schema(rng)}},
+                {"type": "json_schema", "json_schema": rng.choice([5, {"schema": 5}, {}])}, {"type": "json_object"},
+                {"type": "frob"}, "json"])
+    else:
+        path = "/v1/responses"
+        body = {"input": _input_items(rng) if rng.random() < 0.5 else "hi"}
+        if rng.random() < 0.5:
+            body["tools"] = [_hostile_tool(rng, True) for _ in range(rng.randint(1, 3))]
+            body["tool_choice"] = _tool_choice(rng, True)
+        if rng.random() < 0.4:
+            body["text"] = rng.choice(["x", 5, {"format": "x"}, {"format": {"type": "frob"}},
+                                       {"format": {"type": "json_schema", "name": "x", "schema": hostile_schema(rng)}}])
+    return path, _agent_body(path, body, model)
+
+
+def seed_request(name: str, model: str = "m") -> tuple[str, bytes, str]:
+    """(path, body, the `param` its refusal names) for one of `AGENT_SEEDS`."""
+    path, body, param = AGENT_SEEDS[name]
+    return path, _agent_body(path, body, model), param
+
+
+def _agent_body(path: str, body: dict, model: str) -> bytes:
+    """`body` made a whole request: a prompt if it has none, 2 tokens, no thinking."""
+    if path == "/v1/responses":
+        whole = {"model": model, "input": "hi", "max_output_tokens": 2}
+    else:
+        whole = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return json.dumps({**whole, "chat_template_kwargs": {"enable_thinking": False}, **body}).encode()
+
+
+def agent_stream(i: int) -> tuple[str, dict]:
+    """(path, body) of a long stream on one of the agent answer paths, by turns: a Responses stream,
+    a chat stream that may call a tool, a forced call."""
+    no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+    if i % 3 == 0:
+        return "/v1/responses", {"input": "Say something long", "stream": True, "max_output_tokens": 400, **no_think}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "stream": True, "max_tokens": 400,
+                                    "ignore_eos": True, "tools": [tool], "tool_choice": "required" if i % 3 == 2 else "auto",
+                                    **no_think}

@@ -10,6 +10,8 @@ import json
 import socket
 import struct
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 
@@ -18,6 +20,18 @@ def request_bytes(path: str, body: bytes, extra: list[tuple[str, str]] = (), met
     head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json", f"Content-Length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+def json_answer(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None,
+                timeout: float = 30.0) -> tuple[int, dict, object]:
+    """(status, headers, JSON body) of one request, error statuses included; raises on a body
+    that is not JSON (aiohttp's plain-text refusals)."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
 
 def status_of(head: bytes) -> int | None:
     """The status code of a response that starts with `head`; None when it is no HTTP/1 status line."""
@@ -123,9 +137,10 @@ class RawStream:
     events: int = 0
 
     @classmethod
-    async def open(cls, host: str, port: int, body: dict, request_id: str | None = None) -> RawStream:
+    async def open(cls, host: str, port: int, body: dict, request_id: str | None = None, path: str | None = None) -> RawStream:
+        """`path`: by default chat completions for a body with `messages`, else completions."""
         reader, writer = await asyncio.open_connection(host, port)
-        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        path = path or ("/v1/chat/completions" if "messages" in body else "/v1/completions")
         extra = [("X-Request-Id", request_id)] if request_id else []
         writer.write(request_bytes(path, json.dumps(body).encode(), [*extra, ("Connection", "close")], host=f"{host}:{port}"))
         await writer.drain()
@@ -167,3 +182,16 @@ class RawStream:
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.writer.close()
+
+
+async def leave_streams(host: str, port: int, requests: list[tuple[str, dict]], after_events: int = 2) -> list[int | None]:
+    """Open each streamed request (path, body) in turn, read `after_events` events, then leave: by FIN
+    and RST by turns, at different points of the server's writing. Their statuses."""
+    statuses = []
+    for i, (path, body) in enumerate(requests):
+        stream = await RawStream.open(host, port, body, request_id=f"left-{i}", path=path)
+        statuses.append(await stream.headers())
+        await stream.until_events(after_events)
+        stream.close("rst" if i % 2 else "fin")
+        await asyncio.sleep(0.02 * (i % 4))
+    return statuses

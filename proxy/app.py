@@ -26,7 +26,7 @@ from mtpstack.proxy.dashboard import dashboard
 from mtpstack.proxy import fleet
 from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
-from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, filter_headers, sse_error_event
+from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, errors_as_json, filter_headers, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
@@ -96,7 +96,7 @@ def create_app(
     )
 
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
-    app = web.Application(middlewares=[client_deadline_middleware(lambda a: a[STATE].deadlines)])
+    app = web.Application(middlewares=[errors_as_json, client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
     app[FLEET] = FleetCollector(state, fleet_interval)
     app.cleanup_ctx.append(_clients_ctx)

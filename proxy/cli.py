@@ -15,7 +15,7 @@ from mtpstack.errors import print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.proxy.app import create_app
 from mtpstack.proxy.state import STATE
-from mtpstack.validator import ConfigError, FleetConfig, load_config
+from mtpstack.validator import MAX_HEADER_BYTES, ConfigError, FleetConfig, load_config
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -64,7 +64,8 @@ async def serve(app: web.Application, config: FleetConfig) -> int:
     # Client disconnects cancel the handler, which closes the upstream request and frees the
     # slot at once. On a stop signal: close the socket, let in-flight requests finish up to
     # the grace period, then cancel what is left.
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=p.shutdown_grace_seconds)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=p.shutdown_grace_seconds,
+                           max_field_size=MAX_HEADER_BYTES)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

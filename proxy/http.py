@@ -6,12 +6,16 @@ Request ids are both services' convention: `mtpstack.requestid`.
 from __future__ import annotations
 
 import json
+import logging
 from http import HTTPStatus
 from typing import Iterable
 
 from aiohttp import hdrs, web
 
-from mtpstack.requestid import REQUEST_ID
+from mtpstack.refusals import internal_error, routing_refusal
+from mtpstack.requestid import REQUEST_ID, request_id
+
+log = logging.getLogger("mtpstack.proxy")
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one connection, so they never
 #: cross the proxy; headers named in `Connection` are dropped with them.
@@ -35,6 +39,7 @@ _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "invalid_request_error",
     HTTPStatus.UNAUTHORIZED: "authentication_error",
     HTTPStatus.NOT_FOUND: "invalid_request_error",
+    HTTPStatus.METHOD_NOT_ALLOWED: "invalid_request_error",
     HTTPStatus.REQUEST_TIMEOUT: "invalid_request_error",
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "invalid_request_error",
     HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
@@ -76,3 +81,25 @@ def error_response(
 def sse_error_event(code: str, message: str) -> bytes:
     """The last event of a stream the proxy had to cut short (OpenAI clients raise on it)."""
     return b"data: " + json.dumps(error_body(code, message, HTTPStatus.BAD_GATEWAY)).encode() + b"\n\n"
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    """The proxy's own refusals in OpenAI's error shape too: an unknown path or a wrong method
+    (aiohttp's plain-text 404 and 405), and an unexpected exception outside `forward` (which
+    answers its own), a 500 naming the request id, logged once with its traceback."""
+    rid = request_id(request.headers)
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code, message = routing_refusal(e.status, request.method, request.path, e.headers.get(hdrs.ALLOW))
+        extra = {hdrs.ALLOW: e.headers[hdrs.ALLOW]} if hdrs.ALLOW in e.headers else {}
+        status = HTTPStatus(e.status)
+    except Exception:
+        log.exception("unexpected error in request %s", rid)
+        (code, message), extra, status = internal_error("proxy", rid), {}, HTTPStatus.INTERNAL_SERVER_ERROR
+    resp = error_response(status, code, message, rid=rid)
+    resp.headers.update(extra)
+    return resp

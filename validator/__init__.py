@@ -5,7 +5,7 @@ packages import only the names below, never the modules behind them (tests/test_
 """
 
 from mtpstack.validator.argv import draft_kind_from_argv, worker_argv
-from mtpstack.validator.bounds import BodyError, parse_json_body
+from mtpstack.validator.bounds import MAX_HEADER_BYTES, BodyError, parse_json_body
 from mtpstack.validator.claim import Mismatch, WeightsClaim, compare_identity, identity_disagreements, parse_depth_map, weights_from_argv
 from mtpstack.validator.config import (
     DEPTH_DEFAULT,
@@ -53,6 +53,7 @@ __all__ = [
     "DEPTH_MAX",
     "DEPTH_MIN",
     "DRAFTER_KINDS",
+    "MAX_HEADER_BYTES",
     "PREFIX_CACHE_GIB_DEFAULT",
     "PREFIX_CACHE_GIB_MAX",
     "DrafterSpec",

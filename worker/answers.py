@@ -1,7 +1,8 @@
 """A generation written out as its answer: one JSON body, a stream of Chat Completions or Completions
 chunks, or the Responses API's output (whole or as events). Every answer carries the request's
 `X-Request-Id`; a generation that failed ends as a 500 before the first byte, or as a last error
-event after it."""
+event after it. A client that leaves mid-stream ends its stream quietly: the handler then cancels
+the sequence."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ async def stream(request: web.Request, parsed: ParsedRequest, handle: RequestHan
     rid, obj, created = _ids(parsed.kind)
     obj += ".chunk" if parsed.kind == "chat" else ""
     tokenizer = handle.seq.engine.tokenizer
-    resp = await open_stream(request, handle.rid)
+    resp = None
     answer = render.ChatText(parsed.agent.output) if parsed.kind == "chat" else None
     sent = 0  # characters of text answered so far (completions' `text_offset`)
 
@@ -111,51 +112,62 @@ async def stream(request: web.Request, parsed: ParsedRequest, handle: RequestHan
         if finish is not None:
             await resp.write(chunk({}, answer.finish_reason(finish)))
 
-    if answer is not None:
-        await resp.write(chunk({"role": "assistant", "content": ""}, None))
-    while True:
-        event = await handle.events.get()
-        if event.finish_reason is not None:
-            break
-        await write(event, None)
-    if event.error:
-        await resp.write(frame(generation_failed(event.error, handle.rid).body()))
-    else:
-        await write(event, event.finish_reason)
-        if parsed.include_usage:
-            await resp.write(frame({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
-                                    "usage": _usage(parsed, handle.seq)}))
-    await resp.write(DONE)
-    await resp.write_eof()
-    return resp
+    try:
+        resp = await open_stream(request, handle.rid)
+        if answer is not None:
+            await resp.write(chunk({"role": "assistant", "content": ""}, None))
+        while True:
+            event = await handle.events.get()
+            if event.finish_reason is not None:
+                break
+            await write(event, None)
+        if event.error:
+            await resp.write(frame(generation_failed(event.error, handle.rid).body()))
+        else:
+            await write(event, event.finish_reason)
+            if parsed.include_usage:
+                await resp.write(frame({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                                        "usage": _usage(parsed, handle.seq)}))
+        await resp.write(DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client left mid-stream
+    # Left before the stream opened: aiohttp finds the connection closed and drops this quietly.
+    return resp if resp is not None else web.Response()
 
 
 async def respond(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
     """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
     builder = parsed.responses
-    resp = await open_stream(request, handle.rid) if parsed.stream else None
+    resp = None
+    try:
+        resp = await open_stream(request, handle.rid) if parsed.stream else None
 
-    async def send(events: list[dict]) -> None:
-        for e in events if resp is not None else ():
-            await resp.write(frame(e, event=e["type"]))
+        async def send(events: list[dict]) -> None:
+            for e in events if resp is not None else ():
+                await resp.write(frame(e, event=e["type"]))
 
-    await send(builder.start())
-    while True:
-        event = await handle.events.get()
-        if event.finish_reason is not None:
-            break
-        await send(builder.feed(event.text))
-    if event.error:
-        err = generation_failed(event.error, handle.rid)
-        if resp is None:
-            return err.response(handle.rid)
-        await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
-                     "param": None}])
-    else:
-        seq = handle.seq
-        events = builder.feed(event.text) + builder.finish(event.finish_reason, responses.usage(len(parsed.prompt), len(seq.tokens), seq.cached_tokens))
-        if resp is None:
-            return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
-        await send(events)
-    await resp.write_eof()
-    return resp
+        await send(builder.start())
+        while True:
+            event = await handle.events.get()
+            if event.finish_reason is not None:
+                break
+            await send(builder.feed(event.text))
+        if event.error:
+            err = generation_failed(event.error, handle.rid)
+            if resp is None:
+                return err.response(handle.rid)
+            await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
+                         "param": None}])
+        else:
+            seq = handle.seq
+            usage = responses.usage(len(parsed.prompt), len(seq.tokens), seq.cached_tokens)
+            events = builder.feed(event.text) + builder.finish(event.finish_reason, usage)
+            if resp is None:
+                return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
+            await send(events)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client left mid-stream
+    # Left before the stream opened: aiohttp finds the connection closed and drops this quietly.
+    return resp if resp is not None else web.Response()

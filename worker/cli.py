@@ -86,12 +86,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- mtpstack worker ---------------------------------------------------------------------
 
 
+def _transformers_logs_as_json() -> None:
+    """transformers logs through a handler of its own, as text: a client's prompt past the tokenizer's
+    `model_max_length` printed "[transformers] Token indices sequence length is longer ..." into the
+    worker's JSON log. Its records go to the root logger instead, one JSON object each."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # a backend without it never logs through it
+        return
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+
+
 def run_worker(args: argparse.Namespace) -> int:
     configure_logs(args.log_level)
     # transformers (which mlx-lm imports for some model families, Qwen3.5 among them) prints an
     # advisory that PyTorch is absent, as text through its own handler: a worker never uses PyTorch,
     # and its log is JSON lines.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    _transformers_logs_as_json()
     if args.max_num_seqs < 1:
         return print_error(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
     if args.max_context_tokens is not None and args.max_context_tokens < 1:

@@ -20,7 +20,7 @@ from mtpstack.worker.http import MAX_BODY_BYTES, ApiError, bad_request, generati
 from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import responses
-from mtpstack.worker.protocol.chat import ProtocolError
+from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
 from mtpstack.worker.requests import parse_request
 
 log = logging.getLogger("mtpstack.worker")
@@ -111,11 +111,16 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
         parsed = parse_request(body, kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
+        if parsed.agent is not None:
+            try:
+                await compile_constraint(parsed.agent, gen.engine)  # off the loop: a schema stalls no one
+            except ProtocolError as e:
+                raise ApiError(400, e.code, e.message, e.param) from None
         if api == "responses":
             parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
     except ApiError as e:
         if api == "responses":
-            e.param = responses.RESPONSES_PARAM.get(e.param, e.param)
+            e.param, e.message = responses.responses_refusal(e.param, e.message)
         if e.status in (400, 404, 413):
             app[METRICS].rejected.labels(code=e.code).inc()
         return e.response(rid)

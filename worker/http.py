@@ -1,15 +1,22 @@
 """The worker's HTTP conventions: the request id every answer carries, the largest body it reads,
-and the OpenAI error shape its refusals take."""
+and the OpenAI error shape its refusals take, aiohttp's own (404, 405) and failures included."""
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import hdrs, web
+
+from mtpstack.refusals import internal_error, routing_refusal
 
 # The request id is shared with the proxy (`mtpstack.requestid`) so one id names a request in both logs;
 # every worker module takes these two names from here.
 from mtpstack.requestid import REQUEST_ID, request_id
 
-__all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "generation_failed", "request_id"]
+__all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "errors_as_json", "generation_failed",
+           "request_id"]
+
+log = logging.getLogger("mtpstack.worker")
 
 #: Largest request body the worker reads; the proxy's own limit (`proxy.maxBodyBytes`) is lower.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -44,3 +51,29 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 def generation_failed(error, rid: str) -> ApiError:
     """A 500 naming the request, so the failure a client sees can be found in the worker's log."""
     return ApiError(500, "generation_failed", f"generation failed for request `{rid}`: {error}")
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp's own refusals (an unknown path, a wrong method) in OpenAI's error shape, and an
+    unexpected exception as a 500 naming the request id, logged once with its traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        allowed = e.headers.get(hdrs.ALLOW)
+        refusal = ApiError(e.status, *routing_refusal(e.status, request.method, request.path, allowed))
+        resp = refusal.response(request_id(request.headers))
+    except Exception:
+        rid = request_id(request.headers)
+        log.exception("request %s: unexpected error", rid)
+        if request.writer is not None and request.writer.output_size > 0:
+            # The answer is under way and nothing can follow its first bytes: its connection is cut.
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()
+        return ApiError(500, *internal_error("worker", rid)).response(rid)
+    if allowed is not None:
+        resp.headers[hdrs.ALLOW] = allowed
+    return resp

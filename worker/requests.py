@@ -11,7 +11,7 @@ from mtpstack.validator import config_value
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError, bad_request
-from mtpstack.worker.protocol.chat import AgentRequest, ProtocolError, prepare
+from mtpstack.worker.protocol.chat import AgentRequest, ProtocolError, prepare, shown
 
 #: Parameters that would change the response's shape or meaning, refused rather than ignored.
 UNSUPPORTED_IF_SET = ("functions", "function_call", "suffix", "echo")
@@ -54,18 +54,12 @@ def _number(body: dict, key: str, kind, lo=None, hi=None):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise bad_request(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {_shown(value)}", key)
+        raise bad_request(f"`{key}` must be {'an integer' if kind is int else 'a number'}: {shown(value)}", key)
     if isinstance(value, float) and not math.isfinite(value):
         raise bad_request(f"`{key}` must be a finite number: {value!r}", key)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise bad_request(f"`{key}` is out of range [{lo}, {hi}]: {_shown(value)}", key)
+        raise bad_request(f"`{key}` is out of range [{lo}, {hi}]: {shown(value)}", key)
     return kind(value)
-
-
-def _shown(value) -> str:
-    """A client's value inside a message: short, so an error never echoes a megabyte back."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _text(value: str, param: str, where: str | None = None) -> str:
@@ -82,7 +76,7 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"`{key}` must be a boolean: {_shown(value)}", key)
+        raise bad_request(f"`{key}` must be a boolean: {shown(value)}", key)
     return value
 
 
@@ -111,7 +105,7 @@ def _tokenize(make, param: str) -> list[int]:
     try:
         return make()
     except Exception as e:
-        raise bad_request(f"`{param}` cannot be tokenized: {type(e).__name__}: {_shown(str(e))}", param) from None
+        raise bad_request(f"`{param}` cannot be tokenized: {type(e).__name__}: {shown(str(e))}", param) from None
 
 
 def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
@@ -124,7 +118,7 @@ def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
         named, param = header, CLASS_HEADER
     if named is not None:
         if not isinstance(named, str) or not CLASS_PATTERN.fullmatch(named):
-            raise bad_request(f"`{param}` must be a class name of letters, digits, `_`, `.` and `-`: {_shown(named)}", param)
+            raise bad_request(f"`{param}` must be a class name of letters, digits, `_`, `.` and `-`: {shown(named)}", param)
     cls = named if named is not None else classify_request(body)
     return cls if cls in config.draft_depth_map or cls in (CODE, PROSE) else "default"
 
@@ -138,10 +132,10 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request(f"`model` must be a string: {_shown(model)}", "model")
+        raise bad_request(f"`model` must be a string: {shown(model)}", "model")
     if model is not None and model != config.served_model_name:
-        shown = model if len(model) <= 100 else model[:100] + "..."
-        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{shown}`", "model")
+        asked = model if len(model) <= 100 else model[:100] + "..."
+        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{asked}`", "model")
     n = _number(body, "n", int, 1, MAX_COUNT)
     if n is not None and n != 1:
         raise _unsupported(f"only n=1 is supported: {n!r}", "n")
@@ -179,7 +173,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     low, high = min(prompt), max(prompt)
     if low < 0 or (vocab is not None and high >= vocab):
         bad = low if low < 0 else high
-        raise bad_request(f"token id {_shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1 if vocab else 'the vocabulary size'}", prompt_key)
+        raise bad_request(f"token id {shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1 if vocab else 'the vocabulary size'}", prompt_key)
 
     max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, max_key, int, 1, MAX_COUNT)
@@ -218,7 +212,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         raise bad_request("`stream_options` must be an object", "stream_options")
     include_usage = opts.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise bad_request(f"`stream_options.include_usage` must be a boolean: {_shown(include_usage)}", "stream_options")
+        raise bad_request(f"`stream_options.include_usage` must be a boolean: {shown(include_usage)}", "stream_options")
     ignore_eos = _flag(body, "ignore_eos")
 
     cls = request_class(body, class_header, config)

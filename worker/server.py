@@ -14,11 +14,12 @@ import signal
 from aiohttp import web
 
 from mtpstack.errors import UserError
+from mtpstack.validator import MAX_HEADER_BYTES
 from mtpstack.worker import handlers
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop
 from mtpstack.worker.handlers import CONFIG, GEN, METRICS, SLOTS
-from mtpstack.worker.http import MAX_BODY_BYTES
+from mtpstack.worker.http import MAX_BODY_BYTES, errors_as_json
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.proof import ModelNotFound
 
@@ -29,7 +30,7 @@ SHUTDOWN_GRACE = 5.0
 
 
 def create_app(config: WorkerConfig) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_as_json])
     app[CONFIG] = config
     app[METRICS] = Metrics(max(config.deepest_draft_depth, 1) if config.draft_model else 0)
     app.cleanup_ctx.append(_generation_ctx)
@@ -57,7 +58,8 @@ async def serve(config: WorkerConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 1 when the models failed to load."""
     app = create_app(config)
     # handler_cancellation: a closed connection cancels its handler, which cancels the sequence.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE,
+                           max_field_size=MAX_HEADER_BYTES)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     try:

@@ -39,7 +39,7 @@ def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int)
     seq = engine.new_sequence(prompt, SamplingParams(max_tokens=tokens, depth=depth))
     if schema:
         g = grammars_for(engine)
-        seq.hook = RowHook(None, Constraint(g.matcher(json_grammar(SCHEMA)), g._vocab))
+        seq.hook = RowHook(None, Constraint(g.matcher(json_grammar(SCHEMA)), g.vocab_size))
     start = time.perf_counter()
     while not seq.finished:
         seq.step()

@@ -7,6 +7,10 @@ must_be_zero = _script.must_be_zero
 report = _script.report
 
 
+def agent_counts() -> dict:
+    return {"requests": 6, "seconds": 0.5, "statuses": {200: 2, 400: 4}, "5xx": 0, "hangs": 0, "not_json": 0, "unnamed_400": 0}
+
+
 def result(**over) -> dict:
     r = {
         "validate": {"configs": 10, "seconds": 0.1, "exit_0": 1, "exit_1": 4, "exit_2": 5, "tracebacks": 0, "internal_errors": 0,
@@ -19,10 +23,16 @@ def result(**over) -> dict:
             "log": {"lines": 9, "not_one_json_object": 0, "with_traceback_field": 0, "internal_errors": 0, "logged_5xx": 0},
             "leaked_slots": 0,
             "crashed": 0,
+            "agent": agent_counts(),
+            "unrouted_not_json": 0,
         },
         "worker": {"malformed": {"requests": 5, "seconds": 0.1, "statuses": {400: 5}, "closed_without_answer": 0, "5xx": 0,
                                  "hangs": 0, "crashed": 0},
-                   "leaked_slots": 0, "crashed": 0, "log_tracebacks": 0},
+                   "leaked_slots": 0, "crashed": 0, "log_tracebacks": 0, "unrouted_not_json": 0},
+        "agent": {"seeds": 10, "seeds_not_named": 0, "requests": agent_counts(), "cut_streams": 4, "leaked_slots": 0,
+                  "crashed": 0, "log_errors": 0, "log_not_json": 0,
+                  "stall": {"repeats": 3, "refused": 48, "idle_health_max": [0.01, 0.02, 0.16], "loaded_health_max": [0.05, 0.1, 0.27],
+                            "idle_gap_max": [0.1, 0.2, 0.24], "loaded_gap_max": [0.12, 0.15, 0.17]}},
     }
     for path, value in over.items():
         *keys, last = path.split("__")
@@ -46,3 +56,16 @@ def test_the_report_names_each_count_and_the_slow_clients_hold_time():
     lines = report(result(validate__tracebacks=3))
     assert "validate tracebacks: 3" in "\n".join(lines)
     assert any("held 2.0 s median, 2.1 s max" in line for line in lines)
+
+
+def test_agent_refusals_naming_no_field_or_not_in_openais_shape_are_counted():
+    counts = must_be_zero(result(agent__requests__unnamed_400=2, agent__seeds_not_named=1, worker__unrouted_not_json=3,
+                                 proxy__agent__5xx=1))
+    assert counts["agent 400s naming no field"] == 3 and counts["refusals not in OpenAI's shape"] == 3
+    assert counts["agent 5xx (proxy, worker)"] == 1
+
+
+def test_the_report_shows_the_stall_as_median_and_range_loaded_and_idle():
+    text = "\n".join(report(result()))
+    assert "/health 0.10 (0.05-0.27) s at worst (idle 0.02 (0.01-0.16))" in text
+    assert "largest gap 0.15 (0.12-0.17) s (idle 0.20 (0.10-0.24))" in text

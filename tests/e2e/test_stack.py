@@ -40,6 +40,23 @@ def test_responses_and_logprobs_answer_through_the_proxy_like_the_worker(stack):
     assert len(lp.choices[0].logprobs.content) == lp.usage.completion_tokens
 
 
+def test_hostile_agent_input_is_a_400_naming_its_field_through_the_proxy(stack):
+    # Each was a 500 with a traceback, a plain-text 400 or a plain-text 404 before issue 23.
+    c = client(stack)
+    hi = {"role": "user", "content": "hi"}
+    deep = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "[" * 50_000 + "]" * 50_000}}]}
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.chat.completions.create(model="tiny", messages=[hi, deep], max_tokens=2)
+    assert refused.value.body["param"] == "messages[1].tool_calls[0].function.arguments"
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.chat.completions.create(model="tiny", messages=[hi], max_tokens=2, extra_headers={"X-Mtpstack-Class": "a" * 10_000})
+    assert refused.value.body["param"] == "X-Mtpstack-Class"
+    with pytest.raises(openai.NotFoundError) as missing:
+        c.post("/embeddings", body={"model": "tiny", "input": "x"}, cast_to=object)
+    assert missing.value.body["code"] == "not_found"
+
+
 def test_models_list_names_the_served_model(stack):
     models = client(stack).models.list()
     assert [m.id for m in models.data] == ["tiny"]

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from tests.worker.agent_models import build_agent_tokenizer
+from devkit.demo.agent import build_agent_tokenizer
 from mtpstack.worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
 from mtpstack.worker.protocol.hooks import Constraint
 
@@ -81,3 +81,41 @@ def test_schemas_past_the_size_bound_or_invalid_are_refused_with_a_reason(tok):
     with pytest.raises(GrammarError, match="cannot be forced"):
         tool_grammar([TOOL], "mistral")
     assert json.loads(json.dumps(TOOL))  # the fixture itself is plain JSON
+
+
+@pytest.mark.parametrize("required", ["x", [{"a": 1}], [1]])
+def test_a_forced_call_whose_required_is_not_a_list_of_names_is_refused(required):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {**TOOL["function"]["parameters"], "required": required}}}
+    with pytest.raises(GrammarError, match="`required` list of strings"):
+        tool_grammar([tool], "qwen3_coder")
+
+
+def test_a_grammar_is_compiled_once_and_each_request_gets_its_own_matcher(tok):
+    tokenizer, _ = tok
+    grammars = Grammars(tokenizer, tok[1])
+    grammar = tool_grammar([TOOL], "qwen3_coder")
+    first, second = grammars.matcher(grammar), grammars.matcher(grammar)
+    assert grammars.cached == 1  # the second came from the cache
+    ids = tokenizer.encode("<tool_call>\n<function=f>\n", add_special_tokens=False)
+    assert first.try_consume_tokens(ids) == len(ids)
+    assert second.try_consume_tokens(ids) == len(ids)  # the copies do not share state
+    with pytest.raises(GrammarError):
+        grammars.matcher(json_grammar({"type": "frob"}))
+    with pytest.raises(GrammarError):  # a refusal is remembered as well
+        grammars.matcher(json_grammar({"type": "frob"}))
+    assert grammars.cached == 2
+
+
+def test_the_grammar_cache_is_bounded(tok):
+    grammars = Grammars(tok[0], tok[1], cache_size=3)
+    for i in range(5):
+        grammars.matcher(json_grammar({"type": "string", "maxLength": i + 1}))
+    assert grammars.cached == 3
+
+
+async def test_a_compile_past_its_deadline_is_refused_naming_the_deadline(tok):
+    grammars = Grammars(tok[0], tok[1])
+    schema = {"anyOf": [{"type": "integer", "minimum": i * 7 + 1, "maximum": 10**9 - i * 13} for i in range(700)]}
+    with pytest.raises(GrammarError, match=r"did not compile within 0\.001 s"):
+        await grammars.compile(json_grammar(schema), seconds=0.001)
+    assert (await grammars.compile(json_grammar({"type": "integer"}))).is_accepting() is False

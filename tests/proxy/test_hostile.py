@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from devkit.fake_fleet import proxy_before_fake
-from devkit.hostile import MALFORMED_HTTP, random_body, random_http
-from devkit.raw_http import SLOW_KINDS, raw_exchange, request_bytes, slow_client
+from devkit.hostile import MALFORMED_HTTP, random_agent_request, random_body, random_http
+from devkit.raw_http import SLOW_KINDS, json_answer, raw_exchange, request_bytes, slow_client
 
 #: The deadline under test, short so that slow clients are cut off quickly.
 CLIENT_SECONDS = 1.0
@@ -72,6 +72,28 @@ def test_a_slow_client_is_cut_off_by_the_deadline_however_it_drips(proxy, kind):
     assert got.status == (408 if kind in ("drip-body", "short-body", "endless-chunks") else None), got
 
 
+@pytest.mark.parametrize(
+    ("path", "method", "status", "code"),
+    [("/nope", "GET", 404, "not_found"), ("/v1/embeddings", "POST", 404, "not_found"),
+     ("/v1/chat/completions", "GET", 405, "method_not_allowed"), ("/v1/models", "POST", 405, "method_not_allowed")],
+)
+def test_an_unknown_path_or_method_is_answered_in_the_openai_error_shape(proxy, path, method, status, code):
+    got, headers, payload = json_answer(f"http://127.0.0.1:{proxy.port}{path}", method, body=b"{}" if method == "POST" else None)
+    assert (got, payload["error"]["code"], payload["error"]["type"]) == (status, code, "invalid_request_error"), payload
+    assert path in payload["error"]["message"] and headers["X-Request-Id"]
+    if status == 405:
+        assert headers["Allow"]
+
+
+def test_a_10_kb_class_header_reaches_the_worker_which_names_it(proxy):
+    # The proxy's parser refused it (aiohttp's 8,190 bytes) in plain text; the worker now refuses
+    # it naming `X-Mtpstack-Class` (tests/worker/test_hostile.py), and this fake worker answers.
+    headers = {"Content-Type": "application/json", "X-Mtpstack-Class": "a" * 10_000}
+    body = json.dumps({"model": "m", "prompt": "x"}).encode()
+    status, _, _ = json_answer(f"http://127.0.0.1:{proxy.port}/v1/completions", "POST", headers, body)
+    assert status == 200
+
+
 def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
     rng = random.Random(FUZZ_SEED)
     statuses = []
@@ -81,6 +103,19 @@ def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
         assert not got.timed_out
         statuses.append(got.status)
     assert not [s for s in statuses if s is not None and s >= 500], statuses
+
+
+def test_generated_hostile_agent_requests_get_no_5xx_and_no_hang(proxy):
+    # The proxy passes tools, schemas and Responses items to its worker unread: what it must not
+    # do is fail on them (this fake worker answers whatever reaches it).
+    rng = random.Random(FUZZ_SEED)
+    statuses = []
+    for _ in range(FUZZ_COUNT // 3):
+        path, body = random_agent_request(rng)
+        got = raw_exchange("127.0.0.1", proxy.port, request_bytes(path, body), timeout=HELD_AT_MOST)
+        assert not got.timed_out
+        statuses.append(got.status)
+    assert not [s for s in statuses if s is None or s >= 500], statuses
 
 
 def test_afterwards_the_proxy_is_alive_holds_nothing_and_logged_only_json(proxy):

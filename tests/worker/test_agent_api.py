@@ -13,7 +13,7 @@ import math
 import openai
 import pytest
 
-from tests.worker.agent_models import build_agent_pair
+from devkit.demo.agent import build_agent_pair
 
 WEATHER = {
     "type": "function",
@@ -229,6 +229,17 @@ def test_streamed_logprobs_match_the_non_streamed_ones(client):
     assert all(a == pytest.approx(b, abs=1e-4) for (_, a), (_, b) in zip(streamed, whole))
 
 
+def tool_with(**params) -> dict:
+    """WEATHER with some of its `parameters` replaced."""
+    return {"type": "function", "function": {**WEATHER["function"], "parameters": {**WEATHER["function"]["parameters"], **params}}}
+
+
+def history_arguments(arguments: str) -> dict:
+    """A history whose assistant turn called a tool with these `arguments`."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    return {"messages": [*ASK, {"role": "assistant", "content": "", "tool_calls": [call]}]}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -248,8 +259,21 @@ def test_streamed_logprobs_match_the_non_streamed_ones(client):
         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": []}, "chat_template_kwargs"),
         ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]},
-         "messages"),
+         "messages[0].tool_calls[0].function.arguments"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        # Each of these answered 500 with a traceback (issue 23).
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice"),
+        ({"tools": [tool_with(required=[{"a": 1}])], "tool_choice": "required"}, "tools[0].function.parameters.required"),
+        ({"tools": [tool_with(required="city")], "tool_choice": "required"}, "tools[0].function.parameters.required"),
+        (history_arguments("[" * 50_000 + "]" * 50_000), "messages[1].tool_calls[0].function.arguments"),
+        (history_arguments('{"x": ' + "9" * 5000 + "}"), "messages[1].tool_calls[0].function.arguments"),
+        (history_arguments("[1, 2]"), "messages[1].tool_calls[0].function.arguments"),
+        # ... and these were served (issue 23).
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools[0].function.parameters"),
+        ({"tools": [tool_with(properties={"city": 5})]}, "tools[0].function.parameters.properties"),
+        ({"messages": [*ASK, {"role": "tool", "tool_call_id": 7, "content": "sunny"}]}, "messages[1].tool_call_id"),
+        ({"messages": [*ASK, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": {"a": 1}, "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls[0].id"),
     ],
 )
 def test_agent_fields_it_cannot_honour_are_a_400_naming_the_field(worker, body, param):
@@ -330,11 +354,33 @@ def test_responses_stream_events_reassemble_to_the_non_streamed_response(client)
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "frob"}}}}, "text"),
         ({"input": []}, "input"),
         ({"modalities": ["audio"]}, "modalities"),
+        # Served, or a 500 with a traceback, before issue 23.
+        ({"text": "x"}, "text"),
+        ({"input": [{"type": "function_call", "call_id": {"a": 1}, "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 50_000 + "]" * 50_000}]},
+         "input[0].arguments"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": '{"x": ' + "9" * 5000 + "}"}]},
+         "input[0].arguments"),
+        ({"input": [{"type": "function_call_output", "call_id": 7, "output": "sunny"}]}, "input[0].call_id"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": 5}]}, "tools[0].parameters"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": [1]}}],
+          "tool_choice": "required"}, "tools[0].parameters.required"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": {"x": 1}}}, "tool_choice"),
     ],
 )
 def test_responses_refusals_name_the_responses_field(worker, body, param):
     status, _, payload = worker.post_json("/v1/responses", {"input": "hi", **body})
     assert (status, payload["error"]["param"]) == (400, param), payload
+    assert ".function." not in payload["error"]["message"]  # the chat request's paths never show
+
+
+def test_an_invalid_pattern_is_refused_with_its_whole_reason(worker):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(abc"}}}
+    status, _, payload = worker.post_json("/v1/chat/completions", {
+        "messages": ASK, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert (status, payload["error"]["param"]) == (400, "response_format"), payload
+    # It ended at "regex parse error:", the reason and the pattern on the lines llguidance wrote after it.
+    assert "unclosed group" in payload["error"]["message"] and "`(abc`" in payload["error"]["message"], payload
 
 
 def _nested(depth: int) -> dict:

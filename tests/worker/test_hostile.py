@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.request
 
 import pytest
 
 from devkit.hostile import random_body, random_http
-from devkit.raw_http import raw_exchange, request_bytes
+from devkit.raw_http import json_answer, raw_exchange, request_bytes
 
 CHAT = [{"role": "user", "content": "hi"}]
 #: The tiny pair's vocabulary (`build_tiny_pair`'s config.json).
@@ -100,6 +101,27 @@ def test_the_worker_echoes_the_request_id_it_was_given(worker):
         assert e.code == 400 and e.headers["X-Request-Id"] == "proxy-rid-42"
     else:
         pytest.fail("a negative token id was served")
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "status", "code"),
+    [("/nope", "GET", 404, "not_found"), ("/v1/chat/completions/x", "POST", 404, "not_found"),
+     ("/v1/chat/completions", "GET", 405, "method_not_allowed"), ("/health", "DELETE", 405, "method_not_allowed")],
+)
+def test_an_unknown_path_or_method_is_answered_in_the_openai_error_shape(worker, path, method, status, code):
+    got, headers, payload = json_answer(worker.url + path, method, body=b"{}" if method == "POST" else None)
+    assert (got, payload["error"]["code"], payload["error"]["type"]) == (status, code, "invalid_request_error"), payload
+    assert path in payload["error"]["message"] and headers["X-Request-Id"]
+    if status == 405:
+        assert headers["Allow"]
+
+
+def test_a_10_kb_class_header_is_a_400_naming_it(worker):
+    # aiohttp's parser refused it (8,190 bytes) in plain text, naming nothing.
+    headers = {"Content-Type": "application/json", "X-Mtpstack-Class": "a" * 10_000}
+    body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    status, _, payload = json_answer(worker.url + "/v1/completions", "POST", headers, body)
+    assert (status, payload["error"]["param"]) == (400, "X-Mtpstack-Class"), payload
 
 
 def test_generated_malformed_http_and_odd_json_get_no_5xx_and_no_hang(worker):

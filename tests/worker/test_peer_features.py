@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from mtpstack.runtime import Process, StartError, free_port, url_of
-from tests.worker.agent_models import build_agent_pair
+from devkit.demo.agent import build_agent_pair
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}

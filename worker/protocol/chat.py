@@ -2,15 +2,16 @@
 `chat_template_kwargs`, `response_format` and logprobs, checked and turned into a prompt, an
 output splitter's settings and a logits hook.
 
-Every refusal is a `ProtocolError` naming the field; the server answers it as a 400.
+Every refusal is a `ProtocolError` naming the field; the server answers it as a 400. A request's
+grammar is compiled afterwards, off the event loop (`compile_constraint`).
 """
 
 from __future__ import annotations
 
-import json
 import weakref
 from dataclasses import dataclass
 
+from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
 from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook
 from mtpstack.worker.protocol.output import Markers
@@ -42,6 +43,16 @@ class OutputSpec:
 
 
 @dataclass
+class PendingGrammar:
+    """A request's grammar, checked but not compiled yet: `compile_constraint` compiles it."""
+
+    text: str
+    param: str  # the field a refusal names: `response_format` or `tool_choice`
+    think_end: int | None  # the token that ends the reasoning, when the prompt opened it
+    reasoning: bool
+
+
+@dataclass
 class AgentRequest:
     prompt: list[int] | None  # None: not a chat (the caller tokenizes)
     output: OutputSpec | None
@@ -50,6 +61,7 @@ class AgentRequest:
     #: Prompt positions worth a prefix-cache snapshot: where the leading system messages end
     #: (a system prompt with its tools, which other conversations share).
     boundaries: tuple[int, ...] = ()
+    grammar: PendingGrammar | None = None
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -81,21 +93,40 @@ def content_text(content, where: str, param: str = "messages") -> str:
     raise ProtocolError(f"message content must be a string or a list of text parts: {where}", param)
 
 
+def tool_arguments(args, param: str) -> dict:
+    """A call's `arguments` as an object: given as one, or as JSON text of one, read under the
+    request body's own bounds (nesting, digits); `param` names the field in a refusal."""
+    if isinstance(args, str):
+        try:
+            args = parse_json_body(args, what=f"`{param}`") if args.strip() else {}
+        except BodyError as e:
+            raise ProtocolError(str(e), param) from None
+    if not isinstance(args, dict):
+        raise ProtocolError(f"`{param}` must be a JSON object (or its JSON text): {shown(args)}", param)
+    return args
+
+
+def shown(value) -> str:
+    """A client's value inside a message: short, so an error never echoes a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def optional_string(value, param: str) -> str | None:
+    """A string field that may be absent; any other type is refused, naming it."""
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"`{param}` must be a string: {shown(value)}", param)
+    return value
+
+
 def _call_in_history(call, where: str) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise ProtocolError(f"each tool call needs a `function` with a string `name`: {where}", "messages")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            raise ProtocolError(f"tool call `arguments` must be a JSON object: {where}", "messages") from None
-    if not isinstance(args, dict):
-        raise ProtocolError(f"tool call `arguments` must be a JSON object: {where}", "messages")
+    args = tool_arguments(fn.get("arguments", {}), f"{where}.function.arguments")
     out = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-    if isinstance(call.get("id"), str):
-        out["id"] = call["id"]
+    if (call_id := optional_string(call.get("id"), f"{where}.id")) is not None:
+        out["id"] = call_id
     return out
 
 
@@ -125,8 +156,8 @@ def normalize_messages(messages) -> list[dict]:
                 msg["reasoning_content"] = content_text(reasoning, where)
         if role == "tool":
             for key in ("tool_call_id", "name"):
-                if isinstance(m.get(key), str):
-                    msg[key] = m[key]
+                if (value := optional_string(m.get(key), f"{where}.{key}")) is not None:
+                    msg[key] = value
         out.append(msg)
     return out
 
@@ -141,9 +172,23 @@ def _tools(body) -> list[dict] | None:
         fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ProtocolError(f"each tool must be `{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}`: tools[{i}]", "tools")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise ProtocolError(f"a tool's `parameters` must be a JSON schema object: tools[{i}]", "tools")
+        _parameters(fn.get("parameters"), f"tools[{i}].function.parameters")
     return tools
+
+
+def _parameters(params, param: str) -> None:
+    """A tool's `parameters`: a JSON schema object whose `properties` are schemas and whose
+    `required` names strings, as templates and the forced-call grammar read them."""
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise ProtocolError(f"`{param}` must be a JSON schema object: {shown(params)}", param)
+    props = params.get("properties")
+    if props is not None and (not isinstance(props, dict) or not all(isinstance(v, (dict, bool)) for v in props.values())):
+        raise ProtocolError(f"`{param}.properties` must map each parameter name to a JSON schema", f"{param}.properties")
+    required = params.get("required")
+    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+        raise ProtocolError(f"`{param}.required` must be a list of parameter names: {shown(required)}", f"{param}.required")
 
 
 def _tool_choice(body, tools):
@@ -156,7 +201,8 @@ def _tool_choice(body, tools):
         if choice == "required" and not tools:
             raise ProtocolError("`tool_choice` is `required` but no `tools` are given", "tool_choice")
         return choice
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
         raise ProtocolError("a named `tool_choice` must be `{\"type\": \"function\", \"function\": {\"name\": ...}}`", "tool_choice")
     if not any(t["function"]["name"] == name for t in tools or []):
@@ -258,18 +304,13 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
                 raise ProtocolError(f"`tool_choice` cannot be enforced: {e}", "tool_choice") from None
         elif choice == "none" and tools and (tid := _single_id(tok, tok.tool_call_start)) is not None:
             ban = BanTokens([tid])
-    constraint = ban
+    pending = None
     if grammar is not None:
-        g = grammars_for(engine)
-        try:
-            matcher = g.matcher(grammar)
-        except GrammarError as e:
-            param = "tool_choice" if kind == "chat" and body.get("tool_choice") not in (None, "auto", "none") else "response_format"
-            raise ProtocolError(f"`{param}` cannot be enforced: {e}", param) from None
+        param = "tool_choice" if kind == "chat" and body.get("tool_choice") not in (None, "auto", "none") else "response_format"
         think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
-        constraint = Constraint(matcher, g._vocab, think_end, reasoning)
-    hook = RowHook(top, constraint) if (top is not None or constraint is not None) else None
-    return AgentRequest(prompt, output, hook, shape, boundaries)
+        pending = PendingGrammar(grammar, param, think_end, reasoning)
+    hook = RowHook(top, ban) if (top is not None or ban is not None) else None
+    return AgentRequest(prompt, output, hook, shape, boundaries, pending)
 
 
 def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[int, ...]:
@@ -288,6 +329,22 @@ def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[in
         head = head["input_ids"]
     n = len(head)
     return (n,) if 0 < n < len(prompt) and [int(t) for t in head] == prompt[:n] else ()
+
+
+async def compile_constraint(agent: AgentRequest, engine) -> None:
+    """Compile the request's grammar on the compile threads and set its constraint on the hook;
+    a grammar that cannot be compiled, or not in time, is a `ProtocolError` naming its field."""
+    pending = agent.grammar
+    if pending is None:
+        return
+    g = grammars_for(engine)
+    try:
+        matcher = await g.compile(pending.text)
+    except GrammarError as e:
+        raise ProtocolError(f"`{pending.param}` cannot be enforced: {e}", pending.param) from None
+    constraint = Constraint(matcher, g.vocab_size, pending.think_end, pending.reasoning)
+    agent.hook = RowHook(agent.hook.top_logprobs if agent.hook is not None else None, constraint)
+    agent.grammar = None
 
 
 def _template(tok, messages, tools, kwargs) -> list[int]:

@@ -1,18 +1,28 @@
 """Grammars for constrained decoding with llguidance: `response_format` and forced tool calls.
 
-Compiled on the event loop while the request is parsed, so a bad or oversized schema is a 400
-naming the field before anything reaches the generation thread. A compiled grammar becomes an
-`llguidance.LLMatcher`, which `mtpstack.worker.protocol.hooks.Constraint` advances in that thread.
+Compiled while the request is parsed, before anything is queued, so a bad or oversized schema is a
+400 naming the field. Compiling runs on a small thread pool, never on the event loop: llguidance
+releases the GIL while it compiles (measured: the loop kept its 1 ms ticks through 0.5 s of
+compiles), so a hostile schema delays neither `/health` nor another request's tokens. A compiled
+grammar becomes an `llguidance.LLMatcher`, which `mtpstack.worker.protocol.hooks.Constraint`
+advances in the generation thread.
 
-Bounds on client grammars: the schema's JSON text is at most `MAX_SCHEMA_BYTES`, and compiling
-runs under `LIMITS` (llguidance's fuel counters, deterministic, not wall time), so a hostile schema
-costs a bounded amount of work and gets a 400 past the bound.
+Bounds on client grammars: the schema's JSON text is at most `MAX_SCHEMA_BYTES`; compiling runs
+under `LIMITS_KW` (llguidance's fuel counters, deterministic, not wall time) and within
+`COMPILE_SECONDS` of wall time, waiting for a thread included; each is a 400 past its bound.
+Compiled grammars are kept by their text (`CACHED_GRAMMARS` of them), so an agent resending its
+tools every turn compiles them once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import llguidance
 import llguidance.hf
@@ -27,6 +37,18 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 #: A string parameter's value in the XML call form: one line, no `<` (the closing tag must stay
 #: unambiguous to llguidance's greedy lexer), within the schema's `minLength`/`maxLength`.
 XML_STRING_CHARS = r"[^<\n]"
+#: Threads compiling grammars: two keep one hostile schema from queueing every other request's.
+COMPILE_THREADS = 2
+#: Their scheduling priority below the generation thread's (a nice value): on 2 cores, two
+#: compiles at the same priority took the CPU from the generation thread and stretched another
+#: stream's gaps between chunks to 0.85 s; compiling may wait, tokens should not.
+COMPILE_NICENESS = 10
+#: A grammar not compiled within this long, its wait for a thread included, is refused: fuel bounds
+#: the work of one compile, this bounds what a client waits when hostile schemas queue up.
+COMPILE_SECONDS = 5.0
+#: Compiled grammars (and refusals) kept per tokenizer, least recently used dropped first; each
+#: key is at most `MAX_SCHEMA_BYTES` of text (tool grammars a little more).
+CACHED_GRAMMARS = 64
 
 
 class GrammarError(ValueError):
@@ -56,12 +78,27 @@ def _lit(text: str) -> str:
     return json.dumps(text)
 
 
+def _reason(text: str) -> str:
+    """llguidance's error as one line. A regex error spans three (the head, the pattern with a caret
+    under the fault, `error: ...`): kept as the head, the reason and the pattern."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    if len(lines) > 2 and lines[0].endswith(":"):
+        reason = lines[-1].removeprefix("error:").strip()
+        return f"{lines[0][:-1]}: {reason} in `{lines[1][:200]}`"
+    return lines[0][:300]
+
+
 def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
     """One function in the `qwen3_coder` XML form: required parameters first, in schema order, then optional ones."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
         raise GrammarError(f"the parameters of tool `{name}` must have an object `properties`")
-    required = [p for p in params.get("required") or [] if p in props]
+    required = params.get("required") or []
+    if not isinstance(required, list) or not all(isinstance(p, str) for p in required):
+        raise GrammarError(f"the parameters of tool `{name}` must have a `required` list of strings")
+    required = [p for p in dict.fromkeys(required) if p in props]
     rules, parts = [], []
     for j, pname in enumerate([*required, *[p for p in props if p not in required]]):
         if not isinstance(pname, str) or not pname or any(c in pname for c in "<>\n"):
@@ -112,29 +149,68 @@ def tool_grammar(tools: list[dict], fmt: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
-class Grammars:
-    """One engine's llguidance tokenizer (built once, on first use: ~1 s for a 150k vocabulary)."""
+def _lower_priority() -> None:
+    """Runs first in each compile thread: below the generation thread, where the OS allows it per thread."""
+    try:
+        if sys.platform == "linux":  # a thread is a task of its own: its id takes a nice value
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
+        elif hasattr(os, "PRIO_DARWIN_THREAD"):  # macOS: the calling thread, to background priority
+            os.setpriority(os.PRIO_DARWIN_THREAD, 0, os.PRIO_DARWIN_BG)
+    except OSError:
+        pass  # a sandbox may refuse it: the compiles then share the CPU evenly, which is what they did
 
-    def __init__(self, tokenizer, vocab_size: int):
+
+class Grammars:
+    """One engine's llguidance tokenizer (built once, on first use: ~1 s for a 150k vocabulary), its
+    compiled grammars, and the threads that compile them."""
+
+    def __init__(self, tokenizer, vocab_size: int, cache_size: int = CACHED_GRAMMARS):
         self._hf = tokenizer._tokenizer
-        self._vocab = vocab_size
+        self.vocab_size = vocab_size
         self._eos = sorted(tokenizer.eos_token_ids)
         self._lock = threading.Lock()
         self._lltok = None
+        self._cache_lock = threading.Lock()  # apart from `_lock`: a lookup never waits for the tokenizer's build
+        #: grammar text -> a compiled matcher never advanced (handed out as copies), or its refusal
+        self._compiled: OrderedDict[str, "llguidance.LLMatcher | str"] = OrderedDict()
+        self._cache_size = cache_size
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar", initializer=_lower_priority)
 
     @property
     def lltokenizer(self):
         with self._lock:
             if self._lltok is None:
-                self._lltok = llguidance.hf.from_tokenizer(self._hf, n_vocab=self._vocab, eos_token=self._eos[0])
+                self._lltok = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size, eos_token=self._eos[0])
             return self._lltok
 
+    @property
+    def cached(self) -> int:
+        """How many grammars (compiled or refused) are kept."""
+        return len(self._compiled)
+
     def matcher(self, grammar: str) -> "llguidance.LLMatcher":
-        tok = self.lltokenizer
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tok, limits=_limits())
-        if is_error:
-            raise GrammarError(messages[0].strip().splitlines()[0][:300])
-        m = llguidance.LLMatcher(tok, grammar, log_level=0, limits=_limits())
-        if m.is_error():
-            raise GrammarError(m.get_error().strip().splitlines()[0][:300])
-        return m
+        """A fresh matcher for `grammar`, compiled in the calling thread (or copied from the cache);
+        `GrammarError` saying why it cannot be. Blocks: the server calls `compile` instead."""
+        with self._cache_lock:
+            known = self._compiled.get(grammar)
+            if known is not None:
+                self._compiled.move_to_end(grammar)
+        if known is None:
+            m = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=_limits())
+            known = _reason(m.get_error()) if m.is_error() else m
+            with self._cache_lock:
+                self._compiled[grammar] = known
+                while len(self._compiled) > self._cache_size:
+                    self._compiled.popitem(last=False)
+        if isinstance(known, str):
+            raise GrammarError(known)
+        return known.deep_copy()
+
+    async def compile(self, grammar: str, seconds: float = COMPILE_SECONDS) -> "llguidance.LLMatcher":
+        """`matcher` on the compile threads, off the event loop; refused past `seconds`. A compile
+        that has not started by then is dropped; one under way runs on to its fuel bound, alone."""
+        job = asyncio.get_running_loop().run_in_executor(self._pool, self.matcher, grammar)
+        try:
+            return await asyncio.wait_for(job, seconds)
+        except TimeoutError:
+            raise GrammarError(f"it did not compile within {seconds:g} s") from None

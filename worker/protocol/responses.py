@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text
+from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text, optional_string, shown, tool_arguments
 from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 
 #: Fields that need state the worker does not keep.
@@ -24,6 +24,19 @@ IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "prom
            "store", "reasoning", "truncation", "include", "max_tool_calls")
 #: A refusal of the translated chat request names the field the client sent.
 RESPONSES_PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+
+
+def responses_refusal(param: str | None, message: str) -> tuple[str | None, str]:
+    """A refusal of the translated chat request, about the field the client sent: `tools[i].function.x`
+    is `tools[i].x` here (Responses tools are flat), a message's field is `input`."""
+    if param is None:
+        return None, message
+    if param.startswith("tools[") and ".function." in param:
+        flat = param.replace(".function.", ".", 1)
+        return flat, message.replace(param, flat)
+    if param.startswith("messages["):
+        return "input", message
+    return RESPONSES_PARAM.get(param, param), message
 
 
 def _id(prefix: str) -> str:
@@ -48,8 +61,11 @@ def _messages(body: dict) -> list[dict]:
         if kind == "message" and isinstance(item.get("role"), str):
             messages.append({"role": item["role"], "content": content_text(item.get("content"), where, "input")})
         elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            name = item.get("name")
+            if not isinstance(name, str) or not name:
+                raise ProtocolError(f"`{where}.name` must be a non-empty string: {shown(name)}", f"{where}.name")
+            call = {"id": optional_string(item.get("call_id"), f"{where}.call_id"), "type": "function",
+                    "function": {"name": name, "arguments": tool_arguments(item.get("arguments", "{}"), f"{where}.arguments")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and not last["content"]:
                 last.setdefault("tool_calls", []).append(call)
@@ -57,7 +73,7 @@ def _messages(body: dict) -> list[dict]:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+            messages.append({"role": "tool", "tool_call_id": optional_string(item.get("call_id"), f"{where}.call_id"),
                              "content": output if isinstance(output, str) else content_text(output, where, "input")})
         elif kind == "reasoning":
             continue  # the family's templates drop earlier turns' reasoning anyway
@@ -93,7 +109,9 @@ def _tool_choice(choice):
 def _format(text):
     if text is None:
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise ProtocolError(f"`text` must be an object: {shown(text)}", "text")
+    fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
