@@ -184,9 +184,21 @@ async def concurrent(session, url, model, round_no: int, tools: int) -> float:
     return statistics.median(r["ttft_s"] for r in runs)
 
 
+async def stream_completion(session, url: str, model: str, prompt: str, max_tokens: int, times: list) -> None:
+    """A plain completion streamed, each chunk's arrival time in `times` (no chat-output splitter holds text back)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for line in resp.content:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                if any(c.get("text") for c in json.loads(line[6:]).get("choices") or []):
+                    times.append(time.perf_counter())
+
+
 async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
     times: list[float] = []
-    decoding = asyncio.create_task(stream_chat(session, url, model, [{"role": "user", "content": f"round {round_no}: count"}], 400, times))
+    decoding = asyncio.create_task(stream_completion(session, url, model, f"# round {round_no}\nimport os\n", 400, times))
     while len(times) < 20:  # the row decodes before the long prompt arrives
         await asyncio.sleep(0.01)
     long = await stream_chat(session, url, model, [{"role": "user", "content": system_prompt(1000 + round_no, tools)}], 4)
