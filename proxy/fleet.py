@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.health import forget_worker
 from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 from mtpstack.validator import WorkerProfile, worker_argv
@@ -221,6 +222,7 @@ class FleetCollector:
             status, body = await _get(client, "/identity")
             if status == 200:
                 if track.saw_identity(json.loads(body)):
+                    forget_worker(self.state, upstream)
                     log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
             else:
                 track.identity_error = f"/identity answered {status}"
