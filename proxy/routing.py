@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 #: `proxy.routing`: `affinity` (this module), or `first-free`: the least-loaded worker, as before.
@@ -68,47 +68,48 @@ def _canonical(item: object) -> bytes:
         return repr(item).encode("utf-8", "surrogatepass")
 
 
-def _blocks(text: str) -> list[bytes]:
-    data = text.encode("utf-8", "surrogatepass")[:PREFIX_BYTES]
-    return [data[i : i + TEXT_BLOCK_BYTES] for i in range(0, len(data), TEXT_BLOCK_BYTES)]
+def _blocks(text: str) -> Iterator[bytes]:
+    data = text[:PREFIX_BYTES].encode("utf-8", "surrogatepass")[:PREFIX_BYTES]  # a character is at least a byte
+    return (data[i : i + TEXT_BLOCK_BYTES] for i in range(0, len(data), TEXT_BLOCK_BYTES))
 
 
-def prompt_units(path: str, payload: dict) -> list[bytes]:
-    """The prompt as units whose ends are the boundaries hashed: messages, or blocks of text."""
+def prompt_units(path: str, payload: dict) -> Iterator[bytes]:
+    """The prompt as units whose ends are the boundaries hashed: messages, or blocks of text.
+    Lazy: only what the first `PREFIX_BYTES` need is ever rendered, however many messages come."""
     if path.endswith("/chat/completions"):
         messages = payload.get("messages")
-        return [_canonical(m) for m in messages] if isinstance(messages, list) else []
+        if isinstance(messages, list):
+            yield from map(_canonical, messages)
+        return
     if path.endswith("/responses"):
-        units = []
         instructions = payload.get("instructions")
         if isinstance(instructions, str) and instructions:
-            units.append(_canonical({"instructions": instructions}))
+            yield _canonical({"instructions": instructions})
         items = payload.get("input")
         if isinstance(items, list):
-            units += [_canonical(m) for m in items]
+            yield from map(_canonical, items)
         elif isinstance(items, str):
-            units += _blocks(items)
-        return units
+            yield from _blocks(items)
+        return
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
-        return _blocks(prompt)
-    if isinstance(prompt, list):  # token ids, or a batch of prompts: their text form
-        return _blocks(_canonical(prompt).decode("utf-8", "surrogatepass"))
-    return []
+        yield from _blocks(prompt)
+    elif isinstance(prompt, list):  # token ids, or a batch of prompts: their text form (an item renders to a byte at least)
+        yield from _blocks(_canonical(prompt[:PREFIX_BYTES]).decode("utf-8", "surrogatepass"))
 
 
-def _prefix_digests(units: Sequence[bytes]) -> list[bytes]:
+def _prefix_digests(units: Iterable[bytes]) -> list[bytes]:
     """The cumulative hash at each unit's end, over at most `PREFIX_BYTES`."""
     h = hashlib.blake2b(b"p\0", digest_size=DIGEST_BYTES)
     out, total = [], 0
     for unit in units:
-        if total >= PREFIX_BYTES:
-            break
         unit = unit[: PREFIX_BYTES - total]
         total += len(unit)
         h.update(len(unit).to_bytes(4, "big"))  # so ["ab", "c"] and ["a", "bc"] differ
         h.update(unit)
         out.append(h.copy().digest())
+        if total >= PREFIX_BYTES:
+            break
     return out
 
 

@@ -101,6 +101,15 @@ def test_hashing_stops_at_the_prefix_bound_however_large_the_prompt():
     assert PREFIX_BYTES % TEXT_BLOCK_BYTES == 0
 
 
+def test_messages_past_the_prefix_bound_are_never_rendered():
+    class NeverRendered:
+        def __repr__(self):
+            raise AssertionError("a message past the bound was rendered")
+
+    keys = affinity_keys(CHAT, {"messages": [{"role": "user", "content": "x" * PREFIX_BYTES}, *[NeverRendered()] * 100_000]})
+    assert len(keys.lookup) == 1
+
+
 # -- the memory ---------------------------------------------------------------------------
 def test_the_memory_is_bounded_and_forgets_the_least_recently_used():
     table = Affinity(capacity=3)
