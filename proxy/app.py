@@ -28,7 +28,7 @@ from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, 
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
 from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, filter_headers, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
-from mtpstack.proxy.routing import AFFINITY, DECISIONS, Affinity, affinity_keys, decision
+from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from mtpstack.requestid import REQUEST_ID, request_id
@@ -371,7 +371,7 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         affinity.remember(keys.record, upstream.name)
         ex.routing = decision(preferred, upstream.name)
     else:
-        ex.routing = "first_free"
+        ex.routing = FIRST_FREE_DECISION
     state.metrics.count_routing(ex.model, ex.routing)
     admitted = time.monotonic()
     try:

@@ -37,7 +37,9 @@ FIRST_FREE = "first-free"
 #: request; it was full and another free worker got it (the affinity moves); nothing was
 #: remembered; or the routing is `first-free`.
 Decision = Literal["affinity", "fallback_busy", "new", "first_free"]
-DECISIONS: dict[str, tuple[Decision, ...]] = {AFFINITY: ("affinity", "fallback_busy", "new"), FIRST_FREE: ("first_free",)}
+#: The one decision of `first-free` routing.
+FIRST_FREE_DECISION: Decision = "first_free"
+DECISIONS: dict[str, tuple[Decision, ...]] = {AFFINITY: ("affinity", "fallback_busy", "new"), FIRST_FREE: (FIRST_FREE_DECISION,)}
 
 #: Entries remembered per model. A keyed request takes one, a prompt three; an entry is a
 #: 16-byte digest and a worker (about 200 bytes with the dict's own cost): 3 MiB per model at
