@@ -8,19 +8,20 @@ import asyncio
 import json
 import logging
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
 from mtpstack.proxy import STATE
 from mtpstack.proxy.app import create_app
+from mtpstack.proxy.fleet import FLEET
 from mtpstack.runtime import Process, url_of
 from mtpstack.validator import FleetConfig, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
-from tests.e2e.conftest import fleet, wait_until
+from tests.e2e.conftest import fleet
 
-#: The tiny target's context is 512 tokens: the long request that holds a worker stays under it.
-HOLD_TOKENS = 400
+#: Tokens of each of two streams that must overlap: long enough to run side by side on any machine,
+#: within the tiny target's 512-token context.
+STREAM_TOKENS = 200
 SYSTEM = "You are a coding agent with the tools read_file, write_file and run_tests."
 
 
@@ -113,27 +114,29 @@ async def turn(server, n: int, tag: str, rid: str, **extra) -> None:
     assert reply.choices[0].message.role == "assistant"
 
 
-async def hold_first_worker(server) -> tuple[aiohttp.ClientSession, aiohttp.ClientResponse]:
-    """An unrelated long stream, admitted to w0 (both free: config order) and left open."""
-    session = aiohttp.ClientSession()
-    body = {"model": "tiny", "prompt": "def fib(n):", "max_tokens": HOLD_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True}
-    resp = await session.post(server.make_url("/v1/completions"), json=body)
-    assert resp.status == 200
-    await resp.content.readline()  # the first event: it is running on w0
-    assert server.app[STATE].upstreams["w0"].inflight == 1
-    return session, resp
+class FirstWorkerHeld:
+    """The first worker's one slot taken in the proxy's own admission, as an unrelated long request
+    holds it. (A real request cannot hold it reliably: the tiny target's 512-token context lets it
+    run for well under a second, which a busy machine can spend before the next request arrives.)"""
+
+    def __init__(self, server):
+        self.admission = server.app[STATE].admissions["tiny"]
+
+    async def __aenter__(self):
+        self.upstream = await self.admission.acquire()
+        assert self.upstream.name == "w0" and self.upstream.inflight == self.upstream.gate
+        return self
+
+    async def __aexit__(self, *exc):
+        self.admission.release(self.upstream)
 
 
 async def first_turn_on_the_second_worker(server, caplog, tag: str, **extra) -> None:
-    session, held = await hold_first_worker(server)
-    try:
+    async with FirstWorkerHeld(server):
         await turn(server, 1, tag, f"{tag}-1", **extra)
-    finally:
-        held.close()
-        await session.close()
     assert served(caplog, f"{tag}-1") == ("w1", "new")
     state = server.app[STATE]
-    await wait_for(lambda: state.upstreams["w0"].inflight == 0 and state.upstreams["w1"].inflight == 0, "both workers free")
+    assert state.upstreams["w0"].inflight == 0 and state.upstreams["w1"].inflight == 0
 
 
 @pytest.mark.parametrize("extra", [{}, {"prompt_cache_key": "conv-key"}], ids=["without-a-key", "with-a-key"])
@@ -149,15 +152,9 @@ async def test_a_conversation_whose_first_turn_went_to_the_second_worker_stays_t
 @pytest.mark.parametrize("proxy", ["first-free"], indirect=True)
 async def test_under_first_free_the_next_turn_goes_to_the_first_worker_where_nothing_of_it_is(proxy, caplog):
     caplog.set_level(logging.INFO, logger="mtpstack.proxy")
-    session, held = await hold_first_worker(proxy)
-    try:
+    async with FirstWorkerHeld(proxy):
         await turn(proxy, 1, "f", "f-1", prompt_cache_key="conv-f")
-    finally:
-        held.close()
-        await session.close()
     assert served(caplog, "f-1") == ("w1", "first_free")
-    state = proxy.app[STATE]
-    await wait_for(lambda: state.upstreams["w0"].inflight == 0, "w0 free")
     await turn(proxy, 2, "f", "f-2", prompt_cache_key="conv-f")
     assert served(caplog, "f-2") == ("w0", "first_free")  # the failure issue 21 fixes
 
@@ -174,7 +171,7 @@ async def test_two_requests_with_one_key_run_on_two_free_workers_at_once(proxy, 
 
     async def one(rid: str) -> None:
         stream = await client(proxy).completions.create(
-            model="tiny", prompt="def fib(n):", max_tokens=HOLD_TOKENS // 2, extra_body={"ignore_eos": True, "prompt_cache_key": "one-key"},
+            model="tiny", prompt="def fib(n):", max_tokens=STREAM_TOKENS, extra_body={"ignore_eos": True, "prompt_cache_key": "one-key"},
             temperature=0, stream=True, extra_headers={"X-Request-Id": rid})
         async for _ in stream:
             pass
@@ -197,11 +194,15 @@ async def test_a_restarted_worker_loses_its_affinities(proxy, workers, caplog):
     state = proxy.app[STATE]
     old = workers.procs["w1"]
     old.kill()
-    old.wait(10)
-    workers.start("w1")
-    workers.wait_healthy()
-    await wait_for(lambda: state.upstreams["w1"].healthy, "the restarted worker healthy at the proxy", timeout=60)
-    wait_until(lambda: old.pid != workers.procs["w1"].pid, 1, "a new process")
+    # In threads: the proxy in this event loop keeps checking its workers meanwhile, as it would.
+    await asyncio.to_thread(old.wait, 10)
+    await asyncio.to_thread(workers.start, "w1")
+    await asyncio.to_thread(workers.wait_healthy)
+    new_pid = workers.procs["w1"].pid
+    assert new_pid != old.pid
+    collector = proxy.app[FLEET]
+    await wait_for(lambda: state.upstreams["w1"].healthy and collector.tracks["w1"].pid == new_pid,
+                   "the restarted worker healthy at the proxy, its new pid seen", timeout=60)
     await turn(proxy, 2, "r", "r-2", prompt_cache_key="conv-r")
     # Nothing of the conversation is cached anywhere now: it is new, and both being free, goes to w0.
     assert served(caplog, "r-2") == ("w0", "new")
