@@ -98,6 +98,13 @@ def test_the_prefix_cache_hit_rate_is_hits_over_lookups_and_absent_without_the_s
     assert prefix_cache(parse_metrics("mtpstack_worker_prefix_cache_lookups_total 0\n"))["hit_rate"] is None
 
 
+def test_the_prefix_cache_series_read_are_the_ones_the_worker_exports():
+    from mtpstack.proxy.fleet import PREFIX_CACHE_SERIES
+    from tests.proxy.test_grafana import exported
+
+    assert set(PREFIX_CACHE_SERIES.values()) <= exported()
+
+
 def test_a_restart_is_a_new_pid_or_start_time_and_the_first_sighting_is_not_one():
     t = WorkerTrack()
     assert not t.saw_identity({"pid": 1, "started_at": 5.0})
