@@ -52,8 +52,8 @@ CONVERSATIONS = 4
 REQUEST_TIMEOUT = 900
 #: The sizes of a full run and of `--quick`.
 #: The sizes of a full run (agent_bench's conversation) and of `--quick`.
-FULL = {"tools": 40, "turns": TURNS, "answer_tokens": ANSWER_TOKENS, "rounds": 3, "pause": 2.0, "mlp_multiplier": 8, "extra_layers": 10}
-QUICK = {"tools": 12, "turns": 3, "answer_tokens": 8, "rounds": 1, "pause": 2.0, "mlp_multiplier": 1, "extra_layers": 0}
+FULL = {"tools": 40, "turns": TURNS, "answer_tokens": ANSWER_TOKENS, "rounds": 3, "pause": 2.0, "output_lines": 0, "mlp_multiplier": 8, "extra_layers": 10}
+QUICK = {"tools": 12, "turns": 3, "answer_tokens": 8, "rounds": 1, "pause": 2.0, "output_lines": 0, "mlp_multiplier": 1, "extra_layers": 0}
 
 
 # -- the conversation -------------------------------------------------------------------------
@@ -77,12 +77,23 @@ def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
     return random.Random(f"{rnd}-{conversation}-{turn}").uniform(0, 2 * mean)
 
 
-def messages_for(system: str, conversation: int, answers: list[str]) -> list[dict]:
+def tool_output(conversation: int, turn: int, lines: int) -> str:
+    """What the agent's tool printed before turn `turn`: `lines` lines of its own, as a test run or a
+    file read would, so a conversation's tail grows past the system prompt it shares with others."""
+    return "\n".join(f"src/task{conversation}/module_{turn}_{k}.py:{7 * k + turn}: assert parse(case_{conversation}_{k}) == {k * turn}"
+                     for k in range(lines))
+
+
+def messages_for(system: str, conversation: int, answers: list[str], output_lines: int = 0) -> list[dict]:
     """The messages of the next turn: agent_bench's conversation (each answer appended as the
-    assistant turn, then its next follow-up), opened by this conversation's own question."""
+    assistant turn, then its next follow-up), opened by this conversation's own question; each
+    follow-up after `output_lines` lines of tool output when asked for."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": first_question(conversation)}]
     for i, answer in enumerate(answers):
-        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": FOLLOW_UPS[i % len(FOLLOW_UPS)]}]
+        follow_up = FOLLOW_UPS[i % len(FOLLOW_UPS)]
+        if output_lines:
+            follow_up = f"{tool_output(conversation, i + 2, output_lines)}\n\n{follow_up}"
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
     return messages
 
 
@@ -165,7 +176,8 @@ def format_lines(report: dict) -> list[str]:
     """The table a person reads: one block per policy, then the comparison (never a lone ratio)."""
     m = report["meta"]
     lines = [f"{m['conversations']} conversations x {m['turns']} turns through the proxy, {m['workers']} workers of width "
-             f"{m['width']}, {m['answer_tokens']} answer tokens, tool pauses {m['pause']:g} s on average, "
+             f"{m['width']}, {m['answer_tokens']} answer tokens, tool pauses {m['pause']:g} s on average"
+             + (f" and {m['output_lines']} lines of tool output" if m.get("output_lines") else "") + ", "
              f"{m['rounds']} round(s) per policy, alternated"]
     for policy, s in report["summary"]["policies"].items():
         lines.append(f"{policy}:")
@@ -275,7 +287,7 @@ async def converse(session, url: str, run: int, rnd: int, conversation: int, sys
     for turn in range(1, sizes["turns"] + 1):
         await asyncio.sleep(tool_pause(sizes["pause"], rnd, conversation, turn))
         rid = f"routing-bench-{run}-{conversation}-{turn}"
-        r = await stream_turn(session, url, messages_for(system, conversation, answers), sizes["answer_tokens"], rid)
+        r = await stream_turn(session, url, messages_for(system, conversation, answers, sizes["output_lines"]), sizes["answer_tokens"], rid)
         answers.append(r.pop("text") or "(no answer)")
         rows.append({"run": run, "conversation": conversation, "turn": turn, "request_id": rid, **r})
     return rows
@@ -373,17 +385,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, help=f"turns per conversation (default: {FULL['turns']}, --quick {QUICK['turns']})")
     p.add_argument("--tools", type=int, help=f"tool lines in the system prompt (default: {FULL['tools']}, --quick {QUICK['tools']})")
     p.add_argument("--pause", type=float, help=f"mean seconds a tool runs between turns (default: {FULL['pause']}, --quick {QUICK['pause']})")
+    p.add_argument("--output-lines", type=int, help="lines of tool output before each follow-up (default: 0, the agent bench's "
+                   "conversation; 20 adds about 800 tokens a turn with the demo tokenizer, which a moved turn prefills again)")
     p.add_argument("--answer-tokens", type=int, help=f"greedy tokens per answer (default: {FULL['answer_tokens']})")
     p.add_argument("--width", type=int, default=2, help="each worker's maxNumSeqs and gate (default: 2)")
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"draft depth (default: {DEPTH_DEFAULT})")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
-    for key in ("rounds", "turns", "tools", "answer_tokens", "pause"):
+    for key in ("rounds", "turns", "tools", "answer_tokens", "pause", "output_lines"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
-    if min(sizes["rounds"], sizes["turns"], sizes["answer_tokens"]) < 1 or min(sizes["tools"], sizes["pause"]) < 0:
-        p.error("--rounds, --turns and --answer-tokens must be at least 1, --tools and --pause at least 0")
+    if min(sizes["rounds"], sizes["turns"], sizes["answer_tokens"]) < 1 or min(sizes["tools"], sizes["pause"], sizes["output_lines"]) < 0:
+        p.error("--rounds, --turns and --answer-tokens must be at least 1, --tools, --pause and --output-lines at least 0")
     report = asyncio.run(run_all(args, sizes))
     print("\n".join(format_lines(report)), file=sys.stderr)
     text = json.dumps(report, indent=2)

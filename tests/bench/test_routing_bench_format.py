@@ -26,6 +26,16 @@ def test_each_turn_resends_the_conversation_with_every_answer_as_the_assistant_t
     assert other[0] == first[0] and other[1] != first[1]  # one agent's system prompt, then each its own task
 
 
+def test_tool_output_lengthens_each_follow_up_with_lines_of_its_own_conversation_and_turn():
+    system = rb.system_prompt(0, 4)
+    plain = rb.messages_for(system, 1, ["a1", "a2"])
+    long = rb.messages_for(system, 1, ["a1", "a2"], output_lines=5)
+    assert long[:3] == plain[:3]  # the beginning is the same conversation
+    assert long[3]["content"].endswith("\n\n" + plain[3]["content"]) and long[3]["content"].count("\n") == 4 + 2
+    assert long[3]["content"] != long[5]["content"].replace(plain[5]["content"], plain[3]["content"])
+    assert rb.tool_output(1, 2, 3) != rb.tool_output(2, 2, 3)
+
+
 def test_a_hit_is_a_later_turn_on_the_worker_of_the_previous_turn_of_the_same_run():
     rows = [row(0, 0, 1, "w1", 1.0), row(0, 0, 2, "w1", 0.2), row(0, 0, 3, "w0", 0.9),
             row(0, 1, 1, "w0", 1.0), row(0, 1, 2, None, 0.3),  # unknown worker: not counted
