@@ -42,8 +42,8 @@ FIRST_FREE_DECISION: Decision = "first_free"
 DECISIONS: dict[str, tuple[Decision, ...]] = {AFFINITY: ("affinity", "fallback_busy", "new"), FIRST_FREE: (FIRST_FREE_DECISION,)}
 
 #: Entries remembered per model. A keyed request takes one, a prompt three; an entry is a
-#: 16-byte digest and a worker (about 200 bytes with the dict's own cost): 3 MiB per model at
-#: most, thousands of conversations, more than the prefix caches of a few workers hold.
+#: 16-byte digest and a worker (250 bytes with the dict's own cost, measured with tracemalloc):
+#: 4 MiB per model at most, thousands of conversations, more than a few workers' caches hold.
 AFFINITY_ENTRIES = 16_384
 #: Only the prompt's beginning is hashed: two prompts alike over 64 KiB share their cached
 #: prefix's worth of work anyway, and hashing stops there however large the body.
