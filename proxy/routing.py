@@ -9,12 +9,12 @@ with it, since its prefix now lives there.
 
 What identifies a conversation (`affinity_keys`), first found wins:
 - the client's `prompt_cache_key` (OpenAI's field for exactly this), else its `user`;
-- else the prompt itself: the rendered messages (chat `messages`; Responses `instructions`
-  then `input`) or the prompt text in blocks (completions `prompt`, a Responses `input`
-  string), hashed cumulatively at each message or block boundary over the first
-  `PREFIX_BYTES`. A request records the hashes at its last two boundaries and its first one
-  (a shared system prompt); the next turn of a conversation resends those messages and more,
-  so one of its boundaries hashes to what the previous turn recorded.
+- else the prompt itself: the messages (chat `messages`; Responses `instructions` then
+  `input`) or the prompt text in blocks (completions `prompt`, a Responses `input` string),
+  hashed cumulatively at each message or block boundary, up to `MAX_UNITS` of them. A request
+  records the hashes at its last two boundaries and its first one (a shared system prompt);
+  the next turn of a conversation resends those messages and more, so one of its last
+  `LOOKUP_BOUNDARIES` boundaries hashes to what the previous turn recorded.
 
 Bounded: `AFFINITY_ENTRIES` per model, least recently used out first; keys are stored as
 16-byte digests, so a client's long key or prompt costs no more than a short one. Forgotten
@@ -23,7 +23,9 @@ per worker (`forget`) when it restarts or goes unhealthy: its cache is gone.
 
 from __future__ import annotations
 
+import array
 import hashlib
+import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -45,11 +47,14 @@ DECISIONS: dict[str, tuple[Decision, ...]] = {AFFINITY: ("affinity", "fallback_b
 #: 16-byte digest and a worker (250 bytes with the dict's own cost, measured with tracemalloc):
 #: 4 MiB per model at most, thousands of conversations, more than a few workers' caches hold.
 AFFINITY_ENTRIES = 16_384
-#: Only the prompt's beginning is hashed: two prompts alike over 64 KiB share their cached
-#: prefix's worth of work anyway, and hashing stops there however large the body.
-PREFIX_BYTES = 64 * 1024
+#: Messages (or blocks of text) hashed per request at most. The whole prompt is hashed, not a
+#: fixed beginning: an agent's system prompt alone can be 100 KB, shared by every conversation,
+#: and what tells them apart comes after it. A conversation longer than this is keyed by its
+#: first `MAX_UNITS` messages, which tell it apart as well; the bound keeps the worst body (1,024
+#: messages each rendered as JSON) at about 4 ms, a plain agent conversation at about 25 us.
+MAX_UNITS = 1024
 #: Prompt text (not messages) is cut into blocks this long, so a turn that appends text ends on
-#: a boundary the previous turn also had.
+#: a boundary the previous turn also had; `MAX_UNITS` blocks are 1 MiB of text.
 TEXT_BLOCK_BYTES = 1024
 #: Boundaries looked up per request, from the longest prefix down: a next turn adds a few
 #: messages (a tool call, its result, a user turn), never dozens.
@@ -63,21 +68,27 @@ def _digest(kind: bytes, value: str) -> bytes:
 
 
 def _canonical(item: object) -> bytes:
-    """One message as bytes the same on every turn that resends it (key order aside)."""
+    """One message as bytes the same on every turn that resends it (key order aside); a plain
+    `{"role", "content"}` message, the most common by far, without a JSON rendering."""
+    if isinstance(item, dict) and len(item) == 2 and isinstance(item.get("role"), str) and isinstance(item.get("content"), str):
+        return b"m" + item["role"].encode("utf-8", "surrogatepass") + b"\0" + item["content"].encode("utf-8", "surrogatepass")
     try:
-        return json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+        return b"j" + json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError):
-        return repr(item).encode("utf-8", "surrogatepass")
+        return b"r" + repr(item).encode("utf-8", "surrogatepass")
 
 
 def _blocks(text: str) -> Iterator[bytes]:
-    data = text[:PREFIX_BYTES].encode("utf-8", "surrogatepass")[:PREFIX_BYTES]  # a character is at least a byte
-    return (data[i : i + TEXT_BLOCK_BYTES] for i in range(0, len(data), TEXT_BLOCK_BYTES))
+    return _blocks_of_bytes(text[: MAX_UNITS * TEXT_BLOCK_BYTES].encode("utf-8", "surrogatepass"))  # a character is a byte at least
+
+
+def _blocks_of_bytes(data: bytes) -> Iterator[bytes]:
+    return (data[i : i + TEXT_BLOCK_BYTES] for i in range(0, min(len(data), MAX_UNITS * TEXT_BLOCK_BYTES), TEXT_BLOCK_BYTES))
 
 
 def prompt_units(path: str, payload: dict) -> Iterator[bytes]:
     """The prompt as units whose ends are the boundaries hashed: messages, or blocks of text.
-    Lazy: only what the first `PREFIX_BYTES` need is ever rendered, however many messages come."""
+    Lazy: a message past the first `MAX_UNITS` is never rendered."""
     if path.endswith("/chat/completions"):
         messages = payload.get("messages")
         if isinstance(messages, list):
@@ -96,22 +107,32 @@ def prompt_units(path: str, payload: dict) -> Iterator[bytes]:
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
         yield from _blocks(prompt)
-    elif isinstance(prompt, list):  # token ids, or a batch of prompts: their text form (an item renders to a byte at least)
-        yield from _blocks(_canonical(prompt[:PREFIX_BYTES]).decode("utf-8", "surrogatepass"))
+    elif isinstance(prompt, list):
+        yield from _blocks_of_bytes(_token_bytes(prompt))
 
 
-def _prefix_digests(units: Iterable[bytes]) -> list[bytes]:
-    """The cumulative hash at each unit's end, over at most `PREFIX_BYTES`."""
+def _token_bytes(prompt: list) -> bytes:
+    """A token-id prompt packed 8 bytes a token (rendering 200,000 ids as JSON costs 20 ms); a
+    batch of prompts, or anything else, as JSON."""
+    try:
+        return array.array("q", prompt[: MAX_UNITS * TEXT_BLOCK_BYTES // 8]).tobytes()
+    except (TypeError, OverflowError):
+        return _canonical(prompt)
+
+
+def _prefix_digests(units: Iterable[bytes]) -> dict[int, bytes]:
+    """The cumulative hash at the end of the first unit and of the last `LOOKUP_BOUNDARIES` of the
+    first `MAX_UNITS`, by boundary index. The units are gathered first, so only the boundaries
+    looked up cost a digest."""
+    kept = list(itertools.islice(units, MAX_UNITS))
+    wanted = {0, *range(max(0, len(kept) - LOOKUP_BOUNDARIES), len(kept))}
     h = hashlib.blake2b(b"p\0", digest_size=DIGEST_BYTES)
-    out, total = [], 0
-    for unit in units:
-        unit = unit[: PREFIX_BYTES - total]
-        total += len(unit)
-        h.update(len(unit).to_bytes(4, "big"))  # so ["ab", "c"] and ["a", "bc"] differ
+    out = {}
+    for i, unit in enumerate(kept):
+        h.update(len(unit).to_bytes(8, "big"))  # so ["ab", "c"] and ["a", "bc"] differ
         h.update(unit)
-        out.append(h.copy().digest())
-        if total >= PREFIX_BYTES:
-            break
+        if i in wanted:
+            out[i] = h.copy().digest()
     return out
 
 
@@ -137,10 +158,9 @@ def affinity_keys(path: str, payload: dict) -> Keys:
     digests = _prefix_digests(prompt_units(path, payload))
     if not digests:
         return Keys([], [])
-    lookup = digests[::-1][:LOOKUP_BOUNDARIES]
-    if digests[0] not in lookup:
-        lookup.append(digests[0])
-    record = list(dict.fromkeys([digests[-1], *digests[-2:-1], digests[0]]))
+    last = max(digests)
+    lookup = [digests[i] for i in sorted(digests, reverse=True)]  # the last boundaries, then the first
+    record = list(dict.fromkeys([digests[last], *([digests[last - 1]] if last - 1 in digests else []), digests[0]]))
     return Keys(lookup, record)
 
 

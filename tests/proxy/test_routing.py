@@ -14,7 +14,7 @@ from mtpstack.proxy.routing import (
     AFFINITY_ENTRIES,
     DECISIONS,
     LOOKUP_BOUNDARIES,
-    PREFIX_BYTES,
+    MAX_UNITS,
     TEXT_BLOCK_BYTES,
     Affinity,
     affinity_keys,
@@ -92,22 +92,43 @@ def test_odd_bodies_give_keys_or_none_and_never_raise(payload):
         assert len(keys.lookup) <= LOOKUP_BOUNDARIES + 1 and len(keys.record) <= 3
 
 
-def test_hashing_stops_at_the_prefix_bound_however_large_the_prompt():
-    huge = {"prompt": "x" * (PREFIX_BYTES * 8)}
-    keys = affinity_keys("/v1/completions", huge)
+def test_conversations_that_share_a_system_prompt_of_100_kb_are_still_told_apart():
+    system = {"role": "system", "content": "tool: read a file and return its lines. " * 2500}  # 100 KB
+    a = [system, {"role": "user", "content": "task a"}]
+    b = [system, {"role": "user", "content": "task b"}]
+    table = Affinity()
+    table.remember(affinity_keys(CHAT, {"messages": a}).record, "w0")
+    table.remember(affinity_keys(CHAT, {"messages": b}).record, "w1")
+    assert table.preferred(affinity_keys(CHAT, {"messages": [*a, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]}).lookup) == "w0"
+    assert table.preferred(affinity_keys(CHAT, {"messages": [*b, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]}).lookup) == "w1"
+
+
+def test_a_long_completion_prompt_is_hashed_to_its_end_in_blocks_up_to_the_bound():
+    text = "def f(x):\n    return x\n" * 20_000  # 480 KB
+    keys = affinity_keys("/v1/completions", {"prompt": text})
     assert len(keys.record) == 3
-    # Two prompts alike over the bound are one prefix: the rest is not read.
-    assert recorded_then_found(huge, {"prompt": "x" * PREFIX_BYTES + "y" * 10}, "/v1/completions")
-    assert PREFIX_BYTES % TEXT_BLOCK_BYTES == 0
+    assert recorded_then_found({"prompt": text}, {"prompt": text + "y = f(1)\n"}, "/v1/completions")
+    assert not recorded_then_found({"prompt": text}, {"prompt": "#" + text}, "/v1/completions")
+    # Past `MAX_UNITS` blocks the rest is not read: two prompts alike that far are one prefix.
+    bound = MAX_UNITS * TEXT_BLOCK_BYTES
+    assert recorded_then_found({"prompt": "x" * bound + "a"}, {"prompt": "x" * bound + "b"}, "/v1/completions")
 
 
-def test_messages_past_the_prefix_bound_are_never_rendered():
+def test_a_token_id_prompt_that_grows_finds_its_worker():
+    ids = list(range(5000))
+    assert recorded_then_found({"prompt": ids}, {"prompt": [*ids, 7, 8, 9]}, "/v1/completions")
+    assert not recorded_then_found({"prompt": ids}, {"prompt": [1, *ids]}, "/v1/completions")
+    assert recorded_then_found({"prompt": [[1, 2], [3]]}, {"prompt": [[1, 2], [3]]}, "/v1/completions")  # a batch: as JSON
+
+
+def test_messages_past_the_bound_are_never_rendered():
     class NeverRendered:
         def __repr__(self):
             raise AssertionError("a message past the bound was rendered")
 
-    keys = affinity_keys(CHAT, {"messages": [{"role": "user", "content": "x" * PREFIX_BYTES}, *[NeverRendered()] * 100_000]})
-    assert len(keys.lookup) == 1
+    many = [{"role": "user", "content": "x"}] * MAX_UNITS
+    keys = affinity_keys(CHAT, {"messages": [*many, *[NeverRendered()] * 100_000]})
+    assert len(keys.lookup) == LOOKUP_BOUNDARIES + 1
 
 
 # -- the memory ---------------------------------------------------------------------------
