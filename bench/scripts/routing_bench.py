@@ -69,9 +69,10 @@ def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
     """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in
     both policies' runs of a round. Without pauses, or with pauses short next to a turn, four
     conversations at full width keep their workers by themselves under any policy (a turn takes
-    the slot its previous turn just freed: measured, first-free kept 8 of 8 at 0.3 s); with
-    pauses of seconds, as an agent's tools take, workers go idle between turns and first-free
-    sends the next turn to the first idle one in config order (5 of 8 kept at 2 s)."""
+    the slot its previous turn just freed: first-free kept 8 of 8 at 0.3 s in a first version of
+    this script); with pauses of seconds, as an agent's tools take, workers go idle between turns
+    and first-free sends the next turn to the first idle one in config order (15 of 24 kept at
+    2 s, docs/proxy.md)."""
     if turn == 1 or mean <= 0:
         return 0.0
     return random.Random(f"{rnd}-{conversation}-{turn}").uniform(0, 2 * mean)
