@@ -124,6 +124,18 @@ in
           description = "How long a request may wait for a slot before 429 `queue_timeout`.";
         };
       };
+      routing = mkOption {
+        type = types.enum defaults.routings;
+        default = defaults.proxy.routing;
+        example = "first-free";
+        description = ''
+          Which worker with a free slot a request goes to: `affinity`, the one
+          that served its conversation (`prompt_cache_key`, else `user`, else
+          the prompt's beginning), where its prefix is cached; `first-free`,
+          the least loaded. Neither makes a request wait while any worker of
+          its model has a free slot.
+        '';
+      };
       timeouts = {
         connectSeconds = mkOption {
           type = types.numbers.positive;

@@ -1,14 +1,18 @@
 """Admission: one gate per worker, one FIFO queue per served model.
 
 Pure asyncio, no HTTP: `ModelAdmission.acquire()` hands out a worker slot or raises
-`Rejected`; `release()` gives the slot back, straight to the oldest waiter.
+`Rejected`; `release()` gives the slot back, straight to the oldest waiter. A request may name
+a preferred worker (`acquire(prefer=...)`, where its prompt's prefix is cached): it gets that
+worker when it has a free slot, else any free one, exactly as without a preference.
 
 Guarantees, for one event loop:
 - a worker never holds more admitted requests than its gate (`inflight <= gate`);
 - strict FIFO: a freed slot goes to the longest-waiting request, and a new request never
   overtakes one already waiting, even when a slot happens to be free at that instant;
 - every `acquire()` ends in exactly one of: a slot, `Rejected`, or the caller's cancellation
-  (a slot granted to a request cancelled at that moment is passed on, never lost).
+  (a slot granted to a request cancelled at that moment is passed on, never lost);
+- a preference never makes a request wait: it waits only when every healthy worker of the
+  model is full, and a preference only chooses among the workers with a free slot.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ class ModelAdmission:
     unhealthy_retry_after: int = 1
     observer: AdmissionObserver | None = None
     clock: Callable[[], float] = time.monotonic
-    _waiters: deque[asyncio.Future[Upstream]] = field(default_factory=deque)
+    #: Each waiter with the worker it prefers (or None).
+    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None]] = field(default_factory=deque)
     _service_seconds: float | None = None
 
     # -- state -------------------------------------------------------------------------
@@ -96,9 +101,11 @@ class ModelAdmission:
         capacity = sum(u.gate for u in self.upstreams if u.healthy) or sum(u.gate for u in self.upstreams)
         return max(1, math.ceil(self._service_seconds * (len(self._waiters) + 1) / capacity))
 
-    def _pick(self) -> Upstream | None:
-        """The least-loaded healthy worker with a free slot (by share of its gate in use, then
-        by count, then config order), or None."""
+    def _pick(self, prefer: Upstream | None = None) -> Upstream | None:
+        """`prefer` when it is healthy with a free slot; else the least-loaded healthy worker
+        with a free slot (by share of its gate in use, then by count, then config order), or None."""
+        if prefer is not None and prefer.healthy and prefer.inflight < prefer.gate:
+            return prefer
         best: Upstream | None = None
         for u in self.upstreams:
             if not u.healthy or u.inflight >= u.gate:
@@ -108,8 +115,9 @@ class ModelAdmission:
         return best
 
     # -- admission ---------------------------------------------------------------------
-    async def acquire(self) -> Upstream:
-        """A slot on a worker of this model; waits in line when every gate is full."""
+    async def acquire(self, prefer: Upstream | None = None) -> Upstream:
+        """A slot on a worker of this model, on `prefer` when it has one free; waits in line
+        when every gate is full."""
         if not self.healthy:
             raise Rejected(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -118,7 +126,7 @@ class ModelAdmission:
                 self.unhealthy_retry_after,
             )
         if not self._waiters:
-            upstream = self._pick()
+            upstream = self._pick(prefer)
             if upstream is not None:
                 self._take(upstream)
                 return upstream
@@ -131,7 +139,7 @@ class ModelAdmission:
             )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Upstream] = loop.create_future()
-        self._waiters.append(fut)
+        self._waiters.append((fut, prefer))
         self._queue_changed()
         timer = loop.call_later(self.timeout_seconds, self._expire, fut)
         try:
@@ -161,11 +169,11 @@ class ModelAdmission:
         )
 
     def _forget(self, fut: asyncio.Future[Upstream]) -> None:
-        try:
-            self._waiters.remove(fut)
-        except ValueError:
-            return
-        self._queue_changed()
+        for i, (waiter, _) in enumerate(self._waiters):
+            if waiter is fut:
+                del self._waiters[i]
+                self._queue_changed()
+                return
 
     def _take(self, upstream: Upstream) -> None:
         upstream.inflight += 1
@@ -189,10 +197,11 @@ class ModelAdmission:
     def _dispatch(self) -> None:
         changed = False
         while self._waiters:
-            upstream = self._pick()
+            fut, prefer = self._waiters[0]
+            upstream = self._pick(prefer)
             if upstream is None:
                 break
-            fut = self._waiters.popleft()
+            self._waiters.popleft()
             changed = True
             if fut.done():
                 continue
@@ -217,7 +226,7 @@ class ModelAdmission:
             self._dispatch()
         elif not self.healthy:
             while self._waiters:
-                fut = self._waiters.popleft()
+                fut, _ = self._waiters.popleft()
                 if not fut.done():
                     fut.set_exception(
                         Rejected(

@@ -28,6 +28,7 @@ from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, 
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx, mark_unhealthy
 from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, error_response, errors_as_json, filter_headers, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
+from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from mtpstack.requestid import REQUEST_ID, request_id
@@ -75,7 +76,7 @@ def create_app(
         clients[name] = UpstreamClient(host, w.port, p.timeouts.connect_seconds)
         metrics.register_upstream(u)
         if w.model not in admissions:
-            metrics.register_model(w.model)
+            metrics.register_model(w.model, DECISIONS[p.routing])
             admissions[w.model] = ModelAdmission(
                 model=w.model,
                 upstreams=[],
@@ -93,6 +94,7 @@ def create_app(
         health_interval=health_interval,
         api_keys=load_api_keys(p.api_keys_file) if p.api_keys_file else None,
         clients=clients,
+        affinities={m: Affinity() for m in admissions} if p.routing == AFFINITY else {},
     )
 
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
@@ -205,6 +207,8 @@ class Exchange:
     code: str | None = None
     stream: bool = False
     queue_wait: float | None = None
+    #: How the worker was chosen (`mtpstack.proxy.routing.Decision`).
+    routing: str | None = None
     first_byte: float | None = None
     #: When the request went to its worker (`time.monotonic()`).
     sent: float | None = None
@@ -223,6 +227,7 @@ class Exchange:
                 "status": self.status,
                 "code": self.code,
                 "stream": self.stream,
+                "routing": self.routing,
                 "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
                 "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
                 "duration_ms": round((now - self.arrived) * 1000, 3),
@@ -351,13 +356,23 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     admission = state.admissions[ex.model]
     _refuse_what_backends_ignore(state, admission, request.path, payload, ex.model)
 
+    affinity = state.affinities.get(ex.model)
+    keys = affinity_keys(request.path, payload) if affinity is not None else None
+    preferred = affinity.preferred(keys.lookup) if keys is not None else None
     queued = time.monotonic()
     try:
-        upstream = await admission.acquire()
+        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None)
     finally:
         ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
     ex.worker = upstream.name
+    if keys is not None:
+        # The prefix now lives where this request goes, wherever it lived before.
+        affinity.remember(keys.record, upstream.name)
+        ex.routing = decision(preferred, upstream.name)
+    else:
+        ex.routing = FIRST_FREE_DECISION
+    state.metrics.count_routing(ex.model, ex.routing)
     admitted = time.monotonic()
     try:
         if upstream.rewrite_model is not None:

@@ -27,6 +27,8 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from mtpstack.proxy.admission import Upstream
+from mtpstack.proxy.health import forget_worker
+from mtpstack.proxy.routing import hit_rate
 from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
 from mtpstack.validator import WorkerProfile, worker_argv
@@ -98,6 +100,26 @@ def acceptance(samples: dict) -> dict:
         "rate": (accepted / drafted) if drafted and accepted is not None else None,
         "by_position": positions,
     }
+
+
+#: The worker's prefix-cache series (`mtpstack_worker_prefix_cache_*`), by the key the status shows them under.
+PREFIX_CACHE_SERIES = {
+    "lookups": "mtpstack_worker_prefix_cache_lookups_total",
+    "hits": "mtpstack_worker_prefix_cache_hits_total",
+    "tokens_reused": "mtpstack_worker_prefix_cache_tokens_reused_total",
+    "evictions": "mtpstack_worker_prefix_cache_evictions_total",
+    "bytes": "mtpstack_worker_prefix_cache_bytes",
+}
+
+
+def prefix_cache(samples: dict) -> dict | None:
+    """The worker's prefix cache from its counters, with its hit rate (hits over lookups); None
+    when the worker exports no prefix cache (mlx_lm.server, or one without it)."""
+    values = {key: _one(samples, name) for key, name in PREFIX_CACHE_SERIES.items()}
+    if values["lookups"] is None:
+        return None
+    hits, lookups = values["hits"], values["lookups"]
+    return {**values, "hit_rate": (hits / lookups) if lookups and hits is not None else None}
 
 
 def draft_depth(samples: dict) -> int | None:
@@ -221,6 +243,7 @@ class FleetCollector:
             status, body = await _get(client, "/identity")
             if status == 200:
                 if track.saw_identity(json.loads(body)):
+                    forget_worker(self.state, upstream)
                     log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
             else:
                 track.identity_error = f"/identity answered {status}"
@@ -276,6 +299,7 @@ class FleetCollector:
                 "queued": a.waiting,
                 "last_15m": {"inflight": spread(s[1] for s in recent), "queued": spread(s[2] for s in recent)},
                 "refusals": refusals.get(model, {}),
+                "routing": self._routing(model),
             }
         return {
             "schema": SCHEMA_VERSION,
@@ -292,6 +316,10 @@ class FleetCollector:
             "refusals_without_model": refusals.get(NO_MODEL, {}),
             "workers": workers,
         }
+
+    def _routing(self, model: str) -> dict:
+        counts = self.state.metrics.routing_counts(model)
+        return {"policy": self.state.config.proxy.routing, "decisions": counts, "hit_rate": hit_rate(counts)}
 
     def _worker(self, name: str, u: Upstream, now: float) -> dict:
         track = self.tracks[name]
@@ -336,6 +364,7 @@ class FleetCollector:
             "width": {"max_num_seqs": width, "active": None if active is None else int(active)},
             "draft_depth": draft_depth(samples) or identity.get("draft_depth"),
             "acceptance": acceptance(samples),
+            "prefix_cache": prefix_cache(samples),
             "tokens_per_second": spread(r for t, r in track.rates if now - t <= WINDOW_SECONDS),
             "time_to_first_token_seconds": spread(s for t, s in track.ttft if now - t <= WINDOW_SECONDS),
             "coupling": coupling,

@@ -50,8 +50,18 @@ async def probe(client: UpstreamClient, timeout: float) -> tuple[bool, str]:
 def set_health(state: ProxyState, upstream: Upstream, healthy: bool, detail: str) -> None:
     changed = state.admissions[upstream.model].set_healthy(upstream, healthy, detail)
     state.metrics.set_healthy(upstream.name, healthy)
+    if changed and not healthy:
+        forget_worker(state, upstream)
     if changed:
         log.info(json.dumps({"event": "worker_health", "worker": upstream.name, "healthy": healthy, "detail": detail}))
+
+
+def forget_worker(state: ProxyState, upstream: Upstream) -> None:
+    """The worker's prefix cache is gone or unknown (it went unhealthy, or restarted): no request
+    is routed to it for what it served before."""
+    affinity = state.affinities.get(upstream.model)
+    if affinity is not None:
+        affinity.forget(upstream.name)
 
 
 def mark_unhealthy(state: ProxyState, upstream: Upstream, detail: str) -> None:

@@ -44,6 +44,14 @@ class ProxyMetrics:
         )
         #: The same counts as `refusals`, by model then code, for `/v1/fleet/status`.
         self.refused: dict[str, dict[str, int]] = {}
+        self.routing = Counter(
+            f"{PREFIX}routing_total",
+            "Requests admitted, by model and how their worker was chosen: affinity (the worker that served the "
+            "conversation), fallback_busy (that worker was full: another), new (none remembered), first_free.",
+            ["model", "decision"], registry=r,
+        )
+        #: The same counts as `routing`, by model then decision, for `/v1/fleet/status`.
+        self.routed: dict[str, dict[str, int]] = {}
         self.healthy = Gauge(f"{PREFIX}worker_healthy", "1 when the worker passed its last health check, else 0.", ["worker"], registry=r)
         self.upstream_errors = Counter(
             f"{PREFIX}upstream_errors_total", "Failed exchanges with a worker, by kind.", ["worker", "code"], registry=r
@@ -68,6 +76,14 @@ class ProxyMetrics:
         by_code = self.refused.setdefault(model, {})
         by_code[code] = by_code.get(code, 0) + 1
 
+    def count_routing(self, model: str, decision: str) -> None:
+        self._child(self.routing, model, decision).inc()
+        by_decision = self.routed.setdefault(model, {})
+        by_decision[decision] = by_decision.get(decision, 0) + 1
+
+    def routing_counts(self, model: str) -> dict[str, int]:
+        return dict(self.routed.get(model, {}))
+
     def refusal_counts(self) -> dict[str, dict[str, int]]:
         return {model: dict(codes) for model, codes in self.refused.items()}
 
@@ -91,8 +107,11 @@ class ProxyMetrics:
         self.inflight.labels(upstream.name).set(0)
         self.healthy.labels(upstream.name).set(0)
 
-    def register_model(self, model: str) -> None:
+    def register_model(self, model: str, decisions: tuple[str, ...] = ()) -> None:
         self.queue_depth.labels(model).set(0)
+        for d in decisions:  # every series from the start, at 0, so a rate is defined before the first request
+            self._child(self.routing, model, d)
+            self.routed.setdefault(model, {})[d] = 0
 
     # AdmissionObserver
     def inflight_changed(self, upstream: Upstream) -> None:

@@ -10,6 +10,7 @@ from aiohttp import web
 from mtpstack.proxy.admission import ModelAdmission, Upstream
 from mtpstack.proxy.deadline import ClientDeadlines
 from mtpstack.proxy.metrics import ProxyMetrics
+from mtpstack.proxy.routing import Affinity
 from mtpstack.proxy.upstream import UpstreamClient
 from mtpstack.validator import FleetConfig
 
@@ -22,6 +23,8 @@ class ProxyState:
     metrics: ProxyMetrics
     health_interval: float
     api_keys: tuple[bytes, ...] | None
+    #: Which worker served which conversation, per model; empty under `proxy.routing: first-free`.
+    affinities: dict[str, Affinity] = field(default_factory=dict)
     #: One HTTP client (keep-alive pool) per worker, by worker name.
     clients: dict[str, UpstreamClient] = field(default_factory=dict)
     #: The client deadline of every connection `mtpstack proxy` accepts (`mtpstack.proxy.deadline`).

@@ -17,6 +17,8 @@ from pydantic.alias_generators import to_camel
 from mtpstack.validator.modeldir import DRAFTER_KINDS
 
 Backend = Literal["native", "mlx-lm"]
+#: `proxy.routing`: which free worker a request goes to (`mtpstack.proxy.routing`).
+Routing = Literal["affinity", "first-free"]
 Bits = Literal[2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"]
 #: `auto`, `mtp` or `model`: the values are `mtpstack.validator.modeldir`'s, which resolves `auto`.
 DrafterKindSetting = Literal[DRAFTER_KINDS]
@@ -114,6 +116,14 @@ class ProxyConfig(StrictModel):
         "must equal those workers' maxNumSeqs.",
     )
     queue: QueueConfig = Field(default_factory=QueueConfig)
+    routing: Routing = Field(
+        "affinity",
+        description=(
+            "Which worker with a free slot a request goes to: `affinity`, the one that served its conversation "
+            "(`prompt_cache_key`, else `user`, else the prompt's beginning), where its prefix is cached; "
+            "`first-free`, the least loaded. Neither makes a request wait while any worker of its model has a free slot."
+        ),
+    )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(1_048_576, ge=1, description="Largest request body accepted; larger: 413 body_too_large.")
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="How long in-flight requests may finish after a stop signal.")

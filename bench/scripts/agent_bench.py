@@ -134,12 +134,13 @@ def itl_window(times: list[float], start: float, end: float) -> dict:
 # -- measurement -----------------------------------------------------------------------
 
 
-async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None) -> dict:
+async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
+                      headers: dict[str, str] | None = None) -> dict:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first, text, usage = None, [], None
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
         async for line in resp.content:

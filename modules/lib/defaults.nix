@@ -17,6 +17,7 @@
       idleSeconds = 60;
       clientSeconds = 30;
     };
+    routing = "affinity";
     maxBodyBytes = 1048576;
     shutdownGraceSeconds = 30;
     apiKeysFile = null;
@@ -54,6 +55,7 @@
   # The prefix cache budget's ceiling, in GiB (as PREFIX_CACHE_GIB_MAX).
   prefixCacheGiBMax = 65536;
   backends = [ "native" "mlx-lm" ];
+  routings = [ "affinity" "first-free" ];
   # `auto`: the worker (and `mtpstack validate --deep`) detect it from the drafter's files.
   drafterKinds = [ "auto" "mtp" "model" ];
   bits = [ 2 3 4 5 6 8 "mxfp4" "bf16" "fp16" "fp32" ];

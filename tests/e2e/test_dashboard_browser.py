@@ -140,6 +140,15 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
     page_shows(browser, "[data-worker=w0] [data-field=inflight]", f"0 / {gate:g}", "in flight and gate as /metrics has them")
     page_shows(browser, "[data-worker=w0] [data-field=ttft]", lambda t: " ms (" in t and "n=" in t, "first token as a median with spread")
     page_shows(browser, "[data-coupling=w0] [data-field=coupling-status]", "agrees", "the coupling to agree")
+    routed = {d: metric(proxy, "mtpstack_proxy_routing_total", model="tiny", decision=d) for d in ("affinity", "fallback_busy", "new")}
+    page_shows(browser, "[data-model=tiny] [data-field=routing]",
+               lambda t: t.startswith("affinity hits") and t.endswith(f"{routed['fallback_busy']:g} moved as it was full, {routed['new']:g} new)"),
+               "the routing decisions /metrics counts")
+    # The worker's prefix-cache hit rate beside it: a dash while the worker exports no prefix-cache series.
+    lookups = metric(worker, "mtpstack_worker_prefix_cache_lookups_total")
+    page_shows(browser, "[data-worker=w0] [data-field=prefix-cache]", lambda t: (t == "–") == (lookups is None), "the prefix cache")
+    page_shows(browser, "[data-model=tiny] [data-prefix-cache=w0]", lambda t: t.startswith("w0: ") and (t == "w0: –") == (lookups is None),
+               "the worker's prefix-cache hit rate beside the model's routing")
     assert screenshot(browser, "dashboard.png", tmp_path).stat().st_size > 10_000
 
 

@@ -82,6 +82,24 @@ def test_acceptance_by_position_and_first_tokens_match_the_metrics(stack):
     assert metric(proxy_metrics, "mtpstack_proxy_time_to_first_token_seconds_count", worker="w0") >= ttft["n"]
 
 
+def test_the_prefix_cache_and_routing_figures_are_the_ones_metrics_shows(stack):
+    stream_once(stack)
+    stream_once(stack)  # the same prompt again: a prefix-cache hit on the worker, an affinity hit at the proxy
+    s = fresh_status(stack)
+    worker_metrics = get_text(stack.worker_url("w0") + "/metrics")
+    cache = s["workers"]["w0"]["prefix_cache"]
+    lookups = metric(worker_metrics, "mtpstack_worker_prefix_cache_lookups_total")
+    hits = metric(worker_metrics, "mtpstack_worker_prefix_cache_hits_total")
+    assert (cache["lookups"], cache["hits"]) == (lookups, hits) and hits >= 1
+    assert cache["hit_rate"] == hits / lookups
+    proxy_metrics = get_text(stack.proxy_url + "/metrics")
+    routing = s["models"]["tiny"]["routing"]
+    assert routing["policy"] == "affinity"
+    for decision, n in routing["decisions"].items():
+        assert n == metric(proxy_metrics, "mtpstack_proxy_routing_total", model="tiny", decision=decision)
+    assert routing["decisions"]["affinity"] >= 1
+
+
 def test_a_killed_worker_turns_unhealthy_and_comes_back_as_a_restart(stack):
     pid = stack.worker_pid("w0")
     restarts = status(stack)["workers"]["w0"]["restarts"]

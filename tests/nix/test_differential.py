@@ -78,6 +78,7 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("queue", st.fixed_dictionaries({}, optional={"maxWaiting": st.integers(0, 100), "timeoutSeconds": seconds}))))
     proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds, "clientSeconds": seconds}))))
     proxy.update(draw(optional("deployOn", deploy_on)))
+    proxy.update(draw(optional("routing", st.sampled_from(["affinity", "first-free"]))))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
     addresses = st.fixed_dictionaries(
         {"address": st.sampled_from(["10.0.0.1", "fd00::2", "mac1.lan"])}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}

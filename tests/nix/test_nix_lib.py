@@ -87,11 +87,12 @@ def test_render_fills_the_defaults_the_config_model_fills(rendered_examples):
 
 def test_the_nix_ranges_and_choices_are_the_config_models(nixh):
     """modules/lib/defaults.nix restates the model's limits (Nix cannot import them): width and depth
-    ranges, backends, drafter kinds and bits must be the pydantic model's, value for value."""
+    ranges, backends, routings, drafter kinds and bits must be the pydantic model's, value for value."""
     d = nixh.eval(file=nixh.lib / "defaults.nix")
     assert (d["widthMin"], d["widthMax"]) == (model.WIDTH_MIN, model.WIDTH_MAX)
     assert (d["depthMin"], d["depthMax"]) == (model.DEPTH_MIN, model.DEPTH_MAX)
     assert d["backends"] == list(typing.get_args(model.Backend))
+    assert d["routings"] == list(typing.get_args(model.Routing))
     assert d["drafterKinds"] == list(typing.get_args(model.DrafterKindSetting))
     assert d["bits"] == list(typing.get_args(model.Bits))
 

@@ -231,3 +231,12 @@ def test_the_darwin_account_takes_an_id_nix_darwin_gives_no_other_account(nixh, 
     uid, gid = activation["extraActivation"].splitlines()[1].split()[1].split(":")
     assert int(uid) not in NIX_DARWIN_IDS and int(gid) not in NIX_DARWIN_IDS
     assert int(uid) < 501  # below the accounts macOS gives people
+
+
+def test_the_routing_reaches_the_rendered_config_and_only_its_two_policies_pass(nixh, nixpkgs_lib):
+    settings = '{ services.mtpstack = { enable = true; proxy.routing = "first-free"; }; }'
+    assert nixh.eval_module(nixpkgs_lib, "nixos", settings)["renderedConfig"]["proxy"]["routing"] == "first-free"
+    assert nixh.eval_module(nixpkgs_lib, "nixos", "{ services.mtpstack.enable = true; }")["renderedConfig"]["proxy"]["routing"] == "affinity"
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", '{ services.mtpstack = { enable = true; proxy.routing = "round-robin"; }; }')
+    assert "`services.mtpstack.proxy.routing' is not of type" in e.value.stderr and 'one of "affinity", "first-free"' in e.value.stderr

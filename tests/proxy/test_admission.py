@@ -134,3 +134,44 @@ async def test_recovered_worker_serves_the_queue():
     await asyncio.sleep(0)
     a.set_healthy(w1, True, "ok")
     assert await waiter is w1
+
+
+# -- a preferred worker (cache-aware routing) -----------------------------------------------
+async def test_a_preferred_worker_with_a_free_slot_gets_the_request_over_a_less_loaded_one():
+    a = admission(gates=(2, 2))
+    w0, w1 = a.upstreams
+    assert await a.acquire(prefer=w1) is w1
+    assert await a.acquire(prefer=w1) is w1  # w0 is idle, but w1 still has a slot
+    assert (w0.inflight, w1.inflight) == (0, 2)
+
+
+async def test_a_full_preferred_worker_sends_the_request_to_a_free_one_at_once():
+    a = admission(gates=(1, 1))
+    w0, w1 = a.upstreams
+    await a.acquire(prefer=w1)
+    got = await asyncio.wait_for(a.acquire(prefer=w1), 1)
+    assert got is w0 and a.waiting == 0
+
+
+async def test_an_unhealthy_preferred_worker_is_passed_over():
+    a = admission(gates=(1, 1))
+    w0, w1 = a.upstreams
+    a.set_healthy(w1, False, "down")
+    assert await a.acquire(prefer=w1) is w0
+
+
+async def test_a_preference_waits_only_when_every_worker_is_full_and_keeps_the_line_in_order():
+    a = admission(gates=(1, 1))
+    w0, w1 = a.upstreams
+    h0, h1 = await a.acquire(), await a.acquire()
+    first = asyncio.create_task(a.acquire(prefer=w1))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(a.acquire(prefer=w0))
+    await asyncio.sleep(0)
+    assert a.waiting == 2
+    a.release(h0)  # w0 frees: the oldest waiter gets it though it prefers w1, and the second does not overtake
+    await asyncio.sleep(0)
+    assert first.done() and await first is w0 and not second.done()
+    a.release(h1)
+    assert await second is w1
+

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from mtpstack.proxy.fleet import WorkerTrack, acceptance, parse_metrics, spread, weights_check
+from mtpstack.proxy.fleet import WorkerTrack, acceptance, parse_metrics, prefix_cache, spread, weights_check
 from tests.proxy.conftest import fleet_config
 from mtpstack.validator import worker_argv
 
@@ -77,6 +77,34 @@ def test_acceptance_by_position_divides_accepted_by_drafted_at_that_position():
     assert a["by_position"][0]["rate"] == pytest.approx(8 / 15)
 
 
+PREFIX_CACHE_METRICS = """\
+# TYPE mtpstack_worker_prefix_cache_lookups counter
+mtpstack_worker_prefix_cache_lookups_total 8.0
+# TYPE mtpstack_worker_prefix_cache_hits counter
+mtpstack_worker_prefix_cache_hits_total 6.0
+# TYPE mtpstack_worker_prefix_cache_tokens_reused counter
+mtpstack_worker_prefix_cache_tokens_reused_total 12000.0
+# TYPE mtpstack_worker_prefix_cache_evictions counter
+mtpstack_worker_prefix_cache_evictions_total 1.0
+# TYPE mtpstack_worker_prefix_cache_bytes gauge
+mtpstack_worker_prefix_cache_bytes 1048576.0
+"""
+
+
+def test_the_prefix_cache_hit_rate_is_hits_over_lookups_and_absent_without_the_series():
+    c = prefix_cache(parse_metrics(WORKER_METRICS + PREFIX_CACHE_METRICS))
+    assert c == {"lookups": 8.0, "hits": 6.0, "tokens_reused": 12000.0, "evictions": 1.0, "bytes": 1048576.0, "hit_rate": 0.75}
+    assert prefix_cache(parse_metrics(WORKER_METRICS)) is None
+    assert prefix_cache(parse_metrics("mtpstack_worker_prefix_cache_lookups_total 0\n"))["hit_rate"] is None
+
+
+def test_the_prefix_cache_series_read_are_the_ones_the_worker_exports():
+    from mtpstack.proxy.fleet import PREFIX_CACHE_SERIES
+    from tests.proxy.test_grafana import exported
+
+    assert set(PREFIX_CACHE_SERIES.values()) <= exported()
+
+
 def test_a_restart_is_a_new_pid_or_start_time_and_the_first_sighting_is_not_one():
     t = WorkerTrack()
     assert not t.saw_identity({"pid": 1, "started_at": 5.0})
@@ -123,6 +151,19 @@ async def test_the_status_shows_each_worker_as_its_identity_and_metrics_report_i
     assert w["draft_depth"] == 2
     assert w["coupling"]["agrees"] is True
     assert s["models"]["m"]["gate"] == [2] and s["models"]["m"]["queued"] == 0
+
+
+async def test_the_status_shows_the_affinity_hit_rate_per_model_beside_each_workers_prefix_cache(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1, "identity": identity_of(1), "metrics": WORKER_METRICS + PREFIX_CACHE_METRICS},
+                          "w2": {"gate": 1, "metrics": WORKER_METRICS}})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "c"}
+    for _ in range(3):
+        assert (await f.client.post("/v1/chat/completions", json=body)).status == 200
+    s = await wait_for(lambda: f.collector.snapshot["models"]["m"]["routing"]["decisions"]["affinity"] == 2 and f.collector.snapshot,
+                       "the routed requests in the status")
+    assert s["models"]["m"]["routing"] == {"policy": "affinity", "decisions": {"affinity": 2, "fallback_busy": 0, "new": 1}, "hit_rate": 1.0}
+    assert s["workers"]["w1"]["prefix_cache"]["hit_rate"] == 0.75
+    assert s["workers"]["w2"]["prefix_cache"] is None  # no prefix-cache series: shown as absent
 
 
 async def test_a_worker_whose_width_differs_from_the_gate_is_flagged(make_fleet):

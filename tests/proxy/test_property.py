@@ -1,5 +1,6 @@
-"""Property: for random arrival patterns (bursts, pauses, streams, disconnects, queue limits),
-no worker ever holds more admitted requests than its gate, and every request is answered."""
+"""Property: for random arrival patterns (bursts, pauses, streams, disconnects, queue limits,
+conversation keys under either routing), no worker ever holds more admitted requests than its
+gate, and every request is answered."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ request_st = st.fixed_dictionaries(
         "service_ms": st.integers(0, 20),
         "stream": st.booleans(),
         "disconnect_ms": st.one_of(st.none(), st.integers(0, 25)),
+        # A conversation key (or none: the prompt decides): routing prefers a worker per key.
+        "key": st.one_of(st.none(), st.sampled_from(["a", "b"])),
     }
 )
 pattern_st = st.fixed_dictionaries(
@@ -28,6 +31,7 @@ pattern_st = st.fixed_dictionaries(
         "workers": st.integers(1, 2),
         "max_waiting": st.integers(0, 6),
         "timeout_ms": st.integers(20, 200),
+        "routing": st.sampled_from(["affinity", "first-free"]),
         "requests": st.lists(request_st, min_size=1, max_size=24),
     }
 )
@@ -43,6 +47,7 @@ async def scenario(pattern: dict) -> None:
             "proxy": {
                 "concurrencyLimit": pattern["gate"],
                 "queue": {"maxWaiting": pattern["max_waiting"], "timeoutSeconds": pattern["timeout_ms"] / 1000},
+                "routing": pattern["routing"],
             },
             "workers": {
                 f.name: {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": f.gate, "port": s.port}
@@ -69,6 +74,8 @@ async def scenario(pattern: dict) -> None:
 
         async def one(i: int, r: dict) -> None:
             body = {"model": "m", "stream": r["stream"], "x_fake": {"tag": i, "chunks": 3, "interval": r["service_ms"] / 3000, "delay": r["service_ms"] / 1000}}
+            if r["key"] is not None:
+                body["prompt_cache_key"] = r["key"]
             async with session.post(proxy.make_url("/v1/chat/completions"), json=body) as resp:
                 await resp.read()
                 answers.append(resp.status)
