@@ -72,6 +72,7 @@ def test_a_decoding_row_gets_tokens_every_step_while_a_long_prompt_is_prefilled_
 
 
 @pytest.mark.parametrize(("decoding", "prefilling", "share"), [(0, 1, 512), (0, 3, 512), (1, 1, 256), (2, 3, 128), (4, 4, 64)])
-def test_the_share_is_a_power_of_two_of_what_decoding_leaves(engine, decoding, prefilling, share):
+def test_the_share_is_a_power_of_two_of_what_decoding_leaves(engine, monkeypatch, decoding, prefilling, share):
+    monkeypatch.setattr(engine_module, "STEP_TOKENS", 512)
     rows = [engine.new_sequence([1, 2, 3], params(100, depth=3)) for _ in range(decoding)]
     assert Scheduler._share(rows, prefilling) == share
