@@ -36,6 +36,7 @@ from pathlib import Path
 from worker_bench import ensure_preload, fmt, start_servers, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl"]
 TURNS = 6
 ANSWER_TOKENS = 32
 FOLLOW_UPS = ["open the failing test", "show me line 40", "fix the off-by-one", "run the tests again",
@@ -235,20 +236,22 @@ async def run(args) -> dict:
                 for name in order:
                     url, model = servers[name].url, models[name]
                     seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
-                    ttfts, tokens = await conversation(session, url, model, system_prompt(seed, args.tools), TURNS)
-                    other = await shared(session, url, model, system_prompt(100 + seed, args.tools))
-                    conc = await concurrent(session, url, model, 200 + seed, args.tools)
-                    itl = await prefill_itl(session, url, model, seed, args.tools) if name == "native+mtp" else None
+                    on = set(args.only or SCENARIOS)
+                    ttfts, tokens = await conversation(session, url, model, system_prompt(seed, args.tools), TURNS) if "turns" in on else ([], [])
+                    other = await shared(session, url, model, system_prompt(100 + seed, args.tools)) if "shared" in on else None
+                    conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None
+                    itl = await prefill_itl(session, url, model, seed, args.tools) if name == "native+mtp" and "prefill_itl" in on else None
                     print(f"round {rnd}{'' if keep else ' (warm-up)'} {name}: turns {[round(t, 3) for t in ttfts]} "
-                          f"shared {other[0]:.3f}/{other[1]:.3f} 4-clients {conc:.3f}"
+                          f"shared {other} 4-clients {conc}"
                           + (f" itl median {itl['median_s']} p99 {itl['p99_s']}" if itl else ""), file=sys.stderr)
                     if keep:
-                        samples[name]["turns"].append(ttfts)
-                        samples[name]["shared"].append(other)
-                        samples[name]["concurrent"].append(conc)
+                        for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc)):
+                            if value:
+                                samples[name][key].append(value)
                         if itl and itl["n"]:
                             samples[name]["prefill_itl"].append(itl)
-                    prompt_tokens = prompt_tokens or f"{tokens[0]}-{tokens[-1]}"
+                    if tokens:
+                        prompt_tokens = prompt_tokens or f"{tokens[0]}-{tokens[-1]}"
     finally:
         for proc in servers.values():
             proc.stop()
@@ -265,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-multiplier", type=int, default=8)
     p.add_argument("--extra-layers", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="the shipped demo unwidened, 1 round, no warm-up, 12 tools")
+    p.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (default: all)")
     p.add_argument("--out", help="write the JSON report here instead of stdout")
     args = p.parse_args(argv)
     if args.quick:
