@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker_bench import ensure_preload, fmt, start_servers, summarize
+from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
 SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl"]
@@ -133,32 +133,6 @@ def itl_window(times: list[float], start: float, end: float) -> dict:
 
 
 # -- measurement -----------------------------------------------------------------------
-
-
-async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None) -> dict:
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first, text, usage = None, [], None
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            payload = json.loads(line[6:])
-            usage = payload.get("usage") or usage
-            for choice in payload.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    text.append(piece)
-                    if times is not None:
-                        times.append(now)
-    end = time.perf_counter()
-    return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "text": "".join(text), "usage": usage or {}}
 
 
 async def conversation(session, url, model, system: str, turns: int) -> tuple[list[float], list[int]]:

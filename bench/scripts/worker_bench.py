@@ -226,31 +226,42 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
     return servers
 
 
-async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
+                      headers: dict[str, str] | None = None) -> dict:
+    """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
+    (each content chunk's arrival time appended to `times` when given)."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    first = None
-    text, usage = [], None
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+    first, text, usage = None, [], None
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
         async for line in resp.content:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             payload = json.loads(line[6:])
-            if payload.get("usage"):
-                usage = payload["usage"]
+            usage = payload.get("usage") or usage
             for choice in payload.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
-                    first = first or time.perf_counter()
+                    now = time.perf_counter()
+                    first = first or now
                     text.append(piece)
+                    if times is not None:
+                        times.append(now)
     end = time.perf_counter()
-    tokens = (usage or {}).get("completion_tokens") or 0
-    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"ttft_s": (first or end) - start, "total_s": end - start, "tokens": tokens, "cached_tokens": cached,
-            "tok_s": tokens / (end - start) if end > start else 0.0, "text": "".join(text)}
+    return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "end": end, "text": "".join(text),
+            "usage": usage or {}}
+
+
+async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str) -> dict:
+    r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens)
+    tokens = r["usage"].get("completion_tokens") or 0
+    cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    total = r["end"] - r["sent"]
+    return {"ttft_s": r["ttft_s"], "total_s": total, "tokens": tokens, "cached_tokens": cached,
+            "tok_s": tokens / total if total > 0 else 0.0, "text": r["text"]}
 
 
 async def concurrent(session, url: str, clients: int, max_tokens: int, model: str, tag: str = "") -> dict:
