@@ -32,8 +32,8 @@ is in, so a cancelled or failed prefill never leaves anything behind.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import count
 
 #: Bytes counted per token a node keeps (a Python int in a tuple): the tokens of a
 #: hostile flood of distinct prompts count against the budget too.
@@ -67,8 +67,9 @@ class Node:
     parent: "Node | None"
     start: int
     stretch: Stretch | None  # None only at the root
-    children: dict[int, list["Node"]] = field(default_factory=dict)
-    used: int = 0
+    #: Children by their stretch's length, then by its tokens: a lookup slices the prompt once per
+    #: distinct length (at most PREFILL_CHUNK of them) instead of comparing every child.
+    children: dict[int, dict[tuple[int, ...], "Node"]] = field(default_factory=dict)
 
     @property
     def end(self) -> int:
@@ -78,9 +79,18 @@ class Node:
     def resumable(self) -> bool:
         return self.stretch is not None and self.stretch.end_state is not None
 
-    def kids(self):
-        for group in self.children.values():
-            yield from group
+    def child(self, tokens: tuple[int, ...]) -> "Node | None":
+        return self.children.get(len(tokens), {}).get(tokens)
+
+    def adopt(self, node: "Node") -> None:
+        self.children.setdefault(len(node.stretch.tokens), {})[node.stretch.tokens] = node
+
+    def disown(self, node: "Node") -> None:
+        group = self.children.get(len(node.stretch.tokens), {})
+        if group.get(node.stretch.tokens) is node:
+            del group[node.stretch.tokens]
+            if not group:
+                del self.children[len(node.stretch.tokens)]
 
 
 @dataclass
@@ -120,7 +130,9 @@ class PrefixCache:
         self.max_bytes = max(0, int(max_bytes))
         self.root = Node(parent=None, start=0, stretch=None)
         self.stats = Stats()
-        self._clock = count(1)
+        #: The resumable nodes, least recently used first: eviction takes the first, in O(1)
+        #: however many small entries a flood of distinct prompts leaves.
+        self._lru: OrderedDict[Node, None] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -138,9 +150,8 @@ class PrefixCache:
             path.pop()
         if not path:
             return None
-        now = next(self._clock)
         for node in path:
-            node.used = now
+            self._touch(node)
         hit = Hit(path[-1].end, path)
         self.stats.hits += 1
         self.stats.tokens_reused += hit.length
@@ -151,11 +162,9 @@ class PrefixCache:
         path, node, pos = [], self.root, 0
         while pos < len(prompt):
             best = None
-            for child in node.children.get(prompt[pos], ()):
-                n = len(child.stretch.tokens)
-                if (best is None or n > len(best.stretch.tokens)) and pos + n <= len(prompt) \
-                        and tuple(prompt[pos : pos + n]) == child.stretch.tokens:
-                    best = child
+            for n in sorted(node.children, reverse=True):
+                if pos + n <= len(prompt) and (best := node.children[n].get(tuple(prompt[pos : pos + n]))) is not None:
+                    break
             if best is None:
                 break
             path.append(best)
@@ -177,47 +186,41 @@ class PrefixCache:
         if node is None and parent is not None:
             return  # what it resumed from was evicted meanwhile: its stretches have no place to hang
         node = node or self.root
-        now = next(self._clock)
         for stretch in stretches:
             if not stretch.tokens:
                 continue
-            same = next((c for c in node.children.get(stretch.tokens[0], ()) if c.stretch.tokens == stretch.tokens), None)
+            same = node.child(stretch.tokens)
             if same is None:
                 same = Node(parent=node, start=node.end, stretch=stretch)
-                node.children.setdefault(stretch.tokens[0], []).append(same)
+                node.adopt(same)
                 self.stats.bytes += stretch.nbytes
                 self.stats.entries += 1
             elif same.stretch.end_state is None and stretch.end_state is not None:
                 same.stretch.end_state = stretch.end_state  # a dropped snapshot comes back
                 self.stats.bytes += nbytes(stretch.end_state)
-            same.used = now
+            self._touch(same)
             node = same
         self._evict()
 
+    def _touch(self, node: Node) -> None:
+        if node.resumable:
+            self._lru[node] = None
+            self._lru.move_to_end(node)
+
     def _attached(self, node: Node) -> bool:
         while node.parent is not None:
-            group = node.parent.children.get(node.stretch.tokens[0], [])
-            if not any(c is node for c in group):
+            if node.parent.child(node.stretch.tokens) is not node:
                 return False
             node = node.parent
         return node is self.root
 
     # -- eviction ------------------------------------------------------------------------
 
-    def _nodes(self):
-        stack = list(self.root.kids())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.kids())
-
     def _evict(self) -> None:
-        while self.stats.bytes > self.max_bytes:
-            victim = min((n for n in self._nodes() if n.resumable), key=lambda n: n.used, default=None)
-            if victim is None:
-                break
+        while self.stats.bytes > self.max_bytes and self._lru:
+            victim, _ = self._lru.popitem(last=False)
             self.stats.evictions += 1
-            if any(True for _ in victim.kids()):
+            if victim.children:
                 self.stats.bytes -= nbytes(victim.stretch.end_state)
                 victim.stretch.end_state = None
             else:
@@ -226,12 +229,10 @@ class PrefixCache:
     def _remove(self, node: Node) -> None:
         """Drop a leaf, then each ancestor left as a leaf that cannot be resumed from."""
         while node.parent is not None and not node.children:
-            group = node.parent.children[node.stretch.tokens[0]]
-            group.remove(node)
-            if not group:
-                del node.parent.children[node.stretch.tokens[0]]
+            node.parent.disown(node)
             self.stats.bytes -= node.stretch.nbytes
             self.stats.entries -= 1
+            self._lru.pop(node, None)
             parent = node.parent
             node.parent = None
             if parent.resumable:
@@ -240,4 +241,5 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.root = Node(parent=None, start=0, stretch=None)
+        self._lru.clear()
         self.stats.bytes = self.stats.entries = 0

@@ -230,3 +230,20 @@ def test_a_zero_budget_disables_the_cache():
     cache = PrefixCache(0)
     cache.insert(None, [stretch([1, 2])])
     assert cache.lookup([1, 2]) is None and cache.stats.lookups == 0 and cache.stats.entries == 0
+
+
+def test_of_two_stretches_that_both_begin_the_prompt_the_longer_is_taken():
+    cache = PrefixCache(1 << 20)
+    cache.insert(None, [stretch([1, 2])])
+    cache.insert(None, [stretch([1, 2, 3])])  # e.g. a turn prefilled while the shorter was evicted
+    assert cache.lookup([1, 2, 3, 4]).length == 3
+    assert cache.lookup([1, 2, 9]).length == 2
+
+
+def test_a_flood_of_one_token_prompts_keeps_the_newest_within_the_budget():
+    per_entry = stretch([0]).nbytes
+    cache = PrefixCache(per_entry * 10)
+    for i in range(5000):
+        cache.insert(None, [stretch([i])])
+    assert cache.stats.entries == 10 and cache.stats.bytes <= per_entry * 10
+    assert cache.lookup([4999]).length == 1 and cache.lookup([4989]) is None
