@@ -108,6 +108,7 @@ def create_app(
     for path in FORWARDED_PATHS:
         app.router.add_post(path, forward)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/v1/fleet/status", fleet_status)
     app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/healthz", healthz)
@@ -176,11 +177,29 @@ def _keyed(handler: Callable[[web.Request, ProxyState, str], Awaitable[web.Respo
     return route
 
 
+def not_served(state: ProxyState, model: str) -> str:
+    served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
+    shown = model if len(model) <= 100 else model[:100] + "..."
+    return f"model `{shown}` is not served here; served models: {served}"
+
+
+def _model_object(state: ProxyState, model: str) -> dict:
+    return {"id": model, "object": "model", "created": int(state.started), "owned_by": "mtpstack"}
+
+
 @_keyed
 async def list_models(request: web.Request, state: ProxyState, rid: str) -> web.Response:
-    created = int(state.started)
-    data = [{"id": m, "object": "model", "created": created, "owned_by": "mtpstack"} for m in state.admissions]
+    data = [_model_object(state, m) for m in state.admissions]
     return web.json_response({"object": "list", "data": data}, headers={REQUEST_ID: rid})
+
+
+@_keyed
+async def get_model(request: web.Request, state: ProxyState, rid: str) -> web.Response:
+    """One entry of `/v1/models` (OpenAI's `models.retrieve`), or a JSON 404 naming the served models."""
+    model = request.match_info["model"]
+    if model not in state.admissions:
+        return error_response(HTTPStatus.NOT_FOUND, "model_not_found", not_served(state, model), rid=rid)
+    return web.json_response(_model_object(state, model), headers={REQUEST_ID: rid})
 
 
 @_keyed
@@ -338,9 +357,7 @@ def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
     if not isinstance(model, str) or not model:
         raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request has no `model`")
     if model not in state.admissions:
-        served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
-        shown = model if len(model) <= 100 else model[:100] + "..."
-        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", f"model `{shown}` is not served here; served models: {served}")
+        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", not_served(state, model))
     return payload, model
 
 

@@ -16,7 +16,7 @@ from mtpstack.worker import answers
 from mtpstack.worker.classify import CLASS_HEADER
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop, RequestHandle
-from mtpstack.worker.http import MAX_BODY_BYTES, ApiError, bad_request, generation_failed, request_id
+from mtpstack.worker.http import MAX_BODY_BYTES, ApiError, bad_request, generation_failed, model_not_found, request_id
 from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import responses
@@ -67,11 +67,20 @@ async def identity(request: web.Request) -> web.Response:
     return web.json_response(gen.identity)
 
 
+def _model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": int(STARTED_AT), "owned_by": "mtpstack"}
+
+
 async def models(request: web.Request) -> web.Response:
-    name = request.app[CONFIG].served_model_name
-    return web.json_response(
-        {"object": "list", "data": [{"id": name, "object": "model", "created": int(STARTED_AT), "owned_by": "mtpstack"}]}
-    )
+    return web.json_response({"object": "list", "data": [_model_object(request.app[CONFIG].served_model_name)]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """The one entry of `/v1/models` (OpenAI's `models.retrieve`), or a JSON 404."""
+    name, asked = request.app[CONFIG].served_model_name, request.match_info["model"]
+    if asked != name:
+        return model_not_found(name, asked).response()
+    return web.json_response(_model_object(name))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -77,3 +77,9 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     if allowed is not None:
         resp.headers[hdrs.ALLOW] = allowed
     return resp
+
+
+def model_not_found(served: str, asked: str) -> ApiError:
+    """404 for a model this worker does not serve (a request's `model`, or `/v1/models/{id}`)."""
+    shown = asked if len(asked) <= 100 else asked[:100] + "..."
+    return ApiError(404, "model_not_found", f"this worker serves `{served}`, not: `{shown}`", "model")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from mtpstack.validator import config_value
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
-from mtpstack.worker.http import ApiError, bad_request
+from mtpstack.worker.http import ApiError, bad_request, model_not_found
 from mtpstack.worker.protocol.chat import AgentRequest, ProtocolError, prepare, shown
 
 #: Parameters that would change the response's shape or meaning, refused rather than ignored.
@@ -134,8 +134,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     if model is not None and not isinstance(model, str):
         raise bad_request(f"`model` must be a string: {shown(model)}", "model")
     if model is not None and model != config.served_model_name:
-        asked = model if len(model) <= 100 else model[:100] + "..."
-        raise ApiError(404, "model_not_found", f"this worker serves `{config.served_model_name}`, not: `{asked}`", "model")
+        raise model_not_found(config.served_model_name, model)
     n = _number(body, "n", int, 1, MAX_COUNT)
     if n is not None and n != 1:
         raise _unsupported(f"only n=1 is supported: {n!r}", "n")

@@ -38,6 +38,7 @@ def create_app(config: WorkerConfig) -> web.Application:
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_post("/v1/responses", handlers.create_response)
     app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/v1/models/{model:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/identity", handlers.identity)
     app.router.add_get("/metrics", handlers.metrics)

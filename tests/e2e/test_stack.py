@@ -62,6 +62,14 @@ def test_models_list_names_the_served_model(stack):
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_a_json_404(stack):
+    c = client(stack)
+    assert c.models.retrieve("tiny").model_dump() == c.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        c.models.retrieve("gpt-4o")
+    assert missing.value.body["code"] == "model_not_found" and "`tiny`" in missing.value.body["message"]
+
+
 def test_chat_and_completions_answer_through_the_proxy(stack):
     c = client(stack)
     chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "def add(a, b):"}], max_tokens=12, temperature=0)

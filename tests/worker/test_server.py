@@ -42,6 +42,13 @@ def test_models_lists_the_served_model_name(worker):
     assert [m["id"] for m in body["data"]] == ["tiny"]
 
 
+def test_the_served_model_is_retrieved_by_id_and_another_is_a_json_404(worker, client):
+    assert client.models.retrieve("tiny").model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("org/other-model")  # a hub id, slash included
+    assert (missing.value.body["code"], missing.value.body["param"]) == ("model_not_found", "model")
+
+
 def test_identity_names_what_was_loaded(worker, tiny_pair):
     from mtpstack.worker.proof import hash_weights
 
