@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from worker_bench import emit
 from agent_bench import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, longer_context, stream_chat, system_prompt
 from mtpstack.bench import stats
 
@@ -400,13 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(sizes["rounds"], sizes["turns"], sizes["answer_tokens"]) < 1 or min(sizes["tools"], sizes["pause"], sizes["output_lines"]) < 0:
         p.error("--rounds, --turns and --answer-tokens must be at least 1, --tools, --pause and --output-lines at least 0")
     report = asyncio.run(run_all(args, sizes))
-    print("\n".join(format_lines(report)), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return emit(report, format_lines(report), args.out)
 
 
 if __name__ == "__main__":

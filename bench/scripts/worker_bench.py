@@ -424,6 +424,17 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def emit(report: dict, lines: list[str], out: str | None) -> int:
+    """The readable table to stderr, the JSON report to `out` (else stdout): every agent-facing bench ends so."""
+    print("\n".join(lines), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model directory (default: the demo target, widened)")
@@ -445,13 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--target and --drafter go together")
     ensure_preload()
     result = asyncio.run(run(args))
-    print("\n".join(report_lines(result["summary"])), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return emit(result, report_lines(result["summary"]), args.out)
 
 
 if __name__ == "__main__":
