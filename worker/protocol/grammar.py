@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import llguidance
 import llguidance.hf
 
+from mtpstack.worker.protocol.schema import MAX_STRING_CHARS, bounded
+
 #: A schema larger than this is refused: real response schemas and tool signatures are a few KB.
 MAX_SCHEMA_BYTES = 64 * 1024
 #: llguidance's work bounds for compiling and per-token masking (its defaults are 1e6 lexer fuel
@@ -59,18 +61,22 @@ def _limits():
     return llguidance.LLParserLimits(**LIMITS_KW)
 
 
-def _schema_text(schema, what: str) -> str:
+def _schema_text(schema, what: str, limit: int = MAX_SCHEMA_BYTES) -> str:
     if not isinstance(schema, dict):
         raise GrammarError(f"{what} must be a JSON object")
     text = json.dumps(schema, ensure_ascii=False)
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
+    if len(text.encode()) > limit:
         raise GrammarError(f"{what} is larger than the limit: {MAX_SCHEMA_BYTES} bytes")
     return text
 
 
 def json_grammar(schema: dict | None) -> str:
-    """`response_format` `json_object` (schema None: any object) or `json_schema`."""
-    text = _schema_text({"type": "object"} if schema is None else schema, "the JSON schema")
+    """`response_format` `json_object` (schema None: any object) or `json_schema`, whose objects are
+    closed and values bounded as OpenAI's structured outputs read a schema (`schema.bounded`)."""
+    if schema is not None:
+        _schema_text(schema, "the JSON schema")  # the client's size bound, before the rewrite adds keys
+        schema = bounded(schema, closed=True)
+    text = _schema_text({"type": "object"} if schema is None else schema, "the JSON schema", MAX_SCHEMA_BYTES * 2)
     return llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
 
 
@@ -90,7 +96,7 @@ def _reason(text: str) -> str:
     return lines[0][:300]
 
 
-def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
+def _xml_call(name: str, params: dict, idx: int, closed: bool) -> tuple[str, list[str]]:
     """One function in the `qwen3_coder` XML form: required parameters first, in schema order, then optional ones."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
@@ -110,7 +116,7 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
         elif pschema.get("type") == "string" or not pschema:
             rules.append(f"{value}: {_xml_string(pschema)}")
         else:
-            rules.append(f"{value}: %json {_schema_text(pschema, f'the schema of parameter `{pname}` of tool `{name}`')}")
+            rules.append(f"{value}: %json {_param_schema(pschema, closed, f'the schema of parameter `{pname}` of tool `{name}`')}")
         rule = f"p{idx}_{j}"
         rules.append(f"{rule}: {_lit(f'<parameter={pname}>' + chr(10))} {value} {_lit(chr(10) + '</parameter>' + chr(10))}")
         parts.append(rule if pname in required else f"{rule}?")
@@ -118,29 +124,38 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
     return f"{head} {' '.join(parts)} {_lit('</function>' + chr(10))}", rules
 
 
+def _param_schema(schema: dict, closed: bool, what: str) -> str:
+    """A parameter's (or a whole call's) schema for `%json`: the client's size bound, then bounded."""
+    _schema_text(schema, what)
+    return _schema_text(bounded(schema, closed=closed), what, MAX_SCHEMA_BYTES * 2)
+
+
 def _xml_string(schema: dict) -> str:
+    """A string value in the XML form: within `minLength`/`maxLength`, at most `MAX_STRING_CHARS`
+    characters when the schema sets no `maxLength` (so a value always ends)."""
     lo, hi = schema.get("minLength"), schema.get("maxLength")
     lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo > 0 else 1
-    if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo:
-        return f"/{XML_STRING_CHARS}{{{lo},{hi}}}/"
-    return f"/{XML_STRING_CHARS}{{{lo},}}/"
+    hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else max(lo, MAX_STRING_CHARS)
+    return f"/{XML_STRING_CHARS}{{{lo},{hi}}}/"
 
 
 def tool_grammar(tools: list[dict], fmt: str) -> str:
-    """Exactly one call to one of `tools`, in the model's format (`qwen3_coder` XML or `json_tools`)."""
+    """Exactly one call to one of `tools`, in the model's format (`qwen3_coder` XML or `json_tools`).
+    A tool sent with `strict: true` gets OpenAI's strict semantics: only its declared keys."""
     alts, rules = [], []
     for i, tool in enumerate(tools):
         fn = tool["function"]
         name, params = fn["name"], fn.get("parameters") or {"type": "object", "properties": {}}
+        closed = fn.get("strict") is True
         if any(c in name for c in "<>\n\""):
             raise GrammarError(f"tool name cannot be written in a call: {name!r}")
         if fmt == "qwen3_coder":
-            body, extra = _xml_call(name, params, i)
+            body, extra = _xml_call(name, params, i, closed)
             rules += extra
         elif fmt == "json_tools":
             opening = _lit("\n" + '{"name": "' + name + '", "arguments": ')
             body = f"{opening} a{i} {_lit(chr(125) + chr(10))}"
-            rules.append(f"a{i}: %json {_schema_text(params, f'the parameters of tool `{name}`')}")
+            rules.append(f"a{i}: %json {_param_schema(params, closed, f'the parameters of tool `{name}`')}")
         else:
             raise GrammarError(f"a call cannot be forced for this model's tool-call format: `{fmt}`")
         alts.append(f"call{i}")
