@@ -119,3 +119,22 @@ async def test_a_compile_past_its_deadline_is_refused_naming_the_deadline(tok):
     with pytest.raises(GrammarError, match=r"did not compile within 0\.001 s"):
         await grammars.compile(json_grammar(schema), seconds=0.001)
     assert (await grammars.compile(json_grammar({"type": "integer"}))).is_accepting() is False
+
+
+def test_a_reasoning_budget_forces_the_end_marker_and_cuts_a_draft_that_runs_past_it():
+    from mtpstack.worker.protocol.hooks import ThinkBudget
+
+    vocab, end = 16, 7
+    b = ThinkBudget(end, 2)
+    logits = mx.zeros((4, vocab))
+    rows = b.mask(logits, [1, 2, 3])  # positions 0, 1 free; 2 forced; the draft's 3 past it is cut
+    finite = [int(mx.isfinite(rows[j]).sum().item()) for j in range(4)]
+    assert finite[:3] == [vocab, vocab, 1] and bool(mx.isfinite(rows[2, end]).item())
+    assert finite[3] == vocab  # never emitted: left alone
+    rows = b.mask(logits, [1, end, 3])  # the draft closes the block itself: nothing is forced
+    assert int(mx.isfinite(rows).sum().item()) == 4 * vocab
+    b.advance([1, 2])
+    assert b.used == 2 and b.reasoning
+    assert int(mx.isfinite(b.mask(mx.zeros((1, vocab)), [])[0]).sum().item()) == 1
+    b.advance([end, 5])
+    assert not b.reasoning and b.mask(logits, [1]) is logits

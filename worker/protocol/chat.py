@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
-from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook
+from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook, ThinkBudget
 from mtpstack.worker.protocol.output import Markers
 
 #: Tools a request may declare: agent frameworks send tens; the prompt pays for every one.
@@ -24,6 +24,13 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_promp
 #: Completions' integer `logprobs`: OpenAI's own bound.
 MAX_COMPLETION_LOGPROBS = 5
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+#: OpenAI's `reasoning_effort` values; the first two turn the template's thinking off.
+REASONING_OFF = ("none", "minimal")
+REASONING_EFFORTS = (*REASONING_OFF, "low", "medium", "high", "xhigh")
+#: The reasoning budget when the request sets none but forces structure after the reasoning (a
+#: tool call or a schema): half of `max_tokens`, at most this many tokens, so the structure always
+#: gets the other half.
+DEFAULT_REASONING_BUDGET = 2048
 
 
 class ProtocolError(ValueError):
@@ -62,6 +69,24 @@ class AgentRequest:
     #: (a system prompt with its tools, which other conversations share).
     boundaries: tuple[int, ...] = ()
     grammar: PendingGrammar | None = None
+    #: The prompt opened a think block this id ends (None: no reasoning to budget).
+    think_end: int | None = None
+    #: `max_reasoning_tokens`, when the request set it.
+    reasoning_budget: int | None = None
+
+    def limit_reasoning(self, max_tokens: int) -> None:
+        """Put the reasoning budget on the hook, once `max_tokens` is known: the request's own, else,
+        when structure is forced after the reasoning, `DEFAULT_REASONING_BUDGET` or half of `max_tokens`."""
+        if self.think_end is None:
+            return
+        budget = self.reasoning_budget
+        if budget is None and self.grammar is not None:
+            budget = min(DEFAULT_REASONING_BUDGET, max_tokens // 2)
+        if budget is None:
+            return
+        hook = self.hook or RowHook()
+        hook.budget = ThinkBudget(self.think_end, budget)
+        self.hook = hook
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -241,6 +266,22 @@ def response_grammar(body) -> str | None:
     raise ProtocolError("`response_format.type` must be `text`, `json_object` or `json_schema`", "response_format")
 
 
+def _reasoning(body, tok, kwargs: dict) -> int | None:
+    """`reasoning_effort` turns the template's thinking switch (unless `chat_template_kwargs` sets
+    `enable_thinking` itself); returns `max_reasoning_tokens`, checked."""
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ProtocolError(f"`reasoning_effort` must be one of {', '.join(REASONING_EFFORTS)}: {shown(effort)}",
+                                "reasoning_effort")
+        if getattr(tok, "has_thinking", False):
+            kwargs.setdefault("enable_thinking", effort not in REASONING_OFF)
+    budget = body.get("max_reasoning_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ProtocolError(f"`max_reasoning_tokens` must be a non-negative integer: {shown(budget)}", "max_reasoning_tokens")
+    return budget
+
+
 def _logprobs(body, kind: str) -> tuple[int | None, str | None]:
     lp = body.get("logprobs")
     if kind == "chat":
@@ -279,7 +320,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
     grammar = response_grammar(body)
     prompt = output = None
     boundaries: tuple[int, ...] = ()
-    ban = None
+    ban = budget = None
     reasoning = False
     if kind == "chat":
         tools = _tools(body)
@@ -288,7 +329,8 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
             raise ProtocolError("this model's chat template has no tool-call format, so `tools` cannot be served", "tools",
                                 "unsupported_parameter")
         messages = normalize_messages(body.get("messages"))
-        kwargs = _template_kwargs(body)
+        kwargs = dict(_template_kwargs(body))
+        budget = _reasoning(body, tok, kwargs)
         prompt = _template(tok, messages, tools, kwargs)
         boundaries = system_boundary(tok, messages, tools, kwargs, prompt)
         if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
@@ -310,7 +352,8 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
         think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
         pending = PendingGrammar(grammar, param, think_end, reasoning)
     hook = RowHook(top, ban) if (top is not None or ban is not None) else None
-    return AgentRequest(prompt, output, hook, shape, boundaries, pending)
+    think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
+    return AgentRequest(prompt, output, hook, shape, boundaries, pending, think_end, budget)
 
 
 def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[int, ...]:
@@ -343,7 +386,8 @@ async def compile_constraint(agent: AgentRequest, engine) -> None:
     except GrammarError as e:
         raise ProtocolError(f"`{pending.param}` cannot be enforced: {e}", pending.param) from None
     constraint = Constraint(matcher, g.vocab_size, pending.think_end, pending.reasoning)
-    agent.hook = RowHook(agent.hook.top_logprobs if agent.hook is not None else None, constraint)
+    old = agent.hook
+    agent.hook = RowHook(old.top_logprobs if old is not None else None, constraint, old.budget if old is not None else None)
     agent.grammar = None
 
 

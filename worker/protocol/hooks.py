@@ -81,6 +81,52 @@ class Constraint:
             self.matcher.consume_token(tok)
 
 
+class ThinkBudget:
+    """A reasoning budget: once `budget` tokens of reasoning are written, only `think_end_id` may
+    follow, so what comes after the reasoning (a forced call, a schema's JSON) always gets its turn.
+    Masks each verified position given the drafted prefix before it, as `Constraint` does: at the
+    first drafted token past the budget that is not the end marker, the draft is cut."""
+
+    def __init__(self, think_end_id: int, budget: int):
+        self.think_end_id = think_end_id
+        self.budget = budget
+        self.used = 0  # reasoning tokens written so far
+        self.reasoning = True
+
+    def _closing(self, used: int, reasoning: bool) -> bool:
+        return reasoning and used >= self.budget
+
+    def mask(self, logits: mx.array, drafted: list[int]) -> mx.array:
+        rows = logits.shape[0]
+        forced: list[int] = []
+        used, reasoning = self.used, self.reasoning
+        for j in range(min(len(drafted) + 1, rows)):
+            if self._closing(used, reasoning):
+                forced.append(j)
+            if j == len(drafted) or not reasoning:
+                break
+            tok = drafted[j]
+            if forced and forced[-1] == j and tok != self.think_end_id:
+                break  # the draft is cut here: its later positions are never emitted
+            reasoning, used = tok != self.think_end_id, used + (tok != self.think_end_id)
+        if not forced:
+            return logits
+        keep = np.ones((rows, logits.shape[1]), dtype=bool)
+        for j in forced:
+            keep[j] = False
+            keep[j, self.think_end_id] = True
+        return mx.where(mx.array(keep), logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+    def advance(self, tokens: list[int]) -> None:
+        for tok in tokens:
+            if not self.reasoning:
+                return
+            if tok == self.think_end_id:
+                self.reasoning = False
+            else:
+                self.used += 1
+
+
 class BanTokens:
     """A fixed mask: these ids are never sampled (`tool_choice: none` bans the tool-call opener)."""
 
@@ -100,13 +146,18 @@ class BanTokens:
 class RowHook:
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     constraint: Constraint | BanTokens | None = None
+    budget: ThinkBudget | None = None  # applied before `constraint`: the reasoning ends first
     logprobs: list[TokenLogprob] = field(default_factory=list)
     _taken: int = 0
 
     def constrain(self, logits: mx.array, drafted: list[int]) -> mx.array:
+        if self.budget is not None:
+            logits = self.budget.mask(logits, drafted)
         return self.constraint.mask(logits, drafted) if self.constraint is not None else logits
 
     def observe(self, logits: mx.array, tokens: list[int]) -> None:
+        if self.budget is not None:
+            self.budget.advance(tokens)
         if self.constraint is not None:
             self.constraint.advance(tokens)
         if self.top_logprobs is None or not tokens:

@@ -1,29 +1,55 @@
 """`POST /v1/responses`, stateless: a Responses request becomes a chat request, and the chat's
 split output (reasoning, text, tool calls) becomes Responses output items and stream events.
 
-Stateless means nothing is stored: `previous_response_id`, `conversation` and `store: true` are
+Stateless means nothing is stored: `previous_response_id`, `conversation` and `background` are
 400s naming the field, and a client carries its history in `input` (function calls and their
-outputs included), as with Chat Completions.
+outputs included), as with Chat Completions; `store` is accepted and nothing is kept.
+
+Lenient where OpenAI's API grows faster than any server: a top-level field this worker does not know
+is ignored (logged once per name), not refused, so a client that adds one (Codex's
+`client_metadata`) keeps working. Tools: `function` tools are served, a `namespace` tool (a named
+group of function tools) is flattened into its functions, and hosted tools (`web_search`,
+`file_search`, `computer_use`, ...) are dropped from what the model sees, logged once per type;
+history items of hosted tools are dropped the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text, optional_string, shown, tool_arguments
 from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 
+log = logging.getLogger("mtpstack.worker")
+
 #: Fields that need state the worker does not keep.
 STATEFUL = ("previous_response_id", "conversation", "background")
 #: Fields passed through to the chat request unchanged.
 PASSED = ("model", "temperature", "top_p", "stream", "seed", "stop", "chat_template_kwargs", "num_draft_tokens",
-          "stream_options")
-#: Fields accepted and not acted on: they change nothing about the answer.
-IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "prompt_cache_key", "service_tier",
-           "store", "reasoning", "truncation", "include", "max_tool_calls")
+          "stream_options", "prompt_cache_key", "mtpstack_class")
+#: Fields read here and translated.
+TRANSLATED = ("input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "reasoning")
+#: Fields accepted and not acted on, without a log line: they change nothing about the answer here.
+IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "service_tier", "store", "truncation",
+           "include", "max_tool_calls", "client_metadata", "prompt_cache_retention", "top_logprobs")
+#: Input items the worker reads; other `*_call` / `*_call_output` items (hosted tools' history) are dropped.
+INPUT_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 #: A refusal of the translated chat request names the field the client sent.
-RESPONSES_PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+RESPONSES_PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
+                   "reasoning_effort": "reasoning", "max_reasoning_tokens": "reasoning"}
+#: Distinct names logged as ignored, at most: a client cannot fill the log by inventing fields.
+MAX_NOTED = 256
+_noted: set[str] = set()
+
+
+def note_once(what: str, message: str) -> None:
+    """Log `message` the first time `what` is seen in this process."""
+    if what in _noted or len(_noted) >= MAX_NOTED:
+        return
+    _noted.add(what)
+    log.warning("%s", message)
 
 
 def responses_refusal(param: str | None, message: str) -> tuple[str | None, str]:
@@ -77,23 +103,50 @@ def _messages(body: dict) -> list[dict]:
                              "content": output if isinstance(output, str) else content_text(output, where, "input")})
         elif kind == "reasoning":
             continue  # the family's templates drop earlier turns' reasoning anyway
+        elif isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
+            note_once(f"input:{kind[:40]}", f"/v1/responses: `{kind[:40]}` items in `input` are dropped: "
+                                            "only function tools are served")
         else:
             raise ProtocolError(f"unsupported input item: {where} (type `{str(kind)[:40]}`)", "input", "unsupported_parameter")
     return messages
 
 
+def _function(t: dict) -> dict:
+    return {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}}
+
+
 def _tools(tools) -> list[dict] | None:
+    """Function tools as chat tools; a namespace's functions flattened; hosted tools dropped (logged)."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise ProtocolError("`tools` must be a list", "tools")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise ProtocolError(f"only function tools are supported: tools[{i}] (type `{str(kind)[:40]}`)", "tools",
-                                "unsupported_parameter")
-        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "function":
+            out.append(_function(t))
+        elif kind == "namespace":
+            inner = t.get("tools")
+            if not isinstance(inner, list) or not all(isinstance(f, dict) and f.get("type") == "function" for f in inner):
+                raise ProtocolError(f"a namespace tool must hold a list of function tools: tools[{i}].tools", f"tools[{i}].tools")
+            out += [_function(f) for f in inner]
+        elif isinstance(kind, str) and kind:
+            note_once(f"tool:{kind[:40]}", f"/v1/responses: `{kind[:40]}` tools are dropped from what the model sees: "
+                                           "only function tools are served")
+        else:
+            raise ProtocolError(f"each tool needs a string `type`: tools[{i}]", f"tools[{i}]")
+    return out
+
+
+def namespaces(tools) -> dict[str, str]:
+    """Function name -> the namespace tool that holds it, so a call can say which it belongs to."""
+    out = {}
+    for t in tools if isinstance(tools, list) else []:
+        if isinstance(t, dict) and t.get("type") == "namespace" and isinstance(t.get("name"), str):
+            for f in t.get("tools") or []:
+                if isinstance(f, dict) and isinstance(f.get("name"), str):
+                    out[f["name"]] = t["name"]
     return out
 
 
@@ -122,6 +175,19 @@ def _format(text):
     return {"type": fmt.get("type")}
 
 
+def _reasoning(reasoning, chat: dict) -> None:
+    """`reasoning.effort` -> chat's `reasoning_effort`; `reasoning.max_tokens` -> `max_reasoning_tokens`;
+    `summary` (and anything else) is accepted and not acted on: the reasoning is returned whole."""
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict):
+        raise ProtocolError(f"`reasoning` must be an object: {shown(reasoning)}", "reasoning")
+    if reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
+    if reasoning.get("max_tokens") is not None:
+        chat["max_reasoning_tokens"] = reasoning["max_tokens"]
+
+
 def to_chat(body) -> dict:
     """The chat request a Responses request means; refusals name the Responses field."""
     if not isinstance(body, dict):
@@ -130,11 +196,8 @@ def to_chat(body) -> dict:
         if body.get(key) not in (None, False):
             raise ProtocolError(f"this worker is stateless: `{key}` is not supported; send the history in `input`", key,
                                 "unsupported_parameter")
-    if body.get("store") is True:
-        raise ProtocolError("this worker is stateless: `store` must be false or absent", "store", "unsupported_parameter")
-    known = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", *PASSED, *IGNORED, *STATEFUL}
-    if unknown := sorted(k for k in body if k not in known):
-        raise ProtocolError(f"unsupported field for `/v1/responses`: `{unknown[0][:60]}`", unknown[0][:60], "unsupported_parameter")
+    for key in sorted(k for k in body if k not in (*TRANSLATED, *PASSED, *STATEFUL, *IGNORED)):
+        note_once(f"field:{key[:60]}", f"/v1/responses: field `{key[:60]}` is accepted and ignored")
     chat = {k: body[k] for k in PASSED if k in body}
     chat["messages"] = _messages(body)
     if body.get("max_output_tokens") is not None:
@@ -143,8 +206,11 @@ def to_chat(body) -> dict:
         chat["tools"] = tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        if chat["tool_choice"] in ("auto", "none") and not tools:
+            del chat["tool_choice"]  # every tool was hosted: nothing is left to choose from
     if (fmt := _format(body.get("text"))) is not None:
         chat["response_format"] = fmt
+    _reasoning(body.get("reasoning"), chat)
     return chat
 
 
@@ -156,6 +222,7 @@ class ResponseBuilder:
         self.splitter = OutputSplitter(spec.markers, spec.reasoning, spec.tools, spec.parse_tools)
         self.id, self.created, self.model = _id("resp"), int(time.time()), model
         self.request = request
+        self.namespaces = namespaces(request.get("tools"))
         self.items: list[dict] = []
         self.seq = 0
         self._open: dict | None = None  # the reasoning or message item being streamed
@@ -170,7 +237,7 @@ class ResponseBuilder:
             "output": self.items if status != "in_progress" else [], "error": None,
             "incomplete_details": {"reason": incomplete} if incomplete else None,
             "instructions": self.request.get("instructions"), "metadata": self.request.get("metadata") or {},
-            "parallel_tool_calls": False, "temperature": self.request.get("temperature"),
+            "parallel_tool_calls": self.request.get("parallel_tool_calls") is not False, "temperature": self.request.get("temperature"),
             "top_p": self.request.get("top_p"), "tool_choice": self.request.get("tool_choice", "auto"),
             "tools": self.request.get("tools") or [], "text": self.request.get("text") or {"format": {"type": "text"}},
             "max_output_tokens": self.request.get("max_output_tokens"), "previous_response_id": None, "store": False,
@@ -204,6 +271,8 @@ class ResponseBuilder:
             f = p.call["function"]
             item = {"type": "function_call", "id": _id("fc"), "call_id": p.call["id"], "name": f["name"],
                     "arguments": f["arguments"], "status": "completed"}
+            if (ns := self.namespaces.get(f["name"])) is not None:
+                item["namespace"] = ns
             self.items.append(item)
             idx = len(self.items) - 1
             added = dict(item, arguments="", status="in_progress")
