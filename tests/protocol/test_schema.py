@@ -80,15 +80,17 @@ def test_an_unbounded_string_ends(grammars):
     assert not accepts(grammars, g, json.dumps({"s": "x" * (MAX_STRING_CHARS + 1)}, separators=(",", ":")))
 
 
-def test_a_strict_tool_takes_only_its_declared_keys_and_a_loose_one_stays_open(grammars):
+def test_a_forced_call_takes_only_declared_keys_unless_its_schema_allows_more(grammars):
     params = {"type": "object", "properties": {"opts": {"type": "object", "properties": {"a": {"type": "integer"}}}},
               "required": ["opts"]}
-    strict = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": params, "strict": True}}], "json_tools")
-    loose = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": params}}], "json_tools")
+    open_params = {**params, "properties": {"opts": {**params["properties"]["opts"], "additionalProperties": True}}}
     call = '<tool_call>\n{"name": "f", "arguments": {"opts":{"a":1,"b":2}}}\n</tool_call>'
-    assert not accepts(grammars, strict, call)
+    for strict in (True, False):
+        closed = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": params, "strict": strict}}], "json_tools")
+        assert not accepts(grammars, closed, call)
+        assert accepts(grammars, closed, call.replace(',"b":2', ""))
+    loose = tool_grammar([{"type": "function", "function": {"name": "f", "parameters": open_params}}], "json_tools")
     assert accepts(grammars, loose, call)
-    assert accepts(grammars, strict, call.replace(',"b":2', ""))
 
 
 def test_an_xml_string_parameter_ends(grammars):

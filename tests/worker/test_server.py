@@ -103,7 +103,6 @@ def test_a_stop_string_ends_the_completion(client):
     ("body", "status", "code"),
     [
         ({"messages": CHAT, "n": 2}, 400, "unsupported_parameter"),
-        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "unsupported_parameter"),
         ({"messages": CHAT, "functions": [{"name": "f"}]}, 400, "unsupported_parameter"),
         ({"messages": CHAT, "top_logprobs": 3}, 400, "invalid_request"),
         ({"messages": CHAT, "max_tokens": 600}, 400, "context_length_exceeded"),

@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 
 from mtpstack.validator import BodyError, parse_json_body
+from mtpstack.worker.protocol import generic
 from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
 from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook, ThinkBudget
 from mtpstack.worker.protocol.output import Markers
@@ -325,26 +326,28 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
     if kind == "chat":
         tools = _tools(body)
         choice = _tool_choice(body, tools)
-        if tools and not getattr(tok, "has_tool_calling", False):
-            raise ProtocolError("this model's chat template has no tool-call format, so `tools` cannot be served", "tools",
-                                "unsupported_parameter")
         messages = normalize_messages(body.get("messages"))
         kwargs = dict(_template_kwargs(body))
         budget = _reasoning(body, tok, kwargs)
-        prompt = _template(tok, messages, tools, kwargs)
-        boundaries = system_boundary(tok, messages, tools, kwargs, prompt)
+        markers, fmt, shown_tools = Markers.of(tok), _tool_format(tok), tools
+        if not getattr(tok, "has_tool_calling", False) and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)):
+            # No tool-call format in the template: the generic one, described in a system message.
+            markers, fmt, shown_tools = generic.markers(tok), generic.GENERIC, None
+            messages = generic.rewrite(messages, tools if choice != "none" else None)
+        prompt = _template(tok, messages, shown_tools, kwargs)
+        boundaries = system_boundary(tok, messages, shown_tools, kwargs, prompt)
         if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
             reasoning = tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt)
-        output = OutputSpec(Markers.of(tok), reasoning, tools, parse_tools=choice != "none" and tools is not None)
+        output = OutputSpec(markers, reasoning, tools, parse_tools=choice != "none" and tools is not None)
         if choice not in ("auto", "none"):
             if grammar is not None:
                 raise ProtocolError("`response_format` cannot be combined with a forced tool call", "response_format")
             chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
             try:
-                grammar = tool_grammar(chosen, _tool_format(tok))
+                grammar = tool_grammar(chosen, fmt)
             except GrammarError as e:
                 raise ProtocolError(f"`tool_choice` cannot be enforced: {e}", "tool_choice") from None
-        elif choice == "none" and tools and (tid := _single_id(tok, tok.tool_call_start)) is not None:
+        elif choice == "none" and tools and fmt != generic.GENERIC and (tid := _single_id(tok, tok.tool_call_start)) is not None:
             ban = BanTokens([tid])
     pending = None
     if grammar is not None:

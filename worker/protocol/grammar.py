@@ -96,7 +96,7 @@ def _reason(text: str) -> str:
     return lines[0][:300]
 
 
-def _xml_call(name: str, params: dict, idx: int, closed: bool) -> tuple[str, list[str]]:
+def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
     """One function in the `qwen3_coder` XML form: required parameters first, in schema order, then optional ones."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
@@ -116,7 +116,7 @@ def _xml_call(name: str, params: dict, idx: int, closed: bool) -> tuple[str, lis
         elif pschema.get("type") == "string" or not pschema:
             rules.append(f"{value}: {_xml_string(pschema)}")
         else:
-            rules.append(f"{value}: %json {_param_schema(pschema, closed, f'the schema of parameter `{pname}` of tool `{name}`')}")
+            rules.append(f"{value}: %json {_param_schema(pschema, f'the schema of parameter `{pname}` of tool `{name}`')}")
         rule = f"p{idx}_{j}"
         rules.append(f"{rule}: {_lit(f'<parameter={pname}>' + chr(10))} {value} {_lit(chr(10) + '</parameter>' + chr(10))}")
         parts.append(rule if pname in required else f"{rule}?")
@@ -124,10 +124,11 @@ def _xml_call(name: str, params: dict, idx: int, closed: bool) -> tuple[str, lis
     return f"{head} {' '.join(parts)} {_lit('</function>' + chr(10))}", rules
 
 
-def _param_schema(schema: dict, closed: bool, what: str) -> str:
-    """A parameter's (or a whole call's) schema for `%json`: the client's size bound, then bounded."""
+def _param_schema(schema: dict, what: str) -> str:
+    """A parameter's (or a whole call's) schema for `%json`: the client's size bound, then closed and
+    bounded, and compact as `json_grammar` writes it (`JSON_OPTIONS`)."""
     _schema_text(schema, what)
-    return _schema_text(bounded(schema, closed=closed), what, MAX_SCHEMA_BYTES * 2)
+    return _schema_text({**bounded(schema, closed=True), "x-guidance": JSON_OPTIONS}, what, MAX_SCHEMA_BYTES * 2)
 
 
 def _xml_string(schema: dict) -> str:
@@ -140,27 +141,30 @@ def _xml_string(schema: dict) -> str:
 
 
 def tool_grammar(tools: list[dict], fmt: str) -> str:
-    """Exactly one call to one of `tools`, in the model's format (`qwen3_coder` XML or `json_tools`).
-    A tool sent with `strict: true` gets OpenAI's strict semantics: only its declared keys."""
+    """Exactly one call to one of `tools`, in the model's format (`qwen3_coder` XML or `json_tools`), or
+    in the generic format for a template that has none (`generic`: the same JSON between text markers).
+    Every forced call has OpenAI's strict semantics, `strict: true` or not: only declared keys where the
+    schema does not allow more (the XML form can write no other parameter anyway), bounded values."""
     alts, rules = [], []
     for i, tool in enumerate(tools):
         fn = tool["function"]
         name, params = fn["name"], fn.get("parameters") or {"type": "object", "properties": {}}
-        closed = fn.get("strict") is True
         if any(c in name for c in "<>\n\""):
             raise GrammarError(f"tool name cannot be written in a call: {name!r}")
         if fmt == "qwen3_coder":
-            body, extra = _xml_call(name, params, i, closed)
+            body, extra = _xml_call(name, params, i)
             rules += extra
-        elif fmt == "json_tools":
+        elif fmt in ("json_tools", "generic"):
             opening = _lit("\n" + '{"name": "' + name + '", "arguments": ')
             body = f"{opening} a{i} {_lit(chr(125) + chr(10))}"
-            rules.append(f"a{i}: %json {_param_schema(params, closed, f'the parameters of tool `{name}`')}")
+            rules.append(f"a{i}: %json {_param_schema(params, f'the parameters of tool `{name}`')}")
         else:
             raise GrammarError(f"a call cannot be forced for this model's tool-call format: `{fmt}`")
         alts.append(f"call{i}")
         rules.append(f"call{i}: {body}")
-    lark = "\n".join([f"start: <tool_call> ({' | '.join(alts)}) </tool_call>", *rules])
+    # The generic format's markers are text (`mtpstack.worker.protocol.generic`); a template's are special tokens.
+    start, end = ('"<tool_call>"', '"</tool_call>"') if fmt == "generic" else ("<tool_call>", "</tool_call>")
+    lark = "\n".join([f"start: {start} ({' | '.join(alts)}) {end}", *rules])
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
