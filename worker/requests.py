@@ -192,7 +192,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
             )
     if max_tokens is None:
         max_tokens = config.default_max_tokens if ctx is None else min(config.default_max_tokens, ctx - len(prompt))
-    agent.limit_reasoning(max_tokens)
+    agent.fit(max_tokens)
 
     temperature = _number(body, "temperature", float, 0, 2)
     top_p = _number(body, "top_p", float, 0, 1)

@@ -92,3 +92,12 @@ def test_auto_output_is_split_into_calls_and_a_broken_block_stays_content(tiny_p
     assert "".join(p.text for p in broken.feed(text) + broken.finish()) == text
     with pytest.raises(ValueError):
         parse_call('{"name": "f", "arguments": [1]}')
+
+
+def test_a_forced_call_with_an_unbounded_string_ends_within_max_tokens(client):
+    shell = {"type": "function", "function": {"name": "shell", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=[shell], tool_choice="required",
+                                       max_tokens=100, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls", repr(r.choices[0].message)
+    assert len(json.loads(r.choices[0].message.tool_calls[0].function.arguments)["command"]) <= 50

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker.protocol import generic
 from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
 from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook, ThinkBudget
 from mtpstack.worker.protocol.output import Markers
+from mtpstack.worker.protocol.schema import MAX_STRING_CHARS, string_cap
 
 #: Tools a request may declare: agent frameworks send tens; the prompt pays for every one.
 MAX_TOOLS = 128
@@ -54,10 +57,12 @@ class OutputSpec:
 class PendingGrammar:
     """A request's grammar, checked but not compiled yet: `compile_constraint` compiles it."""
 
-    text: str
+    text: str  # built with the longest string bound (`MAX_STRING_CHARS`), which checks it
     param: str  # the field a refusal names: `response_format` or `tool_choice`
     think_end: int | None  # the token that ends the reasoning, when the prompt opened it
     reasoning: bool
+    #: The grammar again for another bound on unbounded strings (`schema.string_cap`).
+    make: Callable[[int], str] | None = None
 
 
 @dataclass
@@ -75,19 +80,22 @@ class AgentRequest:
     #: `max_reasoning_tokens`, when the request set it.
     reasoning_budget: int | None = None
 
-    def limit_reasoning(self, max_tokens: int) -> None:
-        """Put the reasoning budget on the hook, once `max_tokens` is known: the request's own, else,
-        when structure is forced after the reasoning, `DEFAULT_REASONING_BUDGET` or half of `max_tokens`."""
-        if self.think_end is None:
-            return
-        budget = self.reasoning_budget
-        if budget is None and self.grammar is not None:
+    def fit(self, max_tokens: int) -> None:
+        """Fit the answer's parts into `max_tokens`, once it is known. The reasoning budget goes on
+        the hook: the request's own, else, when structure is forced after the reasoning,
+        `DEFAULT_REASONING_BUDGET` or half of `max_tokens`. The structure's unbounded strings get
+        half the tokens left after that (`schema.string_cap`)."""
+        budget = self.reasoning_budget if self.think_end is not None else None
+        if budget is None and self.think_end is not None and self.grammar is not None:
             budget = min(DEFAULT_REASONING_BUDGET, max_tokens // 2)
-        if budget is None:
-            return
-        hook = self.hook or RowHook()
-        hook.budget = ThinkBudget(self.think_end, budget)
-        self.hook = hook
+        if budget is not None:
+            hook = self.hook or RowHook()
+            hook.budget = ThinkBudget(self.think_end, budget)
+            self.hook = hook
+        pending = self.grammar
+        cap = string_cap(max_tokens - min(budget or 0, max_tokens))
+        if pending is not None and pending.make is not None and cap < MAX_STRING_CHARS:
+            pending.text = pending.make(cap)
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -247,24 +255,33 @@ def _template_kwargs(body) -> dict:
     return kw
 
 
-def response_grammar(body) -> str | None:
+def response_grammar(body) -> Callable[[int], str] | None:
+    """`response_format`'s grammar, as a function of the bound on unbounded strings (built, and so
+    checked, by `prepare`)."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    make = None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        make = partial(json_grammar, None)
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ProtocolError("`response_format.json_schema.schema` must be a JSON schema object", "response_format")
+        make = partial(json_grammar, spec["schema"])
+    if make is None:
+        raise ProtocolError("`response_format.type` must be `text`, `json_object` or `json_schema`", "response_format")
+    return make
+
+
+def _built(make: Callable[[int], str], param: str) -> str:
     try:
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return json_grammar(None)
-        if kind == "json_schema":
-            spec = fmt.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-                raise ProtocolError("`response_format.json_schema.schema` must be a JSON schema object", "response_format")
-            return json_grammar(spec["schema"])
+        return make(MAX_STRING_CHARS)
     except GrammarError as e:
-        raise ProtocolError(f"`response_format` cannot be enforced: {e}", "response_format") from None
-    raise ProtocolError("`response_format.type` must be `text`, `json_object` or `json_schema`", "response_format")
+        raise ProtocolError(f"`{param}` cannot be enforced: {e}", param) from None
 
 
 def _reasoning(body, tok, kwargs: dict) -> int | None:
@@ -343,17 +360,14 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
             if grammar is not None:
                 raise ProtocolError("`response_format` cannot be combined with a forced tool call", "response_format")
             chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
-            try:
-                grammar = tool_grammar(chosen, fmt)
-            except GrammarError as e:
-                raise ProtocolError(f"`tool_choice` cannot be enforced: {e}", "tool_choice") from None
+            grammar = partial(tool_grammar, chosen, fmt)
         elif choice == "none" and tools and fmt != generic.GENERIC and (tid := _single_id(tok, tok.tool_call_start)) is not None:
             ban = BanTokens([tid])
     pending = None
     if grammar is not None:
         param = "tool_choice" if kind == "chat" and body.get("tool_choice") not in (None, "auto", "none") else "response_format"
         think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
-        pending = PendingGrammar(grammar, param, think_end, reasoning)
+        pending = PendingGrammar(_built(grammar, param), param, think_end, reasoning, grammar)
     hook = RowHook(top, ban) if (top is not None or ban is not None) else None
     think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
     return AgentRequest(prompt, output, hook, shape, boundaries, pending, think_end, budget)

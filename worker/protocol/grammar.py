@@ -70,12 +70,12 @@ def _schema_text(schema, what: str, limit: int = MAX_SCHEMA_BYTES) -> str:
     return text
 
 
-def json_grammar(schema: dict | None) -> str:
+def json_grammar(schema: dict | None, max_string: int = MAX_STRING_CHARS) -> str:
     """`response_format` `json_object` (schema None: any object) or `json_schema`, whose objects are
     closed and values bounded as OpenAI's structured outputs read a schema (`schema.bounded`)."""
     if schema is not None:
         _schema_text(schema, "the JSON schema")  # the client's size bound, before the rewrite adds keys
-        schema = bounded(schema, closed=True)
+        schema = bounded(schema, closed=True, max_string=max_string)
     text = _schema_text({"type": "object"} if schema is None else schema, "the JSON schema", MAX_SCHEMA_BYTES * 2)
     return llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
 
@@ -96,7 +96,7 @@ def _reason(text: str) -> str:
     return lines[0][:300]
 
 
-def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
+def _xml_call(name: str, params: dict, idx: int, max_string: int) -> tuple[str, list[str]]:
     """One function in the `qwen3_coder` XML form: required parameters first, in schema order, then optional ones."""
     props = params.get("properties") or {}
     if not isinstance(props, dict):
@@ -114,9 +114,9 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
         if pschema.get("type") == "string" and isinstance(pschema.get("enum"), list):
             rules.append(f"{value}: " + " | ".join(_lit(str(v)) for v in pschema["enum"]))
         elif pschema.get("type") == "string" or not pschema:
-            rules.append(f"{value}: {_xml_string(pschema)}")
+            rules.append(f"{value}: {_xml_string(pschema, max_string)}")
         else:
-            rules.append(f"{value}: %json {_param_schema(pschema, f'the schema of parameter `{pname}` of tool `{name}`')}")
+            rules.append(f"{value}: %json {_param_schema(pschema, max_string, f'the schema of parameter `{pname}` of tool `{name}`')}")
         rule = f"p{idx}_{j}"
         rules.append(f"{rule}: {_lit(f'<parameter={pname}>' + chr(10))} {value} {_lit(chr(10) + '</parameter>' + chr(10))}")
         parts.append(rule if pname in required else f"{rule}?")
@@ -124,23 +124,23 @@ def _xml_call(name: str, params: dict, idx: int) -> tuple[str, list[str]]:
     return f"{head} {' '.join(parts)} {_lit('</function>' + chr(10))}", rules
 
 
-def _param_schema(schema: dict, what: str) -> str:
+def _param_schema(schema: dict, max_string: int, what: str) -> str:
     """A parameter's (or a whole call's) schema for `%json`: the client's size bound, then closed and
     bounded, and compact as `json_grammar` writes it (`JSON_OPTIONS`)."""
     _schema_text(schema, what)
-    return _schema_text({**bounded(schema, closed=True), "x-guidance": JSON_OPTIONS}, what, MAX_SCHEMA_BYTES * 2)
+    return _schema_text({**bounded(schema, closed=True, max_string=max_string), "x-guidance": JSON_OPTIONS}, what, MAX_SCHEMA_BYTES * 2)
 
 
-def _xml_string(schema: dict) -> str:
-    """A string value in the XML form: within `minLength`/`maxLength`, at most `MAX_STRING_CHARS`
+def _xml_string(schema: dict, max_string: int) -> str:
+    """A string value in the XML form: within `minLength`/`maxLength`, at most `max_string`
     characters when the schema sets no `maxLength` (so a value always ends)."""
     lo, hi = schema.get("minLength"), schema.get("maxLength")
     lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo > 0 else 1
-    hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else max(lo, MAX_STRING_CHARS)
+    hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else max(lo, max_string)
     return f"/{XML_STRING_CHARS}{{{lo},{hi}}}/"
 
 
-def tool_grammar(tools: list[dict], fmt: str) -> str:
+def tool_grammar(tools: list[dict], fmt: str, max_string: int = MAX_STRING_CHARS) -> str:
     """Exactly one call to one of `tools`, in the model's format (`qwen3_coder` XML or `json_tools`), or
     in the generic format for a template that has none (`generic`: the same JSON between text markers).
     Every forced call has OpenAI's strict semantics, `strict: true` or not: only declared keys where the
@@ -152,12 +152,12 @@ def tool_grammar(tools: list[dict], fmt: str) -> str:
         if any(c in name for c in "<>\n\""):
             raise GrammarError(f"tool name cannot be written in a call: {name!r}")
         if fmt == "qwen3_coder":
-            body, extra = _xml_call(name, params, i)
+            body, extra = _xml_call(name, params, i, max_string)
             rules += extra
         elif fmt in ("json_tools", "generic"):
             opening = _lit("\n" + '{"name": "' + name + '", "arguments": ')
             body = f"{opening} a{i} {_lit(chr(125) + chr(10))}"
-            rules.append(f"a{i}: %json {_param_schema(params, f'the parameters of tool `{name}`')}")
+            rules.append(f"a{i}: %json {_param_schema(params, max_string, f'the parameters of tool `{name}`')}")
         else:
             raise GrammarError(f"a call cannot be forced for this model's tool-call format: `{fmt}`")
         alts.append(f"call{i}")

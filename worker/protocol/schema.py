@@ -11,7 +11,9 @@ Two rewrites, applied to a copy of the client's schema before llguidance compile
   bound, so a small model cannot run one value (`1111...`) into `max_tokens`:
   an integer is within +-(10^18 - 1) (at most 18 digits), a number within +-10^15 with at most 9
   decimals (`multipleOf` 1e-9: llguidance then writes no exponent), a string at most
-  `MAX_STRING_CHARS` characters. A bound the schema sets itself is kept as it is.
+  `string_cap(tokens)` characters: `MAX_STRING_CHARS`, or half the tokens the answer has left
+  when that is fewer (at least `MIN_STRING_CHARS`), so even a forced call with a long string ends
+  within `max_tokens`. A bound the schema sets itself is kept as it is.
 
 Only the keywords that hold subschemas are followed, to `MAX_DEPTH` levels (the request body's own
 nesting bound); `$ref`s are left alone (their targets under `$defs`/`definitions` are rewritten).
@@ -24,8 +26,9 @@ MAX_INTEGER = 10**18 - 1
 MAX_NUMBER = 10**15
 #: A `number` the schema does not bound is written with at most this many decimals.
 NUMBER_STEP = 1e-9
-#: Characters in a string the schema gives no `maxLength` (nor `enum`/`const`).
+#: Characters in a string the schema gives no `maxLength` (nor `enum`/`const`), at most and at least.
 MAX_STRING_CHARS = 4096
+MIN_STRING_CHARS = 16
 #: Nesting followed; deeper subschemas are left as they are.
 MAX_DEPTH = 64
 
@@ -36,9 +39,15 @@ _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def bounded(schema, *, closed: bool):
-    """A copy of `schema` with unbounded values bounded and, when `closed`, objects closed."""
-    return _rewrite(schema, closed, 0)
+def bounded(schema, *, closed: bool, max_string: int = MAX_STRING_CHARS):
+    """A copy of `schema` with unbounded values bounded (a string to `max_string` characters) and,
+    when `closed`, objects closed."""
+    return _rewrite(schema, closed, max_string, 0)
+
+
+def string_cap(tokens: int) -> int:
+    """The length of an unbounded string when the answer has `tokens` tokens left."""
+    return max(MIN_STRING_CHARS, min(MAX_STRING_CHARS, tokens // 2))
 
 
 def _types(schema: dict) -> set[str]:
@@ -50,22 +59,22 @@ def _types(schema: dict) -> set[str]:
     return set()
 
 
-def _rewrite(schema, closed: bool, depth: int):
+def _rewrite(schema, closed: bool, max_string: int, depth: int):
     if not isinstance(schema, dict) or depth >= MAX_DEPTH:
         return schema
     out = dict(schema)
     for key in _ONE:
         if isinstance(out.get(key), dict):
-            out[key] = _rewrite(out[key], closed, depth + 1)
+            out[key] = _rewrite(out[key], closed, max_string, depth + 1)
     for key in _LIST:
         if isinstance(out.get(key), list):
-            out[key] = [_rewrite(s, closed, depth + 1) for s in out[key]]
+            out[key] = [_rewrite(s, closed, max_string, depth + 1) for s in out[key]]
     for key in _MAP:
         if isinstance(out.get(key), dict):
-            out[key] = {k: _rewrite(s, closed, depth + 1) for k, s in out[key].items()}
+            out[key] = {k: _rewrite(s, closed, max_string, depth + 1) for k, s in out[key].items()}
     extra = out.get("additionalProperties")
     if isinstance(extra, dict):
-        out["additionalProperties"] = _rewrite(extra, closed, depth + 1)
+        out["additionalProperties"] = _rewrite(extra, closed, max_string, depth + 1)
     types = _types(out)
     if closed and "additionalProperties" not in out and ("object" in types or isinstance(out.get("properties"), dict)):
         out["additionalProperties"] = False
@@ -77,7 +86,7 @@ def _rewrite(schema, closed: bool, depth: int):
         if limit == MAX_NUMBER:
             out.setdefault("multipleOf", NUMBER_STEP)
     if not fixed and "string" in types and "maxLength" not in out:
-        out["maxLength"] = MAX_STRING_CHARS
+        out["maxLength"] = max_string
     return out
 
 
