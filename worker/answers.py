@@ -6,6 +6,7 @@ the sequence."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -18,15 +19,17 @@ from mtpstack.worker.requests import ParsedRequest
 from mtpstack.worker.sse import DONE, frame, open_stream
 
 
-def _usage(parsed: ParsedRequest, seq) -> dict:
+def _usage(parsed: ParsedRequest, seqs: list) -> dict:
+    """The prompt counted once (its choices share one prefill), the completions of every choice."""
+    completion = sum(len(seq.tokens) for seq in seqs)
     return {
         "prompt_tokens": len(parsed.prompt),
-        "completion_tokens": len(seq.tokens),
-        "total_tokens": len(parsed.prompt) + len(seq.tokens),
-        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+        "completion_tokens": completion,
+        "total_tokens": len(parsed.prompt) + completion,
+        "prompt_tokens_details": {"cached_tokens": seqs[0].cached_tokens},
         # Extensions: how much of the output the drafter proposed and the target kept.
-        "draft_tokens": seq.drafted,
-        "accepted_draft_tokens": seq.accepted,
+        "draft_tokens": sum(seq.drafted for seq in seqs),
+        "accepted_draft_tokens": sum(seq.accepted for seq in seqs),
     }
 
 
@@ -45,62 +48,99 @@ def _logprobs(parsed: ParsedRequest, entries: list, tokenizer, offset: int = 0):
     return None
 
 
-async def collect(parsed: ParsedRequest, handle: RequestHandle, name: str) -> web.Response:
-    """The whole answer as one JSON body, once the generation has finished; `name` is the served model's."""
+async def _drain(handle: RequestHandle) -> tuple[str, list, Event]:
     parts, entries = [], []
     while True:
         event = await handle.events.get()
         parts.append(event.text)
         entries += event.logprobs
         if event.finish_reason is not None:
-            break
-    if event.error:
-        return generation_failed(event.error, handle.rid).response(handle.rid)
-    text = "".join(parts)
+            return "".join(parts), entries, event
+
+
+async def collect(parsed: ParsedRequest, handles: list[RequestHandle], name: str) -> web.Response:
+    """The whole answer as one JSON body, once every choice has finished; `name` is the served model's."""
+    results = await asyncio.gather(*(_drain(h) for h in handles))
+    for _, _, event in results:
+        if event.error:
+            return generation_failed(event.error, handles[0].rid).response(handles[0].rid)
     rid, obj, created = _ids(parsed.kind)
-    tokenizer = handle.seq.engine.tokenizer
-    logprobs = _logprobs(parsed, entries, tokenizer)
-    if parsed.kind == "chat":
-        answer = render.ChatText(parsed.agent.output)
-        answer.feed(text)
-        answer.finish()
-        choice = {"index": 0, "message": answer.message(), "logprobs": logprobs,
-                  "finish_reason": answer.finish_reason(event.finish_reason)}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+    tokenizer = handles[0].seq.engine.tokenizer
+    choices = []
+    for index, (text, entries, event) in enumerate(results):
+        logprobs = _logprobs(parsed, entries, tokenizer)
+        if parsed.kind == "chat":
+            answer = render.ChatText(parsed.agent.output)
+            answer.feed(text)
+            answer.finish()
+            choices.append({"index": index, "message": answer.message(), "logprobs": logprobs,
+                            "finish_reason": answer.finish_reason(event.finish_reason)})
+        else:
+            choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason})
     return web.json_response(
-        {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
-         "usage": _usage(parsed, handle.seq)},
-        headers={REQUEST_ID: handle.rid},
+        {"id": rid, "object": obj, "created": created, "model": name, "choices": choices,
+         "usage": _usage(parsed, [h.seq for h in handles])},
+        headers={REQUEST_ID: handles[0].rid},
     )
 
 
-async def stream(request: web.Request, parsed: ParsedRequest, handle: RequestHandle, name: str) -> web.StreamResponse:
-    """Chunks as the text arrives, then the usage when asked for, then `data: [DONE]` (not after an error)."""
+async def _merged(handles: list[RequestHandle]):
+    """Every choice's events as `(index, event)`, in arrival order, until each has finished."""
+    if len(handles) == 1:
+        while True:
+            event = await handles[0].events.get()
+            yield 0, event
+            if event.finish_reason is not None:
+                return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        while True:
+            event = await handle.events.get()
+            queue.put_nowait((index, event))
+            if event.finish_reason is not None:
+                return
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    remaining = len(handles)
+    try:
+        while remaining:
+            index, event = await queue.get()
+            yield index, event
+            remaining -= event.finish_reason is not None
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def stream(request: web.Request, parsed: ParsedRequest, handles: list[RequestHandle], name: str) -> web.StreamResponse:
+    """Chunks as the text arrives (each choice's under its `index`), then the usage when asked for,
+    then `data: [DONE]` (not after an error)."""
     rid, obj, created = _ids(parsed.kind)
     obj += ".chunk" if parsed.kind == "chat" else ""
+    handle = handles[0]
     tokenizer = handle.seq.engine.tokenizer
     resp = None
-    answer = render.ChatText(parsed.agent.output) if parsed.kind == "chat" else None
-    sent = 0  # characters of text answered so far (completions' `text_offset`)
+    texts = [render.ChatText(parsed.agent.output) if parsed.kind == "chat" else None for _ in handles]
+    sent = [0] * len(handles)  # characters of text answered so far per choice (completions' `text_offset`)
 
-    def chunk(delta_or_text, finish: str | None, logprobs=None) -> bytes:
+    def chunk(index: int, delta_or_text, finish: str | None, logprobs=None) -> bytes:
         if parsed.kind == "chat":
-            choice = {"index": 0, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta_or_text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": delta_or_text or "", "logprobs": logprobs, "finish_reason": finish}
         payload = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice]}
         if parsed.include_usage:
             payload["usage"] = None
         return frame(payload)
 
-    async def write(event: Event, finish: str | None) -> None:
-        nonlocal sent
-        logprobs = _logprobs(parsed, event.logprobs, tokenizer, sent) if event.logprobs else None
+    async def write(index: int, event: Event, finish: str | None) -> None:
+        answer = texts[index]
+        logprobs = _logprobs(parsed, event.logprobs, tokenizer, sent[index]) if event.logprobs else None
         if answer is None:
             if event.text or logprobs or finish:
-                await resp.write(chunk(event.text, finish, logprobs))
-            sent += len(event.text)
+                await resp.write(chunk(index, event.text, finish, logprobs))
+            sent[index] += len(event.text)
             return
         deltas = answer.feed(event.text)
         if finish is not None:
@@ -108,26 +148,26 @@ async def stream(request: web.Request, parsed: ParsedRequest, handle: RequestHan
         if logprobs and not deltas:
             deltas = [{}]  # logprobs of text still held back travel on their own
         for i, delta in enumerate(deltas):
-            await resp.write(chunk(delta, None, logprobs if i == 0 else None))
+            await resp.write(chunk(index, delta, None, logprobs if i == 0 else None))
         if finish is not None:
-            await resp.write(chunk({}, answer.finish_reason(finish)))
+            await resp.write(chunk(index, {}, answer.finish_reason(finish)))
 
     try:
         resp = await open_stream(request, handle.rid)
-        if answer is not None:
-            await resp.write(chunk({"role": "assistant", "content": ""}, None))
-        while True:
-            event = await handle.events.get()
-            if event.finish_reason is not None:
+        for index, answer in enumerate(texts):
+            if answer is not None:
+                await resp.write(chunk(index, {"role": "assistant", "content": ""}, None))
+        failed = None
+        async for index, event in _merged(handles):
+            if event.error:
+                failed = event.error
                 break
-            await write(event, None)
-        if event.error:
-            await resp.write(frame(generation_failed(event.error, handle.rid).body()))
-        else:
-            await write(event, event.finish_reason)
-            if parsed.include_usage:
-                await resp.write(frame({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
-                                        "usage": _usage(parsed, handle.seq)}))
+            await write(index, event, event.finish_reason)
+        if failed is not None:
+            await resp.write(frame(generation_failed(failed, handle.rid).body()))
+        elif parsed.include_usage:
+            await resp.write(frame({"id": rid, "object": obj, "created": created, "model": name, "choices": [],
+                                    "usage": _usage(parsed, [h.seq for h in handles])}))
         await resp.write(DONE)
         await resp.write_eof()
     except ConnectionResetError:

@@ -5,6 +5,7 @@ endpoints `/health`, `/identity`, `/v1/models` and `/metrics`."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -21,7 +22,7 @@ from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
-from mtpstack.worker.requests import parse_request
+from mtpstack.worker.requests import SEED_LIMIT, parse_request
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -135,40 +136,71 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
         return e.response(rid)
 
     slots = app[SLOTS]
+    config = app[CONFIG]
+    taken = 0  # slots held, one per choice (`n`): each choice is a row of the batch
+    deadline = asyncio.get_running_loop().time() + config.admission_grace_seconds
     try:
-        await asyncio.wait_for(slots.acquire(), timeout=app[CONFIG].admission_grace_seconds)
+        while taken < parsed.n:
+            await asyncio.wait_for(slots.acquire(), timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+            taken += 1
     except asyncio.TimeoutError:
+        for _ in range(taken):
+            slots.release()
         app[METRICS].rejected.labels(code="worker_full").inc()
+        wanted = f"{parsed.n} of its {config.max_num_seqs}" if parsed.n > 1 else f"all {config.max_num_seqs}"
         return ApiError(
             429, "worker_full",
-            f"all {app[CONFIG].max_num_seqs} sequence slots are busy",
+            f"{wanted} sequence slots are busy" if parsed.n == 1 else f"{wanted} sequence slots are not free",
             type_="rate_limit_error",
         ).response(rid)
 
     try:
-        seq = gen.engine.new_sequence(parsed.prompt, parsed.params)
-        if parsed.agent is not None:
-            seq.snapshot_at = set(parsed.agent.boundaries)
-    except Exception as e:  # nothing was submitted: give the slot back
-        slots.release()
+        handles = [_handle(gen, parsed, i, slots, rid) for i in range(parsed.n)]
+    except Exception as e:  # nothing was submitted: give the slots back
+        for _ in range(taken):
+            slots.release()
         log.exception("request %s: the sequence could not be created", rid)
         return generation_failed(e, rid).response(rid)
-    seq.hook = parsed.agent.hook if parsed.agent is not None else None
-    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid, cls=parsed.cls)
     app[METRICS].requests_by_class.labels(parsed.cls).inc()
-    seq.handle = handle
-    gen.submit(handle)
+    submitted = 0
     try:
-        name = app[CONFIG].served_model_name
+        gen.submit(handles[0])
+        submitted = 1
+        if parsed.n > 1:
+            # The other choices start once the first has prefilled the prompt: with a prefix cache
+            # they resume from it instead of prefilling it again.
+            if gen.scheduler.prefix_cache is not None:
+                await handles[0].started.wait()
+            for h in handles[1:]:
+                gen.submit(h)
+                submitted += 1
+        name = config.served_model_name
         if parsed.responses is not None:
-            return await answers.respond(request, parsed, handle)
+            return await answers.respond(request, parsed, handles[0])
         if parsed.stream:
-            return await answers.stream(request, parsed, handle, name)
-        return await answers.collect(parsed, handle, name)
+            return await answers.stream(request, parsed, handles, name)
+        return await answers.collect(parsed, handles, name)
     finally:
-        if not handle.done:
-            # The client went away (or writing failed): stop generating. The slot is
-            # released when the generation thread drops the sequence, within one step.
-            seq.cancelled = True
+        for _ in handles[submitted:]:
+            slots.release()  # never reached the generation thread, which would have released it
+        for h in handles[:submitted]:
+            if not h.done:
+                # The client went away (or writing failed): stop generating. The slot is
+                # released when the generation thread drops the sequence, within one step.
+                h.seq.cancelled = True
 
 
+def _handle(gen: GenerationLoop, parsed, i: int, slots: asyncio.Semaphore, rid: str) -> RequestHandle:
+    """Choice `i`'s sequence: its own hook (a grammar's state, logprobs) and, when seeded, its own seed."""
+    params = parsed.params
+    if i and params.seed is not None:
+        params = dataclasses.replace(params, seed=(params.seed + i) % SEED_LIMIT)
+    seq = gen.engine.new_sequence(parsed.prompt, params)
+    if parsed.agent is not None:
+        seq.snapshot_at = set(parsed.agent.boundaries)
+        seq.hook = parsed.agent.hook if i == 0 or parsed.agent.hook is None else parsed.agent.hook.fork()
+    else:
+        seq.hook = None
+    handle = RequestHandle(seq=seq, loop=asyncio.get_running_loop(), release=slots.release, rid=rid, cls=parsed.cls)
+    seq.handle = handle
+    return handle

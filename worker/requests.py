@@ -34,6 +34,7 @@ class ParsedRequest:
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
     cls: str = "default"  # the workload class (`mtpstack.worker.classify`)
     responses: object = None  # mtpstack.worker.protocol.responses.ResponseBuilder for `/v1/responses`
+    n: int = 1  # choices: rows of the batch sharing the prompt's prefill
 
 
 def _unsupported(message: str, param: str) -> ApiError:
@@ -135,9 +136,10 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         raise bad_request(f"`model` must be a string: {shown(model)}", "model")
     if model is not None and model != config.served_model_name:
         raise model_not_found(config.served_model_name, model)
-    n = _number(body, "n", int, 1, MAX_COUNT)
-    if n is not None and n != 1:
-        raise _unsupported(f"only n=1 is supported: {n!r}", "n")
+    n = _number(body, "n", int, 1, MAX_COUNT) or 1
+    if n > config.max_num_seqs:
+        raise _unsupported(f"`n` may be at most this worker's batch width ({config.max_num_seqs}): each choice is a row "
+                           f"of the batch: {n}", "n")
     best_of = _number(body, "best_of", int, 1, MAX_COUNT)
     if best_of not in (None, 1):
         raise _unsupported(f"only best_of=1 is supported: {best_of!r}", "best_of")
@@ -227,4 +229,4 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent, cls=cls)
+    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent, cls=cls, n=n)

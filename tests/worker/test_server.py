@@ -102,7 +102,7 @@ def test_a_stop_string_ends_the_completion(client):
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"messages": CHAT, "n": 2}, 400, "unsupported_parameter"),
+        ({"messages": CHAT, "n": 99}, 400, "unsupported_parameter"),  # beyond the batch width
         ({"messages": CHAT, "functions": [{"name": "f"}]}, 400, "unsupported_parameter"),
         ({"messages": CHAT, "top_logprobs": 3}, 400, "invalid_request"),
         ({"messages": CHAT, "max_tokens": 600}, 400, "context_length_exceeded"),

@@ -176,6 +176,15 @@ class RowHook:
             alts = sorted(zip(idx[i], vals[i]), key=lambda p: -p[1]) if top > 0 else []
             self.logprobs.append(TokenLogprob(tok, chosen[i], alts))
 
+    def fork(self) -> "RowHook":
+        """The same settings for another row of the same request (`n` > 1), in its starting state."""
+        constraint = self.constraint
+        if isinstance(constraint, Constraint):
+            constraint = Constraint(constraint.matcher.deep_copy(), constraint.vocab_size, constraint.think_end_id,
+                                    constraint.reasoning)
+        budget = ThinkBudget(self.budget.think_end_id, self.budget.budget) if self.budget is not None else None
+        return RowHook(self.top_logprobs, constraint, budget)
+
     def take(self) -> list[TokenLogprob]:
         """Entries not handed out yet (called from the generation thread)."""
         out = self.logprobs[self._taken:]

@@ -1,0 +1,105 @@
+"""Regenerate docs/agent-api.md's client matrix: every cell of `devkit/clients.py` against the shipped
+demo, served by the mtpstack worker and by mlx_lm.server side by side.
+
+    .venv/bin/python -m devkit.client_matrix            # print the table
+    .venv/bin/python -m devkit.client_matrix --write    # and write it into docs/agent-api.md
+
+Needs the clients' virtualenv (`scripts/bootstrap-clients`). mlx_lm.server loads the demo target
+alone: it cannot load an MTP head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "agent-api.md"
+BEGIN, END = "<!-- client-matrix:begin -->", "<!-- client-matrix:end -->"
+SERVERS = ("mtpstack", "mlx_lm.server")
+
+
+def _start(name: str, port: int, logdir: Path):
+    from mtpstack.runtime import Process, url_of
+    from mtpstack.up import DEMO_MODEL, default_fleet
+    from mtpstack.validator import WorkerProfile, worker_argv
+    from mtpstack.worker.demo import DEMO_TARGET
+    from mtpstack.worker.launcher import resolve_command, worker_env
+
+    env = worker_env()
+    hf_cache = logdir / "hf-cache"  # mlx_lm.server answers /v1/models with an empty body without one
+    hf_cache.mkdir(exist_ok=True)
+    env.setdefault("HF_HUB_CACHE", str(hf_cache))
+    if name == "mtpstack":
+        spec = dict(default_fleet()["workers"]["demo"], port=port)
+        argv, model = resolve_command(worker_argv(WorkerProfile.model_validate(spec))), DEMO_MODEL
+    else:
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(DEMO_TARGET), "--host", "127.0.0.1", "--port", str(port)]
+        model = str(DEMO_TARGET)
+    proc = Process(argv, log_path=logdir / f"{name}.log", name=name, kind="worker", url=url_of("127.0.0.1", port), env=env)
+    proc.start()
+    proc.wait_ready("/health", 300, state="healthy")
+    return proc, model
+
+
+def run(python: Path) -> dict:
+    from mtpstack.runtime import free_port
+
+    reports = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in SERVERS:
+            proc, model = _start(name, free_port(), Path(tmp))
+            try:
+                out = subprocess.run([str(python), str(ROOT / "devkit" / "clients.py"), "--base-url", proc.url + "/v1",
+                                      "--model", model], capture_output=True, text=True, timeout=1200, check=True)
+                reports[name] = json.loads(out.stdout)
+            finally:
+                proc.stop()
+    return reports
+
+
+def table(reports: dict) -> str:
+    versions = reports[SERVERS[0]]["versions"]
+    lines = ["| client | feature | " + " | ".join(SERVERS) + " |", "|---|---|" + "---|" * len(SERVERS)]
+    cells = {s: {(c["client"], c["feature"]): c for c in reports[s]["cells"]} for s in SERVERS}
+    for key in cells[SERVERS[0]]:
+        marks = []
+        for s in SERVERS:
+            c = cells[s].get(key)
+            marks.append("yes" if c and c["ok"] else f"no: {c['detail'][:70].replace('|', '/')}" if c else "-")
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(marks) + " |")
+    passed = {s: sum(c["ok"] for c in cells[s].values()) for s in SERVERS}
+    lines += ["", "Passed: " + ", ".join(f"{s} {passed[s]}/{len(cells[s])}" for s in SERVERS) + ". Client versions: "
+              + ", ".join(f"{k} {v}" for k, v in versions.items()) + "."]
+    return "\n".join(lines)
+
+
+def write(text: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--python", type=Path, default=ROOT / ".venv-clients" / "bin" / "python",
+                   help="the clients' interpreter (default: .venv-clients, from scripts/bootstrap-clients)")
+    p.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
+    args = p.parse_args(argv)
+    if not args.python.exists():
+        print(f"error: {args.python} is missing\n\nhint: run scripts/bootstrap-clients", file=sys.stderr)
+        return 2
+    text = table(run(args.python))
+    print(text)
+    if args.write:
+        write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
