@@ -106,6 +106,11 @@ def openai_cells(base: str, model: str) -> dict[str, Callable[[], str]]:
         _check(isinstance(r.output_parsed, City), f"not parsed: {r.output}")
         return "parsed"
 
+    def choices():
+        r = client.chat.completions.create(messages=[{"role": "user", "content": "Hello"}], max_tokens=8, n=2, **kw)
+        _check([c.index for c in r.choices] == [0, 1], f"choices: {r.choices}")
+        return "2 choices"
+
     def models_retrieve():
         _check(client.models.retrieve(model).id == model, "wrong id")
         return "ok"
@@ -113,7 +118,7 @@ def openai_cells(base: str, model: str) -> dict[str, Callable[[], str]]:
     return {"chat": chat, "stream": stream, "forced tool call + round trip": forced_tool_round_trip,
             "structured output (parse, strict)": parse_strict, "strict function tool (pydantic_function_tool)": pydantic_function_tool,
             "Responses + tools": responses_tools, "Responses structured output": responses_parse,
-            "models.retrieve": models_retrieve}
+            "n = 2": choices, "models.retrieve": models_retrieve}
 
 
 # -- openai-agents ---------------------------------------------------------------------------

@@ -80,8 +80,8 @@ class ModelAdmission:
     unhealthy_retry_after: int = 1
     observer: AdmissionObserver | None = None
     clock: Callable[[], float] = time.monotonic
-    #: Each waiter with the worker it prefers (or None).
-    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None]] = field(default_factory=deque)
+    #: Each waiter with the worker it prefers (or None) and the slots it needs (its `n`).
+    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None, int]] = field(default_factory=deque)
     _service_seconds: float | None = None
 
     # -- state -------------------------------------------------------------------------
@@ -101,23 +101,29 @@ class ModelAdmission:
         capacity = sum(u.gate for u in self.upstreams if u.healthy) or sum(u.gate for u in self.upstreams)
         return max(1, math.ceil(self._service_seconds * (len(self._waiters) + 1) / capacity))
 
-    def _pick(self, prefer: Upstream | None = None) -> Upstream | None:
-        """`prefer` when it is healthy with a free slot; else the least-loaded healthy worker
-        with a free slot (by share of its gate in use, then by count, then config order), or None."""
-        if prefer is not None and prefer.healthy and prefer.inflight < prefer.gate:
+    @property
+    def widest(self) -> int:
+        """The most slots one request may take: the widest gate among this model's workers."""
+        return max(u.gate for u in self.upstreams)
+
+    def _pick(self, prefer: Upstream | None = None, weight: int = 1) -> Upstream | None:
+        """`prefer` when it is healthy with `weight` free slots; else the least-loaded healthy worker
+        with that many (by share of its gate in use, then by count, then config order), or None."""
+        if prefer is not None and prefer.healthy and prefer.free >= weight:
             return prefer
         best: Upstream | None = None
         for u in self.upstreams:
-            if not u.healthy or u.inflight >= u.gate:
+            if not u.healthy or u.free < weight:
                 continue
             if best is None or (u.inflight * best.gate, u.inflight) < (best.inflight * u.gate, best.inflight):
                 best = u
         return best
 
     # -- admission ---------------------------------------------------------------------
-    async def acquire(self, prefer: Upstream | None = None) -> Upstream:
-        """A slot on a worker of this model, on `prefer` when it has one free; waits in line
-        when every gate is full."""
+    async def acquire(self, prefer: Upstream | None = None, weight: int = 1) -> Upstream:
+        """`weight` slots on one worker of this model (a request's `n` choices are rows of one
+        batch), on `prefer` when it has them free; waits in line, first come first served, when no
+        gate has. `weight` must not exceed `widest`."""
         if not self.healthy:
             raise Rejected(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -126,9 +132,9 @@ class ModelAdmission:
                 self.unhealthy_retry_after,
             )
         if not self._waiters:
-            upstream = self._pick(prefer)
+            upstream = self._pick(prefer, weight)
             if upstream is not None:
-                self._take(upstream)
+                self._take(upstream, weight)
                 return upstream
         if len(self._waiters) >= self.max_waiting:
             raise Rejected(
@@ -139,7 +145,7 @@ class ModelAdmission:
             )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Upstream] = loop.create_future()
-        self._waiters.append((fut, prefer))
+        self._waiters.append((fut, prefer, weight))
         self._queue_changed()
         timer = loop.call_later(self.timeout_seconds, self._expire, fut)
         try:
@@ -147,7 +153,7 @@ class ModelAdmission:
         except asyncio.CancelledError:
             # The caller went away. A slot granted in the same loop turn is handed on.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.release(fut.result())
+                self.release(fut.result(), weight=weight)
             else:
                 fut.cancel()
                 self._forget(fut)
@@ -169,21 +175,21 @@ class ModelAdmission:
         )
 
     def _forget(self, fut: asyncio.Future[Upstream]) -> None:
-        for i, (waiter, _) in enumerate(self._waiters):
+        for i, (waiter, _, _) in enumerate(self._waiters):
             if waiter is fut:
                 del self._waiters[i]
                 self._queue_changed()
                 return
 
-    def _take(self, upstream: Upstream) -> None:
-        upstream.inflight += 1
+    def _take(self, upstream: Upstream, weight: int = 1) -> None:
+        upstream.inflight += weight
         assert upstream.inflight <= upstream.gate, "admitted beyond the gate"
         if self.observer:
             self.observer.inflight_changed(upstream)
 
-    def release(self, upstream: Upstream, service_seconds: float | None = None) -> None:
-        """Give a slot back; the oldest waiter gets it at once."""
-        upstream.inflight -= 1
+    def release(self, upstream: Upstream, service_seconds: float | None = None, weight: int = 1) -> None:
+        """Give `weight` slots back; the oldest waiter gets them at once when they are enough."""
+        upstream.inflight -= weight
         assert upstream.inflight >= 0, "released a slot twice"
         if service_seconds is not None:
             prev = self._service_seconds
@@ -197,15 +203,17 @@ class ModelAdmission:
     def _dispatch(self) -> None:
         changed = False
         while self._waiters:
-            fut, prefer = self._waiters[0]
-            upstream = self._pick(prefer)
+            fut, prefer, weight = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                changed = True
+                continue
+            upstream = self._pick(prefer, weight)
             if upstream is None:
                 break
             self._waiters.popleft()
             changed = True
-            if fut.done():
-                continue
-            self._take(upstream)
+            self._take(upstream, weight)
             fut.set_result(upstream)
         if changed:
             self._queue_changed()
@@ -226,7 +234,7 @@ class ModelAdmission:
             self._dispatch()
         elif not self.healthy:
             while self._waiters:
-                fut, _ = self._waiters.popleft()
+                fut, _, _ = self._waiters.popleft()
                 if not fut.done():
                     fut.set_exception(
                         Rejected(

@@ -376,9 +376,10 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     affinity = state.affinities.get(ex.model)
     keys = affinity_keys(request.path, payload) if affinity is not None else None
     preferred = affinity.preferred(keys.lookup) if keys is not None else None
+    weight = _choices(payload, request.path, admission)
     queued = time.monotonic()
     try:
-        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None)
+        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight)
     finally:
         ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
@@ -397,7 +398,20 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
             body = json.dumps(payload).encode()
         return await _relay(request, state, upstream, body, ex)
     finally:
-        admission.release(upstream, time.monotonic() - admitted)
+        admission.release(upstream, time.monotonic() - admitted, weight)
+
+
+def _choices(payload: dict, path: str, admission: ModelAdmission) -> int:
+    """The slots a request takes on its worker: one per choice (`n` on chat and completions), since
+    each choice is a row of the worker's batch. A malformed `n` counts one: the worker refuses it."""
+    n = payload.get("n")
+    if path == "/v1/responses" or isinstance(n, bool) or not isinstance(n, int) or n <= 1:
+        return 1
+    if n > admission.widest:
+        raise Rejected(HTTPStatus.BAD_REQUEST, "unsupported_parameter",
+                       f"`n` may be at most the batch width of model `{admission.model}`'s widest worker "
+                       f"({admission.widest}): each choice is a row of the batch: {n}")
+    return n
 
 
 def _ignored_field(payload: dict) -> str | None:

@@ -110,6 +110,25 @@ def test_eight_concurrent_clients_at_width_2_all_succeed_without_worker_429s(sta
     assert metric(proxy_metrics, "mtpstack_proxy_requests_total", model="tiny", status="200") >= 8
 
 
+def test_requests_with_several_choices_take_as_many_slots_and_never_meet_a_worker_429(stack):
+    c = client(stack)
+    before = metric(get_text(stack.worker_url("w0") + "/metrics"), "mtpstack_worker_rejected_total", code="worker_full") or 0
+
+    def one(i: int) -> int:
+        # Long enough (~1 s and more) that a second request admitted beside a 2-choice one would
+        # outwait the worker's 1 s admission grace: the proxy must count choices, not requests.
+        r = c.completions.create(model="tiny", prompt=f"# task {i}\ndef f{i}(", max_tokens=300, temperature=0,
+                                 n=2 if i % 2 == 0 else 1, extra_body={"ignore_eos": True})
+        return len(r.choices)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(4))) == [2, 1, 2, 1]
+    after = metric(get_text(stack.worker_url("w0") + "/metrics"), "mtpstack_worker_rejected_total", code="worker_full") or 0
+    assert after == before
+    with pytest.raises(openai.BadRequestError, match=r"widest worker \(2\)"):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=3)
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(stack):
     body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
     generated = lambda: metric(get_text(stack.worker_url("w0") + "/metrics"), "mtpstack_worker_tokens_generated_total") or 0  # noqa: E731

@@ -175,3 +175,31 @@ async def test_a_preference_waits_only_when_every_worker_is_full_and_keeps_the_l
     a.release(h1)
     assert await second is w1
 
+
+
+async def test_a_request_with_n_choices_takes_n_slots_on_one_worker_and_waits_its_turn():
+    a = admission(gates=(2, 3))
+    one = await a.acquire()  # w0 (least loaded by share): 1 of 2
+    two = await a.acquire(weight=2)  # only w1 has 2 free
+    assert (one.name, two.name) == ("w0", "w1") and [u.inflight for u in a.upstreams] == [1, 2]
+    three = asyncio.create_task(a.acquire(weight=3))  # no worker has 3 free: it waits
+    later = asyncio.create_task(a.acquire())  # a slot is free on w0, but first come, first served
+    await asyncio.sleep(0)
+    assert not three.done() and not later.done() and a.waiting == 2
+    a.release(two, weight=2)  # w1 is empty: the 3-choice request gets it, then the next one its w0 slot
+    await asyncio.sleep(0)
+    assert (await three).name == "w1" and (await later).name == "w0"
+    assert [u.inflight for u in a.upstreams] == [2, 3]
+    assert all(u.inflight <= u.gate for u in a.upstreams)
+
+
+async def test_a_cancelled_weighted_waiter_gives_back_every_slot_it_was_granted():
+    a = admission(gates=(2,))
+    held = await a.acquire(weight=2)
+    waiter = asyncio.create_task(a.acquire(weight=2))
+    await asyncio.sleep(0)
+    a.release(held, weight=2)  # granted in this turn of the loop...
+    waiter.cancel()  # ...and cancelled before it ran
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert a.upstreams[0].inflight == 0
