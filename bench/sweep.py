@@ -38,7 +38,7 @@ from mtpstack.bench import report as rpt
 from mtpstack.bench.prometheus import unlabelled
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.errors import UserError
-from mtpstack.runtime import Process, StartError, free_port, url_of
+from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url_of
 from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights
@@ -189,7 +189,7 @@ def fleet_ports(config: FleetConfig) -> set[tuple[str, int]]:
 def ensure_isolated(config: FleetConfig, host: str, port: int) -> None:
     """Step 2: never measure on a port a fleet member listens on (it may be taking traffic)."""
     for h, p in fleet_ports(config):
-        if p == port and (h == host or h in ("0.0.0.0", "::") or host in ("0.0.0.0", "::")):
+        if p == port and (h == host or h in WILDCARD_HOSTS or host in WILDCARD_HOSTS):
             raise SweepError(
                 f"refusing to bench on port {port}: it belongs to the fleet (`{h}:{p}`)",
                 "the bench serves each configuration on its own free loopback port; stop whatever else picked it",

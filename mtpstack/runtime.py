@@ -38,9 +38,15 @@ LineRenderer = Callable[[str], str]
 
 
 # -- addresses ------------------------------------------------------------------------------
+#: Bind addresses that listen on every interface, and the loopback address each is reached at. `::`
+#: maps to `::1`, not 127.0.0.1: an aiohttp listener on `::` sets IPV6_V6ONLY and does not accept IPv4.
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "*": "127.0.0.1", "": "127.0.0.1"}
+
+
 def connect_host(host: str) -> str:
-    """The address to connect to for a service bound to `host`: a wildcard bind is reached on loopback."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    """The address to connect to for a service bound to `host`: a wildcard bind is reached on loopback.
+    The only place that maps wildcard addresses; everything that builds a URL goes through `url_of`."""
+    return WILDCARD_HOSTS.get(host, host)
 
 
 def url_of(host: str, port: int) -> str:

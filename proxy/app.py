@@ -32,6 +32,7 @@ from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Aff
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
 from mtpstack.requestid import REQUEST_ID, request_id
+from mtpstack.runtime import url_of
 from mtpstack.validator import BodyError, FleetConfig, dial_host, gate_for, parse_json_body
 
 log = logging.getLogger("mtpstack.proxy")
@@ -44,10 +45,6 @@ NATIVE_ONLY_PATHS = ("/v1/responses",)
 NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
 CLIENT_CLOSED = 499
-
-
-def upstream_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def create_app(
@@ -67,7 +64,7 @@ def create_app(
         u = Upstream(
             name=name,
             model=w.model,
-            url=upstream_url(host, w.port),
+            url=url_of(host, w.port),
             gate=gate_for(p, w.model),
             rewrite_model=w.target.path if w.backend == "mlx-lm" else None,
             order=order,

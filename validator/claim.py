@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpstack.runtime import url_of
 from mtpstack.validator.config import DEPTH_DEFAULT
 
 
@@ -33,12 +34,7 @@ class WeightsClaim:
     def url(self) -> str | None:
         if self.port is None:
             return None
-        host = self.host or "127.0.0.1"
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return url_of(self.host or "127.0.0.1", self.port)
 
 
 def parse_depth_map(text: str) -> dict[str, int]:

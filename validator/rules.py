@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import re
 
+from mtpstack.runtime import WILDCARD_HOSTS
 from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.findings import Finding, display_key, display_name, format_path
 from mtpstack.validator.placement import is_loopback, is_placed, is_remote, parts_on
 
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", "*"})
 
 #: Effective bits of each precision, for comparing drafter against target.
 EFFECTIVE_BITS: dict[Bits, int] = {2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 8: 8, "mxfp4": 4, "bf16": 16, "fp16": 16, "fp32": 32}
