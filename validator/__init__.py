@@ -28,7 +28,7 @@ from mtpstack.validator.config import (
 )
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.deep import local_dir
-from mtpstack.validator.findings import Finding, Report, display_name, format_path
+from mtpstack.validator.findings import CODES, Finding, Report, display_name, format_path
 from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
 from mtpstack.validator.modeldir import (
     BUNDLED_MTP_PREFIX,
@@ -57,6 +57,7 @@ __all__ = [
     "PREFIX_CACHE_GIB_DEFAULT",
     "PREFIX_CACHE_GIB_MAX",
     "DrafterSpec",
+    "CODES",
     "Finding",
     "FleetConfig",
     "Mismatch",

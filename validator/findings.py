@@ -10,6 +10,18 @@ Severity = Literal["error", "warning"]
 Path = tuple[str, ...]
 
 
+#: Every finding's code, the one list (JSON output, `--deep`, docs and tests read it): a new rule adds its code here.
+CODES = frozenset({
+    "backend-forbidden", "bits-mismatch", "concurrency-mismatch", "context-beyond-model", "depth-class-name",
+    "depth-map-no-default", "drafter-kind-mismatch", "drafter-precision", "duplicate-key", "host-memory-exceeded",
+    "host-runs-nothing", "internal-error", "invalid-type", "invalid-value", "memory-check-skipped", "missing-key",
+    "mlx-lm-cannot-cap-context", "mlx-lm-cannot-load-mtp", "mlx-lm-depth-map", "mlx-lm-serializes-drafts",
+    "model-config-missing", "mtp-head-mismatch", "out-of-range", "port-conflict", "proxy-not-placed",
+    "recurrent-draft-model", "unknown-host", "unknown-key", "unknown-model-limit", "unreadable", "vocab-mismatch",
+    "worker-unreachable",
+})
+
+
 @dataclass(frozen=True)
 class Finding:
     code: str

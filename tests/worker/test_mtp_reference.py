@@ -10,10 +10,9 @@ import mlx.core as mx
 import pytest
 
 from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from tests.reference import import_reference
 
-drafters = pytest.importorskip(
-    "mlx_vlm.speculative.drafters", reason="the reference implementation (mlx-vlm) is installed by scripts/test"
-)
+drafters = import_reference("mlx_vlm.speculative.drafters")
 
 PROMPTS = ["def main():", "import os\nimport sys\n", "The quick brown fox jumps over"]
 
