@@ -24,7 +24,7 @@ let
     else
       "ip";
 
-  # Where a worker listens on every address: validator/rules.py's
+  # Where a worker listens on every address: mtpstack/runtime.py's
   # WILDCARD_HOSTS (tests/nix/test_nix_lib.py compares the two).
   wildcardHosts = [
     "0.0.0.0"

@@ -126,7 +126,7 @@ def test_exec_start_quoting_is_accepted_by_systemd(nixh, tmp_path):
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
-def test_the_wildcard_hosts_are_the_validators(nixh):
-    from mtpstack.validator.rules import WILDCARD_HOSTS
+def test_the_wildcard_hosts_are_the_runtimes(nixh):
+    from mtpstack.runtime import WILDCARD_HOSTS
 
-    assert set(nixh.eval(f"(import {nixh.lib}).firewall.wildcardHosts")) == WILDCARD_HOSTS
+    assert set(nixh.eval(f"(import {nixh.lib}).firewall.wildcardHosts")) == set(WILDCARD_HOSTS)
