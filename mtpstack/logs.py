@@ -21,10 +21,15 @@ import traceback
 from datetime import datetime, timezone
 from typing import Iterable
 
-from aiohttp.http_exceptions import HttpProcessingError
-
 #: Levels a rendered line names in front of its message (`error: ...`), as the CLI writes its own.
 NAMED_LEVELS = frozenset({"warning", "error", "critical"})
+
+
+def _malformed_http(error: BaseException | None) -> bool:
+    """aiohttp's parser error (`aiohttp.http_exceptions.HttpProcessingError` or a subclass), told by
+    its class names so that this base module imports nothing but the standard library."""
+    return error is not None and any(c.__name__ == "HttpProcessingError" and c.__module__.startswith("aiohttp")
+                                     for c in type(error).__mro__)
 
 
 class MalformedHttpInOneLine(logging.Filter):
@@ -34,7 +39,7 @@ class MalformedHttpInOneLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
+        if _malformed_http(error):
             record.msg = f"{record.getMessage()}: {type(error).__name__}: {' '.join(str(error).split())}"
             record.args, record.exc_info, record.exc_text = (), None, None
         return True

@@ -37,12 +37,10 @@ def recorded_bits(model_config: dict) -> str | None:
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
-    from mtpstack.validator.memory import check_memory
-
+    """What each worker's model files say (the host budgets are `memory.check_memory`'s)."""
     findings: list[Finding] = []
     for name, worker in config.workers.items():
         findings += check_worker(name, worker, base)
-    findings += check_memory(config, base)
     return findings
 
 

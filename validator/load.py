@@ -242,9 +242,10 @@ def load_config(file: str | Path, deep: bool = False) -> tuple[FleetConfig | Non
     config, report = validate_data(source.data, name, source)
     if deep and config is not None:
         from mtpstack.validator.deep import check_deep
+        from mtpstack.validator.memory import check_memory
 
         base = Path(file).resolve().parent
-        report.findings.extend(_with_line(f, source) for f in check_deep(config, base))
+        report.findings.extend(_with_line(f, source) for f in [*check_deep(config, base), *check_memory(config, base)])
     return config, report
 
 
