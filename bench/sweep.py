@@ -34,10 +34,11 @@ from pathlib import Path
 
 import aiohttp
 
+from mtpstack import series
 from mtpstack.bench import report as rpt
-from mtpstack.bench.prometheus import unlabelled
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.errors import UserError
+from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url_of
 from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
@@ -54,10 +55,9 @@ DEFAULT_STARTUP_TIMEOUT = 600.0
 #: One request may not stall longer than this between two chunks.
 READ_TIMEOUT = 300.0
 BENCH_HOST = "127.0.0.1"
-DRAFTED = "mtpstack_worker_tokens_drafted_total"
-ACCEPTED = "mtpstack_worker_tokens_accepted_total"
-#: One per batched decode forward (draft and verify of every decoding row), at any width.
-TARGET_STEPS = "mtpstack_worker_target_steps_total"
+#: The worker's counters a pass reads before and after (`mtpstack_worker_target_steps_total` is one per
+#: batched decode forward, drafting and verifying every decoding row, at any width).
+COUNTERS = (series.TOKENS_DRAFTED, series.TOKENS_ACCEPTED, series.TARGET_STEPS)
 
 
 class SweepError(UserError):
@@ -292,16 +292,11 @@ def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], st
 # -- measuring (step 4) ------------------------------------------------------------------
 
 
-def parse_counters(text: str, names: Sequence[str] = (DRAFTED, ACCEPTED, TARGET_STEPS)) -> dict[str, float]:
-    """Unlabelled counter samples from Prometheus text."""
-    return unlabelled(text, names)
-
-
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(url + "/metrics") as resp:
         if resp.status != 200:
             return {}
-        return parse_counters(await resp.text())
+        return unlabelled(await resp.text(), COUNTERS)
 
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
@@ -365,10 +360,10 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     decode_s = sum(r["decode_s"] for r in requests)
     decode_tokens = sum(max(r["tokens"] - 1, 0) for r in requests)
     ttfts = sorted(r["ttft_s"] for r in requests if r["ttft_s"] is not None)
-    drafted = after.get(DRAFTED, 0.0) - before.get(DRAFTED, 0.0) if after else None
-    accepted = after.get(ACCEPTED, 0.0) - before.get(ACCEPTED, 0.0) if after else None
+    drafted = after.get(series.TOKENS_DRAFTED, 0.0) - before.get(series.TOKENS_DRAFTED, 0.0) if after else None
+    accepted = after.get(series.TOKENS_ACCEPTED, 0.0) - before.get(series.TOKENS_ACCEPTED, 0.0) if after else None
     # Workers without the counter (older ones, mlx_lm.server) give None, not 0 steps.
-    steps = after[TARGET_STEPS] - before.get(TARGET_STEPS, 0.0) if after and TARGET_STEPS in after else None
+    steps = after[series.TARGET_STEPS] - before.get(series.TARGET_STEPS, 0.0) if after and series.TARGET_STEPS in after else None
     return {
         "tokens": tokens,
         "seconds": seconds,

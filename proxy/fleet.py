@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
+from mtpstack import series
 from mtpstack.proxy.admission import Upstream
 from mtpstack.proxy.health import forget_worker
+from mtpstack.proxy.prometheus import Samples, labelled, parse_samples, sample
 from mtpstack.proxy.routing import hit_rate
 from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
@@ -65,30 +66,16 @@ def spread(values: Iterable[float]) -> dict | None:
     return {"median": statistics.median(vs), "min": min(vs), "max": max(vs), "n": len(vs)}
 
 
-def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
-    """Prometheus text -> {sample name: [(labels, value)]}."""
-    out: dict[str, list[tuple[dict, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
+def _by_position(samples: Samples, name: str) -> dict[int, float]:
+    return {int(labels["position"]): value for labels, value in labelled(samples, name) if labels.get("position", "").isdigit()}
 
 
-def _one(samples: dict, name: str) -> float | None:
-    values = samples.get(name)
-    return values[0][1] if values else None
-
-
-def _by_position(samples: dict, name: str) -> dict[int, float]:
-    return {int(labels["position"]): value for labels, value in samples.get(name, []) if labels.get("position", "").isdigit()}
-
-
-def acceptance(samples: dict) -> dict:
+def acceptance(samples: Samples) -> dict:
     """Acceptance overall and by draft position from a worker's counters. A position's rate is
     accepted over drafted at that position, when the worker reports drafts by position."""
-    drafted, accepted = _one(samples, "mtpstack_worker_tokens_drafted_total"), _one(samples, "mtpstack_worker_tokens_accepted_total")
-    by_acc = _by_position(samples, "mtpstack_worker_accepted_by_position_total")
-    by_drafted = _by_position(samples, "mtpstack_worker_drafted_by_position_total")
+    drafted, accepted = sample(samples, series.TOKENS_DRAFTED), sample(samples, series.TOKENS_ACCEPTED)
+    by_acc = _by_position(samples, series.ACCEPTED_BY_POSITION)
+    by_drafted = _by_position(samples, series.DRAFTED_BY_POSITION)
     positions = []
     for p in sorted(set(by_acc) | set(by_drafted)):
         d = by_drafted.get(p)
@@ -104,27 +91,27 @@ def acceptance(samples: dict) -> dict:
 
 #: The worker's prefix-cache series (`mtpstack_worker_prefix_cache_*`), by the key the status shows them under.
 PREFIX_CACHE_SERIES = {
-    "lookups": "mtpstack_worker_prefix_cache_lookups_total",
-    "hits": "mtpstack_worker_prefix_cache_hits_total",
-    "tokens_reused": "mtpstack_worker_prefix_cache_tokens_reused_total",
-    "evictions": "mtpstack_worker_prefix_cache_evictions_total",
-    "bytes": "mtpstack_worker_prefix_cache_bytes",
+    "lookups": series.PREFIX_CACHE_LOOKUPS,
+    "hits": series.PREFIX_CACHE_HITS,
+    "tokens_reused": series.PREFIX_CACHE_TOKENS_REUSED,
+    "evictions": series.PREFIX_CACHE_EVICTIONS,
+    "bytes": series.PREFIX_CACHE_BYTES,
 }
 
 
-def prefix_cache(samples: dict) -> dict | None:
+def prefix_cache(samples: Samples) -> dict | None:
     """The worker's prefix cache from its counters, with its hit rate (hits over lookups); None
     when the worker exports no prefix cache (mlx_lm.server, or one without it)."""
-    values = {key: _one(samples, name) for key, name in PREFIX_CACHE_SERIES.items()}
+    values = {key: sample(samples, name) for key, name in PREFIX_CACHE_SERIES.items()}
     if values["lookups"] is None:
         return None
     hits, lookups = values["hits"], values["lookups"]
     return {**values, "hit_rate": (hits / lookups) if lookups and hits is not None else None}
 
 
-def draft_depth(samples: dict) -> int | None:
+def draft_depth(samples: Samples) -> int | None:
     """The depth of the loaded drafter, from `mtpstack_worker_drafter_info`."""
-    for labels, value in samples.get("mtpstack_worker_drafter_info", []):
+    for labels, value in labelled(samples, series.DRAFTER_INFO):
         if value and labels.get("depth", "").isdigit():
             return int(labels["depth"])
     return None
@@ -176,7 +163,7 @@ class WorkerTrack:
     restarts: int = 0
     identity: dict | None = None
     identity_error: str | None = None
-    samples: dict = field(default_factory=dict)
+    samples: Samples = field(default_factory=dict)
     metrics_error: str | None = None
     last_generated: tuple[float, float] | None = None  # (monotonic time, tokens generated)
     rates: deque = field(default_factory=lambda: deque(maxlen=int(WINDOW_SECONDS) + 1))  # (time, tok/s)
@@ -252,9 +239,9 @@ class FleetCollector:
         try:
             status, body = await _get(client, "/metrics")
             if status == 200:
-                track.samples = parse_metrics(body.decode())
+                track.samples = parse_samples(body.decode(), strict=True)
                 track.metrics_error = None
-                generated = _one(track.samples, "mtpstack_worker_tokens_generated_total")
+                generated = sample(track.samples, series.TOKENS_GENERATED)
                 if generated is not None:
                     track.saw_generated(self.clock(), generated)
             else:
@@ -337,7 +324,7 @@ class FleetCollector:
                 "detail": f"the proxy's gate is {u.gate} but the worker serves {width} at once (`--max-num-seqs {width}`)",
             }
         mismatches = weights_check(profile, identity) if track.identity else []
-        active = _one(samples, "mtpstack_worker_active_sequences")
+        active = sample(samples, series.ACTIVE_SEQUENCES)
         started = track.started_at
         return {
             "model": u.model,

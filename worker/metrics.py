@@ -1,9 +1,11 @@
-"""The worker's Prometheus metrics: the `/metrics` names documented in docs/worker.md (prefix
-`mtpstack_worker_`), one registry per app."""
+"""The worker's Prometheus metrics: the `/metrics` series documented in docs/worker.md, named in
+`mtpstack.series` (the one list the proxy and the bench read them back by), one registry per app."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from mtpstack import series
 
 
 class Metrics:
@@ -12,56 +14,56 @@ class Metrics:
     def __init__(self, max_depth: int):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.generated = Counter("mtpstack_worker_tokens_generated", "Tokens emitted to clients.", registry=r)
-        self.drafted = Counter("mtpstack_worker_tokens_drafted", "Tokens proposed by the drafter.", registry=r)
-        self.accepted = Counter("mtpstack_worker_tokens_accepted", "Drafted tokens the target confirmed.", registry=r)
+        self.generated = Counter(series.TOKENS_GENERATED, "Tokens emitted to clients.", registry=r)
+        self.drafted = Counter(series.TOKENS_DRAFTED, "Tokens proposed by the drafter.", registry=r)
+        self.accepted = Counter(series.TOKENS_ACCEPTED, "Drafted tokens the target confirmed.", registry=r)
         self.by_position = Counter(
-            "mtpstack_worker_accepted_by_position",
+            series.ACCEPTED_BY_POSITION,
             "Drafted tokens accepted, by position in the draft (1 = first).",
             ["position"],
             registry=r,
         )
         self.drafted_by_position = Counter(
-            "mtpstack_worker_drafted_by_position",
+            series.DRAFTED_BY_POSITION,
             "Tokens drafted, by position in the draft (1 = first): acceptance at a position is accepted over drafted there.",
             ["position"],
             registry=r,
         )
         self.per_step = Histogram(
-            "mtpstack_worker_accepted_per_step",
+            series.ACCEPTED_PER_STEP,
             "Drafted tokens accepted per draft-and-verify step.",
             buckets=[float(i) for i in range(max(max_depth, 1) + 1)],
             registry=r,
         )
-        self.active = Gauge("mtpstack_worker_active_sequences", "Sequences admitted and not finished.", registry=r)
-        self.rejected = Counter("mtpstack_worker_rejected", "Requests refused, by error code.", ["code"], registry=r)
+        self.active = Gauge(series.ACTIVE_SEQUENCES, "Sequences admitted and not finished.", registry=r)
+        self.rejected = Counter(series.REJECTED, "Requests refused, by error code.", ["code"], registry=r)
         self.drafter = Gauge(
-            "mtpstack_worker_drafter_info",
+            series.DRAFTER_INFO,
             "The loaded drafter: kind mtp (an MTP head) or model (a separate draft model), 1 while loaded.",
             ["kind", "bundled", "depth"],
             registry=r,
         )
         self.target_steps = Counter(
-            "mtpstack_worker_target_steps",
+            series.TARGET_STEPS,
             "Target decode steps: one batched forward that drafts and verifies every decoding row, at any width.",
             registry=r,
         )
         self.requests_by_class = Counter(
-            "mtpstack_worker_requests_by_class", "Requests admitted, by workload class.", ["class"], registry=r
+            series.REQUESTS_BY_CLASS, "Requests admitted, by workload class.", ["class"], registry=r
         )
         self.drafted_by_class = Counter(
-            "mtpstack_worker_tokens_drafted_by_class", "Tokens proposed by the drafter, by workload class.", ["class"], registry=r
+            series.TOKENS_DRAFTED_BY_CLASS, "Tokens proposed by the drafter, by workload class.", ["class"], registry=r
         )
         self.accepted_by_class = Counter(
-            "mtpstack_worker_tokens_accepted_by_class", "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
+            series.TOKENS_ACCEPTED_BY_CLASS, "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
         )
-        self.cache_lookups = Counter("mtpstack_worker_prefix_cache_lookups", "Prompts looked up in the prefix cache.", registry=r)
-        self.cache_hits = Counter("mtpstack_worker_prefix_cache_hits", "Prompts that resumed from a prefix-cache snapshot.", registry=r)
-        self.cache_tokens = Counter("mtpstack_worker_prefix_cache_tokens_reused",
+        self.cache_lookups = Counter(series.PREFIX_CACHE_LOOKUPS, "Prompts looked up in the prefix cache.", registry=r)
+        self.cache_hits = Counter(series.PREFIX_CACHE_HITS, "Prompts that resumed from a prefix-cache snapshot.", registry=r)
+        self.cache_tokens = Counter(series.PREFIX_CACHE_TOKENS_REUSED,
                                     "Prompt tokens taken from the prefix cache instead of prefilled.", registry=r)
-        self.cache_evictions = Counter("mtpstack_worker_prefix_cache_evictions",
+        self.cache_evictions = Counter(series.PREFIX_CACHE_EVICTIONS,
                                        "Snapshots dropped to keep the prefix cache within its budget.", registry=r)
-        self.cache_bytes = Gauge("mtpstack_worker_prefix_cache_bytes", "Bytes the prefix cache holds.", registry=r)
+        self.cache_bytes = Gauge(series.PREFIX_CACHE_BYTES, "Bytes the prefix cache holds.", registry=r)
         self._cache_seen = (0, 0, 0, 0)
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))

@@ -56,7 +56,8 @@ import yaml
 
 from devkit.fake_fleet import FakeFleet, FakeUpstream
 from devkit.raw_http import RawStream
-from mtpstack.bench.prometheus import parse_samples, sample
+from mtpstack import series
+from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, Processes, StartError, free_port, signal_group, tail_text, url_of
 
 from load_report import HANG_SECONDS, SETTLE_SECONDS, checks, report_lines  # beside this script
@@ -111,7 +112,7 @@ def say(text: str) -> None:
     print(f"load-bench: {text}", file=sys.stderr, flush=True)
 
 
-# -- Prometheus text (parsed by `mtpstack.bench.prometheus`) ---------------------------------
+# -- Prometheus text (parsed by `mtpstack.proxy.prometheus`) ---------------------------------
 async def get_metrics(session: aiohttp.ClientSession, url: str) -> dict:
     try:
         async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
@@ -763,7 +764,7 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
     before = memory_kib(proxy_pid)
     tally = LoadTally()
     targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
-               "worker_active_sequences": (worker_url, "mtpstack_worker_active_sequences", {})}
+               "worker_active_sequences": (worker_url, series.ACTIVE_SEQUENCES, {})}
     t0 = time.monotonic()
     with GaugeSampler(session, targets, interval=0.1) as sampler:
         complete = await drive(session, stack.url, requests, clients, real_body, tally, 180.0, deadline)
@@ -771,14 +772,14 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
     await asyncio.sleep(1.0)
     after = memory_kib(proxy_pid)
     w1 = await get_metrics(session, worker_url)
-    full = lambda m: sample(m, "mtpstack_worker_rejected_total", code="worker_full") or 0.0  # noqa: E731
+    full = lambda m: sample(m, series.REJECTED, code="worker_full") or 0.0  # noqa: E731
     out["load"] = {
         "label": "real-gate2", "target": "real", "gate": stack.width, "upstreams": 1, "clients": clients, "max_waiting": 32,
         "capacity": stack.width + 32, "queue_bound_reachable": clients > stack.width + 32,
         "requested": requests, "complete": complete, **tally_dict(tally, seconds),
         "worker_full_rejections": int(full(w1) - full(w0)),
         "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
-        "tokens_generated": int((sample(w1, "mtpstack_worker_tokens_generated_total") or 0) - (sample(w0, "mtpstack_worker_tokens_generated_total") or 0)),
+        "tokens_generated": int((sample(w1, series.TOKENS_GENERATED) or 0) - (sample(w0, series.TOKENS_GENERATED) or 0)),
         "proxy_rss_kib": {"before": before.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
     }
     say(f"real load: {tally.statuses} in {seconds:.1f} s, sampled max {out['load']['sampled_max']}")
@@ -795,7 +796,7 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
 
         async def worker_idle():
             m = await get_metrics(session, worker_url)
-            v = sample(m, "mtpstack_worker_active_sequences")
+            v = sample(m, series.ACTIVE_SEQUENCES)
             return v == 0, v
 
         t_idle = time.monotonic()
@@ -803,7 +804,7 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
         idle_seconds = time.monotonic() - t_idle
         m1 = await get_metrics(session, stack.url)
         wm1 = await get_metrics(session, worker_url)
-        tokens = lambda m: sample(m, "mtpstack_worker_tokens_generated_total") or 0.0  # noqa: E731
+        tokens = lambda m: sample(m, series.TOKENS_GENERATED) or 0.0  # noqa: E731
         again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
         by_kind = logged_statuses(proxy_log, r.pop("ids"))
         out["disconnects"] = {

@@ -296,18 +296,19 @@ async def converse(session, url: str, run: int, rnd: int, conversation: int, sys
 
 
 async def prefix_cache_counts(session, workers) -> dict | None:
-    from mtpstack.bench.prometheus import parse_samples, sample
+    from mtpstack import series
+    from mtpstack.proxy.prometheus import parse_samples, sample
 
     hits = lookups = 0.0
     found = False
     for w in workers:
         async with session.get(w.url + "/metrics") as resp:
             samples = parse_samples(await resp.text())
-        n = sample(samples, "mtpstack_worker_prefix_cache_lookups_total")
+        n = sample(samples, series.PREFIX_CACHE_LOOKUPS)
         if n is not None:
             found = True
             lookups += n
-            hits += sample(samples, "mtpstack_worker_prefix_cache_hits_total") or 0.0
+            hits += sample(samples, series.PREFIX_CACHE_HITS) or 0.0
     return {"hits": hits, "lookups": lookups} if found else None
 
 

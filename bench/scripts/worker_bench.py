@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtpstack import series
+from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.validator import DEPTH_DEFAULT
 
 REPO = _checkout.ROOT
@@ -313,12 +315,7 @@ def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict
 async def counters(session, url: str) -> dict[str, float]:
     async with session.get(url + "/metrics") as resp:
         text = await resp.text()
-    out = {}
-    for line in text.splitlines():
-        for name in ("mtpstack_worker_tokens_drafted_total", "mtpstack_worker_tokens_accepted_total"):
-            if line.startswith(name + " "):
-                out[name] = float(line.split()[1])
-    return out
+    return unlabelled(text, (series.TOKENS_DRAFTED, series.TOKENS_ACCEPTED))
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -383,9 +380,9 @@ async def run(args) -> dict:
         "mlx-vlm": ratio(single.get("mlx-vlm+mtp", {}).get("tok_s", {}), single.get("mlx-vlm", {}).get("tok_s", {})),
     }
     predicted = None
-    drafted = after.get("mtpstack_worker_tokens_drafted_total", 0) - before.get("mtpstack_worker_tokens_drafted_total", 0)
+    drafted = after.get(series.TOKENS_DRAFTED, 0) - before.get(series.TOKENS_DRAFTED, 0)
     if drafted > 0:
-        accepted = after["mtpstack_worker_tokens_accepted_total"] - before["mtpstack_worker_tokens_accepted_total"]
+        accepted = after[series.TOKENS_ACCEPTED] - before.get(series.TOKENS_ACCEPTED, 0)
         predicted = predicted_speedup(accepted / drafted, args.depth, costs)
     agg = {name: s["aggregate_tok_s"] for name, s in conc.items()}
     goals = {

@@ -1,5 +1,5 @@
 """The load bench's pure parts (`bench/scripts/load_report.py`): the table, the checks and the report lines; and
-the Prometheus parsing it shares with `mtpstack bench` (`mtpstack.bench.prometheus`)."""
+the Prometheus parsing it shares with `mtpstack bench` (`mtpstack.proxy.prometheus`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from devkit.scripts import load_script
-from mtpstack.bench.prometheus import parse_samples, sample
+from mtpstack.proxy.prometheus import parse_samples, sample
 
 _script = load_script("load_report")
 checks = _script.checks

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from mtpstack import series
 from mtpstack.bench import sweep as sw
 from mtpstack.bench.stats import DEFAULT_REPEATS
 from mtpstack.cli import main
+from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.validator import load_valid_config
 from mtpstack.worker.proof import read_cmdline
 
@@ -74,7 +76,7 @@ def test_counters_are_read_from_prometheus_text():
         "mtpstack_worker_tokens_accepted_total 30.0\n"
         'mtpstack_worker_accepted_by_position_total{position="1"} 20.0\n'
     )
-    assert sw.parse_counters(text) == {sw.DRAFTED: 42.0, sw.ACCEPTED: 30.0}
+    assert unlabelled(text, sw.COUNTERS) == {series.TOKENS_DRAFTED: 42.0, series.TOKENS_ACCEPTED: 30.0}
 
 
 def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
@@ -83,7 +85,7 @@ def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
         {"tokens": 21, "seconds": 2.0, "decode_s": 1.8, "ttft_s": 0.2},
         {"tokens": 1, "seconds": 0.3, "decode_s": 0.0, "ttft_s": 0.3},
     ]
-    p = sw.summarize_pass(reqs, {sw.DRAFTED: 100, sw.ACCEPTED: 50}, {sw.DRAFTED: 140, sw.ACCEPTED: 80})
+    p = sw.summarize_pass(reqs, {series.TOKENS_DRAFTED: 100, series.TOKENS_ACCEPTED: 50}, {series.TOKENS_DRAFTED: 140, series.TOKENS_ACCEPTED: 80})
     assert p["tokens"] == 32
     assert p["e2e_tps"] == pytest.approx(32 / 3.3)
     assert p["decode_tps"] == pytest.approx(29 / 2.7)
@@ -94,9 +96,9 @@ def test_a_pass_sums_requests_and_takes_acceptance_from_counter_deltas():
 
 def test_time_per_target_step_is_decode_time_over_the_step_counter_delta():
     reqs = [{"tokens": 10, "seconds": 1.0, "decode_s": 0.9, "ttft_s": 0.1}]
-    p = sw.summarize_pass(reqs, {sw.TARGET_STEPS: 5}, {sw.TARGET_STEPS: 14, sw.DRAFTED: 0})
+    p = sw.summarize_pass(reqs, {series.TARGET_STEPS: 5}, {series.TARGET_STEPS: 14, series.TOKENS_DRAFTED: 0})
     assert p["target_steps"] == 9 and p["step_ms"] == pytest.approx(100.0)
-    assert sw.parse_counters("mtpstack_worker_target_steps_total 7.0\n") == {sw.TARGET_STEPS: 7.0}
+    assert unlabelled("mtpstack_worker_target_steps_total 7.0\n", sw.COUNTERS) == {series.TARGET_STEPS: 7.0}
 
 
 @pytest.mark.parametrize("workload", ["code", "prose"])

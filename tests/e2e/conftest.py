@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from devkit.demo.tiny import build_tiny_pair
-from mtpstack.bench.prometheus import parse_samples, sample
+from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, free_port, http_status, url_of
 from mtpstack.validator import FleetConfig, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env

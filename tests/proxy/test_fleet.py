@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from mtpstack.proxy.fleet import WorkerTrack, acceptance, parse_metrics, prefix_cache, spread, weights_check
+from mtpstack.proxy.fleet import WorkerTrack, acceptance, prefix_cache, spread, weights_check
+from mtpstack.proxy.prometheus import parse_samples
 from tests.proxy.conftest import fleet_config
 from mtpstack.validator import worker_argv
 
@@ -71,7 +72,7 @@ def test_a_spread_is_median_min_max_and_count_never_a_lone_figure():
 
 
 def test_acceptance_by_position_divides_accepted_by_drafted_at_that_position():
-    a = acceptance(parse_metrics(WORKER_METRICS))
+    a = acceptance(parse_samples(WORKER_METRICS))
     assert a["rate"] == pytest.approx(12 / 30)
     assert [(p["position"], p["accepted"], p["drafted"]) for p in a["by_position"]] == [(1, 8.0, 15.0), (2, 4.0, 15.0)]
     assert a["by_position"][0]["rate"] == pytest.approx(8 / 15)
@@ -92,10 +93,10 @@ mtpstack_worker_prefix_cache_bytes 1048576.0
 
 
 def test_the_prefix_cache_hit_rate_is_hits_over_lookups_and_absent_without_the_series():
-    c = prefix_cache(parse_metrics(WORKER_METRICS + PREFIX_CACHE_METRICS))
+    c = prefix_cache(parse_samples(WORKER_METRICS + PREFIX_CACHE_METRICS))
     assert c == {"lookups": 8.0, "hits": 6.0, "tokens_reused": 12000.0, "evictions": 1.0, "bytes": 1048576.0, "hit_rate": 0.75}
-    assert prefix_cache(parse_metrics(WORKER_METRICS)) is None
-    assert prefix_cache(parse_metrics("mtpstack_worker_prefix_cache_lookups_total 0\n"))["hit_rate"] is None
+    assert prefix_cache(parse_samples(WORKER_METRICS)) is None
+    assert prefix_cache(parse_samples("mtpstack_worker_prefix_cache_lookups_total 0\n"))["hit_rate"] is None
 
 
 def test_the_prefix_cache_series_read_are_the_ones_the_worker_exports():

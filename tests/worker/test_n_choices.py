@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from mtpstack.bench.prometheus import unlabelled
+from mtpstack.proxy.prometheus import unlabelled
 
 ASK = [{"role": "user", "content": "Tell me about the weather in Paris and in Oslo, please."}]
 NOTE = {"type": "function", "function": {"name": "note", "parameters": {

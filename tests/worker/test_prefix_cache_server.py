@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from mtpstack.bench.prometheus import unlabelled
+from mtpstack.proxy.prometheus import unlabelled
 
 SERIES = [f"mtpstack_worker_prefix_cache_{name}" for name in
           ("lookups_total", "hits_total", "tokens_reused_total", "evictions_total", "bytes")]

@@ -1,0 +1,32 @@
+"""The worker's Prometheus series, by the sample names `/metrics` shows: one owner for the names
+the worker registers (`mtpstack.worker.metrics`) and everything that reads them back (the proxy's
+fleet view, `mtpstack bench`, the benchmark scripts).
+
+Counters carry their `_total` suffix here, as they appear in the text; `prometheus_client` strips it
+from the family name when the worker registers them, so the exposition is unchanged.
+"""
+
+from __future__ import annotations
+
+TOKENS_GENERATED = "mtpstack_worker_tokens_generated_total"
+TOKENS_DRAFTED = "mtpstack_worker_tokens_drafted_total"
+TOKENS_ACCEPTED = "mtpstack_worker_tokens_accepted_total"
+#: Labelled by `position` (1 = the first drafted token of a round).
+ACCEPTED_BY_POSITION = "mtpstack_worker_accepted_by_position_total"
+DRAFTED_BY_POSITION = "mtpstack_worker_drafted_by_position_total"
+ACCEPTED_PER_STEP = "mtpstack_worker_accepted_per_step"
+ACTIVE_SEQUENCES = "mtpstack_worker_active_sequences"
+#: Labelled by `code`.
+REJECTED = "mtpstack_worker_rejected_total"
+#: 1, labelled by `kind` and `depth` of the loaded drafter.
+DRAFTER_INFO = "mtpstack_worker_drafter_info"
+TARGET_STEPS = "mtpstack_worker_target_steps_total"
+#: Labelled by `class`.
+REQUESTS_BY_CLASS = "mtpstack_worker_requests_by_class_total"
+TOKENS_DRAFTED_BY_CLASS = "mtpstack_worker_tokens_drafted_by_class_total"
+TOKENS_ACCEPTED_BY_CLASS = "mtpstack_worker_tokens_accepted_by_class_total"
+PREFIX_CACHE_LOOKUPS = "mtpstack_worker_prefix_cache_lookups_total"
+PREFIX_CACHE_HITS = "mtpstack_worker_prefix_cache_hits_total"
+PREFIX_CACHE_TOKENS_REUSED = "mtpstack_worker_prefix_cache_tokens_reused_total"
+PREFIX_CACHE_EVICTIONS = "mtpstack_worker_prefix_cache_evictions_total"
+PREFIX_CACHE_BYTES = "mtpstack_worker_prefix_cache_bytes"
