@@ -1,0 +1,262 @@
+"""Relaying a worker's answer to the client: one request's log record (`Exchange`), the worker's
+first byte and stall timeouts, and streams written from the worker connection's receive callback
+with backpressure (`relay`). Admission and routing happen before, in `mtpstack.proxy.app`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from aiohttp import HttpVersion11, hdrs, web
+from multidict import CIMultiDict
+
+from mtpstack.proxy.admission import Rejected, Upstream
+from mtpstack.proxy.fleet import FLEET, NO_MODEL
+from mtpstack.proxy.health import mark_unhealthy
+from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, filter_headers, sse_error_event
+from mtpstack.proxy.state import ProxyState
+from mtpstack.proxy.upstream import UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
+from mtpstack.requestid import REQUEST_ID
+
+#: Client socket buffer above which the proxy stops reading from the worker.
+CLIENT_HIGH_WATER = 256 * 1024
+#: How often a paused stream looks whether the client has caught up; only runs while paused.
+BACKPRESSURE_POLL_SECONDS = 0.005
+
+
+@dataclass(eq=False)
+class Exchange:
+    """What one log line says about one request."""
+
+    rid: str
+    path: str | None  # None: the request head never arrived whole
+    arrived: float
+    model: str = NO_MODEL
+    worker: str | None = None
+    status: int = 0
+    code: str | None = None
+    stream: bool = False
+    queue_wait: float | None = None
+    #: How the worker was chosen (`mtpstack.proxy.routing.Decision`).
+    routing: str | None = None
+    first_byte: float | None = None
+    #: When the request went to its worker (`time.monotonic()`).
+    sent: float | None = None
+    #: The client's stream once its head has gone out: from then on, errors end the stream
+    #: (a second answer cannot be sent).
+    stream_response: web.StreamResponse | None = None
+
+    def line(self, now: float) -> str:
+        return json.dumps(
+            {
+                "event": "request",
+                "request_id": self.rid,
+                "path": self.path,
+                "model": self.model,
+                "worker": self.worker,
+                "status": self.status,
+                "code": self.code,
+                "stream": self.stream,
+                "routing": self.routing,
+                "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
+                "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
+                "duration_ms": round((now - self.arrived) * 1000, 3),
+            }
+        )
+
+
+class ClientGone(Exception):
+    """Writing to the client failed: it disconnected (seen when the server does not cancel
+    handlers on disconnect; `mtpstack proxy` does)."""
+
+    def __init__(self, response: web.StreamResponse):
+        self.response = response
+
+
+async def relay(request: web.Request, state: ProxyState, upstream: Upstream, body: bytes, ex: Exchange) -> web.StreamResponse:
+    t = state.config.proxy.timeouts
+    name = upstream.name
+    headers = filter_headers(request.headers.items(), REQUEST_DROP)
+    headers.append((REQUEST_ID, ex.rid))
+    if request.remote:
+        headers.append((hdrs.X_FORWARDED_FOR, request.remote))
+    sent = ex.sent = time.monotonic()
+    try:
+        async with asyncio.timeout(t.first_byte_seconds):
+            up = await state.clients[name].request("POST", request.path, headers, body)
+    except UpstreamRefused as e:
+        raise _unreachable(state, upstream, f"worker `{name}` refused the connection: {upstream.url} ({e})") from None
+    except UpstreamConnectTimeout:
+        raise _upstream_timeout(state, upstream, f"worker `{name}` did not accept a connection within {t.connect_seconds:g} s") from None
+    except TimeoutError:
+        raise _upstream_timeout(state, upstream, f"worker `{name}` sent no answer within {t.first_byte_seconds:g} s") from None
+    except UpstreamClosed as e:
+        raise _unreachable(state, upstream, f"worker `{name}` closed the connection before answering: {e}") from None
+    ex.first_byte = time.monotonic() - sent
+    state.metrics.observe_first_byte(name, ex.first_byte)
+    try:
+        out_headers = CIMultiDict(filter_headers(up.headers, RESPONSE_DROP))
+        out_headers[REQUEST_ID] = ex.rid
+        if up.content_type == "text/event-stream":
+            return await _relay_stream(request, state, upstream, up, out_headers, ex)
+        try:
+            async with asyncio.timeout(t.idle_seconds):
+                data = await up.read_all()
+        except TimeoutError:
+            raise _upstream_timeout(state, upstream, f"worker `{name}` stalled for {t.idle_seconds:g} s mid-answer") from None
+        except UpstreamClosed:
+            raise _unreachable(state, upstream, f"worker `{name}` closed the connection mid-answer") from None
+        return web.Response(status=up.status, body=data, headers=out_headers)
+    finally:
+        up.close()  # a no-op for a finished answer, whose connection went back to the pool
+
+
+def _unreachable(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
+    state.metrics.upstream_error(upstream.name, "upstream_unreachable")
+    mark_unhealthy(state, upstream, message)
+    return Rejected(HTTPStatus.BAD_GATEWAY, "upstream_unreachable", message)
+
+
+def _upstream_timeout(state: ProxyState, upstream: Upstream, message: str) -> Rejected:
+    state.metrics.upstream_error(upstream.name, "upstream_timeout")
+    return Rejected(HTTPStatus.GATEWAY_TIMEOUT, "upstream_timeout", message)
+
+
+class _IdleWatchdog:
+    """Cancels the relaying task when the stream has been silent for `idle` seconds.
+    One timer per stream, re-armed lazily: a chunk costs one clock read, not a timer."""
+
+    def __init__(self, idle: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.idle = idle
+        self.fired = False
+        self.last = self.loop.time()
+        self.handle = self.loop.call_at(self.last + idle, self._check)
+
+    def _check(self) -> None:
+        deadline = self.last + self.idle
+        if self.loop.time() >= deadline:
+            self.fired = True
+            assert self.task is not None
+            self.task.cancel()
+        else:
+            self.handle = self.loop.call_at(deadline, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()
+
+
+class _StreamSink:
+    """Writes a worker's stream to the client from the worker connection's receive callback
+    (`UpstreamResponse.pump`), framing chunks itself, and pauses reading from the worker while
+    the client's socket buffer is over `CLIENT_HIGH_WATER` (backpressure)."""
+
+    def __init__(self, up: UpstreamResponse, transport: asyncio.Transport, chunked: bool, dog: _IdleWatchdog, resp: web.StreamResponse):
+        self.up = up
+        self.transport = transport
+        self.chunked = chunked
+        self.dog = dog
+        self.resp = resp
+        self.last = b""
+        self.paused = False
+
+    def __call__(self, data: bytes) -> None:
+        t = self.transport
+        if t.is_closing():
+            raise ClientGone(self.resp)
+        t.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        self.dog.last = self.dog.loop.time()
+        self.last = data
+        if not self.paused and t.get_write_buffer_size() > CLIENT_HIGH_WATER:
+            self.paused = True
+            self.up.pause_reading()
+            self.dog.loop.call_later(BACKPRESSURE_POLL_SECONDS, self._check)
+
+    def _check(self) -> None:
+        if self.up.done or self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() > CLIENT_HIGH_WATER // 2:
+            # Still full: the client is slow. Its silence must not count as the worker's.
+            self.dog.last = self.dog.loop.time()
+            self.dog.loop.call_later(BACKPRESSURE_POLL_SECONDS, self._check)
+        else:
+            self.paused = False
+            self.up.resume_reading()
+
+
+async def _relay_stream(
+    request: web.Request, state: ProxyState, upstream: Upstream, up: UpstreamResponse, out_headers, ex: Exchange
+) -> web.StreamResponse:
+    """Chunks go out as the worker writes them. The first goes through aiohttp (with the
+    head); the rest are written from the worker connection's receive callback, so a chunk
+    costs no task wake-up. The proxy stops reading from the worker while the client's socket
+    buffer is full (backpressure)."""
+    resp = web.StreamResponse(status=up.status, headers=out_headers)
+    chunked = request.version >= HttpVersion11
+    if chunked:
+        resp.enable_chunked_encoding()
+    try:
+        await resp.prepare(request)
+    except ConnectionError:
+        # The client left in the same loop turn as the worker's head arrived: the handler's
+        # cancellation is still pending, and writing the head is what finds the socket closed.
+        raise ClientGone(resp) from None
+    ex.stream_response = resp
+    dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
+    failure: tuple[str, str] | None = None
+    last = b"\n\n"
+    try:
+        try:
+            first = await up.read_chunk()
+            if first:
+                dog.last = dog.loop.time()
+                if ex.sent is not None:
+                    # Measured at the first content chunk, not the head: a worker sends its
+                    # head before prefill, so the head's time says nothing about the first token.
+                    ttft = time.monotonic() - ex.sent
+                    state.metrics.observe_first_token(upstream.name, ttft)
+                    request.app[FLEET].first_token(upstream.name, ttft)
+                try:
+                    await resp.write(first)
+                except ConnectionError:
+                    raise ClientGone(resp) from None
+                last = first
+                transport = request.transport
+                if not up.done and transport is not None:
+                    sink = _StreamSink(up, transport, chunked, dog, resp)
+                    try:
+                        await up.pump(sink)
+                    finally:
+                        last = sink.last or last
+        except UpstreamClosed:
+            failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
+            state.metrics.upstream_error(upstream.name, "upstream_disconnected")
+            mark_unhealthy(state, upstream, "connection lost mid-stream")
+    except asyncio.CancelledError:
+        if not dog.fired:
+            raise
+        current = asyncio.current_task()
+        assert current is not None
+        current.uncancel()
+        idle = state.config.proxy.timeouts.idle_seconds
+        failure = ("upstream_timeout", f"worker `{upstream.name}` sent nothing for {idle:g} s mid-stream")
+        state.metrics.upstream_error(upstream.name, "upstream_timeout")
+    finally:
+        dog.stop()
+    if failure is not None:
+        ex.code = failure[0]
+        try:
+            # Close any event the worker left half-written, so the error is an event of its own.
+            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure))
+        except ConnectionError:
+            raise ClientGone(resp) from None
+    try:
+        await resp.write_eof()
+    except ConnectionError:
+        raise ClientGone(resp) from None
+    return resp
