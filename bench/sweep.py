@@ -43,7 +43,7 @@ from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url
 from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights
-from mtpstack.worker.proof import prove_weights as proof_of_weights
+from mtpstack.worker.proof import prove_weights
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_WORKLOADS = ("code", "prose")
@@ -223,12 +223,8 @@ class Expected:
     drafter_sha256: str | None
 
 
-def drafter_kind(profile: WorkerProfile, identity: dict | None) -> str | None:
-    """The drafter's kind as the worker resolved it (`/identity` `drafter.kind`), else as the profile
-    declares it (`auto` from a worker too old to report it); None without a drafter."""
-    if profile.drafter is None:
-        return None
-    return ((identity or {}).get("drafter") or {}).get("kind") or profile.drafter.kind
+def _declared_kind(profile: WorkerProfile) -> str | None:
+    return profile.drafter.kind if profile.drafter is not None else None
 
 
 #: How the sweep names a disagreement of the proof: the item, and where it was found.
@@ -236,16 +232,17 @@ _SWEEP_NAMES = {("target", "/identity"): "target path", ("drafter", "/identity")
                 ("depth", "command line"): "draft depth"}
 
 
-def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] | None = None) -> dict:
+def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] | None = None) -> dict:
     """Check a running worker against its configuration with the one weights proof
     (`mtpstack.worker.proof.prove_weights`): its own command line must name what the profile asks
     for, its `/identity` must agree with that command line, and the hashes must be the expected
-    ones. Raises `ConfigurationAborted` listing every mismatch; returns the proof for results.json."""
+    ones. Raises `ConfigurationAborted` listing every mismatch; returns the proof for results.json, with
+    the drafter's kind as the worker resolved it (`WeightsProof.resolved_kind`, else the profile's)."""
     profile = expected.profile
     want_drafter = profile.drafter.path if profile.drafter else None
     want_depth = profile.drafter.default_depth if profile.drafter else None
     try:
-        proof = proof_of_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
+        proof = prove_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
                                  expected_sha256={"target": expected.target_sha256, "drafter": expected.drafter_sha256})
     except IdentityUnavailable as e:
         raise ConfigurationAborted(f"cannot read `{url}/identity`: {e.__cause__ or e}") from None
@@ -255,7 +252,8 @@ def prove_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
         raise ConfigurationAborted("the weights proof failed: " + "; ".join(
             f"{_SWEEP_NAMES.get((m.what, m.at), m.what)} ({m.at}): asked for {m.want!r}, the process has {m.got!r}"
             for m in proof.mismatches))
-    return {"cmdline": proof.argv, "claim": asdict(proof.claim), "identity": proof.identity, "expected": {
+    return {"cmdline": proof.argv, "claim": asdict(proof.claim), "identity": proof.identity,
+            "drafter_kind": proof.resolved_kind or _declared_kind(profile), "expected": {
         "target": profile.target.path, "target_sha256": expected.target_sha256,
         "drafter": want_drafter, "drafter_sha256": expected.drafter_sha256, "depth": want_depth,
     }}
@@ -597,7 +595,7 @@ class Sweep:
         ensure_isolated(self.config, BENCH_HOST, port)
         profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
         expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        record: dict = {"label": c.label, "depth": c.depth, "drafter_kind": drafter_kind(profile, None), "status": "aborted",
+        record: dict = {"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
                         "error": None, "argv": worker_argv(profile), "process": {"port": port}, "proof": None, "workloads": {}}
         if self.progress is not None and self._task is not None:
             self.progress.update(self._task, description=f"{c.label}: starting")
@@ -615,12 +613,12 @@ class Sweep:
             record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
             check_fresh(c.label, key, self.seen)
             try:
-                proof = prove_weights(proc.pid, proc.url, expected)
+                proof = check_weights(proc.pid, proc.url, expected)
             except ConfigurationAborted as e:
                 record["error"] = str(e)
                 return record
             record["proof"] = proof
-            record["drafter_kind"] = drafter_kind(profile, proof["identity"])
+            record["drafter_kind"] = proof["drafter_kind"]
             ident = proof["identity"] or {}
             for role in ("target", "drafter"):
                 if (ident.get(role) or {}).get("sha256"):
@@ -667,7 +665,7 @@ class Sweep:
         ensure_isolated(self.config, BENCH_HOST, port)
         profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
         expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        records = [{"label": c.label, "depth": c.depth, "drafter_kind": drafter_kind(profile, None), "status": "aborted",
+        records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
                     "error": None, "argv": worker_argv(profile), "process": {"port": port, "shared": True}, "proof": None,
                     "workloads": {}} for c in configs]
         proc = self.launch(profile, "alternated")
@@ -676,7 +674,7 @@ class Sweep:
         try:
             try:
                 proc.wait_ready("/health", s.startup_timeout, state="healthy")
-                proof = prove_weights(proc.pid, proc.url, expected)
+                proof = check_weights(proc.pid, proc.url, expected)
             except (StartError, ConfigurationAborted) as e:
                 for r in records:
                     r["error"] = str(e)
@@ -686,7 +684,7 @@ class Sweep:
                 if ident.get(k) is not None:
                     self.results["meta"].setdefault(k, ident[k])
             for r in records:
-                r.update(proof=proof, drafter_kind=drafter_kind(profile, proof["identity"]))
+                r.update(proof=proof, drafter_kind=proof["drafter_kind"])
             model = ident.get("served_model_name") or profile.model
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
             async with aiohttp.ClientSession(timeout=timeout) as session:

@@ -213,19 +213,6 @@ def _with_kind(example, kind: str):
     return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"kind": kind})})
 
 
-@pytest.mark.parametrize(
-    ("kind", "identity", "recorded"),
-    [
-        ("auto", {"drafter": {"path": "d", "kind": "mtp"}}, "mtp"),  # what the worker resolved
-        ("model", {"drafter": {"path": "d"}}, "model"),  # a worker that does not report it: the profile's
-        ("auto", None, "auto"),
-    ],
-)
-def test_the_recorded_drafter_kind_is_the_workers_else_the_profiles(example, kind, identity, recorded):
-    assert sw.drafter_kind(_with_kind(example, kind), identity) == recorded
-    assert sw.drafter_kind(sw.with_depth(example.workers["qwen-mtp"], None), identity) is None
-
-
 @pytest.fixture
 def sleeping_worker():
     """Starts a process whose command line is a profile's worker argv (it only sleeps); its pid."""
@@ -250,10 +237,10 @@ def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(examp
                 "draft_depth": profile.drafter.depth}
     expected = sw.Expected(profile, None, None)
     if proved:
-        assert sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)["identity"] == identity
+        assert sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity)["identity"] == identity
     else:
         with pytest.raises(sw.ConfigurationAborted) as e:
-            sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity)
+            sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity)
         assert str(e.value) == "the weights proof failed: drafter kind (/identity): asked for 'mtp', the process has 'model'"
 
 
@@ -275,3 +262,17 @@ def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(exa
     assert not sweep._settling_needs("code", Candidate("depth 1", 1, (400.0, 401.0, 402.0)))
     # Decided (far above): no more passes.
     assert not sweep._settling_needs("code", Candidate("depth 3", 3, (900.0, 901.0, 902.0, 903.0)))
+
+
+@pytest.mark.parametrize(
+    ("kind", "reported", "recorded"),
+    [("auto", "mtp", "mtp"),  # what the worker resolved
+     ("model", None, "model")],  # a worker that does not report it: its command line's
+)
+def test_the_recorded_drafter_kind_is_the_workers_else_its_command_lines(example, sleeping_worker, kind, reported, recorded):
+    profile = _with_kind(example, kind)
+    pid = sleeping_worker(profile)
+    drafter = {"path": profile.drafter.path} | ({"kind": reported} if reported else {})
+    identity = {"pid": pid, "argv": read_cmdline(pid), "target": {"path": profile.target.path}, "drafter": drafter,
+                "draft_depth": profile.drafter.depth}
+    assert sw.check_weights(pid, "http://unused", sw.Expected(profile, None, None), fetch=lambda url: identity)["drafter_kind"] == recorded

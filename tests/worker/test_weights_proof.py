@@ -97,6 +97,6 @@ def test_weights_status_and_sweep_each_report_what_only_one_of_them_checked_befo
     # `mtpstack bench sweep` did not compare the width or the depth per class.
     expected = sw.Expected(_profile(), None, None)
     with pytest.raises(sw.ConfigurationAborted) as e:
-        sw.prove_weights(pid, "http://unused", expected, fetch=lambda url: identity | {"max_num_seqs": 1, "draft_depth_map": {}})
+        sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity | {"max_num_seqs": 1, "draft_depth_map": {}})
     assert str(e.value) == ("the weights proof failed: depth per class (/identity): asked for {'code': 4}, the process has {}; "
                             "maxNumSeqs (/identity): asked for 2, the process has 1")
