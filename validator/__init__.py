@@ -9,6 +9,7 @@ from mtpstack.validator.bounds import MAX_HEADER_BYTES, BodyError, parse_json_bo
 from mtpstack.validator.claim import Mismatch, WeightsClaim, compare_identity, identity_disagreements, parse_depth_map, weights_from_argv
 from mtpstack.validator.config import (
     DEPTH_DEFAULT,
+    DEPTH_CLASS_PATTERN,
     DEPTH_MAX,
     DEPTH_MIN,
     PREFIX_CACHE_GIB_DEFAULT,
@@ -50,6 +51,7 @@ __all__ = [
     "BodyError",
     "ConfigError",
     "DEPTH_DEFAULT",
+    "DEPTH_CLASS_PATTERN",
     "DEPTH_MAX",
     "DEPTH_MIN",
     "DRAFTER_KINDS",

@@ -176,7 +176,7 @@ async def stream(request: web.Request, parsed: ParsedRequest, handles: list[Requ
     return resp if resp is not None else web.Response()
 
 
-async def respond(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+async def respond_to_responses(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
     """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
     builder = parsed.responses
     resp = None

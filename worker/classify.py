@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 
+from mtpstack.validator import DEPTH_CLASS_PATTERN
+
 #: The body field and the header a client names its class in.
 CLASS_FIELD = "mtpstack_class"
 CLASS_HEADER = "X-Mtpstack-Class"
-#: The same shape `mtpstack.validator.config.DEPTH_CLASS_PATTERN` allows in the config.
-CLASS_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A class name a request may give: the shape the config allows for `depthByClass` keys.
+CLASS_PATTERN = re.compile(DEPTH_CLASS_PATTERN)
 #: The classes the classifier itself gives.
 CODE, PROSE = "code", "prose"
 

@@ -176,7 +176,7 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
                 submitted += 1
         name = config.served_model_name
         if parsed.responses is not None:
-            return await answers.respond(request, parsed, handles[0])
+            return await answers.respond_to_responses(request, parsed, handles[0])
         if parsed.stream:
             return await answers.stream(request, parsed, handles, name)
         return await answers.collect(parsed, handles, name)
