@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(func=lambda args: (bench.print_help(sys.stderr), 2)[1])
 
     s = sub.add_parser("sweep", help="measure one worker at several draft depths",
-                       description="Measure one worker profile at several draft depths, each on a fresh worker process.")
+                       description="Measure one worker profile at several draft depths: alternated in one worker where every configuration is a depth a request can carry, else each on a fresh worker process.")
     s.add_argument("--config", required=True, help="the fleet config (YAML or JSON)")
     s.add_argument("--worker", required=True, help="the worker profile to sweep")
     s.add_argument("--depths", default=sw.DEFAULT_DEPTHS, help=f"draft depths, e.g. `1-6` or `1,2,4` (default: {sw.DEFAULT_DEPTHS})")
@@ -43,8 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--startup-timeout", type=float, default=sw.DEFAULT_STARTUP_TIMEOUT, help="seconds a worker may take to load (default: 600)")
     s.add_argument("--widths", default="1",
                    help="concurrent clients per pass, e.g. `1,2,4`, each at most the worker's batch width (default: 1)")
-    s.add_argument("--alternate", action="store_true",
-                   help="run every depth in one worker, each request carrying its depth, in rotating order per pass (paired)")
+    s.add_argument("--design", choices=sw.DESIGNS, default="auto",
+                   help="alternated: every depth in one worker, each request carrying its depth, in rotating order per pass"
+                        " (paired); fresh: a worker per configuration; auto (default): alternated whenever every"
+                        " configuration is a depth a request can carry")
+    s.add_argument("--alternate", dest="design", action="store_const", const="alternated", help=argparse.SUPPRESS)
     s.add_argument("--emit-config", action="store_true",
                    help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
     s.set_defaults(func=run_sweep)
@@ -80,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--rho", type=float, default=sim.DEFAULT_RHO,
                    help=f"paired: drift correlation between neighbouring runs (default: {sim.DEFAULT_RHO})")
     m.add_argument("--rho-from", type=Path, metavar="RUNS.json",
-                   help="paired: an alternated run (`python -m mtpstack.bench.alternate`) whose measured rho is printed beside --rho")
+                   help="paired: an alternated run (`python bench/scripts/alternate.py`) whose measured rho is printed beside --rho")
     m.add_argument("--process-cv", type=float, default=0.0,
                    help="paired: spread between worker processes, for settings read at start-up (default: 0)")
     m.add_argument("--resident", action="store_true",
@@ -101,7 +104,7 @@ def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tup
             runs = json.loads(args.rho_from.read_text())["runs"]
             measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return print_error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python -m mtpstack.bench.alternate`")
+            return print_error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python bench/scripts/alternate.py`")
     start, cap = adaptive
     if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
         repeats = list(sim.PAIRED_REPEATS)
@@ -154,7 +157,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     )
     worker = config.workers.get(args.worker)
     settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
-    settings.alternate = args.alternate
+    settings.design = args.design
     console = _stderr_console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

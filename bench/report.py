@@ -77,7 +77,8 @@ def workload_of(key: str) -> str:
 
 
 def alternated(results: dict) -> bool:
-    """The sweep alternated its configurations in one process (`--alternate`): its passes are paired."""
+    """The sweep alternated its configurations in one process (`--design alternated`, or `auto` where it
+    could): its passes are paired. Results without a design (older sweeps) ran a fresh worker each."""
     return results.get("settings", {}).get("design") == "alternated"
 
 
@@ -333,6 +334,8 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
                " is one round of all configurations in rotating order, paired" if alternated(results)
                else ", a fresh worker per configuration"),
         ),
+        ("design", f"{settings.get('design', 'fresh')}"
+                   + (f" ({settings['design_reason']})" if settings.get("design_reason") else "")),
         ("decision", f"adopt only when the whole 95% bootstrap interval of the "
                      + ("geometric mean of the paired ratios" if alternated(results) else "ratio of medians")
                      + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),

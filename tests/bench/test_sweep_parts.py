@@ -276,3 +276,26 @@ def test_the_recorded_drafter_kind_is_the_workers_else_its_command_lines(example
     identity = {"pid": pid, "argv": read_cmdline(pid), "target": {"path": profile.target.path}, "drafter": drafter,
                 "draft_depth": profile.drafter.depth}
     assert sw.check_weights(pid, "http://unused", sw.Expected(profile, None, None), fetch=lambda url: identity)["drafter_kind"] == recorded
+
+
+@pytest.mark.parametrize(
+    ("asked", "baseline", "backend", "design"),
+    [("auto", "configured", "native", "alternated"),  # depths only: one worker, paired
+     ("auto", "no-drafter", "native", "fresh"),  # a worker without a drafter needs its own process
+     ("auto", "configured", "mlx-lm", "fresh"),  # mlx_lm.server takes no depth per request
+     ("fresh", "configured", "native", "fresh"),
+     ("alternated", "configured", "native", "alternated")],
+)
+def test_the_design_alternates_whenever_every_configuration_is_a_per_request_setting(example, asked, baseline, backend, design):
+    configs, _ = sw.plan(example, "qwen-mtp", [1, 3], baseline)
+    profile = example.workers["qwen-mtp"].model_copy(update={"backend": backend})
+    chosen, why = sw.choose_design(asked, configs, profile)
+    assert chosen == design and why
+
+
+def test_alternated_is_refused_with_the_reason_when_a_configuration_needs_a_restart(example):
+    configs, _ = sw.plan(example, "qwen-mtp", [1, 3], "no-drafter")
+    with pytest.raises(sw.SweepError) as e:
+        sw.choose_design("alternated", configs, example.workers["qwen-mtp"])
+    assert "`no-drafter` baseline needs a worker without a drafter" in e.value.message
+    assert "--design fresh" in e.value.hint

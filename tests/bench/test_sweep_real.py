@@ -12,7 +12,7 @@ from mtpstack.bench.sweep import (
     Expected,
     ProcessReused,
     Sweep,
-    prove_weights,
+    check_weights,
     write_outputs,
 )
 from mtpstack.runtime import free_port
@@ -98,7 +98,7 @@ def test_the_weights_proof_catches_a_worker_started_with_other_weights(other_wor
         "drafter": served.drafter.model_copy(update={"path": str(drafter)}),
     })
     with pytest.raises(ConfigurationAborted) as e:
-        prove_weights(proc.pid, proc.url, Expected(asked, hash_weights(target), hash_weights(drafter)))
+        check_weights(proc.pid, proc.url, Expected(asked, hash_weights(target), hash_weights(drafter)))
     assert "target (command line)" in str(e.value) and "drafter (command line)" in str(e.value)
 
 
@@ -107,7 +107,7 @@ def test_the_weights_proof_catches_changed_files_behind_the_same_path(other_work
     target, drafter = tiny_pair
     # same paths on the command line, but the content hashed before the sweep was another model's
     with pytest.raises(ConfigurationAborted) as e:
-        prove_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
+        check_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
     message = str(e.value)
     assert "target sha256 (/identity)" in message and "command line" not in message
 
@@ -115,7 +115,7 @@ def test_the_weights_proof_catches_changed_files_behind_the_same_path(other_work
 def test_the_weights_proof_passes_for_the_weights_asked_for(other_worker, other_pair):
     proc, served = other_worker
     target, drafter = other_pair
-    proof = prove_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
+    proof = check_weights(proc.pid, proc.url, Expected(served, hash_weights(target), hash_weights(drafter)))
     assert proof["identity"]["pid"] == proc.pid
 
 
@@ -196,17 +196,16 @@ def test_a_sweep_at_widths_one_and_two_measures_each_workload_at_each_width(tmp_
     shutil.rmtree(settings.out)
 
 
-def test_an_alternated_sweep_runs_every_depth_in_one_proven_process_in_rotating_paired_order(fast_settings):
+def test_a_sweep_of_depths_alternates_by_default_in_one_proven_process_in_rotating_paired_order(fast_settings):
     from mtpstack.bench.sweep import SweepError
 
     fast_settings.depths = [1, 3]
     fast_settings.baseline = "configured"  # depth 2, from the fleet
     fast_settings.repeats = fast_settings.max_repeats = 5
     fast_settings.workloads = ["code"]
-    fast_settings.alternate = True
     results = Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()
     configs = results["configurations"]
-    assert results["settings"]["design"] == "alternated"
+    assert results["settings"]["design"] == "alternated"  # by default: every configuration is a depth
     assert [c["label"] for c in configs] == ["depth 2", "depth 1", "depth 3"]
     assert all(c["status"] == "measured" for c in configs), [c["error"] for c in configs]
     assert len({c["process"]["pid"] for c in configs}) == 1  # one process, loaded at the deepest depth
@@ -220,5 +219,6 @@ def test_an_alternated_sweep_runs_every_depth_in_one_proven_process_in_rotating_
     assert "every configuration in one worker" in text and "geometric mean of the paired ratios" in text
     assert "recommendation: code:" in text
     fast_settings.baseline = "no-drafter"
+    fast_settings.design = "alternated"
     with pytest.raises(SweepError):
         Sweep(load_valid_config(fast_settings.config_file), fast_settings).run()

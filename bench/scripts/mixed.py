@@ -7,7 +7,7 @@ so slow drift is shared. Arm `map` sends the prompts as they are (the worker cla
 A pass of an arm: the code and prose prompts interleaved, one request at a time, greedy; its tok/s is
 completion tokens over the wall time of the whole pass. Verdicts: `mtpstack.bench.stats.decide_paired`.
 
-    python -m mtpstack.bench.mixed --url http://127.0.0.1:18716 --deep-class code --fixed 1,2,3,4 --passes 10
+    python bench/scripts/mixed.py --url http://127.0.0.1:18716 --deep-class code --fixed 1,2,3,4 --passes 10
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run_arm(url: str, prompts: list[str], extra: dict, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mtpstack.bench.mixed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True)
     p.add_argument("--deep-class", default="code", help="the map's deepest class (default: code)")
     p.add_argument("--fixed", default="1,2,3,4", help="fixed depths to run beside the map (default: 1,2,3,4)")

@@ -4,7 +4,7 @@ Two depths a request can carry (`num_draft_tokens`, up to the worker's own) alte
 process, pair by pair in alternating order (AB, BA, AB, ...); each run is one greedy request of fixed
 `max_tokens`, timed end to end. The output lists the runs in time order with their tok/s:
 
-    python -m mtpstack.bench.alternate --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
+    python bench/scripts/alternate.py --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def one_run(url: str, depth: int, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mtpstack.bench.alternate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="the worker's base URL")
     p.add_argument("--depths", default="0,3", help="two depths, A,B (default: 0,3)")
     p.add_argument("--pairs", type=int, default=20, help="pairs to run (default: 20)")
