@@ -40,7 +40,7 @@ LineRenderer = Callable[[str], str]
 # -- addresses ------------------------------------------------------------------------------
 #: Bind addresses that listen on every interface, and the loopback address each is reached at. `::`
 #: maps to `::1`, not 127.0.0.1: an aiohttp listener on `::` sets IPV6_V6ONLY and does not accept IPv4.
-WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "*": "127.0.0.1"}
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "*": "127.0.0.1", "": "127.0.0.1"}
 
 
 def connect_host(host: str) -> str:

@@ -25,12 +25,15 @@ let
       "ip";
 
   # Where a worker listens on every address: mtpstack/runtime.py's
-  # WILDCARD_HOSTS (tests/nix/test_nix_lib.py compares the two).
+  # WILDCARD_HOSTS (tests/nix/test_nix_lib.py compares the two). The empty
+  # host (asyncio's "every interface") cannot be set here (the options are
+  # nonEmptyStr) but is listed so the two lists stay one.
   wildcardHosts = [
     "0.0.0.0"
     "::"
     "[::]"
     "*"
+    ""
   ];
 
   # Workers on `hostName` that the proxy dials from another host while they
