@@ -226,18 +226,21 @@ def sleeping_worker():
 
 
 @pytest.mark.parametrize(
-    ("declared", "reported", "proved"),
-    [("mtp", "model", False), ("mtp", "mtp", True), ("mtp", None, True), ("auto", "model", True)],
+    ("declared", "reported", "recorded"),
+    [("mtp", "model", None), ("mtp", "mtp", "mtp"), ("auto", "model", "model"), ("auto", "mtp", "mtp"),
+     ("mtp", None, "mtp"), ("model", None, "model")],  # a worker that does not report it: its command line's
 )
-def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load(example, sleeping_worker, declared, reported, proved):
+def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load_and_records_the_resolved_one(
+        example, sleeping_worker, declared, reported, recorded):
     profile = _with_kind(example, declared)
     pid = sleeping_worker(profile)
     drafter = {"path": profile.drafter.path} | ({"kind": reported} if reported else {})
     identity = {"pid": pid, "argv": read_cmdline(pid), "target": {"path": profile.target.path}, "drafter": drafter,
                 "draft_depth": profile.drafter.depth}
     expected = sw.Expected(profile, None, None)
-    if proved:
-        assert sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity)["identity"] == identity
+    if recorded is not None:
+        proof = sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity)
+        assert (proof["identity"], proof["drafter_kind"]) == (identity, recorded)
     else:
         with pytest.raises(sw.ConfigurationAborted) as e:
             sw.check_weights(pid, "http://unused", expected, fetch=lambda url: identity)
@@ -262,40 +265,3 @@ def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(exa
     assert not sweep._settling_needs("code", Candidate("depth 1", 1, (400.0, 401.0, 402.0)))
     # Decided (far above): no more passes.
     assert not sweep._settling_needs("code", Candidate("depth 3", 3, (900.0, 901.0, 902.0, 903.0)))
-
-
-@pytest.mark.parametrize(
-    ("kind", "reported", "recorded"),
-    [("auto", "mtp", "mtp"),  # what the worker resolved
-     ("model", None, "model")],  # a worker that does not report it: its command line's
-)
-def test_the_recorded_drafter_kind_is_the_workers_else_its_command_lines(example, sleeping_worker, kind, reported, recorded):
-    profile = _with_kind(example, kind)
-    pid = sleeping_worker(profile)
-    drafter = {"path": profile.drafter.path} | ({"kind": reported} if reported else {})
-    identity = {"pid": pid, "argv": read_cmdline(pid), "target": {"path": profile.target.path}, "drafter": drafter,
-                "draft_depth": profile.drafter.depth}
-    assert sw.check_weights(pid, "http://unused", sw.Expected(profile, None, None), fetch=lambda url: identity)["drafter_kind"] == recorded
-
-
-@pytest.mark.parametrize(
-    ("asked", "baseline", "backend", "design"),
-    [("auto", "configured", "native", "alternated"),  # depths only: one worker, paired
-     ("auto", "no-drafter", "native", "fresh"),  # a worker without a drafter needs its own process
-     ("auto", "configured", "mlx-lm", "fresh"),  # mlx_lm.server takes no depth per request
-     ("fresh", "configured", "native", "fresh"),
-     ("alternated", "configured", "native", "alternated")],
-)
-def test_the_design_alternates_whenever_every_configuration_is_a_per_request_setting(example, asked, baseline, backend, design):
-    configs, _ = sw.plan(example, "qwen-mtp", [1, 3], baseline)
-    profile = example.workers["qwen-mtp"].model_copy(update={"backend": backend})
-    chosen, why = sw.choose_design(asked, configs, profile)
-    assert chosen == design and why
-
-
-def test_alternated_is_refused_with_the_reason_when_a_configuration_needs_a_restart(example):
-    configs, _ = sw.plan(example, "qwen-mtp", [1, 3], "no-drafter")
-    with pytest.raises(sw.SweepError) as e:
-        sw.choose_design("alternated", configs, example.workers["qwen-mtp"])
-    assert "`no-drafter` baseline needs a worker without a drafter" in e.value.message
-    assert "--design fresh" in e.value.hint
