@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +71,12 @@ def table(reports: dict) -> str:
         marks = []
         for s in SERVERS:
             c = cells[s].get(key)
-            marks.append("yes" if c and c["ok"] else f"no: {c['detail'][:70].replace('|', '/')}" if c else "-")
+            detail = c["detail"].replace(f"{ROOT}/", "") if c else ""  # no checkout's path in the docs
+            marks.append("yes" if c and c["ok"] else f"no: {detail[:70].replace('|', '/')}" if c else "-")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(marks) + " |")
     passed = {s: sum(c["ok"] for c in cells[s].values()) for s in SERVERS}
     lines += ["", "Passed: " + ", ".join(f"{s} {passed[s]}/{len(cells[s])}" for s in SERVERS) + ". Client versions: "
-              + ", ".join(f"{k} {v}" for k, v in versions.items()) + "."]
+              + ", ".join(f"{k} {v}" for k, v in versions.items()) + f". Run {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC."]
     return "\n".join(lines)
 
 

@@ -1,86 +1,32 @@
-"""A tiny tokenizer and model pair in the Qwen3.5 family's chat format, for the agent-API tests.
+"""A tiny model pair in the Qwen3.5 family's chat format, for the agent-API tests.
 
-The shipped demo tokenizer must keep its ids (a trained model depends on them), so this one is
-a copy with the family's markers added as special tokens (`<think>`, `</think>`, `<tool_call>`,
-...) and a chat template in the family's form: tools rendered into the system prompt, assistant
-`tool_calls` as `<tool_call>` / `<function=NAME>` / `<parameter=P>` blocks, `tool` messages as
-`<tool_response>` blocks in a user turn, and `<think>` opened in the generation prompt unless
-`enable_thinking` is false. mlx-lm's tokenizer wrapper infers from it the `qwen3_coder` tool
-parser and the `<think>` markers, as it does for the real models.
+Its tokenizer is the demo's with the family's markers and template (`devkit.demo.family`, the same
+ones the shipped demo has), thinking on by default as in the real models' templates: the random
+weights never close a think block, which is what the reasoning budget's tests need.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 
 from devkit.demo import TOKENIZER_DIR
-from devkit.demo.bpe import ENDOFTEXT, IM_END, IM_START
+from devkit.demo.bpe import ENDOFTEXT, IM_END
+from devkit.demo.family import write_family_tokenizer
 from devkit.demo.modeldir import build_model, qwen3_config, save_model_dir
 from devkit.demo.tiny import LATER_LAYER_GAIN, PROJECTION_GAIN, TINY_TARGET
 
-#: Tool definitions fill the system prompt: the demo's 512-token context is too small for them.
+#: Tool definitions fill the system prompt: 512 tokens are too few for them.
 CONTEXT = 4096
-MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-
-#: The Qwen3.5 family's chat format, condensed to what the API exercises.
-CHAT_TEMPLATE = (
-    "{%- macro text(c) %}{%- if c is string %}{{- c }}{%- elif c %}"
-    "{%- for p in c %}{{- p.text }}{%- endfor %}{%- endif %}{%- endmacro %}"
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- text(messages[0].content) + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou have access to the following functions:\\n\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nIf you choose to call a function ONLY reply in the following format with NO suffix:"
-    "\\n\\n<tool_call>\\n<function=example_function_name>\\n<parameter=example_parameter_1>\\nvalue_1\\n"
-    "</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}"
-    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + text(messages[0].content) + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' %}{{- '<|im_start|>user\\n' + text(message.content) + '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if message.reasoning_content %}{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
-    "{{- text(message.content) }}"
-    "{%- for tc in message.tool_calls or [] %}{%- set f = tc.function %}"
-    "{{- '\\n<tool_call>\\n<function=' + f.name + '>\\n' }}"
-    "{%- for k, v in f.arguments.items() %}{{- '<parameter=' + k + '>\\n' }}"
-    "{%- if v is string %}{{- v }}{%- else %}{{- v | tojson }}{%- endif %}{{- '\\n</parameter>\\n' }}{%- endfor %}"
-    "{{- '</function>\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + text(message.content) + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
-)
 
 
 def build_agent_tokenizer(out_dir: Path) -> int:
     """Write the tokenizer files to `out_dir`; return the vocabulary size (demo ids, then the markers)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
-    tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in MARKERS])
-    tok.save(str(out_dir / "tokenizer.json"))
-    config = json.loads((TOKENIZER_DIR / "tokenizer_config.json").read_text())
-    for m in MARKERS:
-        config["added_tokens_decoder"][str(tok.token_to_id(m))] = {
-            "content": m, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True,
-        }
-    config["additional_special_tokens"] = [IM_START, IM_END, *MARKERS]
-    config["chat_template"] = CHAT_TEMPLATE
-    config["model_max_length"] = CONTEXT
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    special = {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": config["additional_special_tokens"]}
-    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-    return tok.get_vocab_size()
+    return write_family_tokenizer(TOKENIZER_DIR, out_dir, context=CONTEXT, thinking_by_default=True)
 
 
 def build_agent_pair(out_dir: Path, *, seed: int = 0, drafter_from_target: bool = False) -> tuple[Path, Path]:

@@ -7,8 +7,10 @@ Writes OUT/target (a `qwen3_5` model directory in mlx-lm's format, built with ml
 and OUT/mtp (a standalone `qwen3_5_mtp` head folder, the format mlx-vlm's splitter writes). The
 target is trained first; then, with the target frozen, the head learns to predict token t+2 from
 the target's final hidden state at t and the embedding of token t+1 (and, with a smaller weight,
-token t+3 from its own output and token t+2: the depth-2 chain). Both use the committed demo
-tokenizer (`devkit/demo/tokenizer`, rebuilt with `python -m devkit.demo.bpe`). Training follows a
+token t+3 from its own output and token t+2: the depth-2 chain). Both train on the committed demo
+tokenizer (`devkit/demo/tokenizer`, rebuilt with `python -m devkit.demo.bpe`); then the pair is
+extended to the Qwen3.5 family's chat format (`devkit.demo.extend`: the markers' tokens, the
+template, a 32k context), keeping its greedy text exactly. Training follows a
 fixed seed and step count; it is not bit-reproducible across machines (the text found under
 /usr/share/doc differs between installs, and BLAS summation order varies).
 """
@@ -29,6 +31,7 @@ from tokenizers import Tokenizer
 
 from devkit.demo import TOKENIZER_DIR, corpus
 from devkit.demo.bpe import ENDOFTEXT
+from devkit.demo.extend import ExtendError, extend
 from devkit.demo.modeldir import (
     build_head,
     build_qwen3_5,
@@ -39,6 +42,7 @@ from devkit.demo.modeldir import (
     save_head_dir,
     save_model_dir,
 )
+from mtpstack.errors import print_error
 
 # Layers 0 and 2 are gated-delta linear attention, layers 1 and 3 full attention.
 TARGET = dict(
@@ -224,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     head, config = train_head(target, text_config, train, valid, steps=args.head_steps, lr=args.head_lr,
                               seed=args.seed + 1)
     log(f"wrote {save_head_dir(head, config, args.out / 'mtp')}")
+    if not args.head_only:  # a target loaded for --head-only is extended already, and its head with it
+        try:
+            done = extend(args.out, seed=args.seed)
+        except ExtendError as e:
+            return print_error(e)
+        log(f"extended to vocabulary {done['vocab_size']}, context {done['context']}; greedy text unchanged, "
+            f"marker logits at least {done['margin']:.2f} below the winning one")
     log(f"done in {time.monotonic() - t0:.0f}s")
     return 0
 

@@ -71,3 +71,97 @@ def test_demo_head_drafts_are_accepted_often(demo):
     drafted, accepted = head_chain_steps(target, head, prompt, continuation, depth=1)
     # The old separate qwen3 drafter: 0.56 accepted per drafted token at depth 1 (0.36 of all tokens).
     assert accepted / drafted >= 0.6
+
+
+# -- the Qwen3.5 family's chat format (`devkit.demo.extend`) ------------------------------------
+
+FAMILY_MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+def test_the_markers_follow_the_trained_ids_which_are_unchanged(demo):
+    from tokenizers import Tokenizer
+
+    from devkit.demo import TOKENIZER_DIR
+
+    plain = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json")).get_vocab()
+    shipped = Tokenizer.from_file(str(DEMO_TARGET / "tokenizer.json")).get_vocab()
+    assert {t: i for t, i in shipped.items() if t not in FAMILY_MARKERS} == plain
+    assert [shipped[m] for m in FAMILY_MARKERS] == list(range(len(plain), len(plain) + len(FAMILY_MARKERS)))
+    target, head, tokenizer = demo
+    rows = target.language_model.model.embed_tokens.weight.shape[0]
+    config = json.loads((DEMO_TARGET / "config.json").read_text())
+    assert rows == len(shipped) == config["text_config"]["vocab_size"]
+    assert tokenizer.encode("<tool_call>\n<function=f>", add_special_tokens=False)[0] == shipped["<tool_call>"]
+
+
+def test_mlx_lm_reads_the_qwen3_coder_tool_format_and_the_think_markers(demo):
+    _, _, tokenizer = demo
+    assert tokenizer.has_tool_calling and tokenizer.tool_parser.__module__.endswith(".qwen3_coder")
+    assert (tokenizer.tool_call_start, tokenizer.tool_call_end) == ("<tool_call>", "</tool_call>")
+    assert tokenizer.has_thinking and (tokenizer.think_start, tokenizer.think_end) == ("<think>", "</think>")
+
+
+def test_the_context_holds_an_agents_prompt():
+    target = json.loads((DEMO_TARGET / "config.json").read_text())
+    head = json.loads((DEMO_HEAD / "config.json").read_text())
+    tokenizer_config = json.loads((DEMO_TARGET / "tokenizer_config.json").read_text())
+    # Codex CLI sends about 17k tokens with its tools.
+    assert target["text_config"]["max_position_embeddings"] == tokenizer_config["model_max_length"] >= 32768
+    assert head["text_config"]["max_position_embeddings"] == target["text_config"]["max_position_embeddings"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_the_template_renders_tools_calls_and_tool_messages_in_the_familys_form(demo):
+    _, _, tokenizer = demo
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tools=[WEATHER], add_generation_prompt=True, tokenize=False,
+                                         enable_thinking=False)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n") and '"name": "get_weather"' in text
+    assert ("<|im_start|>assistant\n<think>\nLook it up.\n</think>\n\n\n<tool_call>\n<function=get_weather>\n"
+            "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call><|im_end|>\n") in text
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_thinking_is_off_unless_the_request_turns_it_on(demo):
+    from mtpstack.worker.protocol.chat import render_template
+
+    _, _, tokenizer = demo
+    ask = [{"role": "user", "content": "hi"}]
+
+    def ending(kwargs):
+        return tokenizer.decode(render_template(tokenizer, ask, None, kwargs, add_generation_prompt=True))
+
+    assert ending({}).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert ending({"enable_thinking": False}) == ending({})
+    # mlx-lm's own wrapper would have turned it on (it passes enable_thinking=True to any template with think markers).
+    assert tokenizer.decode(tokenizer.apply_chat_template(ask, add_generation_prompt=True)) == ending({"enable_thinking": True})
+    assert ending({"enable_thinking": True}).endswith("<|im_start|>assistant\n<think>\n")
+
+
+def test_no_marker_ever_wins_the_greedy_choice_on_ordinary_text(demo):
+    """The rows added for the markers leave the trained model's text as it was: at every position of
+    code and prose (and of the model's own greedy continuation), the best token is an old one, by a margin."""
+    target, head, tokenizer = demo
+    base = target.language_model.model.embed_tokens.weight.shape[0] - len(FAMILY_MARKERS)
+    text = target.language_model.model
+    prompt = tokenizer.encode(SAMPLE)
+    continuation = [r.token for r in stream_generate(target, tokenizer, prompt, max_tokens=64)]
+    assert max(continuation) < base
+    ids = mx.array([prompt + continuation])
+    hidden = text(ids)
+    logits = text.embed_tokens.as_linear(hidden)[0]
+    assert (logits[:, :base].max(axis=-1) - logits[:, base:].max(axis=-1)).min().item() > 1.0
+    # The head borrows the same rows for its drafts.
+    out = head(text.embed_tokens(ids[:, 1:]), hidden[:, :-1], [None])
+    drafts = text.embed_tokens.as_linear(out)[0]
+    assert (drafts[:, :base].max(axis=-1) - drafts[:, base:].max(axis=-1)).min().item() > 1.0

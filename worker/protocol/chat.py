@@ -382,7 +382,7 @@ def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[in
     if not lead or lead == len(messages) or not tok.has_chat_template:
         return ()
     try:
-        head = tok.apply_chat_template(messages[:lead], tools=tools, add_generation_prompt=False, tokenize=True, **kwargs)
+        head = render_template(tok, messages[:lead], tools, kwargs, add_generation_prompt=False)
     except Exception:  # a template may refuse a conversation without a user turn: no boundary, nothing else lost
         return ()
     if isinstance(head, dict):
@@ -408,12 +408,26 @@ async def compile_constraint(agent: AgentRequest, engine) -> None:
     agent.grammar = None
 
 
+def render_template(tok, messages, tools, kwargs: dict, *, add_generation_prompt: bool):
+    """The chat template applied as transformers applies it: a thinking switch the request leaves
+    unset is left to the template's own default. (mlx-lm's wrapper sets `enable_thinking` to whether
+    the vocabulary has think markers, which would override a template whose default is off, such
+    as the shipped demo's; the real Qwen3.5 templates default to on, so for them nothing changes.)"""
+    inner = getattr(tok, "_tokenizer", None)
+    if ("enable_thinking" not in kwargs and getattr(tok, "_chat_template", None) is None
+            and getattr(tok, "_thinking_kwarg", None) == "enable_thinking" and inner is not None):
+        return inner.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                         tokenize=True, return_dict=False, **kwargs)
+    return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                   **kwargs)
+
+
 def _template(tok, messages, tools, kwargs) -> list[int]:
     if not tok.has_chat_template:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return list(tok.encode(text))
     try:
-        tokens = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, **kwargs)
+        tokens = render_template(tok, messages, tools, kwargs, add_generation_prompt=True)
     except Exception as e:  # third-party template code fed client input
         raise ProtocolError(f"`messages` cannot be tokenized: {type(e).__name__}: {str(e)[:120]}", "messages") from None
     if isinstance(tokens, dict):

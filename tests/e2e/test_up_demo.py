@@ -1,0 +1,88 @@
+"""The demo as `mtpstack up` ships it serves what an agent needs out of the box: calls in its own
+`qwen3_coder` format, reasoning turned on and off by the request, and structured output."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from mtpstack.runtime import free_port
+from mtpstack.up import DEMO_MODEL, default_fleet
+from tests.e2e.conftest import running_stack
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                          "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+CITY = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "population": {"type": "integer"}},
+    "required": ["name", "population"]}}}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    config = default_fleet()
+    config["proxy"]["port"] = free_port()
+    config["workers"]["demo"]["port"] = free_port()
+    with running_stack(tmp_path_factory.mktemp("demo"), config) as stack:
+        yield openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def chat(client, **kw):
+    return client.chat.completions.create(model=DEMO_MODEL, messages=kw.pop("messages", ASK), temperature=0, **kw)
+
+
+def test_a_forced_call_is_written_in_the_qwen3_coder_format_and_round_trips(client):
+    r = chat(client, tools=[WEATHER], tool_choice="required", max_tokens=160, logprobs=True)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    # What the model wrote: the template's own XML blocks (its special tokens), not the generic JSON.
+    raw = "".join(t.token for t in choice.logprobs.content)
+    assert raw.startswith("<tool_call>\n<function=get_weather>\n<parameter=city>\n"), raw
+    assert raw.endswith("</parameter>\n</function>\n</tool_call>"), raw
+    history = ASK + [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    again = chat(client, messages=history, tools=[WEATHER], max_tokens=8)
+    assert again.choices[0].finish_reason in ("stop", "length")
+    assert again.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def test_a_forced_call_over_the_responses_api(client):
+    tool = {"type": "function", **WEATHER["function"]}
+    r = client.responses.create(model=DEMO_MODEL, input="What is the weather in Paris?", tools=[tool],
+                                tool_choice="required", max_output_tokens=160, temperature=0)
+    [call] = [i for i in r.output if i.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+
+
+def test_thinking_is_off_by_default_and_reasoning_effort_turns_it_on_and_off(client):
+    plain = chat(client, max_tokens=24).choices[0].message
+    off = chat(client, max_tokens=24, reasoning_effort="none").choices[0].message
+    on = chat(client, max_tokens=24, reasoning_effort="high").choices[0].message
+    assert plain.content and not getattr(plain, "reasoning", None)
+    assert off.content == plain.content and not getattr(off, "reasoning", None)
+    # The toy never closes its think block by itself: all 24 tokens are reasoning.
+    assert getattr(on, "reasoning", None) and not on.content
+    via_kwargs = chat(client, max_tokens=24, extra_body={"chat_template_kwargs": {"enable_thinking": True}}).choices[0].message
+    assert via_kwargs.model_dump().get("reasoning") == on.model_dump().get("reasoning")
+
+
+def test_with_thinking_on_a_forced_call_still_arrives_after_the_reasoning(client):
+    r = chat(client, tools=[WEATHER], tool_choice="required", max_tokens=200, reasoning_effort="high")
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and getattr(message, "reasoning", None)
+    [call] = message.tool_calls
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+@pytest.mark.parametrize("effort", [None, "high"])
+def test_structured_output_parses_and_keeps_to_the_schema(client, effort):
+    extra = {"reasoning_effort": effort} if effort else {}
+    r = chat(client, response_format=CITY, max_tokens=160, **extra)
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"name", "population"} and isinstance(value["population"], int)
+    assert isinstance(value["name"], str) and len(value["name"]) <= 12
