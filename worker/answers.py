@@ -16,7 +16,7 @@ from mtpstack.worker.generation import Event, RequestHandle
 from mtpstack.worker.http import REQUEST_ID, generation_failed
 from mtpstack.worker.protocol import render, responses
 from mtpstack.worker.requests import ParsedRequest
-from mtpstack.worker.sse import DONE, frame, open_stream
+from mtpstack.worker.sse import DONE, frame, keepalive, open_stream
 
 
 def _usage(parsed: ParsedRequest, seqs: list) -> dict:
@@ -154,15 +154,16 @@ async def stream(request: web.Request, parsed: ParsedRequest, handles: list[Requ
 
     try:
         resp = await open_stream(request, handle.rid)
-        for index, answer in enumerate(texts):
-            if answer is not None:
-                await resp.write(chunk(index, {"role": "assistant", "content": ""}, None))
         failed = None
-        async for index, event in _merged(handles):
-            if event.error:
-                failed = event.error
-                break
-            await write(index, event, event.finish_reason)
+        async with keepalive(resp):
+            for index, answer in enumerate(texts):
+                if answer is not None:
+                    await resp.write(chunk(index, {"role": "assistant", "content": ""}, None))
+            async for index, event in _merged(handles):
+                if event.error:
+                    failed = event.error
+                    break
+                await write(index, event, event.finish_reason)
         if failed is not None:
             await resp.write(frame(generation_failed(failed, handle.rid).body()))
         elif parsed.include_usage:
@@ -187,12 +188,13 @@ async def respond_to_responses(request: web.Request, parsed: ParsedRequest, hand
             for e in events if resp is not None else ():
                 await resp.write(frame(e, event=e["type"]))
 
-        await send(builder.start())
-        while True:
-            event = await handle.events.get()
-            if event.finish_reason is not None:
-                break
-            await send(builder.feed(event.text))
+        async with keepalive(resp):
+            await send(builder.start())
+            while True:
+                event = await handle.events.get()
+                if event.finish_reason is not None:
+                    break
+                await send(builder.feed(event.text))
         if event.error:
             err = generation_failed(event.error, handle.rid)
             if resp is None:

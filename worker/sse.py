@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from http import HTTPStatus
+from typing import AsyncIterator
 
 from aiohttp import hdrs, web
 
@@ -24,8 +27,59 @@ def frame(data: dict | str, event: str | None = None) -> bytes:
 DONE = frame("[DONE]")
 
 
-async def open_stream(request: web.Request, rid: str) -> web.StreamResponse:
+class EventStream(web.StreamResponse):
+    """A stream response that knows when it last wrote (`keepalive` reads it)."""
+
+    last_write = 0.0
+
+    async def write(self, data) -> None:
+        self.last_write = asyncio.get_running_loop().time()
+        await super().write(data)
+
+
+async def open_stream(request: web.Request, rid: str) -> EventStream:
     """A 200 event stream for `request`, its headers sent, carrying the request's id."""
-    resp = web.StreamResponse(status=HTTPStatus.OK, headers={**STREAM_HEADERS, REQUEST_ID: rid})
+    resp = EventStream(status=HTTPStatus.OK, headers={**STREAM_HEADERS, REQUEST_ID: rid})
     await resp.prepare(request)
+    resp.last_write = asyncio.get_running_loop().time()
     return resp
+
+
+#: A stream silent this long gets an SSE comment line, which every client's parser skips (the SSE
+#: spec; openai-python, the TypeScript SDK and Codex's eventsource parser all do). A long prefill
+#: (an agent's 17k-token prompt) or a tool call the chat splitter holds back sends no event for a
+#: while; without a sign of life the proxy's `proxy.timeouts.idleSeconds` (60 s by default) or a
+#: client's read timeout would take the silence for a stalled worker.
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE = b": keep-alive\n\n"
+
+
+@contextlib.asynccontextmanager
+async def keepalive(resp: EventStream | None, every: float = KEEPALIVE_SECONDS) -> AsyncIterator[None]:
+    """While the block runs, a comment line goes out whenever `every` seconds passed with nothing
+    written to `resp` (None: an answer that is not streamed, nothing to do). Leave the block before
+    the stream's last write."""
+    if resp is None:
+        yield
+        return
+
+    loop = asyncio.get_running_loop()
+
+    async def beat() -> None:
+        while True:
+            quiet = loop.time() - resp.last_write
+            if quiet < every:
+                await asyncio.sleep(every - quiet)
+                continue
+            try:
+                await resp.write(KEEPALIVE)
+            except (ConnectionError, RuntimeError):
+                return  # the client left, or the stream ended: the handler sees it itself
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
