@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
-from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_mismatch, model_facts, read_config
+from mtpstack.validator.families import FAMILIES
+from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
 from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -162,7 +163,7 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
                     related=(target_path,),
                 )
             )
-        return findings
+        return findings or check_family(name, worker, directory, drafter_config, facts)
     if facts.recurrent:
         findings.append(
             Finding(
@@ -192,3 +193,33 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
             )
         )
     return findings
+
+
+def check_family(name: str, worker: WorkerProfile, directory: Path, drafter_config: dict, facts) -> list[Finding]:
+    """The MTP family and layout the worker would load (a note), or why it would refuse the family."""
+    path = ("workers", name, "drafter", "path")
+    family = facts.head_family
+    if family is None:
+        served = ", ".join(f"`{t}`" for f in FAMILIES if f.served for t in f.targets)
+        return [Finding(
+            code="mtp-family-not-served",
+            severity="error",
+            path=path,
+            message=f"`{directory}` bundles `mtp.*` tensors, but no MTP family is known for `{facts.model_type}` targets",
+            hint=f"use a target of a served family ({served}), or a separate draft model (`drafter.kind: model`)",
+        )]
+    if not family.served:
+        return [Finding(
+            code="mtp-family-not-served",
+            severity="error",
+            path=path,
+            message=f"`{directory}` holds a `{family.head_type}` head, which the worker does not serve: {family.why_not}",
+            hint="serve this target without a drafter, or with a separate draft model of attention layers only (`drafter.kind: model`)",
+        )]
+    layout = head_layout(directory, drafter_config, bundled=worker.bundled_head)
+    return [Finding(
+        code="mtp-family",
+        severity="note",
+        path=path,
+        message=f"a `{family.head_type}` head: {layout}",
+    )]

@@ -126,3 +126,18 @@ def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
     from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
 
     return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def moe_pair(tmp_path_factory):
+    """`moe_pair(layout)`: the tiny Qwen3.5 MoE target and its head in one of `MOE_LAYOUTS`, built once each."""
+    from devkit.demo.tiny_families import build_tiny_moe_pair
+
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(layout: str) -> tuple[Path, Path]:
+        if layout not in built:
+            built[layout] = build_tiny_moe_pair(tmp_path_factory.mktemp(f"moe-{layout}"), layout)
+        return built[layout]
+
+    return get

@@ -10,12 +10,12 @@ family is one module exposing a head class with the same small surface:
 - `head.make_cache()`, `head.sanitize(weights)` (original-checkpoint names and
   norm conventions to the module's own).
 
-`HEADS` maps a standalone folder's `model_type` to its class; `BUNDLED` maps a
-target family to the class that reads the `mtp.*` tensors of its original
-checkpoints. Another family (DeepSeek, GLM, MiMo) is one more module and one
-more line in each map.
+Which module serves which head type and target types, and where a bundled head's
+tensors sit, is the family table's (`mtpstack.validator.families.FAMILIES`): a
+module here names its class `Head`. Another family (DeepSeek, GLM, MiMo) is one
+more module and one more `Family` in that table.
 """
 
-from mtpstack.worker.mtp.load import BUNDLED, HEADS, LoadedHead, load_head
+from mtpstack.worker.mtp.load import LoadedHead, head_class, load_head
 
-__all__ = ["BUNDLED", "HEADS", "LoadedHead", "load_head"]
+__all__ = ["LoadedHead", "head_class", "load_head"]

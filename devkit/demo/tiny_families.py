@@ -1,0 +1,180 @@
+"""Tiny random MTP pairs of the other families and layouts real checkpoints use, for tests and benches.
+
+`devkit.demo.tiny_hybrid` builds the dense Qwen3.5 pair; this module builds, the same way (mlx-lm's
+own target classes, heads that agree with their target about half the time):
+
+- the Qwen3.5 MoE pair (`qwen3_5_moe`: 4 experts, 2 per token, a shared expert), whose head is
+  written in each layout users download: mlx-vlm's standalone folder (`standalone`), the same
+  quantized to 6 bits with the 8-bit router gates mlx-lm/mlx-vlm record per module in
+  `quantization` (`quantized`), and bundled as `mtp.*` in an original checkpoint with per-expert
+  tensors (`bundled-per-expert`) or fused `gate_up_proj` experts (`bundled-fused`);
+- the Qwen3-Next pair (`qwen3_next`: gated-delta + attention, MoE), whose head is a `qwen3_5_mtp`
+  folder as mlx-vlm's qwen3_next splitter writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from devkit.demo import TOKENIZER_DIR
+from devkit.demo.bpe import TOKENIZER_FILES
+from devkit.demo.modeldir import head_config, qwen3_5_config, qwen3_5_text_config, save_head_dir, save_model_dir
+from devkit.demo.tiny_hybrid import (
+    EMBEDDING_GAIN,
+    HEAD_EMBEDDING_GAIN,
+    HEAD_HIDDEN_GAIN,
+    HEAD_LAYER_GAIN,
+    TINY_HYBRID,
+    to_original_layout,
+)
+
+#: Experts small enough to build in milliseconds, sized so every projection quantizes at group size 64.
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                decoder_sparse_step=1, norm_topk_prob=True)
+#: The head layouts `build_tiny_moe_pair` writes.
+MOE_LAYOUTS = ("standalone", "quantized", "bundled-per-expert", "bundled-fused")
+#: The quantization of the `quantized` layout: 6-bit, with the router gates at 8 bits as mlx-lm's
+#: `qwen3_5` quant predicate makes them (recorded per module path in `quantization`).
+HEAD_BITS, GATE_BITS, GROUP_SIZE = 6, 8, 64
+
+
+def moe_config() -> dict:
+    text = qwen3_5_text_config(**{**TINY_HYBRID, "intermediate_size": 64})
+    text.update(TINY_MOE, model_type="qwen3_5_moe_text", tie_word_embeddings=False)
+    config = qwen3_5_config(text)
+    config.update(model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForConditionalGeneration"], tie_word_embeddings=False)
+    return config
+
+
+def _enlarge_embeddings(embed) -> None:
+    embed.weight = embed.weight * EMBEDDING_GAIN
+
+
+def _bigram_head(head) -> None:
+    """Make the head pass the next token's embedding through and damp what its layers add (see tiny_hybrid)."""
+    hidden = head.fc.weight.shape[0]
+    head.fc.weight = mx.concatenate([mx.eye(hidden) * HEAD_EMBEDDING_GAIN, head.fc.weight[:, hidden:] * HEAD_HIDDEN_GAIN], axis=1)
+    for layer in head.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * HEAD_LAYER_GAIN
+        mlp = layer.mlp
+        if hasattr(mlp, "switch_mlp"):
+            mlp.switch_mlp.down_proj.weight = mlp.switch_mlp.down_proj.weight * HEAD_LAYER_GAIN
+            mlp.shared_expert.down_proj.weight = mlp.shared_expert.down_proj.weight * HEAD_LAYER_GAIN
+        else:
+            mlp.down_proj.weight = mlp.down_proj.weight * HEAD_LAYER_GAIN
+
+
+def build_moe_target(seed: int = 0):
+    from mlx_lm.models import qwen3_5_moe
+
+    mx.random.seed(seed)
+    config = moe_config()
+    model = qwen3_5_moe.Model(qwen3_5_moe.ModelArgs.from_dict(config))
+    _enlarge_embeddings(model.language_model.model.embed_tokens)
+    mx.eval(model.parameters())
+    model.eval()
+    return model, config
+
+
+def build_head_for(text_config: dict, seed: int = 0):
+    """A `qwen3_5_mtp` head for this text config (MoE when it has experts) and its folder's config."""
+    from mtpstack.worker.mtp.qwen3_5 import Head
+
+    mx.random.seed(seed + 1)
+    config = head_config(text_config)
+    head = Head.from_config(config["text_config"])
+    _bigram_head(head)
+    mx.eval(head.parameters())
+    head.eval()
+    return head, config
+
+
+def _gate_overrides(head) -> dict:
+    return {path: {"group_size": GROUP_SIZE, "bits": GATE_BITS}
+            for path, m in head.named_modules() if path.endswith(("mlp.gate", "mlp.shared_expert_gate"))}
+
+
+def save_quantized_head(head, config: dict, out_dir: Path) -> Path:
+    """The head quantized as mlx-vlm's converter writes a 6-bit MoE head: router gates at 8 bits, per path."""
+    overrides = _gate_overrides(head)
+    nn.quantize(head, group_size=GROUP_SIZE, bits=HEAD_BITS,
+                class_predicate=lambda path, m: overrides.get(path, True) if hasattr(m, "to_quantized") else False)
+    quantization = {"group_size": GROUP_SIZE, "bits": HEAD_BITS, "mode": "affine", **overrides}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(head.parameters())), metadata={"format": "mlx"})
+    config = dict(config, quantization=quantization, quantization_config=quantization)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def _unstack_head_experts(weights: dict[str, mx.array], *, fused: bool) -> dict[str, mx.array]:
+    """A head's stacked `switch_mlp` tensors as an original checkpoint stores them."""
+    out = {}
+    for key, w in weights.items():
+        if ".switch_mlp." not in key:
+            out[key] = w
+            continue
+        mlp, rest = key.split(".switch_mlp.")
+        proj = rest.removesuffix(".weight")
+        if fused:
+            if proj == "gate_proj":
+                out[f"{mlp}.experts.gate_up_proj"] = mx.concatenate([w, weights[f"{mlp}.switch_mlp.up_proj.weight"]], axis=-2)
+            elif proj == "down_proj":
+                out[f"{mlp}.experts.down_proj"] = w
+        else:
+            for e in range(w.shape[0]):
+                out[f"{mlp}.experts.{e}.{proj}.weight"] = w[e]
+    return out
+
+
+def _fuse_target_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """The target's own experts as original Qwen3.5-MoE checkpoints store them: fused `gate_up_proj`."""
+    out = {}
+    for key, w in weights.items():
+        if ".switch_mlp." not in key:
+            out[key] = w
+        elif key.endswith("switch_mlp.gate_proj.weight"):
+            mlp = key.removesuffix(".switch_mlp.gate_proj.weight")
+            out[f"{mlp}.experts.gate_up_proj"] = mx.concatenate([w, weights[f"{mlp}.switch_mlp.up_proj.weight"]], axis=-2)
+        elif key.endswith("switch_mlp.down_proj.weight"):
+            out[f"{key.removesuffix('.switch_mlp.down_proj.weight')}.experts.down_proj"] = w
+    return out
+
+
+def save_bundled(target, config: dict, head, out_dir: Path, *, fused: bool) -> Path:
+    """The target in original (Hugging Face) layout with the head bundled as `mtp.*`."""
+    weights = to_original_layout(_fuse_target_experts(dict(tree_flatten(target.parameters()))),
+                                 _unstack_head_experts(dict(tree_flatten(head.parameters())), fused=fused))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "pt"})
+    config = dict(config, text_config=dict(config["text_config"], mtp_num_hidden_layers=len(head.layers)))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER_DIR / name, out_dir / name)
+    return out_dir
+
+
+def build_tiny_moe_pair(out_dir: Path, layout: str = "standalone", seed: int = 0) -> tuple[Path, Path]:
+    """(target directory, drafter path) of the tiny MoE pair with its head in `layout` (`MOE_LAYOUTS`).
+
+    A bundled head's drafter path is the target's own directory."""
+    if layout not in MOE_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(MOE_LAYOUTS)}: {layout}")
+    out_dir = Path(out_dir)
+    target, config = build_moe_target(seed)
+    head, hconfig = build_head_for(config["text_config"], seed)
+    if layout.startswith("bundled"):
+        directory = save_bundled(target, config, head, out_dir / "original", fused=layout == "bundled-fused")
+        return directory, directory
+    target_dir = save_model_dir(target, config, out_dir / "target")
+    if layout == "quantized":
+        return target_dir, save_quantized_head(head, hconfig, out_dir / "mtp")
+    return target_dir, save_head_dir(head, hconfig, out_dir / "mtp")

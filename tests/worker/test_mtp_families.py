@@ -1,0 +1,100 @@
+"""MTP families and checkpoint layouts: each loads, drafts, and decodes exactly the target's greedy tokens.
+
+The tiny pairs are built in the layouts real checkpoints use (`devkit.demo.tiny_families`):
+Qwen3.5-MoE heads standalone, quantized with per-path 8-bit router gates, and bundled as `mtp.*`
+with per-expert or fused experts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS
+from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from tests.worker.greedy import PROMPTS, plain_greedy
+
+MAX_TOKENS = 20
+
+
+def run(engine: Engine, prompts: list[str], depth: int, width: int) -> tuple[dict[str, list[int]], int]:
+    """Every prompt decoded greedily, `width` rows at a time: tokens per prompt, and accepted drafts."""
+    sched = Scheduler(max_num_seqs=width)
+    seqs = {}
+    pending = list(prompts)
+    while pending or sched.active:
+        while pending and len(sched.active) < width:
+            p = pending.pop(0)
+            seqs[p] = engine.new_sequence(engine.text_prompt(p), SamplingParams(max_tokens=MAX_TOKENS, depth=depth, ignore_eos=True))
+            sched.add(seqs[p])
+        for seq, _, error in sched.step():
+            assert error is None, error
+    return {p: s.tokens for p, s in seqs.items()}, sum(s.accepted for s in seqs.values())
+
+
+@pytest.fixture(scope="module")
+def engines(moe_pair):
+    cache: dict[str, Engine] = {}
+
+    def get(layout: str) -> Engine:
+        if layout not in cache:
+            target, head = moe_pair(layout)
+            cache[layout] = Engine.load(str(target), str(head), draft_depth=4)
+        return cache[layout]
+
+    return get
+
+
+@pytest.mark.parametrize("layout", MOE_LAYOUTS)
+def test_every_moe_layout_loads_as_a_qwen3_5_mtp_head(engines, layout):
+    engine = engines(layout)
+    assert engine.draft_kind == "mtp"
+    assert engine.drafter.bundled == layout.startswith("bundled")
+    assert engine.target.config["model_type"] == "qwen3_5_moe"
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", MOE_LAYOUTS)
+def test_greedy_output_equals_plain_decoding_in_every_layout(engines, layout, depth, width):
+    engine = engines(layout)
+    expected = plain_greedy(engine, MAX_TOKENS)
+    tokens, accepted = run(engine, PROMPTS, depth, width)
+    assert tokens == expected
+    assert accepted > 0  # drafts were accepted as well as rejected: both paths ran
+
+
+def test_the_quantized_head_keeps_its_router_gates_at_their_own_bits(engines):
+    layer = engines("quantized").drafter.model.layers[0]
+    assert layer.mlp.gate.bits == GATE_BITS
+    assert layer.mlp.shared_expert_gate.bits == GATE_BITS
+    assert layer.self_attn.q_proj.bits == HEAD_BITS
+    assert layer.mlp.switch_mlp.gate_proj.bits == HEAD_BITS
+
+
+@pytest.mark.parametrize("layout", ["bundled-per-expert", "bundled-fused"])
+def test_a_bundled_moe_head_is_the_standalone_head(engines, layout):
+    """The same weights, whichever layout they came in: parameter for parameter, after sanitizing."""
+    from mlx.utils import tree_flatten
+
+    import mlx.core as mx
+
+    mine = dict(tree_flatten(engines(layout).drafter.model.parameters()))
+    theirs = dict(tree_flatten(engines("standalone").drafter.model.parameters()))
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        assert mx.allclose(mine[key], theirs[key], atol=1e-6).item(), key
+
+
+def test_a_head_whose_experts_skip_a_number_is_refused_naming_them(tmp_path, moe_pair):
+    import shutil
+
+    import mlx.core as mx
+
+    target, _ = moe_pair("bundled-per-expert")
+    broken = shutil.copytree(target, tmp_path / "broken")
+    weights = mx.load(str(broken / "model.safetensors"))
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        weights.pop(f"mtp.layers.0.mlp.experts.2.{proj}.weight")
+    mx.save_safetensors(str(broken / "model.safetensors"), weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"cannot be read: .*experts \[0, 1, 3\]"):
+        Engine.load(str(broken), str(broken))
