@@ -32,6 +32,11 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from mtpstack.validator import FAMILIES
+
+#: The layer-state kinds (`mtpstack.validator.CACHE_KINDS`) this module rolls back per row.
+ROLLED_BACK = {"kv", "gated-delta"}
+
 
 class CacheNotSupported(ValueError):
     """A layer whose state the engine cannot roll back exactly."""
@@ -303,7 +308,8 @@ def layers_of(model) -> list:
 
 
 def check_rollback(model) -> list[str]:
-    """Each layer's cache kind (`kv` or `step-state`); raises `CacheNotSupported` naming any other layer.
+    """Each layer's cache kind (`kv` or `gated-delta`, as the family table spells them); raises
+    `CacheNotSupported` naming any other layer.
 
     Installs the per-position-state forward on every supported gated-delta layer
     (the class is swapped in place; weights and plain use are unchanged).
@@ -322,13 +328,13 @@ def check_rollback(model) -> list[str]:
         base = type(linear).__mro__[1] if type(linear) in _SWAPPED.values() else type(linear)
         if type(cache) is ArraysCache and base in projections:
             linear.__class__ = _step_state_class(base, projections[base])
-            kinds.append("step-state")
+            kinds.append("gated-delta")
             continue
         what = type(linear).__name__ if linear is not None else type(layer).__name__
+        served = ", ".join(t for f in FAMILIES for t, k in f.targets.items() if set(k) <= ROLLED_BACK and set(k) - {"kv"})
         raise CacheNotSupported(
             f"layer {i} (`{what}`) keeps its state in `{type(cache).__name__}`, which the engine cannot roll back "
-            f"exactly; supported: attention layers with a plain KV cache and the gated-delta layers of "
-            f"qwen3_5, qwen3_5_moe and qwen3_next"
+            f"exactly; supported: attention layers with a plain KV cache and the gated-delta layers of {served}"
         )
     return kinds
 

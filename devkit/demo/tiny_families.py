@@ -178,3 +178,74 @@ def build_tiny_moe_pair(out_dir: Path, layout: str = "standalone", seed: int = 0
     if layout == "quantized":
         return target_dir, save_quantized_head(head, hconfig, out_dir / "mtp")
     return target_dir, save_head_dir(head, hconfig, out_dir / "mtp")
+
+
+#: Layouts `build_tiny_next_pair` writes.
+NEXT_LAYOUTS = ("standalone", "bundled")
+
+
+def next_config() -> dict:
+    """A tiny Qwen3-Next config (flat, as its checkpoints have it): gated-delta + attention, MoE layers."""
+    text = qwen3_5_text_config(**{**TINY_HYBRID, "intermediate_size": 64})
+    rope = text.pop("rope_parameters")
+    text.update(TINY_MOE, model_type="qwen3_next", tie_word_embeddings=False, mlp_only_layers=[], norm_topk_prob=False,
+                rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"],
+                architectures=["Qwen3NextForCausalLM"])
+    return text
+
+
+def build_next_target(seed: int = 0):
+    from mlx_lm.models import qwen3_next
+
+    mx.random.seed(seed)
+    config = next_config()
+    model = qwen3_next.Model(qwen3_next.ModelArgs.from_dict(config))
+    _enlarge_embeddings(model.model.embed_tokens)
+    mx.eval(model.parameters())
+    model.eval()
+    return model, config
+
+
+def next_head_text_config(config: dict) -> dict:
+    """The head folder's `text_config` as mlx-vlm's qwen3_next splitter writes it (rotary settings nested)."""
+    rotary = int(config["head_dim"] * config["partial_rotary_factor"])
+    return dict(config, rope_parameters={"type": "default", "rope_theta": config["rope_theta"],
+                                         "partial_rotary_factor": config["partial_rotary_factor"],
+                                         "mrope_section": [rotary // 2, 0, 0]})
+
+
+def _next_original_layout(target_weights: dict[str, mx.array], head_weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A Qwen3-Next original checkpoint: experts per expert, conv1d [C, 1, K], zero-centred norms, head as `mtp.*`."""
+    out = {}
+    norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight", "model.norm.weight")
+    for key, w in target_weights.items():
+        if ".switch_mlp." in key:
+            mlp, rest = key.split(".switch_mlp.")
+            for e in range(w.shape[0]):
+                out[f"{mlp}.experts.{e}.{rest}"] = w[e]
+            continue
+        if "conv1d.weight" in key:
+            w = w.moveaxis(2, 1)
+        elif w.ndim == 1 and key.endswith(norms):
+            w = w - 1.0
+        out[key] = w
+    return out | {k: v for k, v in to_original_layout({}, _unstack_head_experts(head_weights, fused=False)).items()}
+
+
+def build_tiny_next_pair(out_dir: Path, layout: str = "standalone", seed: int = 0) -> tuple[Path, Path]:
+    """(target directory, drafter path) of the tiny Qwen3-Next pair, its head standalone or bundled."""
+    if layout not in NEXT_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(NEXT_LAYOUTS)}: {layout}")
+    out_dir = Path(out_dir)
+    target, config = build_next_target(seed)
+    head, hconfig = build_head_for(next_head_text_config(config), seed)
+    if layout == "standalone":
+        return save_model_dir(target, config, out_dir / "target"), save_head_dir(head, hconfig, out_dir / "mtp")
+    directory = out_dir / "original"
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = _next_original_layout(dict(tree_flatten(target.parameters())), dict(tree_flatten(head.parameters())))
+    mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(dict(config, mtp_num_hidden_layers=1), indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER_DIR / name, directory / name)
+    return directory, directory

@@ -141,3 +141,18 @@ def moe_pair(tmp_path_factory):
         return built[layout]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def next_pair(tmp_path_factory):
+    """`next_pair(layout)`: the tiny Qwen3-Next target and its `qwen3_5_mtp` head, standalone or bundled."""
+    from devkit.demo.tiny_families import build_tiny_next_pair
+
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(layout: str) -> tuple[Path, Path]:
+        if layout not in built:
+            built[layout] = build_tiny_next_pair(tmp_path_factory.mktemp(f"next-{layout}"), layout)
+        return built[layout]
+
+    return get

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS
+from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS, NEXT_LAYOUTS
 from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
 from tests.worker.greedy import PROMPTS, plain_greedy
 
@@ -32,16 +32,27 @@ def run(engine: Engine, prompts: list[str], depth: int, width: int) -> tuple[dic
 
 
 @pytest.fixture(scope="module")
-def engines(moe_pair):
+def engines(moe_pair, next_pair):
+    """`engines(layout)` for the MoE pair, `engines("next-<layout>")` for the Qwen3-Next pair; loaded once each."""
     cache: dict[str, Engine] = {}
 
     def get(layout: str) -> Engine:
         if layout not in cache:
-            target, head = moe_pair(layout)
+            target, head = next_pair(layout.removeprefix("next-")) if layout.startswith("next-") else moe_pair(layout)
             cache[layout] = Engine.load(str(target), str(head), draft_depth=4)
         return cache[layout]
 
     return get
+
+
+def same_parameters(a, b) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    mine, theirs = dict(tree_flatten(a.parameters())), dict(tree_flatten(b.parameters()))
+    assert mine.keys() == theirs.keys()
+    for key in mine:
+        assert mx.allclose(mine[key], theirs[key], atol=1e-6).item(), key
 
 
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)
@@ -71,18 +82,36 @@ def test_the_quantized_head_keeps_its_router_gates_at_their_own_bits(engines):
     assert layer.mlp.switch_mlp.gate_proj.bits == HEAD_BITS
 
 
-@pytest.mark.parametrize("layout", ["bundled-per-expert", "bundled-fused"])
-def test_a_bundled_moe_head_is_the_standalone_head(engines, layout):
+@pytest.mark.parametrize(("layout", "standalone"), [
+    ("bundled-per-expert", "standalone"), ("bundled-fused", "standalone"), ("next-bundled", "next-standalone")])
+def test_a_bundled_head_is_the_standalone_head(engines, layout, standalone):
     """The same weights, whichever layout they came in: parameter for parameter, after sanitizing."""
-    from mlx.utils import tree_flatten
+    same_parameters(engines(layout).drafter.model, engines(standalone).drafter.model)
 
-    import mlx.core as mx
 
-    mine = dict(tree_flatten(engines(layout).drafter.model.parameters()))
-    theirs = dict(tree_flatten(engines("standalone").drafter.model.parameters()))
-    assert mine.keys() == theirs.keys()
-    for key in mine:
-        assert mx.allclose(mine[key], theirs[key], atol=1e-6).item(), key
+@pytest.mark.parametrize("layout", NEXT_LAYOUTS)
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_qwen3_next_greedy_output_equals_plain_decoding(engines, layout, depth, width):
+    """mlx-vlm 0.7.10 cannot run MTP on qwen3_next (its target returns no hidden states): equality with
+    plain decoding and acceptance of the hand-set head are the test."""
+    engine = engines(f"next-{layout}")
+    assert engine.target.config["model_type"] == "qwen3_next" and "gated-delta" in engine.cache_kinds
+    tokens, accepted = run(engine, PROMPTS, depth, width)
+    assert tokens == plain_greedy(engine, MAX_TOKENS)
+    assert accepted > 0
+
+
+def test_a_qwen3_next_head_split_by_the_reference_loads_as_the_bundled_head(engines, next_pair, tmp_path):
+    """The folder layout is the one mlx-vlm's qwen3_next splitter writes (a `qwen3_5_mtp` head)."""
+    from tests.reference import import_reference
+
+    split = import_reference("mlx_vlm.speculative.drafters.qwen3_5_mtp.split")
+    original, _ = next_pair("bundled")
+    folder = split.Qwen3NextMTPSplitter().split(str(original), str(tmp_path / "split"))
+    engine = Engine.load(str(original), str(folder), draft_depth=2)
+    assert not engine.drafter.bundled
+    same_parameters(engine.drafter.model, engines("next-bundled").drafter.model)
 
 
 def test_a_head_whose_experts_skip_a_number_is_refused_naming_them(tmp_path, moe_pair):

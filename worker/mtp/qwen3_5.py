@@ -74,6 +74,12 @@ class Qwen35MTPHead(nn.Module):
     @classmethod
     def from_config(cls, text_config: dict) -> "Qwen35MTPHead":
         # Every head layer is a full-attention layer: interval 1 makes layer 0 one.
+        text_config = dict(text_config)
+        if "rope_parameters" not in text_config and "rope_theta" in text_config:
+            # A Qwen3-Next config (a bundled head, or a folder not written by mlx-vlm's splitter) keeps
+            # its rotary settings at the top; Qwen3.5's layers read them from `rope_parameters`.
+            text_config["rope_parameters"] = {"type": "default", "rope_theta": text_config["rope_theta"],
+                                              "partial_rotary_factor": text_config.get("partial_rotary_factor", 1.0)}
         args = qwen3_5.TextModelArgs.from_dict({**text_config, "full_attention_interval": 1})
         return cls(args, int(text_config.get("mtp_num_hidden_layers", 1)))
 
