@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
-from mtpstack.validator.families import FAMILIES
+from mtpstack.validator.families import FAMILIES, target_cache_kinds
 from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
 from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
 
@@ -171,7 +171,8 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
                 severity="error",
                 path=path,
                 message=(
-                    f"`{directory}` is a `{facts.model_type}` model with gated-delta layers, whose state a separate "
+                    f"`{directory}` is a `{facts.model_type}` model with {' and '.join(recurrent_kinds(facts.model_type))} "
+                    "layers, whose state a separate "
                     "draft model's rejected drafts cannot be rolled back from; the worker would refuse it at start"
                 ),
                 hint="use the target's MTP head as the drafter (`drafter.kind: mtp`), or a draft model with attention layers only",
@@ -193,6 +194,10 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
             )
         )
     return findings
+
+
+def recurrent_kinds(model_type: str | None) -> list[str]:
+    return [k for k in target_cache_kinds(model_type) or () if k != "kv"] or ["recurrent"]
 
 
 def check_family(name: str, worker: WorkerProfile, directory: Path, drafter_config: dict, facts) -> list[Finding]:

@@ -263,3 +263,9 @@ def test_mtp_tensors_in_a_target_of_no_known_family_are_refused(tmp_path):
     [f] = deep_findings(fleet(tmp_path, llama, llama, "bf16", "bf16"))
     assert f.code == "mtp-family-not-served" and "no MTP family is known for `llama` targets" in f.message
     assert "`qwen3_5_moe`" in f.hint
+
+
+def test_a_mamba2_hybrid_as_a_separate_draft_model_is_refused_naming_its_layers(tmp_path):
+    nemotron = model_dir(tmp_path, "small", config={"model_type": "nemotron_h", "vocab_size": 1024}, tensors=TARGET_TENSORS)
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), nemotron, "bf16", "bf16"))
+    assert f.code == "recurrent-draft-model" and "a `nemotron_h` model with mamba2 layers" in f.message
