@@ -11,11 +11,8 @@ from pathlib import Path
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
 from mtpstack.validator.families import FAMILIES, target_cache_kinds
-from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
+from mtpstack.validator.modeldir import bits_disagreement, config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
 from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
-
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
 
 def local_dir(path: str, base: Path) -> Path | None:
     """The local model directory `path` names (as given, or relative to the config's folder), if any."""
@@ -23,18 +20,6 @@ def local_dir(path: str, base: Path) -> Path | None:
         if candidate.is_dir():
             return candidate.resolve()
     return None
-
-
-def recorded_bits(model_config: dict) -> str | None:
-    """The precision a model's `config.json` records, spelled as in the fleet config."""
-    quant = config_value(model_config, "quantization") or config_value(model_config, "quantization_config")
-    if isinstance(quant, dict):
-        if quant.get("mode") in {"mxfp4"}:
-            return "mxfp4"
-        if "bits" in quant:
-            return str(quant["bits"])
-    dtype = config_value(model_config, "torch_dtype") or config_value(model_config, "dtype")
-    return _DTYPES.get(str(dtype)) if dtype else None
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
@@ -71,8 +56,8 @@ def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
         local[role] = (directory, model_config)
         if role == "drafter" and worker.bundled_head:
             continue  # the target's own files, checked as the target
-        recorded = recorded_bits(model_config)
-        if recorded is not None and recorded != str(bits):
+        recorded = bits_disagreement(bits, model_config)
+        if recorded is not None:
             findings.append(
                 Finding(
                     code="bits-mismatch",

@@ -48,6 +48,29 @@ def config_value(config: dict, key: str):
     return text.get(key) if isinstance(text, dict) else None
 
 
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def recorded_bits(model_config: dict) -> str | None:
+    """The precision a model's `config.json` records, spelled as in the fleet config (`4`, `mxfp4`, `bf16`)."""
+    quant = config_value(model_config, "quantization") or config_value(model_config, "quantization_config")
+    if isinstance(quant, dict):
+        if quant.get("mode") in {"mxfp4"}:
+            return "mxfp4"
+        if "bits" in quant:
+            return str(quant["bits"])
+    dtype = config_value(model_config, "torch_dtype") or config_value(model_config, "dtype")
+    return _DTYPES.get(str(dtype)) if dtype else None
+
+
+def bits_disagreement(claim, model_config: dict) -> str | None:
+    """What `config.json` records when it contradicts a bits claim (`6`, `bf16`, ...), else None (also when
+    there is no claim or nothing recorded). The one comparison: `validate --deep` and the worker's
+    `/identity` (`bits_mismatch`) both make it here."""
+    recorded = recorded_bits(model_config)
+    return recorded if claim is not None and recorded is not None and recorded != str(claim) else None
+
+
 def tensor_names(directory: Path) -> list[str]:
     """Names of every tensor in the directory's `*.safetensors` files, read from their headers only."""
     names: list[str] = []

@@ -31,7 +31,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
-from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
 from mtpstack.worker.caches import CacheNotSupported, add_row, batch_caches, check_rollback, commit, filter_rows, prepare_chunk, take_row
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.prefix_cache import Hit, PrefixCache, Stretch
@@ -94,16 +94,9 @@ def load_one(path: str, bits: str | None) -> LoadedModel:
 
 
 def bits_mismatch(m: LoadedModel) -> str | None:
-    """Why the command line's bits claim contradicts config.json's quantization, or None."""
-    if m.bits is None:
-        return None
-    q = m.quantization
-    if str(m.bits).isdigit():
-        have = q.get("bits") if q else None
-        return None if have == int(m.bits) else f"claimed {m.bits}-bit, config says {have or 'unquantized'}"
-    if m.bits in ("bf16", "fp16", "fp32"):
-        return None if q is None else f"claimed {m.bits}, config says {q.get('bits')}-bit"
-    return None
+    """Why the command line's bits claim contradicts config.json, or None (`validate --deep` makes the same comparison)."""
+    recorded = bits_disagreement(m.bits, m.config)
+    return None if recorded is None else f"claimed {m.bits}, config.json records {recorded}"
 
 
 class TargetParts:
@@ -134,9 +127,13 @@ class Engine:
         self.tokenizer = tokenizer
         self.draft_depth = draft_depth if drafter is not None else 0
         self.context_length: int | None = config_value(target.config, "max_position_embeddings")
-        self.vocab_size: int | None = config_value(target.config, "vocab_size")
         self.eos_token_ids = set(tokenizer.eos_token_ids)
         self.parts = TargetParts(target.model)
+        #: Rows of the target's logits, computed once (request checks, grammars, drafter checks read it):
+        #: config.json's `vocab_size` (or its `text_config`'s), else the embedding table's rows.
+        size = config_value(target.config, "vocab_size")
+        self.vocab_size: int = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
+            else int(self.parts.embed.weight.shape[0])
         self.cache_kinds = cache_kinds
         self._drafter_factory = drafter_factory
         # Every supported target is batched with per-row rollback; the attribute stays for /identity.
@@ -222,7 +219,8 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
         return loaded, lambda engine: HeadDrafter(head.module, engine.parts)
     model, config = load_model(resolved)
     loaded = LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest, kind="model")
-    tv, dv = config_value(target.config, "vocab_size"), config_value(config, "vocab_size")
+    tv, dv = (f.vocab_size if f is not None else None
+              for f in (model_facts(target.resolved_path, target.config), model_facts(resolved, config)))
     if tv is not None and dv is not None and tv != dv:
         raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{path}`")
     try:
