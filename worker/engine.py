@@ -285,8 +285,7 @@ class Sequence:
         self._snap_from = 0
         self.prefilling = False  # a row of the scheduler's prefill batch
         self.y: int | None = None  # the last emitted token, the target's next input
-        self.seed = self.seed_hidden = None  # an MTP head's next first proposal and its state
-        self.draft_y: list[int] = []  # a draft model's next input
+        self.draft = None  # the drafter's own state for this row (`mtpstack.worker.drafting`); opaque here
         self.in_batch = False
         self.tokens: list[int] = []
         self.text = ""
@@ -451,8 +450,11 @@ class Batch:
                 seq.in_batch = False
         self.rows = [self.rows[i] for i in keep]
 
-    def decode(self) -> list[StepResult]:
-        """One draft-and-verify step of every row: one target forward for the whole batch."""
+    def decode(self) -> list[tuple[StepResult | None, BaseException | None]]:
+        """One draft-and-verify step of every row: one target forward for the whole batch.
+
+        Each row's result, or the error its own work raised (its sampling hook, its output): such a
+        row ends ("error") and the others' steps stand. An error of the shared forward is raised."""
         rows, engine = self.rows, self.engine
         plans = [seq.plan() for seq in rows]
         depth = max(plans)
@@ -463,31 +465,43 @@ class Batch:
         hidden = engine.parts.hidden(inputs, self.caches)
         logits = engine.parts.lm_head(hidden)
         proposed = drafts.tolist() if drafts is not None and any(seq.hook for seq in rows) else None
-        sampled = mx.stack([
-            seq._sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i])
-            for i, (seq, k) in enumerate(zip(rows, plans))
-        ])
+        errors: dict[int, BaseException] = {}
+        picks = []
+        for i, (seq, k) in enumerate(zip(rows, plans)):
+            try:  # a request's own sampling hook (its grammar) may fail: that row alone
+                picks.append(seq._sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i]))
+            except Exception as e:
+                errors[i] = e
+                picks.append(mx.argmax(logits[i], axis=-1).astype(mx.uint32))  # a stand-in: the row leaves after this step
+        sampled = mx.stack(picks)
         mx.eval(sampled, drafts if drafts is not None else [])
         s = sampled.tolist()
         d = drafts.tolist() if drafts is not None else [[] for _ in rows]
         accepted = []
-        for k, s_row, d_row in zip(plans, s, d):
+        for i, (k, s_row, d_row) in enumerate(zip(plans, s, d)):
             n = 0
-            while n < k and s_row[n] == d_row[n]:
+            while n < k and i not in errors and s_row[n] == d_row[n]:
                 n += 1
             accepted.append(n)
         commit(self.caches, [n + 1 for n in accepted], depth + 1)
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
-        results = []
+        results: list[tuple[StepResult | None, BaseException | None]] = []
         for i, (seq, k, n, s_row) in enumerate(zip(rows, plans, accepted, s)):
-            seq.drafted += k
-            seq.accepted += n
-            seq.y = s_row[n]
-            emitted = seq._emit(s_row[: n + 1])
-            if seq.hook is not None:
-                seq.hook.observe(logits[i, :emitted], s_row[:emitted])
-            results.append(StepResult(drafted=k, accepted=n, tokens=emitted))
+            try:
+                if i in errors:
+                    raise errors[i]
+                seq.drafted += k
+                seq.accepted += n
+                seq.y = s_row[n]
+                emitted = seq._emit(s_row[: n + 1])
+                if seq.hook is not None:
+                    seq.hook.observe(logits[i, :emitted], s_row[:emitted])
+                results.append((StepResult(drafted=k, accepted=n, tokens=emitted), None))
+            except Exception as e:  # this row's own work failed: it ends, the others go on
+                log.error("a row's step failed: %s: %s", type(e).__name__, e)
+                seq.finish_reason = "error"
+                results.append((None, e))
         return results
 
 
@@ -565,7 +579,7 @@ class PrefillBatch:
         for seq, h in zip(rows, last):
             seq.carry = h
         mx.eval([c.state for c in self.caches], [c.state for c in self.draft_caches], [seq.carry for seq in rows if seq.carry is not None],
-                [seq.seed for seq in rows if seq.seed is not None])
+                self.drafter.arrays(rows) if self.drafter is not None else [])
         results = []
         for r, (seq, n) in enumerate(zip(rows, lengths)):
             seq._prefilled += n
@@ -677,11 +691,11 @@ class Scheduler:
         decoding = list(batch.rows)
         if decoding:
             try:
-                results.extend(zip(decoding, batch.decode(), [None] * len(decoding)))
+                results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode()))
                 self.decode_steps += 1
                 if len(decoding) > 1:
                     self.batched_steps += 1
-            except Exception as e:  # one broken step must not stop the loop
+            except Exception as e:  # the shared forward failed: every row of it; the loop goes on
                 log.exception("batched step failed")
                 for seq in decoding:
                     seq.finish_reason = "error"
