@@ -206,9 +206,9 @@ class StepStateCache(StateRows):
         kept = mx.array(keep, dtype=mx.int32)
         window = (kept[:, None] + mx.arange(kernel_tail, dtype=mx.int32))[..., None]
         self[0] = mx.take_along_axis(conv_input, window, axis=1)
-        stacked = mx.stack(states, axis=1)  # [rows, ran, ...]
-        pick = (kept - 1).reshape((-1,) + (1,) * (stacked.ndim - 1))
-        self[1] = mx.take_along_axis(stacked, pick, axis=1).squeeze(1)
+        # Each row's state after its last kept position, taken row by row from the states the step
+        # kept: one more copy of one state per row, never a stack of all `ran` of them.
+        self[1] = mx.concatenate([states[k - 1][r : r + 1] for r, k in enumerate(keep)])
 
 
 

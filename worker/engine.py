@@ -484,6 +484,9 @@ class Batch:
                 n += 1
             accepted.append(n)
         commit(self.caches, [n + 1 for n in accepted], depth + 1)
+        # The kept states now, so the step's per-position states are freed before the next step
+        # makes its own (left lazy, both steps' would be alive at once).
+        mx.eval([c.state for c in self.caches])
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
         results: list[tuple[StepResult | None, BaseException | None]] = []
