@@ -53,8 +53,6 @@ FAMILIES: tuple[Family, ...] = (
         targets={"nemotron_h": ("mamba2", "kv")},
         bundled_prefix="mtp.",
         module="nemotron_h",
-        served=False,
-        why_not="the engine cannot yet roll a Mamba2 mixer's state back per row (only attention and gated-delta layers)",
     ),
     Family(
         head_type="glm4_moe_lite_mtp",

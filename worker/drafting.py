@@ -76,10 +76,10 @@ class HeadDrafter:
     def __init__(self, head, target_parts):
         self.head = head
         self.parts = target_parts
-        self.caches = [RaggedKVCache() for _ in head.layers]
+        self.caches = self.prefill_caches()
 
     def prefill_caches(self) -> list:
-        return [RaggedKVCache() for _ in self.head.layers]
+        return [RaggedKVCache() for _ in self.head.make_cache()]  # one per layer that keeps a cache
 
     def span(self, start: int, end: int) -> tuple[int, int]:
         """The head's entries for prompt positions start..end-1: entry t pairs hidden t with token t+1."""

@@ -108,8 +108,8 @@ class TargetParts:
 
     def __init__(self, model):
         lm = getattr(model, "language_model", model)
-        self.body = lm.model
-        self.embed = self.body.embed_tokens
+        self.body = lm.model if hasattr(lm, "model") else lm.backbone  # Nemotron-H calls its body `backbone`
+        self.embed = getattr(self.body, "embed_tokens", None) or self.body.embeddings
         tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
         self.lm_head = self.embed.as_linear if tied or not hasattr(lm, "lm_head") else lm.lm_head
 
@@ -230,7 +230,7 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
     if any(kind != "kv" for kind in kinds):
         # Refused here, before /health ever answers 200, not at the first request.
         raise ValueError(
-            f"the draft model `{path}` keeps recurrent (gated-delta) state, which a separate draft model's rejected "
+            f"the draft model `{path}` keeps recurrent (gated-delta or Mamba2) state, which a separate draft model's rejected "
             f"drafts cannot be rolled back from; the target `{target.path}` may be a hybrid, its draft model may not"
             "\n\nhint: use the target's MTP head (`--draft-kind mtp`), or a draft model with attention layers only"
         )

@@ -9,7 +9,10 @@ own target classes, heads that agree with their target about half the time):
   `quantization` (`quantized`), and bundled as `mtp.*` in an original checkpoint with per-expert
   tensors (`bundled-per-expert`) or fused `gate_up_proj` experts (`bundled-fused`);
 - the Qwen3-Next pair (`qwen3_next`: gated-delta + attention, MoE), whose head is a `qwen3_5_mtp`
-  folder as mlx-vlm's qwen3_next splitter writes it.
+  folder as mlx-vlm's qwen3_next splitter writes it;
+- the Nemotron-H pair (`nemotron_h`: Mamba2 + attention + MoE blocks), whose `nemotron_h_mtp` head
+  (an attention and a MoE block) is standalone as mlx-vlm's splitter writes it, or bundled as `mtp.*`
+  with per-expert tensors.
 """
 
 from __future__ import annotations
@@ -246,6 +249,100 @@ def build_tiny_next_pair(out_dir: Path, layout: str = "standalone", seed: int = 
     weights = _next_original_layout(dict(tree_flatten(target.parameters())), dict(tree_flatten(head.parameters())))
     mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(dict(config, mtp_num_hidden_layers=1), indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER_DIR / name, directory / name)
+    return directory, directory
+
+
+#: Layouts `build_tiny_nemotron_pair` writes.
+NEMOTRON_LAYOUTS = ("standalone", "bundled")
+#: Random Mamba2 mixers add more to the residual stream than Qwen's layers do: at the Qwen pairs'
+#: gain of 8 the head agreed on about 7% of drafts, at 32 on about half (with 75 distinct tokens
+#: over four 24-token answers, so the output still varies with context).
+NEMOTRON_EMBEDDING_GAIN = 32.0
+
+
+def nemotron_config() -> dict:
+    """A tiny Nemotron-H config: Mamba2, attention and MoE blocks, and a one-module MTP head (`*E`)."""
+    from devkit.demo.bpe import MODEL_MAX_LENGTH, VOCAB_SIZE, eos_token_ids
+
+    return {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": MODEL_MAX_LENGTH,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+        "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False, "ssm_state_size": 16,
+        "conv_kernel": 4, "n_groups": 1, "mlp_bias": False, "layer_norm_epsilon": 1e-5, "use_bias": False,
+        "use_conv_bias": True, "hybrid_override_pattern": ["M", "*", "M", "E"],
+        "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64, "n_group": 1, "topk_group": 1,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0, "num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E",
+        "tie_word_embeddings": False, "torch_dtype": "float32", "eos_token_id": eos_token_ids(TOKENIZER_DIR),
+    }
+
+
+def build_nemotron_target(seed: int = 0):
+    from mlx_lm.models import nemotron_h
+
+    mx.random.seed(seed)
+    config = nemotron_config()
+    model = nemotron_h.Model(nemotron_h.ModelArgs.from_dict(config))
+    embed = model.backbone.embeddings
+    embed.weight = embed.weight * NEMOTRON_EMBEDDING_GAIN
+    mx.eval(model.parameters())
+    model.eval()
+    return model, config
+
+
+def build_nemotron_head(config: dict, seed: int = 0):
+    """The `nemotron_h_mtp` head, passing the next token's embedding through (see `_bigram_head`), and its folder's config."""
+    from mtpstack.worker.mtp.nemotron_h import Head
+
+    mx.random.seed(seed + 1)
+    head = Head.from_config(config)
+    first = head.layers[0]
+    hidden = config["hidden_size"]
+    first.eh_proj.weight = mx.concatenate([mx.eye(hidden) * HEAD_EMBEDDING_GAIN, first.eh_proj.weight[:, hidden:] * HEAD_HIDDEN_GAIN], axis=1)
+    for layer in head.layers:
+        if layer.block_type == "*":
+            layer.mixer.o_proj.weight = layer.mixer.o_proj.weight * HEAD_LAYER_GAIN
+        elif layer.block_type == "E":
+            layer.mixer.switch_mlp.fc2.weight = layer.mixer.switch_mlp.fc2.weight * HEAD_LAYER_GAIN
+            layer.mixer.shared_experts.down_proj.weight = layer.mixer.shared_experts.down_proj.weight * HEAD_LAYER_GAIN
+    mx.eval(head.parameters())
+    head.eval()
+    return head, {"model_type": "nemotron_h_mtp", "text_config": config, "block_size": 2, "tie_word_embeddings": False}
+
+
+def _per_expert_nemotron(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Stacked `switch_mlp.fc1/fc2` as an original checkpoint stores them: `experts.E.up_proj/down_proj`."""
+    out = {}
+    for key, w in weights.items():
+        if ".switch_mlp." in key:
+            mixer, rest = key.split(".switch_mlp.")
+            proj = {"fc1.weight": "up_proj", "fc2.weight": "down_proj"}[rest]
+            for e in range(w.shape[0]):
+                out[f"{mixer}.experts.{e}.{proj}.weight"] = w[e]
+        else:
+            out[key] = w
+    return out
+
+
+def build_tiny_nemotron_pair(out_dir: Path, layout: str = "standalone", seed: int = 0) -> tuple[Path, Path]:
+    """(target directory, drafter path) of the tiny Nemotron-H pair, its head standalone or bundled."""
+    if layout not in NEMOTRON_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(NEMOTRON_LAYOUTS)}: {layout}")
+    out_dir = Path(out_dir)
+    target, config = build_nemotron_target(seed)
+    head, hconfig = build_nemotron_head(config, seed)
+    if layout == "standalone":
+        return save_model_dir(target, config, out_dir / "target"), save_head_dir(head, hconfig, out_dir / "mtp")
+    directory = out_dir / "original"
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = _per_expert_nemotron(dict(tree_flatten(target.parameters())))
+    weights |= {f"mtp.{k}": v for k, v in _per_expert_nemotron(dict(tree_flatten(head.parameters()))).items()}
+    weights = {k: (v.moveaxis(2, 1) if "conv1d.weight" in k else v) for k, v in weights.items()}
+    mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copyfile(TOKENIZER_DIR / name, directory / name)
     return directory, directory

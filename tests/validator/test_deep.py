@@ -250,12 +250,20 @@ def test_a_moe_heads_layout_and_per_path_quantization_are_named(tmp_path, tensor
 
 
 def test_a_head_of_a_family_not_served_is_refused_saying_why(tmp_path):
-    text = {"model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 1024}
-    head = model_dir(tmp_path, "head", config={"model_type": "nemotron_h_mtp", "text_config": text}, tensors=HEAD_TENSORS)
+    text = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024}
+    head = model_dir(tmp_path, "head", config={"model_type": "glm4_moe_lite_mtp", "text_config": text}, tensors=HEAD_TENSORS)
     target = model_dir(tmp_path, "t", config=dict(text), tensors=TARGET_TENSORS)
     [f] = deep_findings(fleet(tmp_path, target, head, "bf16", "bf16"))
     assert (f.code, f.severity) == ("mtp-family-not-served", "error")
-    assert "`nemotron_h_mtp` head, which the worker does not serve: the engine cannot yet roll a Mamba2" in f.message
+    assert "`glm4_moe_lite_mtp` head, which the worker does not serve: its head (MLA attention" in f.message
+
+
+def test_a_nemotron_head_bundled_as_mtp_tensors_is_found_and_named(tmp_path):
+    config = {"model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 4}
+    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
+        "mtp.layers.0.eh_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight"))
+    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
+        "a `nemotron_h_mtp` head: bundled in the target's checkpoint as `mtp.*`, per-expert MoE tensors, unquantized"]
 
 
 def test_mtp_tensors_in_a_target_of_no_known_family_are_refused(tmp_path):

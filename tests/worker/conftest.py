@@ -156,3 +156,18 @@ def next_pair(tmp_path_factory):
         return built[layout]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def nemotron_pair(tmp_path_factory):
+    """`nemotron_pair(layout)`: the tiny Nemotron-H target and its `nemotron_h_mtp` head, standalone or bundled."""
+    from devkit.demo.tiny_families import build_tiny_nemotron_pair
+
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(layout: str) -> tuple[Path, Path]:
+        if layout not in built:
+            built[layout] = build_tiny_nemotron_pair(tmp_path_factory.mktemp(f"nemotron-{layout}"), layout)
+        return built[layout]
+
+    return get

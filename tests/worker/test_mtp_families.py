@@ -2,14 +2,14 @@
 
 The tiny pairs are built in the layouts real checkpoints use (`devkit.demo.tiny_families`):
 Qwen3.5-MoE heads standalone, quantized with per-path 8-bit router gates, and bundled as `mtp.*`
-with per-expert or fused experts.
+with per-expert or fused experts; Qwen3-Next and Nemotron-H (Mamba2) pairs standalone and bundled.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS, NEXT_LAYOUTS
+from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS, NEMOTRON_LAYOUTS, NEXT_LAYOUTS
 from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
 from tests.worker.greedy import PROMPTS, plain_greedy
 
@@ -32,13 +32,16 @@ def run(engine: Engine, prompts: list[str], depth: int, width: int) -> tuple[dic
 
 
 @pytest.fixture(scope="module")
-def engines(moe_pair, next_pair):
-    """`engines(layout)` for the MoE pair, `engines("next-<layout>")` for the Qwen3-Next pair; loaded once each."""
+def engines(moe_pair, next_pair, nemotron_pair):
+    """`engines(layout)` for the MoE pair, `engines("next-<layout>")` for the Qwen3-Next pair,
+    `engines("nemotron-<layout>")` for the Nemotron-H pair; loaded once each."""
     cache: dict[str, Engine] = {}
 
     def get(layout: str) -> Engine:
         if layout not in cache:
-            target, head = next_pair(layout.removeprefix("next-")) if layout.startswith("next-") else moe_pair(layout)
+            family, _, rest = layout.partition("-")
+            pairs = {"next": next_pair, "nemotron": nemotron_pair}
+            target, head = pairs[family](rest) if family in pairs else moe_pair(layout)
             cache[layout] = Engine.load(str(target), str(head), draft_depth=4)
         return cache[layout]
 
@@ -83,7 +86,8 @@ def test_the_quantized_head_keeps_its_router_gates_at_their_own_bits(engines):
 
 
 @pytest.mark.parametrize(("layout", "standalone"), [
-    ("bundled-per-expert", "standalone"), ("bundled-fused", "standalone"), ("next-bundled", "next-standalone")])
+    ("bundled-per-expert", "standalone"), ("bundled-fused", "standalone"), ("next-bundled", "next-standalone"),
+    ("nemotron-bundled", "nemotron-standalone")])
 def test_a_bundled_head_is_the_standalone_head(engines, layout, standalone):
     """The same weights, whichever layout they came in: parameter for parameter, after sanitizing."""
     same_parameters(engines(layout).drafter.model, engines(standalone).drafter.model)
@@ -127,3 +131,49 @@ def test_a_head_whose_experts_skip_a_number_is_refused_naming_them(tmp_path, moe
     mx.save_safetensors(str(broken / "model.safetensors"), weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"cannot be read: .*experts \[0, 1, 3\]"):
         Engine.load(str(broken), str(broken))
+
+
+@pytest.mark.parametrize("layout", NEMOTRON_LAYOUTS)
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_nemotron_h_greedy_output_equals_plain_decoding(engines, layout, depth, width):
+    engine = engines(f"nemotron-{layout}")
+    assert engine.target.config["model_type"] == "nemotron_h" and "mamba2" in engine.cache_kinds
+    tokens, accepted = run(engine, PROMPTS, depth, width)
+    assert tokens == plain_greedy(engine, MAX_TOKENS)
+    assert accepted > 0
+
+
+def test_mamba2_state_after_a_rolled_back_step_equals_the_plain_state(engines):
+    """After a step whose drafts are all rejected, each Mamba2 layer's conv and SSM state is the plain one's."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mtpstack.worker.caches import StepStateCache
+
+    engine = engines("nemotron-standalone")
+    prompt = engine.text_prompt(PROMPTS[0])
+    seq = engine.new_sequence(prompt, SamplingParams(max_tokens=MAX_TOKENS, depth=4, ignore_eos=True))
+    sched = Scheduler(max_num_seqs=1)
+    sched.add(seq)
+    sched.step()  # prefill: the first token is out
+    inner = sched.batch.drafter
+
+    class Wrong:
+        """The head's real drafting (its caches stay in step), its proposals replaced by certain misses."""
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def draft(self, rows, depth):
+            real = inner.draft(rows, depth)
+            return (real + 1) % engine.vocab_size  # never the target's own greedy token where the head was right
+
+    sched.batch.drafter = Wrong()
+    sched.step()
+    plain = make_prompt_cache(engine.target.model)
+    engine.target.model(mx.array(prompt + seq.tokens[:-1])[None], cache=plain)
+    states = [(mine, theirs) for mine, theirs in zip(sched.batch.caches, plain) if isinstance(mine, StepStateCache)]
+    assert len(states) == 2
+    for mine, theirs in states:
+        assert mx.allclose(mine[0], theirs[0], atol=1e-5) and mx.allclose(mine[1], theirs[1], atol=1e-5)
