@@ -59,8 +59,6 @@ FAMILIES: tuple[Family, ...] = (
         targets={"glm4_moe_lite": ("kv",)},
         bundled_prefix="model.layers.{num_hidden_layers}.",
         module="glm4_moe_lite",
-        served=False,
-        why_not="its head (MLA attention, a MoE block, its own embeddings and output head) has no module here yet",
     ),
 )
 

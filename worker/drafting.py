@@ -75,7 +75,9 @@ class HeadDrafter:
 
     def __init__(self, head, target_parts):
         self.head = head
-        self.parts = target_parts
+        # The target's embeddings and LM head, unless the head has its own (GLM's MTP layer does).
+        self.embed = getattr(head, "embed", None) or target_parts.embed
+        self.lm_head = getattr(head, "logits", None) or target_parts.lm_head
         self.caches = self.prefill_caches()
 
     def prefill_caches(self) -> list:
@@ -87,7 +89,7 @@ class HeadDrafter:
 
     def _seed(self, out: mx.array) -> tuple[mx.array, mx.array]:
         """The next step's first proposal and the head state it came from, from head outputs [rows, 1, H]."""
-        return mx.argmax(self.parts.lm_head(out), axis=-1).astype(mx.uint32), out
+        return mx.argmax(self.lm_head(out), axis=-1).astype(mx.uint32), out
 
     def prefill(self, caches, rows, chunks, hidden, finals, carries) -> None:
         """Head entries for each row's chunk, in one head forward over the rows (right-padded).
@@ -116,7 +118,7 @@ class HeadDrafter:
         padded = [mx.concatenate(parts + ([mx.zeros((1, width - n, ref.shape[2]), ref.dtype)] if n < width else []), axis=1)
                   for parts, n in zip(states, lengths)]
         ids = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.uint32)
-        out = self.head(self.parts.embed(ids), mx.concatenate(padded), caches)
+        out = self.head(self.embed(ids), mx.concatenate(padded), caches)
         commit(caches, lengths, width)
         for r in finals:
             rows[r].draft = HeadRow(*self._seed(_pick(out[r : r + 1], [lengths[r] - 1])))
@@ -132,8 +134,8 @@ class HeadDrafter:
         state = mx.concatenate([r.draft.hidden for r in rows])
         proposals = [token]
         for _ in range(depth - 1):
-            state = self.head(self.parts.embed(token), state, self.caches)
-            token = mx.argmax(self.parts.lm_head(state), axis=-1).astype(mx.uint32)
+            state = self.head(self.embed(token), state, self.caches)
+            token = mx.argmax(self.lm_head(state), axis=-1).astype(mx.uint32)
             proposals.append(token)
         return mx.concatenate(proposals, axis=1)
 
@@ -155,7 +157,7 @@ class HeadDrafter:
             mx.take_along_axis(sampled, index, axis=1),
         )
         states = mx.take_along_axis(hidden, index[..., None], axis=1)
-        out = self.head(self.parts.embed(row_tokens), states, self.caches)
+        out = self.head(self.embed(row_tokens), states, self.caches)
         for cache in self.caches:
             cache.rollback([width - n for n in lengths])
         seeds, seed_states = self._seed(_pick(out, [n - 1 for n in lengths]))

@@ -12,7 +12,10 @@ own target classes, heads that agree with their target about half the time):
   folder as mlx-vlm's qwen3_next splitter writes it;
 - the Nemotron-H pair (`nemotron_h`: Mamba2 + attention + MoE blocks), whose `nemotron_h_mtp` head
   (an attention and a MoE block) is standalone as mlx-vlm's splitter writes it, or bundled as `mtp.*`
-  with per-expert tensors.
+  with per-expert tensors;
+- the GLM-4.7-Flash pair (`glm4_moe_lite`: MLA attention + MoE), whose `glm4_moe_lite_mtp` head has
+  its own embeddings and output head, standalone in the splitter's flat layout or bundled as
+  `model.layers.<N>.*` with a fused `kv_b_proj` and per-expert tensors.
 """
 
 from __future__ import annotations
@@ -341,6 +344,107 @@ def build_tiny_nemotron_pair(out_dir: Path, layout: str = "standalone", seed: in
     weights = _per_expert_nemotron(dict(tree_flatten(target.parameters())))
     weights |= {f"mtp.{k}": v for k, v in _per_expert_nemotron(dict(tree_flatten(head.parameters()))).items()}
     weights = {k: (v.moveaxis(2, 1) if "conv1d.weight" in k else v) for k, v in weights.items()}
+    mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER_DIR / name, directory / name)
+    return directory, directory
+
+
+#: Layouts `build_tiny_glm_pair` writes.
+GLM_LAYOUTS = ("standalone", "bundled")
+
+
+def glm_config() -> dict:
+    """A tiny GLM-4.7-Flash (`glm4_moe_lite`) config: MLA attention, one dense layer then MoE layers."""
+    from devkit.demo.bpe import MODEL_MAX_LENGTH, VOCAB_SIZE, eos_token_ids
+
+    return {
+        "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 4,
+        "routed_scaling_factor": 1.0, "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 2, "moe_layer_freq": 1,
+        "first_k_dense_replace": 1, "max_position_embeddings": MODEL_MAX_LENGTH, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+        "torch_dtype": "float32", "eos_token_id": eos_token_ids(TOKENIZER_DIR),
+    }
+
+
+def build_glm_target(seed: int = 0):
+    from mlx_lm.models import glm4_moe_lite
+
+    mx.random.seed(seed)
+    config = glm_config()
+    model = glm4_moe_lite.Model(glm4_moe_lite.ModelArgs.from_dict(config))
+    _enlarge_embeddings(model.model.embed_tokens)
+    mx.eval(model.parameters())
+    model.eval()
+    return model, config
+
+
+def build_glm_head(target, config: dict, seed: int = 0):
+    """The `glm4_moe_lite_mtp` head: the target's embeddings and output head as its own, passing the next
+    token's embedding through (see `_bigram_head`); and its folder's config."""
+    from mtpstack.worker.mtp.glm4_moe_lite import Head
+
+    mx.random.seed(seed + 1)
+    head = Head.from_config(config)
+    m = head.model
+    m.embed_tokens.weight = target.model.embed_tokens.weight
+    head.lm_head.weight = target.lm_head.weight
+    hidden = config["hidden_size"]
+    m.eh_proj.weight = mx.concatenate([mx.eye(hidden) * HEAD_EMBEDDING_GAIN, m.eh_proj.weight[:, hidden:] * HEAD_HIDDEN_GAIN], axis=1)
+    block = m.mtp_block
+    block.self_attn.o_proj.weight = block.self_attn.o_proj.weight * HEAD_LAYER_GAIN
+    block.mlp.switch_mlp.down_proj.weight = block.mlp.switch_mlp.down_proj.weight * HEAD_LAYER_GAIN
+    block.mlp.shared_experts.down_proj.weight = block.mlp.shared_experts.down_proj.weight * HEAD_LAYER_GAIN
+    mx.eval(head.parameters())
+    head.eval()
+    return head, {"model_type": "glm4_moe_lite_mtp", "text_config": config, "block_size": 2, "tie_word_embeddings": False}
+
+
+def _glm_original(weights: dict[str, mx.array], config: dict, prefix: str) -> dict[str, mx.array]:
+    """A GLM layer's tensors as the original checkpoint stores them: fused `kv_b_proj`, experts per expert."""
+    out = {}
+    heads, nope = config["num_attention_heads"], config["qk_nope_head_dim"]
+    for key, w in weights.items():
+        if key.endswith("self_attn.unembed_out.weight"):
+            continue
+        if key.endswith("self_attn.embed_q.weight"):
+            attn = key.removesuffix(".embed_q.weight")
+            fused = mx.concatenate([w.swapaxes(-1, -2), weights[f"{attn}.unembed_out.weight"]], axis=1)
+            out[f"{prefix}{attn}.kv_b_proj.weight"] = fused.reshape(-1, fused.shape[-1])
+        elif ".switch_mlp." in key:
+            mlp, rest = key.split(".switch_mlp.")
+            for e in range(w.shape[0]):
+                out[f"{prefix}{mlp}.experts.{e}.{rest}"] = w[e]
+        else:
+            out[f"{prefix}{key}"] = w
+    assert heads * (nope + config["v_head_dim"]) > 0
+    return out
+
+
+def build_tiny_glm_pair(out_dir: Path, layout: str = "standalone", seed: int = 0) -> tuple[Path, Path]:
+    """(target directory, drafter path) of the tiny GLM-4.7-Flash pair, its head standalone or bundled."""
+    if layout not in GLM_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(GLM_LAYOUTS)}: {layout}")
+    out_dir = Path(out_dir)
+    target, config = build_glm_target(seed)
+    head, hconfig = build_glm_head(target, config, seed)
+    if layout == "standalone":
+        return save_model_dir(target, config, out_dir / "target"), save_head_dir(head, hconfig, out_dir / "mtp")
+    directory = out_dir / "original"
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = _glm_original(dict(tree_flatten(target.parameters())), config, "")
+    flat = dict(tree_flatten(head.parameters()))
+    nextn = f"model.layers.{config['num_hidden_layers']}."
+    renamed = {"model.embed_tokens.weight": "embed_tokens.weight", "model.enorm.weight": "enorm.weight",
+               "model.hnorm.weight": "hnorm.weight", "model.eh_proj.weight": "eh_proj.weight",
+               "model.shared_head_norm.weight": "shared_head.norm.weight", "lm_head.weight": "shared_head.head.weight"}
+    layer = {renamed.get(k, k.removeprefix("model.mtp_block.")): v for k, v in flat.items()}
+    weights |= _glm_original(layer, config, nextn)
     mx.save_safetensors(str(directory / "model.safetensors"), weights, metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:

@@ -249,13 +249,28 @@ def test_a_moe_heads_layout_and_per_path_quantization_are_named(tmp_path, tensor
     assert note == f"a `qwen3_5_mtp` head: a standalone head folder, {says}, 6-bit with 2 per-module overrides"
 
 
-def test_a_head_of_a_family_not_served_is_refused_saying_why(tmp_path):
+def test_a_head_of_a_family_not_served_is_refused_saying_why(tmp_path, monkeypatch):
+    import dataclasses
+
+    from mtpstack.validator import BY_HEAD_TYPE
+
+    # Every family in the table is served today; one marked otherwise stands for the next one added.
+    monkeypatch.setitem(BY_HEAD_TYPE, "glm4_moe_lite_mtp", dataclasses.replace(
+        BY_HEAD_TYPE["glm4_moe_lite_mtp"], served=False, why_not="its state cannot be rolled back"))
     text = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024}
     head = model_dir(tmp_path, "head", config={"model_type": "glm4_moe_lite_mtp", "text_config": text}, tensors=HEAD_TENSORS)
     target = model_dir(tmp_path, "t", config=dict(text), tensors=TARGET_TENSORS)
     [f] = deep_findings(fleet(tmp_path, target, head, "bf16", "bf16"))
     assert (f.code, f.severity) == ("mtp-family-not-served", "error")
-    assert "`glm4_moe_lite_mtp` head, which the worker does not serve: its head (MLA attention" in f.message
+    assert "`glm4_moe_lite_mtp` head, which the worker does not serve: its state cannot be rolled back" in f.message
+
+
+def test_a_glm_head_bundled_as_a_layer_past_the_last_is_found_and_named(tmp_path):
+    config = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 3}
+    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
+        "model.layers.3.eh_proj.weight", "model.layers.3.mlp.experts.0.gate_proj.weight"))
+    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
+        "a `glm4_moe_lite_mtp` head: bundled in the target's checkpoint as `model.layers.3.*`, per-expert MoE tensors, unquantized"]
 
 
 def test_a_nemotron_head_bundled_as_mtp_tensors_is_found_and_named(tmp_path):

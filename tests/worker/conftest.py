@@ -171,3 +171,18 @@ def nemotron_pair(tmp_path_factory):
         return built[layout]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def glm_pair(tmp_path_factory):
+    """`glm_pair(layout)`: the tiny GLM-4.7-Flash target and its `glm4_moe_lite_mtp` head, standalone or bundled."""
+    from devkit.demo.tiny_families import build_tiny_glm_pair
+
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(layout: str) -> tuple[Path, Path]:
+        if layout not in built:
+            built[layout] = build_tiny_glm_pair(tmp_path_factory.mktemp(f"glm-{layout}"), layout)
+        return built[layout]
+
+    return get

@@ -2,18 +2,29 @@
 
 The tiny pairs are built in the layouts real checkpoints use (`devkit.demo.tiny_families`):
 Qwen3.5-MoE heads standalone, quantized with per-path 8-bit router gates, and bundled as `mtp.*`
-with per-expert or fused experts; Qwen3-Next and Nemotron-H (Mamba2) pairs standalone and bundled.
+with per-expert or fused experts; Qwen3-Next, Nemotron-H (Mamba2) and GLM-4.7-Flash pairs standalone
+and bundled.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devkit.demo.tiny_families import GATE_BITS, HEAD_BITS, MOE_LAYOUTS, NEMOTRON_LAYOUTS, NEXT_LAYOUTS
+from devkit.demo.tiny_families import GATE_BITS, GLM_LAYOUTS, HEAD_BITS, MOE_LAYOUTS, NEMOTRON_LAYOUTS, NEXT_LAYOUTS
 from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
 from tests.worker.greedy import PROMPTS, plain_greedy
 
 MAX_TOKENS = 20
+
+
+_PLAIN: dict[int, dict[str, list[int]]] = {}
+
+
+def plain(engine: Engine) -> dict[str, list[int]]:
+    """The target's own greedy tokens (mlx-lm's plain decoding), once per engine."""
+    if id(engine) not in _PLAIN:
+        _PLAIN[id(engine)] = plain_greedy(engine, MAX_TOKENS)
+    return _PLAIN[id(engine)]
 
 
 def run(engine: Engine, prompts: list[str], depth: int, width: int) -> tuple[dict[str, list[int]], int]:
@@ -32,7 +43,7 @@ def run(engine: Engine, prompts: list[str], depth: int, width: int) -> tuple[dic
 
 
 @pytest.fixture(scope="module")
-def engines(moe_pair, next_pair, nemotron_pair):
+def engines(moe_pair, next_pair, nemotron_pair, glm_pair):
     """`engines(layout)` for the MoE pair, `engines("next-<layout>")` for the Qwen3-Next pair,
     `engines("nemotron-<layout>")` for the Nemotron-H pair; loaded once each."""
     cache: dict[str, Engine] = {}
@@ -40,7 +51,7 @@ def engines(moe_pair, next_pair, nemotron_pair):
     def get(layout: str) -> Engine:
         if layout not in cache:
             family, _, rest = layout.partition("-")
-            pairs = {"next": next_pair, "nemotron": nemotron_pair}
+            pairs = {"next": next_pair, "nemotron": nemotron_pair, "glm": glm_pair}
             target, head = pairs[family](rest) if family in pairs else moe_pair(layout)
             cache[layout] = Engine.load(str(target), str(head), draft_depth=4)
         return cache[layout]
@@ -71,7 +82,7 @@ def test_every_moe_layout_loads_as_a_qwen3_5_mtp_head(engines, layout):
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)
 def test_greedy_output_equals_plain_decoding_in_every_layout(engines, layout, depth, width):
     engine = engines(layout)
-    expected = plain_greedy(engine, MAX_TOKENS)
+    expected = plain(engine)
     tokens, accepted = run(engine, PROMPTS, depth, width)
     assert tokens == expected
     assert accepted > 0  # drafts were accepted as well as rejected: both paths ran
@@ -87,7 +98,7 @@ def test_the_quantized_head_keeps_its_router_gates_at_their_own_bits(engines):
 
 @pytest.mark.parametrize(("layout", "standalone"), [
     ("bundled-per-expert", "standalone"), ("bundled-fused", "standalone"), ("next-bundled", "next-standalone"),
-    ("nemotron-bundled", "nemotron-standalone")])
+    ("nemotron-bundled", "nemotron-standalone"), ("glm-bundled", "glm-standalone")])
 def test_a_bundled_head_is_the_standalone_head(engines, layout, standalone):
     """The same weights, whichever layout they came in: parameter for parameter, after sanitizing."""
     same_parameters(engines(layout).drafter.model, engines(standalone).drafter.model)
@@ -102,7 +113,7 @@ def test_qwen3_next_greedy_output_equals_plain_decoding(engines, layout, depth, 
     engine = engines(f"next-{layout}")
     assert engine.target.config["model_type"] == "qwen3_next" and "gated-delta" in engine.cache_kinds
     tokens, accepted = run(engine, PROMPTS, depth, width)
-    assert tokens == plain_greedy(engine, MAX_TOKENS)
+    assert tokens == plain(engine)
     assert accepted > 0
 
 
@@ -140,7 +151,7 @@ def test_nemotron_h_greedy_output_equals_plain_decoding(engines, layout, depth, 
     engine = engines(f"nemotron-{layout}")
     assert engine.target.config["model_type"] == "nemotron_h" and "mamba2" in engine.cache_kinds
     tokens, accepted = run(engine, PROMPTS, depth, width)
-    assert tokens == plain_greedy(engine, MAX_TOKENS)
+    assert tokens == plain(engine)
     assert accepted > 0
 
 
@@ -177,3 +188,48 @@ def test_mamba2_state_after_a_rolled_back_step_equals_the_plain_state(engines):
     assert len(states) == 2
     for mine, theirs in states:
         assert mx.allclose(mine[0], theirs[0], atol=1e-5) and mx.allclose(mine[1], theirs[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", GLM_LAYOUTS)
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_glm4_moe_lite_greedy_output_equals_plain_decoding(engines, layout, depth, width):
+    """mlx-vlm 0.7.10 has a splitter for `glm4_moe_lite_mtp` but no model class to compare with: equality
+    with plain decoding and acceptance of the hand-set head are the test."""
+    engine = engines(f"glm-{layout}")
+    assert engine.target.config["model_type"] == "glm4_moe_lite" and engine.draft_kind == "mtp"
+    tokens, accepted = run(engine, PROMPTS, depth, width)
+    assert tokens == plain(engine)
+    assert accepted > 0
+
+
+def test_a_glm_head_split_by_the_reference_loads_as_the_bundled_head(engines, glm_pair, tmp_path):
+    """The folder layout is the one mlx-vlm's glm4_moe_lite splitter writes (flat names, bf16)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from tests.reference import import_reference
+
+    split = import_reference("mlx_vlm.speculative.drafters.glm4_moe_lite_mtp.split")
+    original, _ = glm_pair("bundled")
+    folder = split.Glm4MoeLiteMTPSplitter().split(str(original), str(tmp_path / "split"))
+    engine = Engine.load(str(original), str(folder), draft_depth=2)
+    assert not engine.drafter.bundled
+    mine = dict(tree_flatten(engine.drafter.model.parameters()))
+    theirs = dict(tree_flatten(engines("glm-bundled").drafter.model.parameters()))
+    assert mine.keys() == theirs.keys()
+    for key in mine:  # the splitter stores bf16
+        assert mx.array_equal(mine[key].astype(mx.float32), theirs[key].astype(mx.bfloat16).astype(mx.float32)).item(), key
+
+
+def test_a_head_of_a_family_not_served_is_refused_at_load_saying_why(monkeypatch, nemotron_pair):
+    import dataclasses
+
+    from mtpstack.validator import BY_HEAD_TYPE
+
+    monkeypatch.setitem(BY_HEAD_TYPE, "nemotron_h_mtp", dataclasses.replace(
+        BY_HEAD_TYPE["nemotron_h_mtp"], served=False, why_not="its state cannot be rolled back"))
+    target, head = nemotron_pair("standalone")
+    with pytest.raises(ValueError, match="`nemotron_h_mtp` heads are not served: its state cannot be rolled back") as e:
+        Engine.load(str(target), str(head))
+    assert "hint: serve the target without a drafter" in str(e.value)

@@ -124,8 +124,7 @@ def load_head(drafter: Path, target: Path) -> LoadedHead:
     text = _text_config(config)
     module = head_class(family).from_config(text)
     try:
-        weights = module.sanitize(weights, prefix=bundled_prefix(config) if bundled else family.bundled_prefix,
-                                  original=original)
+        weights = module.sanitize(weights, prefix=family.prefix_for(text), original=original)
     except ValueError as e:
         raise HeadLoadError(f"the MTP head's tensors cannot be read: {e}: `{drafter}`") from None
     quantize(module, config.get("quantization"), weights, prefix=prefix)
