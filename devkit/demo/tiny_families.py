@@ -450,3 +450,69 @@ def build_tiny_glm_pair(out_dir: Path, layout: str = "standalone", seed: int = 0
     for name in TOKENIZER_FILES:
         shutil.copyfile(TOKENIZER_DIR / name, directory / name)
     return directory, directory
+
+
+# -- bench-size copies ---------------------------------------------------------------------
+
+#: Config keys holding an MLP's or an expert's intermediate width, in every family here.
+INTERMEDIATE_KEYS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "moe_shared_expert_intermediate_size")
+#: Projections into the intermediate width (rows grow) and out of it (columns grow, with zeros).
+INTO, OUT_OF = ("gate_proj.weight", "up_proj.weight", "fc1.weight"), ("down_proj.weight", "fc2.weight")
+
+
+def widen_mlps(src_dir: Path, out_dir: Path, multiplier: int, seed: int = 0) -> Path:
+    """A function-preserving copy of any family's model with every MLP and expert `multiplier` times wider.
+
+    As `devkit.demo.widen` does for dense Qwen models: the new rows into the intermediate width are
+    random (real work), the matching columns out of it zero, so greedy output is unchanged and
+    decode reads `multiplier` times the MLP weights, closer to memory-bound as on real hardware.
+    Experts (`[experts, out, in]`) grow the same way, each expert alike.
+    """
+    from devkit.demo.widen import INIT_STD
+
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    config = json.loads((src_dir / "config.json").read_text())
+    key = mx.random.key(seed)
+    out = {}
+    for name, w in mx.load(str(src_dir / "model.safetensors")).items():
+        if name.endswith(INTO):
+            key, sub = mx.random.split(key)
+            extra = list(w.shape)
+            extra[-2] *= multiplier - 1
+            w = mx.concatenate([w, mx.random.normal(tuple(extra), dtype=w.dtype, key=sub) * INIT_STD], axis=-2)
+        elif name.endswith(OUT_OF):
+            extra = list(w.shape)
+            extra[-1] *= multiplier - 1
+            w = mx.concatenate([w, mx.zeros(tuple(extra), dtype=w.dtype)], axis=-1)
+        mx.eval(w)
+        out[name] = w
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), out, metadata={"format": "mlx"})
+
+    def wider(c: dict) -> dict:
+        return {k: (v * multiplier if k in INTERMEDIATE_KEYS and isinstance(v, int) else v) for k, v in c.items()}
+
+    config = wider(config)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = wider(config["text_config"])
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            shutil.copyfile(src_dir / name, out_dir / name)
+    return out_dir
+
+
+#: `--family` of the benches -> the standalone pair's builder.
+PAIRS = {
+    "qwen3_5_moe": lambda out: build_tiny_moe_pair(out, "standalone"),
+    "qwen3_next": lambda out: build_tiny_next_pair(out, "standalone"),
+    "nemotron_h": lambda out: build_tiny_nemotron_pair(out, "standalone"),
+    "glm4_moe_lite": lambda out: build_tiny_glm_pair(out, "standalone"),
+}
+
+
+def build_bench_pair(family: str, out_dir: Path, multiplier: int) -> tuple[Path, Path]:
+    """The family's tiny pair with its target's MLPs widened `multiplier` times (the head unchanged)."""
+    target, head = PAIRS[family](Path(out_dir) / "tiny")
+    return widen_mlps(target, Path(out_dir) / "wide-target", multiplier), head
