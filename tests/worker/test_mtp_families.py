@@ -233,3 +233,25 @@ def test_a_head_of_a_family_not_served_is_refused_at_load_saying_why(monkeypatch
     with pytest.raises(ValueError, match="`nemotron_h_mtp` heads are not served: its state cannot be rolled back") as e:
         Engine.load(str(target), str(head))
     assert "hint: serve the target without a drafter" in str(e.value)
+
+
+@pytest.mark.parametrize("family", ["standalone", "next-standalone", "nemotron-standalone", "glm-standalone"])
+def test_a_prefix_cache_hit_resumes_every_familys_state_exactly(engines, family):
+    """A second turn resumes from the first one's snapshot (attention entries, gated-delta or Mamba2
+    state, the head's entries) and still decodes exactly the target's greedy tokens."""
+    from mtpstack.worker.prefix_cache import PrefixCache
+
+    engine = engines(family)
+    first_turn = "def main():\n    import os\n"
+    second_turn = first_turn + "    return os.getcwd()\n"
+    expected = plain_greedy(engine, MAX_TOKENS, [second_turn])[second_turn]
+    sched = Scheduler(1, prefix_cache=PrefixCache(64 << 20))
+    seqs = []
+    for prompt in (first_turn, second_turn):
+        seq = engine.new_sequence(engine.text_prompt(prompt), SamplingParams(max_tokens=MAX_TOKENS, depth=3, ignore_eos=True))
+        sched.add(seq)
+        while sched.active:
+            sched.step()
+        seqs.append(seq)
+    assert seqs[1].cached_tokens == len(engine.text_prompt(first_turn)) - 1
+    assert seqs[1].tokens == expected
