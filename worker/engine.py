@@ -66,6 +66,7 @@ class LoadedModel:
     sha256: str
     kind: str | None = None  # a drafter's kind: `mtp` (a head) or `model` (a separate draft model)
     bundled: bool = False  # an MTP head read from the target's own checkpoint
+    family: str | None = None  # an MTP head's family (its head `model_type` in the family table)
 
     @property
     def quantization(self) -> dict | None:
@@ -81,7 +82,7 @@ class LoadedModel:
             "sha256": self.sha256,
             # Non-null when the command line's bits claim contradicts config.json.
             "bits_mismatch": bits_mismatch(self),
-            **({"kind": self.kind, "bundled": self.bundled} if self.kind else {}),
+            **({"kind": self.kind, "bundled": self.bundled, "family": self.family} if self.kind else {}),
         }
 
 
@@ -215,7 +216,7 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
         if head_facts and target_facts and (problem := head_mismatch(head_facts, target_facts)):
             raise ValueError(f"the MTP head does not fit the target: {problem}: `{path}`")
         loaded = LoadedModel(path=path, resolved_path=resolved, model=head.module, config=head.config, bits=bits,
-                             sha256=digest, kind="mtp", bundled=head.bundled)
+                             sha256=digest, kind="mtp", bundled=head.bundled, family=head.family.head_type)
         return loaded, lambda engine: HeadDrafter(head.module, engine.parts)
     model, config = load_model(resolved)
     loaded = LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest, kind="model")

@@ -22,6 +22,7 @@ def test_a_worker_serves_the_family_losslessly_with_its_acceptance_figures(reque
         _, _, without = plain.post_json("/v1/completions", BODY)
     assert status == 200
     assert identity["drafter"]["kind"] == "mtp" and identity["drafter"]["bundled"] == (layout == "bundled")
+    assert identity["drafter"]["family"] == {"qwen3_5_moe": "qwen3_5_mtp", "qwen3_next": "qwen3_5_mtp"}.get(family, f"{family}_mtp")
     assert with_head["choices"][0]["text"] == without["choices"][0]["text"]
     usage = with_head["usage"]
     assert 0 < usage["accepted_draft_tokens"] <= usage["draft_tokens"]
