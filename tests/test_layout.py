@@ -202,3 +202,38 @@ def test_the_base_layer_imports_the_standard_library_only():
                 if top != "mtpstack" and top not in sys.stdlib_module_names:
                     bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: `{name}`")
     assert bad == []
+
+
+# -- the family table --------------------------------------------------------------------
+
+
+def test_every_served_mtp_family_is_one_module_with_a_head_class():
+    """docs/architecture.md's recipe: a family is one table entry and `worker/mtp/<module>.py` defining `Head`."""
+    from mtpstack.validator import CACHE_KINDS, FAMILIES
+
+    recipe = (ROOT / "docs" / "architecture.md").read_text()
+    assert "validator/families.py" in recipe and "`Head`" in recipe
+    for family in FAMILIES:
+        assert set(kind for kinds in family.targets.values() for kind in kinds) <= set(CACHE_KINDS), family.head_type
+        module = ROOT / "worker" / "mtp" / f"{family.module}.py"
+        if not family.served:
+            assert family.why_not, f"{family.head_type} is not served and says not why"
+            continue
+        assert module.exists(), f"{family.head_type}: no {module.relative_to(ROOT)}"
+        heads = [n for n in ast.walk(ast.parse(module.read_text())) if isinstance(n, (ast.ClassDef, ast.Assign))
+                 and ("Head" == getattr(n, "name", None) or any(getattr(t, "id", None) == "Head" for t in getattr(n, "targets", [])))]
+        assert heads, f"{module.relative_to(ROOT)} defines no `Head`"
+
+
+def test_no_module_but_the_table_names_a_head_type():
+    """One owner: the head types are spelled in the family table (and the docs), not in code that reads it."""
+    from mtpstack.validator import FAMILIES
+
+    owners = {ROOT / "validator" / "families.py"}
+    bad = []
+    for path in MODULES.values():
+        if path in owners:
+            continue
+        text = path.read_text()
+        bad += [f"{path.relative_to(ROOT)}: {f.head_type}" for f in FAMILIES if f'"{f.head_type}"' in text]
+    assert bad == []

@@ -29,11 +29,14 @@ from mtpstack.validator.config import (
 )
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.deep import local_dir
+from mtpstack.validator.families import BY_HEAD_TYPE, CACHE_KINDS, FAMILIES, Family, family_for_target, target_cache_kinds
 from mtpstack.validator.findings import CODES, Finding, Report, display_name, format_path
 from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
 from mtpstack.validator.modeldir import (
     BUNDLED_MTP_PREFIX,
     DRAFTER_KINDS,
+    bits_disagreement,
+    bundled_prefix,
     config_value,
     detect_drafter_kind,
     head_mismatch,
@@ -46,6 +49,14 @@ from mtpstack.validator.rules import did_you_mean
 
 __all__ = [
     "BUNDLED_MTP_PREFIX",
+    "BY_HEAD_TYPE",
+    "CACHE_KINDS",
+    "FAMILIES",
+    "Family",
+    "bits_disagreement",
+    "bundled_prefix",
+    "family_for_target",
+    "target_cache_kinds",
     "Backend",
     "Bits",
     "BodyError",

@@ -10,11 +10,9 @@ from pathlib import Path
 
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
-from mtpstack.validator.modeldir import config_value, detect_drafter_kind, head_mismatch, model_facts, read_config
+from mtpstack.validator.families import FAMILIES, target_cache_kinds
+from mtpstack.validator.modeldir import bits_disagreement, config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
 from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
-
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
 
 def local_dir(path: str, base: Path) -> Path | None:
     """The local model directory `path` names (as given, or relative to the config's folder), if any."""
@@ -22,18 +20,6 @@ def local_dir(path: str, base: Path) -> Path | None:
         if candidate.is_dir():
             return candidate.resolve()
     return None
-
-
-def recorded_bits(model_config: dict) -> str | None:
-    """The precision a model's `config.json` records, spelled as in the fleet config."""
-    quant = config_value(model_config, "quantization") or config_value(model_config, "quantization_config")
-    if isinstance(quant, dict):
-        if quant.get("mode") in {"mxfp4"}:
-            return "mxfp4"
-        if "bits" in quant:
-            return str(quant["bits"])
-    dtype = config_value(model_config, "torch_dtype") or config_value(model_config, "dtype")
-    return _DTYPES.get(str(dtype)) if dtype else None
 
 
 def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
@@ -70,8 +56,8 @@ def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
         local[role] = (directory, model_config)
         if role == "drafter" and worker.bundled_head:
             continue  # the target's own files, checked as the target
-        recorded = recorded_bits(model_config)
-        if recorded is not None and recorded != str(bits):
+        recorded = bits_disagreement(bits, model_config)
+        if recorded is not None:
             findings.append(
                 Finding(
                     code="bits-mismatch",
@@ -162,7 +148,7 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
                     related=(target_path,),
                 )
             )
-        return findings
+        return findings or check_family(name, worker, directory, drafter_config, facts)
     if facts.recurrent:
         findings.append(
             Finding(
@@ -170,7 +156,8 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
                 severity="error",
                 path=path,
                 message=(
-                    f"`{directory}` is a `{facts.model_type}` model with gated-delta layers, whose state a separate "
+                    f"`{directory}` is a `{facts.model_type}` model with {' and '.join(recurrent_kinds(facts.model_type))} "
+                    "layers, whose state a separate "
                     "draft model's rejected drafts cannot be rolled back from; the worker would refuse it at start"
                 ),
                 hint="use the target's MTP head as the drafter (`drafter.kind: mtp`), or a draft model with attention layers only",
@@ -192,3 +179,37 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
             )
         )
     return findings
+
+
+def recurrent_kinds(model_type: str | None) -> list[str]:
+    return [k for k in target_cache_kinds(model_type) or () if k != "kv"] or ["recurrent"]
+
+
+def check_family(name: str, worker: WorkerProfile, directory: Path, drafter_config: dict, facts) -> list[Finding]:
+    """The MTP family and layout the worker would load (a note), or why it would refuse the family."""
+    path = ("workers", name, "drafter", "path")
+    family = facts.head_family
+    if family is None:
+        served = ", ".join(f"`{t}`" for f in FAMILIES if f.served for t in f.targets)
+        return [Finding(
+            code="mtp-family-not-served",
+            severity="error",
+            path=path,
+            message=f"`{directory}` bundles `mtp.*` tensors, but no MTP family is known for `{facts.model_type}` targets",
+            hint=f"use a target of a served family ({served}), or a separate draft model (`drafter.kind: model`)",
+        )]
+    if not family.served:
+        return [Finding(
+            code="mtp-family-not-served",
+            severity="error",
+            path=path,
+            message=f"`{directory}` holds a `{family.head_type}` head, which the worker does not serve: {family.why_not}",
+            hint="serve this target without a drafter, or with a separate draft model of attention layers only (`drafter.kind: model`)",
+        )]
+    layout = head_layout(directory, drafter_config, bundled=worker.bundled_head)
+    return [Finding(
+        code="mtp-family",
+        severity="note",
+        path=path,
+        message=f"a `{family.head_type}` head: {layout}",
+    )]

@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-Severity = Literal["error", "warning"]
+#: `note`: what a check found that is no problem (`--deep`'s MTP family and layout), never fails a run.
+Severity = Literal["error", "warning", "note"]
 Path = tuple[str, ...]
 
 
@@ -16,7 +17,7 @@ CODES = frozenset({
     "depth-map-no-default", "drafter-kind-mismatch", "drafter-precision", "duplicate-key", "host-memory-exceeded",
     "host-runs-nothing", "internal-error", "invalid-type", "invalid-value", "memory-check-skipped", "missing-key",
     "mlx-lm-cannot-cap-context", "mlx-lm-cannot-load-mtp", "mlx-lm-depth-map", "mlx-lm-serializes-drafts",
-    "model-config-missing", "mtp-head-mismatch", "out-of-range", "port-conflict", "proxy-not-placed",
+    "model-config-missing", "mtp-family", "mtp-family-not-served", "mtp-head-mismatch", "out-of-range", "port-conflict", "proxy-not-placed",
     "recurrent-draft-model", "unknown-host", "unknown-key", "unknown-model-limit", "unreadable", "vocab-mismatch",
     "worker-unreachable",
 })
@@ -60,6 +61,10 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     @property
+    def notes(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "note"]
+
+    @property
     def ok(self) -> bool:
         return not self.errors
 
@@ -79,6 +84,7 @@ class Report:
             "ok": self.ok,
             "errors": [f.to_json() for f in self.errors],
             "warnings": [f.to_json() for f in self.warnings],
+            "notes": [f.to_json() for f in self.notes],
         }
 
     def render_json(self) -> str:

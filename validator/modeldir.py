@@ -10,22 +10,23 @@ never silently skips such a model because a key is not at the top level.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mtpstack.validator.families import BY_HEAD_TYPE, Family, family_for_target, recurrent_target_types
+
 DrafterKind = Literal["mtp", "model"]
 #: `drafter.kind` values in the config; `auto` is resolved by `detect_drafter_kind`.
 DRAFTER_KINDS = ("auto", "mtp", "model")
-#: `model_type` of a standalone MTP head folder, per family it drafts for.
-MTP_HEAD_TYPES = {"qwen3_5_mtp": ("qwen3_5", "qwen3_5_moe", "qwen3_next")}
-#: Tensor-name prefix of an MTP head bundled in an original (unconverted) checkpoint.
+#: Tensor-name prefix of an MTP head bundled in a checkpoint of a family the table does not know.
 BUNDLED_MTP_PREFIX = "mtp."
-#: Families whose layers keep recurrent (gated-delta) state between attention layers: served as
-#: targets with per-row rollback, never as a separate draft model (whose rejected drafts are
-#: rolled back by length). The worker refuses such a draft model at load; `--deep` before that.
-RECURRENT_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+#: Families whose layers keep recurrent state (gated-delta, Mamba2) between attention layers:
+#: served as targets with per-row rollback, never as a separate draft model (whose rejected
+#: drafts are rolled back by length). The worker refuses such a draft model at load; `--deep` before that.
+RECURRENT_FAMILIES = recurrent_target_types()
 #: A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER = 100_000_000
 
@@ -45,6 +46,29 @@ def config_value(config: dict, key: str):
         return config[key]
     text = config.get("text_config")
     return text.get(key) if isinstance(text, dict) else None
+
+
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def recorded_bits(model_config: dict) -> str | None:
+    """The precision a model's `config.json` records, spelled as in the fleet config (`4`, `mxfp4`, `bf16`)."""
+    quant = config_value(model_config, "quantization") or config_value(model_config, "quantization_config")
+    if isinstance(quant, dict):
+        if quant.get("mode") in {"mxfp4"}:
+            return "mxfp4"
+        if "bits" in quant:
+            return str(quant["bits"])
+    dtype = config_value(model_config, "torch_dtype") or config_value(model_config, "dtype")
+    return _DTYPES.get(str(dtype)) if dtype else None
+
+
+def bits_disagreement(claim, model_config: dict) -> str | None:
+    """What `config.json` records when it contradicts a bits claim (`6`, `bf16`, ...), else None (also when
+    there is no claim or nothing recorded). The one comparison: `validate --deep` and the worker's
+    `/identity` (`bits_mismatch`) both make it here."""
+    recorded = recorded_bits(model_config)
+    return recorded if claim is not None and recorded is not None and recorded != str(claim) else None
 
 
 def tensor_names(directory: Path) -> list[str]:
@@ -73,12 +97,19 @@ class ModelFacts:
     vocab_size: int | None
     hidden_size: int | None
     context_length: int | None
-    has_bundled_mtp: bool  # `mtp.*` tensors in the directory's own safetensors
+    has_bundled_mtp: bool  # the head's tensors (`mtp.*` for most families) in the directory's own safetensors
     full_attention_interval: int | None = None
 
     @property
     def is_mtp_head(self) -> bool:
-        return self.model_type in MTP_HEAD_TYPES
+        return self.model_type in BY_HEAD_TYPE
+
+    @property
+    def head_family(self) -> Family | None:
+        """The MTP family of a head folder, or of the head a target's checkpoint may bundle."""
+        if self.is_mtp_head:
+            return BY_HEAD_TYPE[self.model_type]
+        return family_for_target(self.model_type, self.text_model_type)
 
     @property
     def recurrent(self) -> bool:
@@ -109,9 +140,46 @@ def model_facts(directory: Path, config: dict | None = None) -> ModelFacts | Non
         vocab_size=_int(config_value(config, "vocab_size")),
         hidden_size=_int(config_value(config, "hidden_size")),
         context_length=_int(config_value(config, "max_position_embeddings")),
-        has_bundled_mtp=any(n.startswith(BUNDLED_MTP_PREFIX) for n in tensor_names(directory)),
+        has_bundled_mtp=any(n.startswith(bundled_prefix(config)) for n in tensor_names(directory)),
         full_attention_interval=_int(config_value(config, "full_attention_interval")),
     )
+
+
+def bundled_prefix(config: dict) -> str:
+    """Where a head bundled in this target's checkpoint keeps its tensors (`mtp.` unless its family says otherwise)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    family = family_for_target(config.get("model_type"), text.get("model_type"))
+    return family.prefix_for(text) if family is not None else BUNDLED_MTP_PREFIX
+
+
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+def head_layout(directory: Path, config: dict, *, bundled: bool) -> str:
+    """How a head's files are laid out, in words: where its tensors are, its MoE form, its quantization.
+
+    `config` is the head folder's own, or the target's for a bundled head. What `validate --deep`
+    reports and what the worker's loader handles (`mtpstack.worker.mtp.load`)."""
+    prefix = bundled_prefix(config) if bundled else ""
+    names = [n for n in tensor_names(directory) if n.startswith(prefix)]
+    where = f"bundled in the target's checkpoint as `{prefix}*`" if bundled else "a standalone head folder"
+    if any(_PER_EXPERT.search(n) for n in names):
+        mlp = "per-expert MoE tensors"
+    elif any(".experts.gate_up_proj" in n for n in names):
+        mlp = "fused `gate_up_proj` MoE experts"
+    elif any(".switch_mlp." in n for n in names):
+        mlp = "stacked MoE experts"
+    else:
+        mlp = "a dense MLP"
+    quant = config.get("quantization") if any(n.endswith(".scales") for n in names) else None
+    if isinstance(quant, dict) and "bits" in quant:
+        own = [k for k, v in quant.items() if isinstance(v, dict) and k.startswith(prefix)]
+        precision = f"{quant['bits']}-bit" + (f" with {len(own)} per-module override{'s' * (len(own) != 1)}" if own else "")
+    elif isinstance(quant, dict):
+        precision = "quantized"
+    else:
+        precision = "unquantized"
+    return f"{where}, {mlp}, {precision}"
 
 
 def same_directory(a: Path, b: Path) -> bool:
@@ -140,7 +208,8 @@ def _family_name(model_type: str | None) -> str | None:
 
 def head_mismatch(head: ModelFacts, target: ModelFacts) -> str | None:
     """Why an MTP head cannot draft for `target` (family, hidden size, vocabulary), or None."""
-    families = MTP_HEAD_TYPES.get(head.model_type or "", ())
+    family = BY_HEAD_TYPE.get(head.model_type or "")
+    families = tuple(family.targets) if family is not None else ()
     if head.is_mtp_head and target.model_type not in families:
         return f"the head drafts for {', '.join(families)} models but the target is `{target.model_type}`"
     made_for = _family_name(head.text_model_type) if head.is_mtp_head else None

@@ -32,6 +32,11 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from mtpstack.validator import FAMILIES
+
+#: The layer-state kinds (`mtpstack.validator.CACHE_KINDS`) this module rolls back per row.
+ROLLED_BACK = {"kv", "gated-delta", "mamba2"}
+
 
 class CacheNotSupported(ValueError):
     """A layer whose state the engine cannot roll back exactly."""
@@ -201,9 +206,9 @@ class StepStateCache(StateRows):
         kept = mx.array(keep, dtype=mx.int32)
         window = (kept[:, None] + mx.arange(kernel_tail, dtype=mx.int32))[..., None]
         self[0] = mx.take_along_axis(conv_input, window, axis=1)
-        stacked = mx.stack(states, axis=1)  # [rows, ran, ...]
-        pick = (kept - 1).reshape((-1,) + (1,) * (stacked.ndim - 1))
-        self[1] = mx.take_along_axis(stacked, pick, axis=1).squeeze(1)
+        # Each row's state after its last kept position, taken row by row from the states the step
+        # kept: one more copy of one state per row, never a stack of all `ran` of them.
+        self[1] = mx.concatenate([states[k - 1][r : r + 1] for r, k in enumerate(keep)])
 
 
 
@@ -302,19 +307,29 @@ def layers_of(model) -> list:
     return list(layers)
 
 
-def check_rollback(model) -> list[str]:
-    """Each layer's cache kind (`kv` or `step-state`); raises `CacheNotSupported` naming any other layer.
+def _cache_layers(model, caches: list) -> list:
+    """The layer each cache of `make_prompt_cache` belongs to: one per layer, or (Nemotron-H) one per
+    layer that keeps state, its MLP and MoE blocks having none."""
+    layers = layers_of(model)
+    if len(layers) != len(caches):
+        layers = [layer for layer in layers if getattr(layer, "block_type", None) in ("M", "*")]
+    return layers + [None] * (len(caches) - len(layers))
 
-    Installs the per-position-state forward on every supported gated-delta layer
+
+def check_rollback(model) -> list[str]:
+    """Each cache's kind (`kv`, `gated-delta` or `mamba2`, as the family table spells them); raises
+    `CacheNotSupported` naming any other layer.
+
+    Installs the per-position-state forward on every supported gated-delta and Mamba2 layer
     (the class is swapped in place; weights and plain use are unchanged).
     """
     from mlx_lm.models.cache import make_prompt_cache
 
     projections = _projections_by_class()
+    mamba2 = _mamba2_classes()
     kinds = []
-    layers = layers_of(model)
-    for i, cache in enumerate(make_prompt_cache(model)):
-        layer = layers[i] if i < len(layers) else None
+    caches = make_prompt_cache(model)
+    for i, (cache, layer) in enumerate(zip(caches, _cache_layers(model, caches))):
         if type(cache) is KVCache:
             kinds.append("kv")
             continue
@@ -322,15 +337,68 @@ def check_rollback(model) -> list[str]:
         base = type(linear).__mro__[1] if type(linear) in _SWAPPED.values() else type(linear)
         if type(cache) is ArraysCache and base in projections:
             linear.__class__ = _step_state_class(base, projections[base])
-            kinds.append("step-state")
+            kinds.append("gated-delta")
             continue
-        what = type(linear).__name__ if linear is not None else type(layer).__name__
+        mixer = getattr(layer, "mixer", None)
+        base = type(mixer).__mro__[1] if type(mixer) in _SWAPPED.values() else type(mixer)
+        if type(cache) is ArraysCache and base in mamba2:
+            if base not in _SWAPPED:
+                _SWAPPED[base] = type(f"StepState{base.__name__}", (base,), {"__call__": mamba2_step_state_call})
+            mixer.__class__ = _SWAPPED[base]
+            kinds.append("mamba2")
+            continue
+        what = type(linear or mixer).__name__ if (linear or mixer) is not None else type(layer).__name__
+        served = ", ".join(t for f in FAMILIES for t, k in f.targets.items() if set(k) <= ROLLED_BACK and set(k) - {"kv"})
         raise CacheNotSupported(
             f"layer {i} (`{what}`) keeps its state in `{type(cache).__name__}`, which the engine cannot roll back "
-            f"exactly; supported: attention layers with a plain KV cache and the gated-delta layers of "
-            f"qwen3_5, qwen3_5_moe and qwen3_next"
+            f"exactly; supported: attention layers with a plain KV cache and the recurrent layers of {served}"
         )
     return kinds
+
+
+# -- Mamba2 mixers that keep every position's state ----------------------------------------
+
+
+def _mamba2_classes() -> set[type]:
+    from mlx_lm.models import nemotron_h
+
+    return {nemotron_h.NemotronHMamba2Mixer}
+
+
+def mamba2_step_state_call(mixer, hidden_states: mx.array, mask=None, cache=None) -> mx.array:
+    """The Mamba2 mixer's forward, keeping the SSM state after every position.
+
+    Same maths as mlx-lm's mixer (its own `ssm_update`, one position at a time, as plain decoding
+    runs it); used only with a `StepStateCache`, whose `commit` then picks each row's state.
+    """
+    if not isinstance(cache, StepStateCache):
+        return type(mixer).__mro__[1].__call__(mixer, hidden_states, mask, cache)
+    from mlx_lm.models.ssm import ssm_update
+
+    rows, n, _ = hidden_states.shape
+    inner, conv_dim, groups, size = mixer.intermediate_size, mixer.conv_dim, mixer.n_groups, mixer.ssm_state_size
+    gate, conv_input, dt = mx.split(mixer.in_proj(hidden_states), [inner, inner + conv_dim], axis=-1)
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((rows, mixer.conv_kernel_size - 1, conv_dim), dtype=conv_input.dtype)
+    padded = mx.concatenate([conv_state, conv_input], axis=1)
+    conv_out = nn.silu(mixer.conv1d(padded))
+    x, B, C = mx.split(conv_out, [inner, inner + groups * size], axis=-1)
+    x = x.reshape(rows, n, mixer.num_heads, mixer.head_dim)
+    B = B.reshape(rows, n, groups, size)
+    C = C.reshape(rows, n, groups, size)
+    D = mixer.D.astype(x.dtype)
+    state = cache[1]
+    outs, states = [], []
+    for t in range(n):
+        p = slice(t, t + 1)
+        y, state = ssm_update(x[:, p], mixer.A_log, B[:, p], C[:, p], D, dt[:, p], mixer.dt_bias, state, mixer.time_step_limit)
+        outs.append(y)
+        states.append(state)
+    cache.pending = (padded, states)
+    cache.conv_tail = mixer.conv_kernel_size - 1
+    y = mx.concatenate(outs, axis=1).reshape(rows, n, inner)
+    return mixer.out_proj(mixer.norm(y, gate))
 
 
 def batch_caches(kinds: list[str], *, prefill: bool = False) -> list:

@@ -23,6 +23,7 @@ whatever is proposed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
@@ -30,6 +31,10 @@ from mtpstack.worker.caches import RaggedKVCache, batch_caches, commit, filter_r
 
 
 class Drafter(Protocol):
+    """A drafter keeps its per-row state in `seq.draft`, an object only it reads (a head's next first
+    proposal and the state it came from; a draft model's tokens not yet fed to it): the engine's
+    `Sequence` carries it and knows nothing of what is inside."""
+
     kind: str
     caches: list  # the decoding batch's, one row per decoding sequence
 
@@ -41,6 +46,22 @@ class Drafter(Protocol):
     def filter(self, rows: list[int]) -> None: ...
     def draft(self, rows: list, depth: int) -> mx.array: ...
     def accept(self, rows: list, depth: int, accepted: list[int], sampled: mx.array, drafts: mx.array, hidden: mx.array) -> None: ...
+    def arrays(self, rows: list) -> list: ...
+
+
+@dataclass
+class HeadRow:
+    """An MTP head's state for one row: its next first proposal and the head output it came from."""
+
+    token: mx.array  # [1] uint32
+    hidden: mx.array  # [1, 1, H]
+
+
+@dataclass
+class ModelRow:
+    """A draft model's state for one row: the tokens it has not consumed yet."""
+
+    pending: list[int]
 
 
 def _pick(x: mx.array, index: list[int]) -> mx.array:
@@ -54,11 +75,13 @@ class HeadDrafter:
 
     def __init__(self, head, target_parts):
         self.head = head
-        self.parts = target_parts
-        self.caches = [RaggedKVCache() for _ in head.layers]
+        # The target's embeddings and LM head, unless the head has its own (GLM's MTP layer does).
+        self.embed = getattr(head, "embed", None) or target_parts.embed
+        self.lm_head = getattr(head, "logits", None) or target_parts.lm_head
+        self.caches = self.prefill_caches()
 
     def prefill_caches(self) -> list:
-        return [RaggedKVCache() for _ in self.head.layers]
+        return [RaggedKVCache() for _ in self.head.make_cache()]  # one per layer that keeps a cache
 
     def span(self, start: int, end: int) -> tuple[int, int]:
         """The head's entries for prompt positions start..end-1: entry t pairs hidden t with token t+1."""
@@ -66,7 +89,7 @@ class HeadDrafter:
 
     def _seed(self, out: mx.array) -> tuple[mx.array, mx.array]:
         """The next step's first proposal and the head state it came from, from head outputs [rows, 1, H]."""
-        return mx.argmax(self.parts.lm_head(out), axis=-1).astype(mx.uint32), out
+        return mx.argmax(self.lm_head(out), axis=-1).astype(mx.uint32), out
 
     def prefill(self, caches, rows, chunks, hidden, finals, carries) -> None:
         """Head entries for each row's chunk, in one head forward over the rows (right-padded).
@@ -95,11 +118,10 @@ class HeadDrafter:
         padded = [mx.concatenate(parts + ([mx.zeros((1, width - n, ref.shape[2]), ref.dtype)] if n < width else []), axis=1)
                   for parts, n in zip(states, lengths)]
         ids = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.uint32)
-        out = self.head(self.parts.embed(ids), mx.concatenate(padded), caches)
+        out = self.head(self.embed(ids), mx.concatenate(padded), caches)
         commit(caches, lengths, width)
         for r in finals:
-            seed, seed_hidden = self._seed(_pick(out[r : r + 1], [lengths[r] - 1]))
-            rows[r].seed, rows[r].seed_hidden = seed, seed_hidden
+            rows[r].draft = HeadRow(*self._seed(_pick(out[r : r + 1], [lengths[r] - 1])))
 
     def start(self, seq) -> None:
         pass  # the seed was made by the last prefill chunk
@@ -108,12 +130,12 @@ class HeadDrafter:
         filter_rows(self.caches, rows)
 
     def draft(self, rows: list, depth: int) -> mx.array:
-        token = mx.concatenate([r.seed.reshape(1, 1) for r in rows])
-        state = mx.concatenate([r.seed_hidden for r in rows])
+        token = mx.concatenate([r.draft.token.reshape(1, 1) for r in rows])
+        state = mx.concatenate([r.draft.hidden for r in rows])
         proposals = [token]
         for _ in range(depth - 1):
-            state = self.head(self.parts.embed(token), state, self.caches)
-            token = mx.argmax(self.parts.lm_head(state), axis=-1).astype(mx.uint32)
+            state = self.head(self.embed(token), state, self.caches)
+            token = mx.argmax(self.lm_head(state), axis=-1).astype(mx.uint32)
             proposals.append(token)
         return mx.concatenate(proposals, axis=1)
 
@@ -135,12 +157,15 @@ class HeadDrafter:
             mx.take_along_axis(sampled, index, axis=1),
         )
         states = mx.take_along_axis(hidden, index[..., None], axis=1)
-        out = self.head(self.parts.embed(row_tokens), states, self.caches)
+        out = self.head(self.embed(row_tokens), states, self.caches)
         for cache in self.caches:
             cache.rollback([width - n for n in lengths])
         seeds, seed_states = self._seed(_pick(out, [n - 1 for n in lengths]))
         for i, row in enumerate(rows):
-            row.seed, row.seed_hidden = seeds[i : i + 1], seed_states[i : i + 1]
+            row.draft = HeadRow(seeds[i : i + 1], seed_states[i : i + 1])
+
+    def arrays(self, rows: list) -> list:
+        return [a for r in rows if isinstance(r.draft, HeadRow) for a in (r.draft.token, r.draft.hidden)]
 
 
 class ModelDrafter:
@@ -170,15 +195,16 @@ class ModelDrafter:
         commit(caches, lengths, width)
 
     def start(self, seq) -> None:
-        seq.draft_y = [seq.y]  # the first generated token, not yet seen by the drafter
+        seq.draft = ModelRow([seq.y])  # the first generated token, not yet seen by the drafter
 
     def filter(self, rows: list[int]) -> None:
         filter_rows(self.caches, rows)
 
     def draft(self, rows: list, depth: int) -> mx.array:
-        lengths = [len(r.draft_y) for r in rows]
+        pending = [r.draft.pending for r in rows]
+        lengths = [len(p) for p in pending]
         width = max(lengths)
-        padded = [r.draft_y + r.draft_y[-1:] * (width - len(r.draft_y)) for r in rows]
+        padded = [p + p[-1:] * (width - len(p)) for p in pending]
         logits = self.model(mx.array(padded, dtype=mx.uint32), cache=self.caches)
         commit(self.caches, lengths, width)
         token = mx.argmax(_pick(logits, [n - 1 for n in lengths]), axis=-1).astype(mx.uint32)
@@ -194,10 +220,13 @@ class ModelDrafter:
         drop = []
         for row, n, s_row, d_row in zip(rows, accepted, s, d):
             if n == depth:
-                row.draft_y = [d_row[-1], s_row[depth]]  # dk was proposed but never consumed
+                row.draft = ModelRow([d_row[-1], s_row[depth]])  # dk was proposed but never consumed
                 drop.append(0)
             else:
-                row.draft_y = [s_row[n]]
+                row.draft = ModelRow([s_row[n]])
                 drop.append(depth - 1 - n)
         for cache in self.caches:
             cache.rollback(drop)
+
+    def arrays(self, rows: list) -> list:
+        return []

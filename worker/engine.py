@@ -31,7 +31,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
-from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
 from mtpstack.worker.caches import CacheNotSupported, add_row, batch_caches, check_rollback, commit, filter_rows, prepare_chunk, take_row
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.prefix_cache import Hit, PrefixCache, Stretch
@@ -66,6 +66,7 @@ class LoadedModel:
     sha256: str
     kind: str | None = None  # a drafter's kind: `mtp` (a head) or `model` (a separate draft model)
     bundled: bool = False  # an MTP head read from the target's own checkpoint
+    family: str | None = None  # an MTP head's family (its head `model_type` in the family table)
 
     @property
     def quantization(self) -> dict | None:
@@ -81,7 +82,7 @@ class LoadedModel:
             "sha256": self.sha256,
             # Non-null when the command line's bits claim contradicts config.json.
             "bits_mismatch": bits_mismatch(self),
-            **({"kind": self.kind, "bundled": self.bundled} if self.kind else {}),
+            **({"kind": self.kind, "bundled": self.bundled, "family": self.family} if self.kind else {}),
         }
 
 
@@ -94,16 +95,9 @@ def load_one(path: str, bits: str | None) -> LoadedModel:
 
 
 def bits_mismatch(m: LoadedModel) -> str | None:
-    """Why the command line's bits claim contradicts config.json's quantization, or None."""
-    if m.bits is None:
-        return None
-    q = m.quantization
-    if str(m.bits).isdigit():
-        have = q.get("bits") if q else None
-        return None if have == int(m.bits) else f"claimed {m.bits}-bit, config says {have or 'unquantized'}"
-    if m.bits in ("bf16", "fp16", "fp32"):
-        return None if q is None else f"claimed {m.bits}, config says {q.get('bits')}-bit"
-    return None
+    """Why the command line's bits claim contradicts config.json, or None (`validate --deep` makes the same comparison)."""
+    recorded = bits_disagreement(m.bits, m.config)
+    return None if recorded is None else f"claimed {m.bits}, config.json records {recorded}"
 
 
 class TargetParts:
@@ -115,8 +109,8 @@ class TargetParts:
 
     def __init__(self, model):
         lm = getattr(model, "language_model", model)
-        self.body = lm.model
-        self.embed = self.body.embed_tokens
+        self.body = lm.model if hasattr(lm, "model") else lm.backbone  # Nemotron-H calls its body `backbone`
+        self.embed = getattr(self.body, "embed_tokens", None) or self.body.embeddings
         tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
         self.lm_head = self.embed.as_linear if tied or not hasattr(lm, "lm_head") else lm.lm_head
 
@@ -134,9 +128,13 @@ class Engine:
         self.tokenizer = tokenizer
         self.draft_depth = draft_depth if drafter is not None else 0
         self.context_length: int | None = config_value(target.config, "max_position_embeddings")
-        self.vocab_size: int | None = config_value(target.config, "vocab_size")
         self.eos_token_ids = set(tokenizer.eos_token_ids)
         self.parts = TargetParts(target.model)
+        #: Rows of the target's logits, computed once (request checks, grammars, drafter checks read it):
+        #: config.json's `vocab_size` (or its `text_config`'s), else the embedding table's rows.
+        size = config_value(target.config, "vocab_size")
+        self.vocab_size: int = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 \
+            else int(self.parts.embed.weight.shape[0])
         self.cache_kinds = cache_kinds
         self._drafter_factory = drafter_factory
         # Every supported target is batched with per-row rollback; the attribute stays for /identity.
@@ -218,11 +216,12 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
         if head_facts and target_facts and (problem := head_mismatch(head_facts, target_facts)):
             raise ValueError(f"the MTP head does not fit the target: {problem}: `{path}`")
         loaded = LoadedModel(path=path, resolved_path=resolved, model=head.module, config=head.config, bits=bits,
-                             sha256=digest, kind="mtp", bundled=head.bundled)
+                             sha256=digest, kind="mtp", bundled=head.bundled, family=head.family.head_type)
         return loaded, lambda engine: HeadDrafter(head.module, engine.parts)
     model, config = load_model(resolved)
     loaded = LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest, kind="model")
-    tv, dv = config_value(target.config, "vocab_size"), config_value(config, "vocab_size")
+    tv, dv = (f.vocab_size if f is not None else None
+              for f in (model_facts(target.resolved_path, target.config), model_facts(resolved, config)))
     if tv is not None and dv is not None and tv != dv:
         raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{path}`")
     try:
@@ -232,7 +231,7 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
     if any(kind != "kv" for kind in kinds):
         # Refused here, before /health ever answers 200, not at the first request.
         raise ValueError(
-            f"the draft model `{path}` keeps recurrent (gated-delta) state, which a separate draft model's rejected "
+            f"the draft model `{path}` keeps recurrent (gated-delta or Mamba2) state, which a separate draft model's rejected "
             f"drafts cannot be rolled back from; the target `{target.path}` may be a hybrid, its draft model may not"
             "\n\nhint: use the target's MTP head (`--draft-kind mtp`), or a draft model with attention layers only"
         )
@@ -287,8 +286,7 @@ class Sequence:
         self._snap_from = 0
         self.prefilling = False  # a row of the scheduler's prefill batch
         self.y: int | None = None  # the last emitted token, the target's next input
-        self.seed = self.seed_hidden = None  # an MTP head's next first proposal and its state
-        self.draft_y: list[int] = []  # a draft model's next input
+        self.draft = None  # the drafter's own state for this row (`mtpstack.worker.drafting`); opaque here
         self.in_batch = False
         self.tokens: list[int] = []
         self.text = ""
@@ -453,8 +451,11 @@ class Batch:
                 seq.in_batch = False
         self.rows = [self.rows[i] for i in keep]
 
-    def decode(self) -> list[StepResult]:
-        """One draft-and-verify step of every row: one target forward for the whole batch."""
+    def decode(self) -> list[tuple[StepResult | None, BaseException | None]]:
+        """One draft-and-verify step of every row: one target forward for the whole batch.
+
+        Each row's result, or the error its own work raised (its sampling hook, its output): such a
+        row ends ("error") and the others' steps stand. An error of the shared forward is raised."""
         rows, engine = self.rows, self.engine
         plans = [seq.plan() for seq in rows]
         depth = max(plans)
@@ -465,31 +466,46 @@ class Batch:
         hidden = engine.parts.hidden(inputs, self.caches)
         logits = engine.parts.lm_head(hidden)
         proposed = drafts.tolist() if drafts is not None and any(seq.hook for seq in rows) else None
-        sampled = mx.stack([
-            seq._sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i])
-            for i, (seq, k) in enumerate(zip(rows, plans))
-        ])
+        errors: dict[int, BaseException] = {}
+        picks = []
+        for i, (seq, k) in enumerate(zip(rows, plans)):
+            try:  # a request's own sampling hook (its grammar) may fail: that row alone
+                picks.append(seq._sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i]))
+            except Exception as e:
+                errors[i] = e
+                picks.append(mx.argmax(logits[i], axis=-1).astype(mx.uint32))  # a stand-in: the row leaves after this step
+        sampled = mx.stack(picks)
         mx.eval(sampled, drafts if drafts is not None else [])
         s = sampled.tolist()
         d = drafts.tolist() if drafts is not None else [[] for _ in rows]
         accepted = []
-        for k, s_row, d_row in zip(plans, s, d):
+        for i, (k, s_row, d_row) in enumerate(zip(plans, s, d)):
             n = 0
-            while n < k and s_row[n] == d_row[n]:
+            while n < k and i not in errors and s_row[n] == d_row[n]:
                 n += 1
             accepted.append(n)
         commit(self.caches, [n + 1 for n in accepted], depth + 1)
+        # The kept states now, so the step's per-position states are freed before the next step
+        # makes its own (left lazy, both steps' would be alive at once).
+        mx.eval([c.state for c in self.caches])
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
-        results = []
+        results: list[tuple[StepResult | None, BaseException | None]] = []
         for i, (seq, k, n, s_row) in enumerate(zip(rows, plans, accepted, s)):
-            seq.drafted += k
-            seq.accepted += n
-            seq.y = s_row[n]
-            emitted = seq._emit(s_row[: n + 1])
-            if seq.hook is not None:
-                seq.hook.observe(logits[i, :emitted], s_row[:emitted])
-            results.append(StepResult(drafted=k, accepted=n, tokens=emitted))
+            try:
+                if i in errors:
+                    raise errors[i]
+                seq.drafted += k
+                seq.accepted += n
+                seq.y = s_row[n]
+                emitted = seq._emit(s_row[: n + 1])
+                if seq.hook is not None:
+                    seq.hook.observe(logits[i, :emitted], s_row[:emitted])
+                results.append((StepResult(drafted=k, accepted=n, tokens=emitted), None))
+            except Exception as e:  # this row's own work failed: it ends, the others go on
+                log.error("a row's step failed: %s: %s", type(e).__name__, e)
+                seq.finish_reason = "error"
+                results.append((None, e))
         return results
 
 
@@ -567,7 +583,7 @@ class PrefillBatch:
         for seq, h in zip(rows, last):
             seq.carry = h
         mx.eval([c.state for c in self.caches], [c.state for c in self.draft_caches], [seq.carry for seq in rows if seq.carry is not None],
-                [seq.seed for seq in rows if seq.seed is not None])
+                self.drafter.arrays(rows) if self.drafter is not None else [])
         results = []
         for r, (seq, n) in enumerate(zip(rows, lengths)):
             seq._prefilled += n
@@ -679,11 +695,11 @@ class Scheduler:
         decoding = list(batch.rows)
         if decoding:
             try:
-                results.extend(zip(decoding, batch.decode(), [None] * len(decoding)))
+                results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode()))
                 self.decode_steps += 1
                 if len(decoding) > 1:
                     self.batched_steps += 1
-            except Exception as e:  # one broken step must not stop the loop
+            except Exception as e:  # the shared forward failed: every row of it; the loop goes on
                 log.exception("batched step failed")
                 for seq in decoding:
                     seq.finish_reason = "error"

@@ -7,7 +7,6 @@ import json
 import math
 from dataclasses import dataclass
 
-from mtpstack.validator import config_value
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError, bad_request, model_not_found
@@ -90,16 +89,6 @@ def _valid_unicode(body: dict) -> None:
             raise bad_request(f"`{key}` holds text that is not valid Unicode (a lone surrogate)", key) from None
 
 
-def vocab_size(engine) -> int | None:
-    """Rows of the target's embedding: from config.json (or its `text_config`), else the table itself."""
-    size = config_value(engine.target.config, "vocab_size")
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        return size
-    embed = getattr(getattr(engine.target.model, "model", None), "embed_tokens", None)
-    weight = getattr(embed, "weight", None)
-    return int(weight.shape[0]) if weight is not None else None
-
-
 def _tokenize(make, param: str) -> list[int]:
     # The tokenizer and the chat template are third-party code fed client text; whatever they
     # refuse (a template's `raise_exception`, an input type they reject) is the client's to fix.
@@ -170,11 +159,11 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     prompt_key = "messages" if kind == "chat" else "prompt"
     if not prompt:
         raise bad_request("the prompt is empty", prompt_key)
-    vocab = vocab_size(engine)
+    vocab = engine.vocab_size
     low, high = min(prompt), max(prompt)
-    if low < 0 or (vocab is not None and high >= vocab):
+    if low < 0 or high >= vocab:
         bad = low if low < 0 else high
-        raise bad_request(f"token id {shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1 if vocab else 'the vocabulary size'}", prompt_key)
+        raise bad_request(f"token id {shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1}", prompt_key)
 
     max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, max_key, int, 1, MAX_COUNT)

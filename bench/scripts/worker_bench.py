@@ -18,6 +18,7 @@ and its time to first token is reported apart for cache hits and whole prefills.
 
     python bench/scripts/worker_bench.py --out bench-worker.json          # the demo pair, target widened
     python bench/scripts/worker_bench.py --target DIR --drafter DIR       # any local target + head
+    python bench/scripts/worker_bench.py --family nemotron_h              # a tiny pair of another MTP family, widened
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -145,6 +146,12 @@ def predicted_speedup(acceptance: float, depth: int, costs: dict) -> dict:
 def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
     if args.target:
         return Path(args.target), Path(args.drafter), "given on the command line"
+    if args.family:
+        from devkit.demo.tiny_families import build_bench_pair
+
+        target, head = build_bench_pair(args.family, workdir, args.mlp_multiplier)
+        return target, head, (f"the tiny random `{args.family}` pair of devkit.demo.tiny_families, its target's MLPs "
+                              f"and experts widened x{args.mlp_multiplier} (function-preserving; the head unchanged)")
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
@@ -305,9 +312,12 @@ def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict
     verify = timed(lambda cache: parts.lm_head(parts.hidden(wide, cache)))
     hidden = parts.hidden(context, None)[:, -1:, :]
 
+    embed = getattr(head_module, "embed", None) or parts.embed  # a head with its own embeddings and output head
+    logits = getattr(head_module, "logits", None) or parts.lm_head
+
     def head_step(_cache):
         cache = head_module.make_cache()
-        return parts.lm_head(head_module(parts.embed(one), hidden, cache))
+        return logits(head_module(embed(one), hidden, cache))
 
     return {"plain_s": plain, "verify_s": verify, "head_s": timed(head_step)}
 
@@ -436,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model directory (default: the demo target, widened)")
     p.add_argument("--drafter", help="MTP head folder (with --target)")
+    p.add_argument("--family", choices=["qwen3_5_moe", "qwen3_next", "nemotron_h", "glm4_moe_lite"],
+                   help="a tiny random pair of this MTP family, its target widened (default: the demo qwen3_5 pair); "
+                   "mlx-vlm 0.7.10 runs MTP for qwen3_5_moe and nemotron_h only")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
                    help="configurations to run (default: all)")
     p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
@@ -451,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if bool(args.target) != bool(args.drafter):
         p.error("--target and --drafter go together")
+    if args.family and args.target:
+        p.error("--family builds its own pair: give it or --target/--drafter, not both")
     ensure_preload()
     result = asyncio.run(run(args))
     return emit(result, report_lines(result["summary"]), args.out)

@@ -59,7 +59,12 @@ def deep_findings(cfg):
 
 
 def deep_codes(cfg):
-    return sorted(f.code for f in deep_findings(cfg))
+    """The problems `--deep` finds (its notes, such as the MTP family found, left out)."""
+    return sorted(f.code for f in deep_findings(cfg) if f.severity != "note")
+
+
+def deep_notes(cfg):
+    return [f.message for f in deep_findings(cfg) if f.severity == "note"]
 
 
 def test_matching_local_models_pass(tmp_path):
@@ -208,3 +213,82 @@ def test_max_context_tokens_beyond_the_models_own_maximum_is_refused(tmp_path, w
 def test_max_context_tokens_is_unchecked_when_the_model_records_no_maximum(tmp_path):
     t = model_dir(tmp_path, "t", 64)
     assert deep_codes(capped_fleet(tmp_path, t, 10**9)) == []
+
+
+# -- MTP families and layouts ----------------------------------------------------------------
+
+
+def test_a_served_head_is_reported_as_a_note_naming_its_family_and_layout(tmp_path):
+    cfg = fleet(tmp_path, qwen35(tmp_path), mtp_head(tmp_path), "bf16", "bf16")
+    [f] = deep_findings(cfg)
+    assert (f.code, f.severity, f.path) == ("mtp-family", "note", ("workers", "w", "drafter", "path"))
+    assert f.message == "a `qwen3_5_mtp` head: a standalone head folder, a dense MLP, unquantized"
+    _, report = load_config(cfg, deep=True)
+    assert report.ok and report.to_json()["notes"][0]["code"] == "mtp-family"
+
+
+def test_a_bundled_head_is_reported_with_its_prefix(tmp_path):
+    with_head = qwen35(tmp_path, "with-head", bundled=True)
+    assert deep_notes(fleet(tmp_path, with_head, with_head, "bf16", "bf16")) == [
+        "a `qwen3_5_mtp` head: bundled in the target's checkpoint as `mtp.*`, a dense MLP, unquantized"]
+
+
+@pytest.mark.parametrize(("tensors", "says"), [
+    (("layers.0.mlp.switch_mlp.gate_proj.weight", "layers.0.mlp.switch_mlp.gate_proj.scales"), "stacked MoE experts"),
+    (("layers.0.mlp.experts.0.gate_proj.weight", "layers.0.mlp.experts.1.gate_proj.weight"), "per-expert MoE tensors"),
+    (("layers.0.mlp.experts.gate_up_proj", "layers.0.mlp.experts.down_proj"), "fused `gate_up_proj` MoE experts"),
+])
+def test_a_moe_heads_layout_and_per_path_quantization_are_named(tmp_path, tensors, says):
+    text = {"model_type": "qwen3_5_moe_text", "hidden_size": 64, "vocab_size": 1024, "num_experts": 4}
+    quant = {"bits": 6, "group_size": 64, "layers.0.mlp.gate": {"bits": 8, "group_size": 64},
+             "layers.0.mlp.shared_expert_gate": {"bits": 8, "group_size": 64}}
+    head = model_dir(tmp_path, "head", config={"model_type": "qwen3_5_mtp", "text_config": text, "quantization": quant},
+                     tensors=HEAD_TENSORS + tensors + ("layers.0.mlp.gate.scales",))
+    target = model_dir(tmp_path, "t", config={"model_type": "qwen3_5_moe", "text_config": text}, tensors=TARGET_TENSORS)
+    [note] = deep_notes(fleet(tmp_path, target, head, "bf16", 6))
+    assert note == f"a `qwen3_5_mtp` head: a standalone head folder, {says}, 6-bit with 2 per-module overrides"
+
+
+def test_a_head_of_a_family_not_served_is_refused_saying_why(tmp_path, monkeypatch):
+    import dataclasses
+
+    from mtpstack.validator import BY_HEAD_TYPE
+
+    # Every family in the table is served today; one marked otherwise stands for the next one added.
+    monkeypatch.setitem(BY_HEAD_TYPE, "glm4_moe_lite_mtp", dataclasses.replace(
+        BY_HEAD_TYPE["glm4_moe_lite_mtp"], served=False, why_not="its state cannot be rolled back"))
+    text = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024}
+    head = model_dir(tmp_path, "head", config={"model_type": "glm4_moe_lite_mtp", "text_config": text}, tensors=HEAD_TENSORS)
+    target = model_dir(tmp_path, "t", config=dict(text), tensors=TARGET_TENSORS)
+    [f] = deep_findings(fleet(tmp_path, target, head, "bf16", "bf16"))
+    assert (f.code, f.severity) == ("mtp-family-not-served", "error")
+    assert "`glm4_moe_lite_mtp` head, which the worker does not serve: its state cannot be rolled back" in f.message
+
+
+def test_a_glm_head_bundled_as_a_layer_past_the_last_is_found_and_named(tmp_path):
+    config = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 3}
+    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
+        "model.layers.3.eh_proj.weight", "model.layers.3.mlp.experts.0.gate_proj.weight"))
+    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
+        "a `glm4_moe_lite_mtp` head: bundled in the target's checkpoint as `model.layers.3.*`, per-expert MoE tensors, unquantized"]
+
+
+def test_a_nemotron_head_bundled_as_mtp_tensors_is_found_and_named(tmp_path):
+    config = {"model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 4}
+    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
+        "mtp.layers.0.eh_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight"))
+    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
+        "a `nemotron_h_mtp` head: bundled in the target's checkpoint as `mtp.*`, per-expert MoE tensors, unquantized"]
+
+
+def test_mtp_tensors_in_a_target_of_no_known_family_are_refused(tmp_path):
+    llama = model_dir(tmp_path, "t", config={"model_type": "llama", "vocab_size": 1024}, tensors=TARGET_TENSORS + ("mtp.fc.weight",))
+    [f] = deep_findings(fleet(tmp_path, llama, llama, "bf16", "bf16"))
+    assert f.code == "mtp-family-not-served" and "no MTP family is known for `llama` targets" in f.message
+    assert "`qwen3_5_moe`" in f.hint
+
+
+def test_a_mamba2_hybrid_as_a_separate_draft_model_is_refused_naming_its_layers(tmp_path):
+    nemotron = model_dir(tmp_path, "small", config={"model_type": "nemotron_h", "vocab_size": 1024}, tensors=TARGET_TENSORS)
+    [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), nemotron, "bf16", "bf16"))
+    assert f.code == "recurrent-draft-model" and "a `nemotron_h` model with mamba2 layers" in f.message

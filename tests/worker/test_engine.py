@@ -220,3 +220,22 @@ def test_a_prompt_prefilled_over_several_chunks_gives_what_one_chunk_gives(engin
     chunked = run(engine, engine.text_prompt(prompt), depth=3)
     assert chunked.tokens == whole.tokens == reference[prompt]
     assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
+
+
+@pytest.mark.parametrize(("claim", "config", "says"), [
+    ("6", {"quantization": {"bits": 4, "group_size": 64}}, "claimed 6, config.json records 4"),
+    ("bf16", {"quantization": {"bits": 4, "group_size": 64}}, "claimed bf16, config.json records 4"),
+    ("4", {"text_config": {"torch_dtype": "bfloat16"}}, "claimed 4, config.json records bf16"),
+    ("4", {"quantization": {"bits": 4, "group_size": 64}}, None),
+    ("fp32", {}, None),  # nothing recorded: nothing to compare
+])
+def test_identity_and_deep_compare_the_bits_claim_the_same_way(tmp_path, claim, config, says):
+    """One comparison (`validator.bits_disagreement`): the worker's `/identity` says what `--deep` says."""
+    from pathlib import Path
+
+    from mtpstack.validator import bits_disagreement
+    from mtpstack.worker.engine import LoadedModel, bits_mismatch
+
+    loaded = LoadedModel(path="m", resolved_path=Path(tmp_path), model=None, config=config, bits=claim, sha256="")
+    assert bits_mismatch(loaded) == says
+    assert (bits_disagreement(claim, config) is None) == (says is None)

@@ -42,7 +42,7 @@ def run_all(engine, prompts, depths, width):
 def test_the_engine_detects_a_head_and_keeps_step_states_for_the_gated_delta_layers(engine):
     assert engine.draft_kind == "mtp"
     assert engine.drafter.identity()["kind"] == "mtp"
-    assert {"kv", "step-state"} <= set(engine.cache_kinds)
+    assert {"kv", "gated-delta"} <= set(engine.cache_kinds)
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 3, 4, 5, 6])

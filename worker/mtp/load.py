@@ -1,20 +1,19 @@
-"""Load an MTP head: a standalone folder, or the `mtp.*` tensors bundled in a target's original checkpoint."""
+"""Load an MTP head: a standalone folder, or the head's tensors bundled in a target's original checkpoint.
+
+Which family a folder or a target belongs to, where a bundled head's tensors sit, and which
+families are served all come from the one table, `mtpstack.validator.families` (`FAMILIES`).
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtpstack.validator import BUNDLED_MTP_PREFIX, read_config, same_directory
-from mtpstack.worker.mtp.qwen3_5 import Qwen35MTPHead
-
-#: Standalone folder `model_type` -> head class.
-HEADS = {"qwen3_5_mtp": Qwen35MTPHead}
-#: Target family (`model_type`, or its `text_config.model_type`) -> head class for bundled `mtp.*` tensors.
-BUNDLED = {"qwen3_5": Qwen35MTPHead, "qwen3_5_moe": Qwen35MTPHead, "qwen3_5_text": Qwen35MTPHead, "qwen3_next": Qwen35MTPHead}
+from mtpstack.validator import BY_HEAD_TYPE, FAMILIES, Family, bundled_prefix, family_for_target, read_config, same_directory
 
 
 class HeadLoadError(ValueError):
@@ -26,6 +25,12 @@ class LoadedHead:
     module: nn.Module
     config: dict  # the head's own config.json, or the target's for a bundled head
     bundled: bool
+    family: Family
+
+
+def head_class(family: Family) -> type:
+    """The family's head class: `Head` of `mtpstack.worker.mtp.<family.module>`."""
+    return importlib.import_module(f"mtpstack.worker.mtp.{family.module}").Head
 
 
 def _text_config(config: dict) -> dict:
@@ -33,13 +38,69 @@ def _text_config(config: dict) -> dict:
     return dict(text) if isinstance(text, dict) else dict(config)
 
 
-def _read_tensors(directory: Path, *, only_prefix: str | None = None) -> dict[str, mx.array]:
+def _read_tensors(directory: Path, *, only_prefix: str | None = None) -> tuple[dict[str, mx.array], bool]:
+    """The tensors (those under `only_prefix`), and whether any came from a file not written by MLX
+    (an original checkpoint, whose norms are stored zero-centred)."""
     weights: dict[str, mx.array] = {}
+    original = False
     for file in sorted(directory.glob("*.safetensors")):
-        for key, value in mx.load(str(file)).items():
-            if only_prefix is None or key.startswith(only_prefix):
-                weights[key] = value
-    return weights
+        tensors, metadata = mx.load(str(file), return_metadata=True)
+        taken = {k: v for k, v in tensors.items() if only_prefix is None or k.startswith(only_prefix)}
+        original |= bool(taken) and (metadata or {}).get("format") != "mlx"
+        weights.update(taken)
+    return weights, original
+
+
+def _served(family: Family, where: Path) -> Family:
+    if not family.served:
+        raise HeadLoadError(
+            f"`{family.head_type}` heads are not served: {family.why_not}: `{where}`"
+            "\n\nhint: serve the target without a drafter, or with a separate draft model of attention layers only"
+        )
+    return family
+
+
+def _family(drafter: Path, config: dict, bundled: bool) -> Family:
+    if bundled:
+        family = family_for_target(config.get("model_type"), _text_config(config).get("model_type"))
+        if family is None:
+            known = ", ".join(f"`{t}`" for f in FAMILIES if f.served for t in f.targets)
+            raise HeadLoadError(
+                f"no MTP head is known for target type `{config.get('model_type')}` (known: {known}): `{drafter}`"
+            )
+        return _served(family, drafter)
+    family = BY_HEAD_TYPE.get(config.get("model_type"))
+    if family is None:
+        known = ", ".join(f"`{k}`" for k in BY_HEAD_TYPE)
+        raise HeadLoadError(
+            f"not an MTP head folder: model_type is `{config.get('model_type')}` (known: {known}): `{drafter}`"
+        )
+    return _served(family, drafter)
+
+
+def quantize(module: nn.Module, quantization: dict | None, weights: dict[str, mx.array], *, prefix: str = "") -> None:
+    """Quantize the modules whose tensors come quantized, each with its own parameters.
+
+    `quantization` is a `config.json` entry as mlx-lm and mlx-vlm write it: the defaults
+    (`bits`, `group_size`, `mode`) and per-module overrides keyed by module path (an 8-bit
+    router gate in a 4-bit model: `"layers.0.mlp.gate": {"bits": 8, "group_size": 64}`; False
+    for a module left unquantized). A bundled head's overrides carry the checkpoint's prefix
+    (`mtp.layers.0.mlp.gate`), removed here with `prefix`.
+    """
+    if not isinstance(quantization, dict) or not any(k.endswith(".scales") for k in weights):
+        return
+    defaults = {k: quantization[k] for k in ("bits", "group_size", "mode") if k in quantization}
+    overrides = {k.removeprefix(prefix): v for k, v in quantization.items()
+                 if k.startswith(prefix) and isinstance(v, (dict, bool)) and k not in defaults}
+
+    def predicate(path: str, m: nn.Module):
+        if not hasattr(m, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        own = overrides.get(path)
+        return own if isinstance(own, dict) else True
+
+    nn.quantize(module, group_size=defaults.get("group_size", 64), bits=defaults.get("bits", 4),
+                mode=defaults.get("mode", "affine"), class_predicate=predicate)
 
 
 def load_head(drafter: Path, target: Path) -> LoadedHead:
@@ -48,45 +109,29 @@ def load_head(drafter: Path, target: Path) -> LoadedHead:
     config = read_config(drafter)
     if config is None:
         raise HeadLoadError(f"the MTP head has no readable `config.json`: `{drafter}`")
+    family = _family(drafter, config, bundled)
     if bundled:
-        family = config.get("model_type")
-        family = family if family in BUNDLED else _text_config(config).get("model_type")
-        cls = BUNDLED.get(family)
-        if cls is None:
-            known = ", ".join(f"`{k}`" for k in BUNDLED)
-            raise HeadLoadError(f"no MTP head is known for target type `{family}` (known: {known}): `{drafter}`")
-        weights = _read_tensors(drafter, only_prefix=BUNDLED_MTP_PREFIX)
+        prefix = bundled_prefix(config)
+        weights, original = _read_tensors(drafter, only_prefix=prefix)
         if not weights:
             raise HeadLoadError(
-                f"the target's checkpoint holds no `{BUNDLED_MTP_PREFIX}*` tensors (converted targets usually drop them): "
+                f"the target's checkpoint holds no `{prefix}*` tensors (converted targets usually drop them): "
                 f"`{drafter}`\n\nhint: point `drafter.path` at the standalone head folder"
             )
-        original = True  # `mtp.*` tensors only survive in original-layout checkpoints
     else:
-        cls = HEADS.get(config.get("model_type"))
-        if cls is None:
-            known = ", ".join(f"`{k}`" for k in HEADS)
-            raise HeadLoadError(
-                f"not an MTP head folder: model_type is `{config.get('model_type')}` (known: {known}): `{drafter}`"
-            )
-        weights = _read_tensors(drafter)
-        original = any(k.startswith(BUNDLED_MTP_PREFIX) for k in weights)
+        prefix = ""
+        weights, original = _read_tensors(drafter)
     text = _text_config(config)
-    module = cls.from_config(text)
-    weights = module.sanitize(weights, original=original)
-    quant = config.get("quantization") if not bundled else None
-    if isinstance(quant, dict) and "bits" in quant:
-        nn.quantize(
-            module,
-            group_size=quant.get("group_size", 64),
-            bits=quant["bits"],
-            mode=quant.get("mode", "affine"),
-            class_predicate=lambda path, m: hasattr(m, "to_quantized") and f"{path}.scales" in weights,
-        )
+    module = head_class(family).from_config(text)
+    try:
+        weights = module.sanitize(weights, prefix=family.prefix_for(text), original=original)
+    except ValueError as e:
+        raise HeadLoadError(f"the MTP head's tensors cannot be read: {e}: `{drafter}`") from None
+    quantize(module, config.get("quantization"), weights, prefix=prefix)
     try:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise HeadLoadError(f"the MTP head's tensors do not fit its config ({e}): `{drafter}`") from None
     mx.eval(module.parameters())
     module.eval()
-    return LoadedHead(module=module, config=config, bundled=bundled)
+    return LoadedHead(module=module, config=config, bundled=bundled, family=family)

@@ -3,10 +3,17 @@
 One draft step: `norm(layers(fc(concat(norm_e(embed(token)), norm_h(hidden)))))`.
 The layers are full-attention decoder layers of the target's own family, built
 with mlx-lm's `qwen3_5.DecoderLayer` so their tensor names and maths are the
-target's; each keeps its own KV cache.
+target's (a MoE block when the text config has experts); each keeps its own KV cache.
+
+Checkpoint layouts read by `sanitize`: mlx-vlm's standalone folders (stacked
+`switch_mlp` experts, norms as `1 + w`), and the `mtp.*` tensors of original
+checkpoints (norms zero-centred; MoE experts per expert, `experts.E.{gate,up,down}_proj`,
+or fused, `experts.gate_up_proj` + `experts.down_proj`).
 """
 
 from __future__ import annotations
+
+import re
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,8 +34,33 @@ ZERO_CENTRED_NORMS = (
 )
 
 
+_PER_EXPERT = re.compile(r"(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)")
+
+
+def _fuse_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Experts as mlx-lm's `SwitchGLU` holds them: `switch_mlp.{gate,up,down}_proj`, experts stacked first."""
+    out: dict[str, mx.array] = {}
+    groups: dict[tuple[str, str, str], dict[int, mx.array]] = {}
+    for key, value in weights.items():
+        if m := _PER_EXPERT.fullmatch(key):
+            mlp, expert, proj, what = m.groups()
+            groups.setdefault((mlp, proj, what), {})[int(expert)] = value
+        elif key.endswith(".experts.gate_up_proj"):
+            mlp = key.removesuffix(".experts.gate_up_proj")
+            gate, up = mx.split(value, 2, axis=-2)  # [experts, 2 * moe_intermediate, hidden]
+            out[f"{mlp}.switch_mlp.gate_proj.weight"], out[f"{mlp}.switch_mlp.up_proj.weight"] = gate, up
+        elif key.endswith(".experts.down_proj"):
+            out[f"{key.removesuffix('.experts.down_proj')}.switch_mlp.down_proj.weight"] = value
+        else:
+            out[key] = value
+    for (mlp, proj, what), experts in groups.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise ValueError(f"`{mlp}.experts.*.{proj}` has experts {sorted(experts)}, not 0..{len(experts) - 1}")
+        out[f"{mlp}.switch_mlp.{proj}.{what}"] = mx.stack([experts[e] for e in range(len(experts))])
+    return out
+
+
 class Qwen35MTPHead(nn.Module):
-    model_type = "qwen3_5_mtp"
 
     def __init__(self, args: qwen3_5.TextModelArgs, num_layers: int):
         super().__init__()
@@ -42,6 +74,12 @@ class Qwen35MTPHead(nn.Module):
     @classmethod
     def from_config(cls, text_config: dict) -> "Qwen35MTPHead":
         # Every head layer is a full-attention layer: interval 1 makes layer 0 one.
+        text_config = dict(text_config)
+        if "rope_parameters" not in text_config and "rope_theta" in text_config:
+            # A Qwen3-Next config (a bundled head, or a folder not written by mlx-vlm's splitter) keeps
+            # its rotary settings at the top; Qwen3.5's layers read them from `rope_parameters`.
+            text_config["rope_parameters"] = {"type": "default", "rope_theta": text_config["rope_theta"],
+                                              "partial_rotary_factor": text_config.get("partial_rotary_factor", 1.0)}
         args = qwen3_5.TextModelArgs.from_dict({**text_config, "full_attention_interval": 1})
         return cls(args, int(text_config.get("mtp_num_hidden_layers", 1)))
 
@@ -57,12 +95,18 @@ class Qwen35MTPHead(nn.Module):
         return [KVCache() for _ in self.layers]
 
     @staticmethod
-    def sanitize(weights: dict[str, mx.array], *, original: bool) -> dict[str, mx.array]:
-        """Drop the `mtp.` prefix; an original checkpoint's zero-centred norms become `1 + w`."""
+    def sanitize(weights: dict[str, mx.array], *, prefix: str = "mtp.", original: bool) -> dict[str, mx.array]:
+        """The module's own names: `prefix` dropped, an original checkpoint's zero-centred norms as
+        `1 + w`, MoE experts stacked (`_fuse_experts`)."""
         out = {}
         for key, value in weights.items():
-            key = key.removeprefix("mtp.")
-            if original and value.ndim == 1 and key.endswith(ZERO_CENTRED_NORMS):
+            had_prefix = key.startswith(prefix)
+            key = key.removeprefix(prefix)
+            if original and had_prefix and value.ndim == 1 and key.endswith(ZERO_CENTRED_NORMS):
                 value = value + 1.0
             out[key] = value
-        return out
+        return _fuse_experts(out)
+
+
+#: The family's head class, as `mtpstack.worker.mtp.load.head_class` finds it.
+Head = Qwen35MTPHead

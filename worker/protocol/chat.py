@@ -103,10 +103,7 @@ _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def grammars_for(engine) -> Grammars:
     if engine not in _grammars:
-        from mtpstack.validator import config_value
-
-        vocab = config_value(engine.target.config, "vocab_size") or len(engine.tokenizer._tokenizer)
-        _grammars[engine] = Grammars(engine.tokenizer, vocab)
+        _grammars[engine] = Grammars(engine.tokenizer, engine.vocab_size)
     return _grammars[engine]
 
 

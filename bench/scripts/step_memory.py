@@ -1,0 +1,145 @@
+"""Speculation's extra memory per row per drafted position, measured against what the state sizes predict.
+
+    LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_memory.py [--depths 1 2 4] [--widths 1 4] [--repeats 7]
+
+A verify step of a hybrid target keeps every gated-delta layer's recurrent state after each of its
+`1 + k` positions until the accepted one is committed (`mtpstack.worker.caches.StepStateCache`):
+`linear layers x value heads x key dim x value dim x 4` bytes (fp32) per row per drafted position,
+plus a conv window of `conv_dim` values and the attention layers' KV, both small. This script
+builds a tiny Qwen3.5-family target widened where that state lives (more and larger linear heads),
+runs real decode steps at each width and depth, and reports the peak memory in use during one step
+(mlx's peak counter, reset before each step) above the depth-0 step's, per row per drafted position,
+next to the prediction: median and min-max over `--repeats` steps. `predicted_bytes` also gives the
+figure at a real model's dimensions (`--model-dims qwen3.5-35b-a3b`). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+#: Text-config dimensions of real models (from their config.json), for the predicted figure.
+MODEL_DIMS = {
+    # Qwen3.5-35B-A3B: 40 layers, every 4th full attention: 30 gated-delta layers.
+    "qwen3.5-35b-a3b": dict(num_hidden_layers=40, full_attention_interval=4, linear_num_value_heads=32,
+                            linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                            linear_conv_kernel_dim=4, num_key_value_heads=2, head_dim=256),
+}
+#: The widened tiny target: small everywhere except the linear-attention state.
+WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_attention_interval=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=8,
+            linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
+
+
+def predicted_bytes(text: dict) -> dict[str, int]:
+    """Bytes one row keeps per drafted position: recurrent state (fp32), conv window and attention KV (bf16)."""
+    layers = text["num_hidden_layers"]
+    linear = layers - layers // text["full_attention_interval"]
+    attention = layers - linear
+    state = linear * text["linear_num_value_heads"] * text["linear_key_head_dim"] * text["linear_value_head_dim"] * 4
+    conv_dim = 2 * text["linear_num_key_heads"] * text["linear_key_head_dim"] + text["linear_num_value_heads"] * text["linear_value_head_dim"]
+    conv = linear * conv_dim * 2
+    kv = attention * 2 * text["num_key_value_heads"] * text["head_dim"] * 2
+    return {"state": state, "conv": conv, "kv": kv, "total": state + conv + kv}
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def build_pair(out: Path) -> tuple[Path, Path]:
+    import mlx.core as mx
+
+    from devkit.demo.modeldir import build_head, build_qwen3_5, head_config, qwen3_5_config, qwen3_5_text_config, save_head_dir, save_model_dir
+
+    mx.random.seed(0)
+    config = qwen3_5_config(qwen3_5_text_config(**WIDE))
+    target = build_qwen3_5(config)
+    hconfig = head_config(config["text_config"])
+    head = build_head(hconfig)
+    return save_model_dir(target, config, out / "target"), save_head_dir(head, hconfig, out / "mtp")
+
+
+def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
+    """Peak bytes in use during each of `repeats` decode steps of `width` rows at `depth`."""
+    import mlx.core as mx
+
+    from mtpstack.worker.engine import SamplingParams, Scheduler
+
+    prompts = ["def main():", "import os\n", "The quick brown fox", "x = 1\n"]
+    sched = Scheduler(max_num_seqs=width)
+    for i in range(width):
+        sched.add(engine.new_sequence(engine.text_prompt(prompts[i % 4]),
+                                      SamplingParams(max_tokens=10_000, depth=depth, ignore_eos=True)))
+    while any(not seq.in_batch for seq in sched.active):
+        sched.step()
+    for _ in range(2):  # warm-up steps, discarded
+        sched.step()
+    peaks = []
+    for _ in range(repeats):
+        # The absolute peak: what a step leaves lazily referenced (a commit is evaluated by the next
+        # step) is part of what speculation costs, so nothing is subtracted but the depth-0 step's peak.
+        mx.synchronize()
+        mx.reset_peak_memory()
+        sched.step()
+        mx.synchronize()
+        peaks.append(mx.get_peak_memory())
+    return peaks
+
+
+def measure(depths: list[int], widths: list[int], repeats: int) -> dict:
+    from mtpstack.worker.engine import Engine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target, head = build_pair(Path(tmp))
+        engine = Engine.load(str(target), str(head), draft_depth=max(depths))
+        predicted = predicted_bytes(engine.target.config["text_config"])["total"]
+        rows = []
+        for width in widths:
+            base = statistics.median(step_peaks(engine, width, 0, repeats))
+            for depth in depths:
+                extra = [(p - base) / (width * depth) for p in step_peaks(engine, width, depth, repeats)]
+                rows.append({"width": width, "depth": depth, "median": statistics.median(extra), "min": min(extra),
+                             "max": max(extra), "predicted": predicted, "ratio": statistics.median(extra) / predicted})
+    return {"dims": WIDE, "repeats": repeats, "rows": rows}
+
+
+def table(report: dict) -> list[str]:
+    lines = [f"{'width':>5} {'depth':>5} {'measured median':>16} {'min-max':>24} {'predicted':>12} {'ratio':>6}"]
+    for r in report["rows"]:
+        lines.append(f"{r['width']:>5} {r['depth']:>5} {mib(r['median']):>16} {mib(r['min']) + ' - ' + mib(r['max']):>24} "
+                     f"{mib(r['predicted']):>12} {r['ratio']:>6.2f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the predicted figure at a real model's dimensions and exit")
+    p.add_argument("--out", help="write the JSON report here (default: stdout)")
+    args = p.parse_args(argv)
+    if args.model_dims:
+        b = predicted_bytes(MODEL_DIMS[args.model_dims])
+        print(f"{args.model_dims}: {mib(b['total'])} per row per drafted position "
+              f"(recurrent state {mib(b['state'])}, conv window {mib(b['conv'])}, attention KV {mib(b['kv'])})")
+        return 0
+    report = measure(args.depths, args.widths, args.repeats)
+    print("\n".join(table(report)), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

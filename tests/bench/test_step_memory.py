@@ -1,0 +1,20 @@
+"""The memory bench's prediction: bytes a row keeps per drafted position, from a model's dimensions."""
+
+from __future__ import annotations
+
+from devkit.scripts import load_script
+
+sm = load_script("step_memory")
+
+
+def test_the_prediction_at_qwen35_35b_a3b_dimensions_is_the_documented_60_mib_of_state():
+    b = sm.predicted_bytes(sm.MODEL_DIMS["qwen3.5-35b-a3b"])
+    assert b["state"] == 30 * 32 * 128 * 128 * 4 == 60 * 2**20
+    assert b["conv"] == 30 * (2 * 16 * 128 + 32 * 128) * 2
+    assert b["kv"] == 10 * 2 * 2 * 256 * 2
+    assert b["total"] == b["state"] + b["conv"] + b["kv"]
+
+
+def test_a_target_of_attention_only_keeps_no_recurrent_state():
+    dims = dict(sm.WIDE, full_attention_interval=1)
+    assert sm.predicted_bytes(dims)["state"] == 0
