@@ -13,14 +13,6 @@ from mtpstack.bench.sweep import SweepSettings
 
 
 @pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
-    pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
-    from devkit.demo.tiny import build_tiny_pair
-
-    return build_tiny_pair(tmp_path_factory.mktemp("tiny-a"), seed=0)
-
-
-@pytest.fixture(scope="session")
 def other_pair(tmp_path_factory) -> tuple[Path, Path]:
     pytest.importorskip("mlx.core", reason="the real-sweep tests need mlx (Linux: pip install 'mlx[cpu]')")
     from devkit.demo.tiny import build_tiny_pair

@@ -7,11 +7,10 @@ import pytest
 pytest.importorskip("mlx.core", reason="the acceptance tool needs mlx")
 
 from devkit.demo.acceptance import CODE_PROMPTS, PROSE_PROMPTS, format_head_rows, measure  # noqa: E402
-from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair  # noqa: E402
 
 
-def test_served_acceptance_counts_every_prompt_and_stays_within_what_was_drafted(tmp_path):
-    target, head = build_tiny_hybrid_pair(tmp_path, seed=0)
+def test_served_acceptance_counts_every_prompt_and_stays_within_what_was_drafted(hybrid_pair):
+    target, head = hybrid_pair
     results = measure(target, head, depth=2, max_tokens=12)
     assert len(results) == len(CODE_PROMPTS) + len(PROSE_PROMPTS)
     assert all(0 <= r.from_draft <= r.drafted and 0 < r.generated <= 12 for r in results)

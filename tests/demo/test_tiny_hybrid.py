@@ -40,8 +40,8 @@ HEAD_TENSORS = {
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)
+def pair(hybrid_pair):
+    return hybrid_pair
 
 
 @pytest.fixture(scope="module")

@@ -67,26 +67,26 @@ def test_cli_writes_the_copy_and_prints_its_path(tiny_pair, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def widened_hybrid(tiny_hybrid_pair, tmp_path_factory):
-    target_dir, _ = tiny_hybrid_pair
+def widened_hybrid(hybrid_pair, tmp_path_factory):
+    target_dir, _ = hybrid_pair
     return widen(target_dir, tmp_path_factory.mktemp("wide-hybrid") / "target", mlp_multiplier=3, extra_layers=3)
 
 
-def test_widened_hybrid_continues_the_layer_pattern(tiny_hybrid_pair, widened_hybrid):
+def test_widened_hybrid_continues_the_layer_pattern(hybrid_pair, widened_hybrid):
     from mlx_lm.utils import load_model
 
-    source = json.loads((tiny_hybrid_pair[0] / "config.json").read_text())["text_config"]
+    source = json.loads((hybrid_pair[0] / "config.json").read_text())["text_config"]
     config = json.loads((widened_hybrid / "config.json").read_text())
     assert config["model_type"] == "qwen3_5"
     assert config["text_config"]["intermediate_size"] == 3 * source["intermediate_size"]
     assert config["text_config"]["num_hidden_layers"] == source["num_hidden_layers"] + 3
     model, _ = load_model(widened_hybrid)  # strict: every tensor of every new layer is there
     assert [layer.is_linear for layer in model.layers] == [True, False] * 3 + [True]
-    assert parameter_count(widened_hybrid) > 2 * parameter_count(tiny_hybrid_pair[0])
+    assert parameter_count(widened_hybrid) > 2 * parameter_count(hybrid_pair[0])
 
 
-def test_widened_hybrid_greedy_output_equals_original(tiny_hybrid_pair, widened_hybrid):
-    original, tokenizer = mlx_lm.load(str(tiny_hybrid_pair[0]))
+def test_widened_hybrid_greedy_output_equals_original(hybrid_pair, widened_hybrid):
+    original, tokenizer = mlx_lm.load(str(hybrid_pair[0]))
     wide, _ = mlx_lm.load(str(widened_hybrid))
     for prompt in PROMPTS:
         assert greedy_tokens(wide, tokenizer, prompt) == greedy_tokens(original, tokenizer, prompt)

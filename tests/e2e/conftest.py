@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devkit.demo.tiny import build_tiny_pair
 from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, free_port, http_status, url_of
 from mtpstack.validator import FleetConfig, worker_argv
@@ -96,11 +95,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
-    return build_tiny_pair(tmp_path_factory.mktemp("models"), seed=0)
-
-
 def fleet(target: Path, drafter: Path, *, width: int, workers: int = 1, extra_args: list[str] | None = None) -> dict:
     return {
         "proxy": {"port": free_port(), "modelConcurrencyLimits": {"tiny": width}, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
@@ -133,16 +127,16 @@ def running_stack(root: Path, config: dict):
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_models, tmp_path_factory):
+def stack(tiny_pair, tmp_path_factory):
     """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""
-    with running_stack(tmp_path_factory.mktemp("stack"), fleet(*tiny_models, width=2)) as s:
+    with running_stack(tmp_path_factory.mktemp("stack"), fleet(*tiny_pair, width=2)) as s:
         yield s
 
 
 @pytest.fixture
-def width_1_worker(tiny_models, tmp_path):
+def width_1_worker(tiny_pair, tmp_path):
     """A real worker serving one sequence at a time, with a short admission grace."""
-    data = fleet(*tiny_models, width=1, extra_args=["--admission-grace-seconds", "0.2"])
+    data = fleet(*tiny_pair, width=1, extra_args=["--admission-grace-seconds", "0.2"])
     profile = FleetConfig.model_validate(data).workers["w0"]
     proc = Process(
         resolve_command(worker_argv(profile)), log_path=tmp_path / "worker.log", kind="worker", url=url_of(profile.host, profile.port),

@@ -51,11 +51,11 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def keyed_stack(tiny_models, tmp_path_factory):
+def keyed_stack(tiny_pair, tmp_path_factory):
     """One worker of width 2 behind a proxy that wants an API key."""
     root = tmp_path_factory.mktemp("dash-stack")
     (root / "keys").write_text(KEY + "\n")
-    config = fleet(*tiny_models, width=2)
+    config = fleet(*tiny_pair, width=2)
     config["proxy"]["apiKeysFile"] = str(root / "keys")
     with running_stack(root, config) as s:
         yield s

@@ -49,8 +49,8 @@ class Workers:
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_models, tmp_path_factory):
-    data = fleet(*tiny_models, width=1, workers=2)
+def workers(tiny_pair, tmp_path_factory):
+    data = fleet(*tiny_pair, width=1, workers=2)
     w = Workers(data, tmp_path_factory.mktemp("routing"))
     try:
         for name in ("w0", "w1"):

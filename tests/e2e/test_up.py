@@ -23,8 +23,8 @@ def up(config: dict, tmp_path, timeout: float = 120) -> subprocess.CompletedProc
     )
 
 
-def test_an_invalid_fleet_is_refused_with_the_validators_message(tiny_models, tmp_path):
-    config = fleet(*tiny_models, width=2)
+def test_an_invalid_fleet_is_refused_with_the_validators_message(tiny_pair, tmp_path):
+    config = fleet(*tiny_pair, width=2)
     config["proxy"]["modelConcurrencyLimits"]["tiny"] = 4
     result = up(config, tmp_path)
     assert result.returncode == 1
@@ -32,8 +32,8 @@ def test_an_invalid_fleet_is_refused_with_the_validators_message(tiny_models, tm
     assert not (tmp_path / "run" / "logs").exists()  # nothing was started
 
 
-def test_a_worker_that_cannot_load_is_named_with_its_log_tail(tiny_models, tmp_path):
-    target, drafter = tiny_models
+def test_a_worker_that_cannot_load_is_named_with_its_log_tail(tiny_pair, tmp_path):
+    target, drafter = tiny_pair
     config = fleet(tmp_path / "no-such-model", drafter, width=1)
     result = up(config, tmp_path)
     assert result.returncode == 1
@@ -42,11 +42,11 @@ def test_a_worker_that_cannot_load_is_named_with_its_log_tail(tiny_models, tmp_p
     assert "Traceback" not in result.stderr.split("log tail")[0]
 
 
-def test_the_log_tail_of_a_worker_that_fails_to_load_is_plain_text(tiny_models, tmp_path):
+def test_the_log_tail_of_a_worker_that_fails_to_load_is_plain_text(tiny_pair, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "nope"}')  # found, listened, then not loadable
-    result = up(fleet(broken, tiny_models[1], width=1), tmp_path)
+    result = up(fleet(broken, tiny_pair[1], width=1), tmp_path)
     assert result.returncode == 1
     tail = result.stderr.split("log tail", 1)[1]
     # The worker logged JSON lines (`mtpstack.logs`); `up` shows them as a person reads them.
@@ -54,8 +54,8 @@ def test_the_log_tail_of_a_worker_that_fails_to_load_is_plain_text(tiny_models, 
     assert '"event"' not in tail
 
 
-def test_a_busy_port_is_named_before_anything_starts(tiny_models, tmp_path):
-    config = fleet(*tiny_models, width=1)
+def test_a_busy_port_is_named_before_anything_starts(tiny_pair, tmp_path):
+    config = fleet(*tiny_pair, width=1)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", config["workers"]["w0"]["port"]))
         busy.listen()
@@ -65,8 +65,8 @@ def test_a_busy_port_is_named_before_anything_starts(tiny_models, tmp_path):
     assert "hint: " in result.stderr
 
 
-def test_sigterm_stops_the_proxy_then_the_workers_and_leaves_no_process(tiny_models, tmp_path):
-    s = Stack(tmp_path, fleet(*tiny_models, width=2, workers=2))
+def test_sigterm_stops_the_proxy_then_the_workers_and_leaves_no_process(tiny_pair, tmp_path):
+    s = Stack(tmp_path, fleet(*tiny_pair, width=2, workers=2))
     try:
         s.wait_ready()
         pids = s.pids()

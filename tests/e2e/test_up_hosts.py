@@ -11,8 +11,8 @@ import sys
 from tests.e2e.conftest import Stack, alive, fleet, get_json, wait_until
 
 
-def placed_fleet(tiny_models) -> dict:
-    config = fleet(*tiny_models, width=1, workers=2)
+def placed_fleet(tiny_pair) -> dict:
+    config = fleet(*tiny_pair, width=1, workers=2)
     # Both "hosts" are this machine, reached at loopback: `there` runs w0, `here` runs w1 and the proxy.
     config["hosts"] = {"here": {"address": "127.0.0.1"}, "there": {"address": "127.0.0.1"}}
     config["proxy"]["deployOn"] = "here"
@@ -21,8 +21,8 @@ def placed_fleet(tiny_models) -> dict:
     return config
 
 
-def test_each_host_runs_its_own_parts_and_the_proxy_reaches_the_other_hosts_worker(tiny_models, tmp_path):
-    config = placed_fleet(tiny_models)
+def test_each_host_runs_its_own_parts_and_the_proxy_reaches_the_other_hosts_worker(tiny_pair, tmp_path):
+    config = placed_fleet(tiny_pair)
     (tmp_path / "there").mkdir()
     (tmp_path / "here").mkdir()
     there = Stack(tmp_path / "there", config, ["--host", "there"])
@@ -59,9 +59,9 @@ def test_each_host_runs_its_own_parts_and_the_proxy_reaches_the_other_hosts_work
         wait_until(lambda: not alive(pid), 15, f"process {pid} to be gone")
 
 
-def test_a_host_name_not_declared_is_refused_with_did_you_mean(tiny_models, tmp_path):
+def test_a_host_name_not_declared_is_refused_with_did_you_mean(tiny_pair, tmp_path):
     path = tmp_path / "fleet.json"
-    path.write_text(json.dumps(placed_fleet(tiny_models)))
+    path.write_text(json.dumps(placed_fleet(tiny_pair)))
     proc = subprocess.run([sys.executable, "-m", "mtpstack", "up", str(path), "--host", "ther", "--run-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1

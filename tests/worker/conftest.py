@@ -23,11 +23,6 @@ START_TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
-    return build_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0)
-
-
-@pytest.fixture(scope="session")
 def echo_pair(tmp_path_factory) -> tuple[Path, Path]:
     """A drafter identical to its target: every drafted token must be accepted."""
     return build_tiny_pair(tmp_path_factory.mktemp("echo"), seed=3, drafter_from_target=True)
@@ -119,13 +114,6 @@ def live_worker(tmp_path):
     for w in started:
         w.proc.stop(timeout=5)
 
-
-@pytest.fixture(scope="session")
-def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny Qwen3.5-family hybrid target (gated-delta + full attention) and its MTP head folder."""
-    from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
-
-    return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)
 
 
 @pytest.fixture(scope="session")

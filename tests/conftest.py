@@ -1,0 +1,26 @@
+"""Fixtures every test folder shares: the tiny real model pairs, built once per run (seed 0).
+
+Session-scoped and shared, so a test must not change their files: copy them first
+(`tests/worker/conftest.py`'s `pair_copier`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A random qwen3 target and an early-exit qwen3 draft model (`devkit.demo.tiny`)."""
+    from devkit.demo.tiny import build_tiny_pair
+
+    return build_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Qwen3.5-family hybrid target (gated-delta + full attention) and its MTP head folder."""
+    from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
+
+    return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)
