@@ -22,7 +22,7 @@ prefill=True)`): attention rows as above, gated-delta rows in
 leaves the prefill batch (`take_row`) and joins the decoding batch
 (`add_row`) once, and leaves that once (`filter`); those, and the prefix
 cache's snapshots (`segment`, `row`), are the only copies of a row's cache.
-Any other cache type is refused by `check_rollback`, naming the layer.
+Any other cache type is refused by `install_rollback`, naming the layer.
 """
 
 from __future__ import annotations
@@ -316,13 +316,11 @@ def _cache_layers(model, caches: list) -> list:
     return layers + [None] * (len(caches) - len(layers))
 
 
-def check_rollback(model) -> list[str]:
-    """Each cache's kind (`kv`, `gated-delta` or `mamba2`, as the family table spells them); raises
-    `CacheNotSupported` naming any other layer.
-
-    Installs the per-position-state forward on every supported gated-delta and Mamba2 layer
-    (the class is swapped in place; weights and plain use are unchanged).
-    """
+def install_rollback(model) -> list[str]:
+    """Make `model` roll back exactly: installs the per-position-state forward on every supported
+    gated-delta and Mamba2 layer (the class is swapped in place; weights and plain use are unchanged).
+    Returns each cache's kind (`kv`, `gated-delta` or `mamba2`, as the family table spells them);
+    raises `CacheNotSupported` naming any other layer."""
     from mlx_lm.models.cache import make_prompt_cache
 
     projections = _projections_by_class()

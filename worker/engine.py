@@ -32,7 +32,7 @@ from mlx_lm.sample_utils import apply_top_p
 from mlx_lm.utils import load_model, load_tokenizer
 
 from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
-from mtpstack.worker.caches import CacheNotSupported, add_row, batch_caches, check_rollback, commit, filter_rows, prepare_chunk, take_row
+from mtpstack.worker.caches import CacheNotSupported, add_row, batch_caches, install_rollback, commit, filter_rows, prepare_chunk, take_row
 from mtpstack.worker.drafting import HeadDrafter, ModelDrafter
 from mtpstack.worker.prefix_cache import Hit, PrefixCache, Stretch
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
@@ -137,8 +137,6 @@ class Engine:
             else int(self.parts.embed.weight.shape[0])
         self.cache_kinds = cache_kinds
         self._drafter_factory = drafter_factory
-        # Every supported target is batched with per-row rollback; the attribute stays for /identity.
-        self.batchable = True
 
     @classmethod
     def load(
@@ -157,7 +155,7 @@ class Engine:
             raise ValueError(f"draft kind must be one of {', '.join(DRAFTER_KINDS)}: {draft_kind}")
         t = load_one(target, target_bits)
         try:
-            kinds = check_rollback(t.model)
+            kinds = install_rollback(t.model)
         except CacheNotSupported as e:
             raise ValueError(f"the target cannot be served: {e}: `{target}`") from None
         d, impl = None, None
@@ -225,7 +223,7 @@ def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):
     if tv is not None and dv is not None and tv != dv:
         raise ValueError(f"the drafter's vocabulary ({dv}) differs from the target's ({tv}): `{path}`")
     try:
-        kinds = check_rollback(model)
+        kinds = install_rollback(model)
     except CacheNotSupported as e:
         raise ValueError(f"the draft model cannot be rolled back: {e}: `{path}`") from None
     if any(kind != "kv" for kind in kinds):

@@ -51,7 +51,8 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "draft_depth": config.draft_depth if engine.drafter is not None else None,
         "draft_depth_map": dict(sorted(config.draft_depth_map.items())) if engine.drafter is not None else None,
         "max_num_seqs": config.max_num_seqs,
-        "batched_verification": engine.batchable,
+        # Every served target verifies a batch with per-row rollback (the field stays for readers of it).
+        "batched_verification": True,
         "context_length": engine.context_length,
         "max_context_tokens": config.max_context_tokens,
         "prefix_cache": {"max_gib": config.prefix_cache_gib, "max_bytes": config.prefix_cache_bytes},

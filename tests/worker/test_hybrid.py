@@ -181,14 +181,14 @@ def test_a_model_kind_declared_for_a_head_folder_is_refused_with_a_hint(hybrid_p
 
 
 def test_a_target_whose_cache_cannot_be_rolled_back_is_refused_naming_the_layer(tmp_path):
-    from mtpstack.worker.caches import CacheNotSupported, check_rollback
+    from mtpstack.worker.caches import CacheNotSupported, install_rollback
     from mlx_lm.models import mamba
 
     model = mamba.Model(mamba.ModelArgs(model_type="mamba", vocab_size=32, hidden_size=16, intermediate_size=32,
                                         state_size=4, num_hidden_layers=1, conv_kernel=2, use_bias=False,
                                         use_conv_bias=False, time_step_rank=2))
     with pytest.raises(CacheNotSupported, match="layer 0 .*cannot roll back"):
-        check_rollback(model)
+        install_rollback(model)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 5])
