@@ -6,6 +6,7 @@
 # (`extraCommands`, into NixOS' `nixos-fw` chain, which it flushes on reload).
 let
   placement = import ./placement.nix;
+  distributed = import ./distributed.nix;
 
   # 10.0.0.1 or fd00::1 (an IP literal: nftables takes no host names).
   isIpLiteral =
@@ -74,14 +75,36 @@ let
           family = if family dialled != null then family dialled else family source;
         };
       filtered = map rule remote;
+      # A distributed worker's rank here admits its peers (the other ranks'
+      # hosts) to its rank port: `basePort + rank` at this host's address.
+      rankRules = builtins.concatMap (
+        name:
+        let
+          w = config.workers.${name};
+          rank = distributed.rankOn w hostName;
+          peers = builtins.filter (h: h != hostName && config.hosts ? ${h}) w.distributed.hosts;
+        in
+        if rank == null || !(config.hosts ? ${hostName}) then
+          [ ]
+        else
+          map (h: {
+            worker = name;
+            port = distributed.basePort w + rank;
+            source = config.hosts.${h}.address;
+            family = family config.hosts.${hostName}.address;
+          }) peers
+      ) (if hostName == null then [ ] else parts.workers);
       # Rules whose source cannot match are refused by the modules'
-      # assertions before these texts are used.
-      usable = builtins.filter (r: r.family != null && r.family == family r.source) filtered;
+      # assertions before these texts are used (a rank's peers by the
+      # validator's `distributed-needs-ip`).
+      usable = builtins.filter (r: r.family != null && r.family == family r.source) (filtered ++ rankRules);
     in
     {
       allowedTCPPorts = if parts.proxy then [ config.proxy.port ] else [ ];
       # [ { worker, port, proxyHost, source, dialled, family } ] for the assertions.
       sourceFiltered = filtered;
+      # [ { worker, port, source, family } ]: peers admitted to rank ports here.
+      inherit rankRules;
       nftables = builtins.concatStringsSep "" (
         map (r: "${r.family} saddr ${r.source} tcp dport ${toString r.port} accept\n") usable
       );
