@@ -127,8 +127,23 @@ def unquote_exec_start(line: str) -> list[str]:
     return args
 
 
+#: Fleets that hit each distributed rule for sure, beside the random ones.
+PINNED_FLEETS = [
+    {
+        "proxy": {"deployOn": "gw"},
+        "hosts": {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "mac1.lan"}, "mac2": {"address": "fd00::2"}},
+        "workers": {
+            "a": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 1, "deployOn": "mac2",
+                  "distributed": {"hosts": ["mac1", "mac2", "mac1", "mac-1"]}},
+            "b": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 2, "backend": "mlx-lm",
+                  "distributed": {"hosts": ["gw", "mac2"], "backend": "jaccl"}},
+        },
+    },
+]
+
+
 def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
-    fleets_ = draw_fleets(N_FLEETS)
+    fleets_ = draw_fleets(N_FLEETS) + PINNED_FLEETS
     assert len(fleets_) >= 200
     data = tmp_path / "fleets.json"
     data.write_text(json.dumps(fleets_))
