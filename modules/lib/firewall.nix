@@ -47,7 +47,10 @@ let
       [ ]
     else
       builtins.filter (
-        name: placement.isRemote config name && builtins.elem config.workers.${name}.host wildcardHosts
+        name:
+        placement.isRemote config name
+        && builtins.elem config.workers.${name}.host wildcardHosts
+        && builtins.elem (distributed.rankOn config.workers.${name} hostName) [ null 0 ]
       ) (placement.partsOn config hostName).workers;
 
   rules =
@@ -62,7 +65,9 @@ let
       # Workers here that the proxy dials from another host, each with the
       # address it is dialled at: the proxy connects from its own address
       # of that family, so the rule's family is the dialled one's.
-      remote = if proxyPlaced then builtins.filter (placement.isRemote config) parts.workers else [ ];
+      # Only a distributed worker's rank 0 serves HTTP.
+      http = builtins.filter (name: builtins.elem (distributed.rankOn config.workers.${name} hostName) [ null 0 ]) parts.workers;
+      remote = if proxyPlaced then builtins.filter (placement.isRemote config) http else [ ];
       rule =
         name:
         let
