@@ -41,14 +41,16 @@ from mtpstack.validator import (
     WorkerProfile,
     did_you_mean,
     display_name,
+    is_loopback,
     is_placed,
     load_config,
     local_dir,
     parts_on,
+    rank_on,
+    rank_peers,
     validate_data,
     worker_argv,
 )
-from mtpstack.validator.placement import is_loopback, rank_on, rank_peers
 from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
 DEFAULT_RUN_DIR = Path(".mtpstack/run")

@@ -437,6 +437,19 @@ def check_distributed(config: FleetConfig) -> Iterator[Finding]:
                 hint="use backend `native`, or drop `distributed`",
                 related=(("workers", name, "backend"),),
             )
+        if w.prefix_cache.max_gib > 0:
+            cache_path = ("workers", name, "prefixCache", "maxGiB")
+            yield Finding(
+                code="distributed-no-prefix-cache",
+                severity="warning",
+                path=cache_path,
+                message=(
+                    f"a worker across hosts keeps no prefix cache (its ranks would have to agree on every hit and "
+                    f"eviction), so the {w.prefix_cache.max_gib:g} GiB here go unused and every turn prefills its whole prompt"
+                ),
+                hint=f"set `{format_path(cache_path)}` to 0 for this worker",
+                related=(path,),
+            )
         last = w.base_port + len(d.hosts) - 1
         if last > PORT_MAX:
             yield Finding(

@@ -17,7 +17,7 @@ def spanning(fleet, hosts=("mac1", "mac2"), **distributed):
     """The fixture's worker across `hosts` (all declared, IP addresses), the proxy on `gw`."""
     fleet["hosts"] = {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "10.0.0.11"}, "mac2": {"address": "10.0.0.12"}}
     fleet["proxy"]["deployOn"] = "gw"
-    fleet["workers"]["qwen-mtp"].update(host="0.0.0.0", distributed={"hosts": list(hosts), **distributed})
+    fleet["workers"]["qwen-mtp"].update(host="0.0.0.0", prefixCache={"maxGiB": 0}, distributed={"hosts": list(hosts), **distributed})
     return fleet
 
 
@@ -141,8 +141,18 @@ def test_a_distributed_worker_places_the_fleet_so_the_proxy_must_be_placed(fleet
     assert f.related == (("workers", "qwen-mtp", "distributed"),)
 
 
+def test_a_prefix_cache_budget_on_a_distributed_worker_is_a_warning_naming_the_fix(fleet):
+    fleet = spanning(fleet)
+    del fleet["workers"]["qwen-mtp"]["prefixCache"]
+    [f] = findings(fleet)
+    assert (f.code, f.severity, f.path) == ("distributed-no-prefix-cache", "warning", ("workers", "qwen-mtp", "prefixCache", "maxGiB"))
+    assert "the 2 GiB here go unused" in f.message
+    assert f.hint == "set `workers.qwen-mtp.prefixCache.maxGiB` to 0 for this worker"
+
+
 def test_every_new_code_is_listed():
-    assert {"distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-native", "distributed-needs-ip"} <= CODES
+    assert {"distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-native", "distributed-needs-ip",
+            "distributed-no-prefix-cache"} <= CODES
 
 
 def _model_dir(path, layers=4, weights_bytes=8 * GIB // 1024):

@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from mtpstack.runtime import Process, free_port, url_of
-from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.validator.placement import rank_peers
+from mtpstack.validator import FleetConfig, rank_peers, worker_argv
 from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
 HTTP_TIMEOUT = 30.0
