@@ -33,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -249,10 +250,12 @@ def describe_rank(rank: int, engine) -> dict:
 
 
 def _sequence_message(seq, sid: int) -> dict:
+    """What a follower needs to run a sequence alike: its prompt and settings. Its sampled tokens
+    come from rank 0 (`Channel.agree`), so a follower's own random draws never matter."""
     p = seq.params
     return {
         "id": sid, "prompt": seq.prompt, "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
-        "seed": seq._seed, "depth": p.depth, "stop": p.stop, "ignore_eos": p.ignore_eos,
+        "seed": p.seed, "depth": p.depth, "stop": p.stop, "ignore_eos": p.ignore_eos,
     }
 
 
@@ -265,7 +268,8 @@ class DistributedGenerationLoop(GenerationLoop):
         self.lost: str | None = None
         self.channel: Channel | None = None
         self.watchdog: Watchdog | None = None
-        self._next_id = 0  # the id the other ranks know the next sequence by
+        self._ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sequence -> the id the other ranks know it by
+        self._next_id = 0
         self._last_meeting = time.monotonic()
 
     @property
@@ -310,9 +314,9 @@ class DistributedGenerationLoop(GenerationLoop):
         sched = self.scheduler
         added, alive = [], []
         for seq in sched.active:
-            sid = getattr(seq, "rank_id", None)
+            sid = self._ids.get(seq)
             if sid is None:
-                sid = seq.rank_id = self._next_id
+                sid = self._ids[seq] = self._next_id
                 self._next_id += 1
                 added.append(_sequence_message(seq, sid))
             else:
