@@ -46,6 +46,7 @@ in
       configFile = "${configFile}";
       binDir = "${cfg.package}/bin";
       inherit stateDir logDir user;
+      inherit (pkgs) writeText;
       inherit (cfg) hostName;
       group = user;
     };

@@ -54,6 +54,7 @@ let
     # and nixpkgs' mlx links its BLAS itself. See docs/nix.md.
     inherit hardening;
     inherit (cfg) hostName;
+    inherit (pkgs) writeText;
     workerHardening = {
       MemoryDenyWriteExecute = false; # mlx compiles CPU kernels at run time and maps them executable
     };

@@ -173,6 +173,65 @@ in
       description = "Port the worker listens on.";
     };
 
+    distributed = mkOption {
+      type = types.nullOr (
+        types.submodule {
+          options = {
+            hosts = mkOption {
+              type = types.addCheck (types.listOf types.nonEmptyStr) (l: builtins.length l >= 2) // {
+                description = "list of at least two host names";
+              };
+              example = [ "mac1" "mac2" ];
+              description = ''
+                The hosts (names under `services.mtpstack.hosts`) the worker
+                spans, one rank each, in rank order. The first runs rank 0 and
+                serves HTTP at the worker's `host`/`port`; this list is the
+                worker's placement (`deployOn` may only repeat its first host).
+              '';
+            };
+            backend = mkOption {
+              type = types.enum defaults.distributedBackends;
+              default = defaults.distributed.backend;
+              example = "jaccl";
+              description = ''
+                MLX's distributed backend: `ring` (TCP over Ethernet or
+                Thunderbolt; hosts need IP addresses) or `jaccl` (RDMA over
+                Thunderbolt 5, macOS only).
+              '';
+            };
+            strategy = mkOption {
+              type = types.enum defaults.shardStrategies;
+              default = defaults.distributed.strategy;
+              example = "pipeline";
+              description = ''
+                `tensor`: every layer split across the ranks (mlx-lm's
+                `shard`); `pipeline`: each rank runs a run of whole layers
+                (mlx-lm's `pipeline`).
+              '';
+            };
+            basePort = mkOption {
+              type = types.nullOr types.port;
+              default = defaults.distributed.basePort;
+              example = 18101;
+              description = ''
+                Rank r listens for its peers at its host's address, port
+                `basePort + r`. `null`: the worker's `port` + ${toString defaults.rankPortOffset}
+                (or - ${toString defaults.rankPortOffset} when that passes ${toString defaults.portMax}).
+              '';
+            };
+          };
+        }
+      );
+      default = defaults.worker.distributed;
+      example = literalExpression ''{ hosts = [ "mac1" "mac2" ]; strategy = "pipeline"; }'';
+      description = ''
+        Span several hosts with MLX's distributed runtime, one rank per host;
+        `null`: one process on one host. Each listed host runs a unit for
+        its rank; a rank that loses a peer exits, so the service manager
+        restarts the worker as one.
+      '';
+    };
+
     extraArgs = mkOption {
       type = types.listOf types.str;
       default = defaults.worker.extraArgs;

@@ -8,7 +8,13 @@ missing worker meanwhile). SIGINT or SIGTERM stops the proxy first, then the wor
 
 A fleet placed on hosts (`deployOn`) runs here only the parts placed on this machine: the
 host named by `--host`, else the declared host whose name is this machine's. The other parts
-are recorded in `state.json` by the address they are reached at, for `mtpstack status`.
+are recorded in `state.json` by the address they are reached at, for `mtpstack status`. When
+every declared host's address is a loopback address, the fleet is one machine's and runs whole.
+
+A worker that spans hosts (`distributed`) runs one process per rank placed here, each with the
+environment `mlx.launch` would give it (`mtpstack.worker.launcher.rank_environments`); rank 0
+answers `/health` once every rank has joined and loaded. When one rank exits, its siblings here
+are stopped too and all restart together, as the worker is one.
 
 Everything a run leaves lives in the run directory: the effective config (`fleet.json`, local
 model paths made absolute), one log per process, and `state.json`, which `mtpstack status`
@@ -32,16 +38,20 @@ from mtpstack.logs import render_line
 from mtpstack.runtime import Process, StartError, log_tail, url_of, wait_all_ready
 from mtpstack.validator import (
     FleetConfig,
+    WorkerProfile,
     did_you_mean,
     display_name,
+    is_loopback,
     is_placed,
     load_config,
     local_dir,
     parts_on,
+    rank_on,
+    rank_peers,
     validate_data,
     worker_argv,
 )
-from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
 DEFAULT_RUN_DIR = Path(".mtpstack/run")
 DEMO_MODEL = "mtpstack-demo"
@@ -130,6 +140,8 @@ def this_host(config: FleetConfig, chosen: str | None, machine: str | None = Non
         return chosen
     if not is_placed(config):
         return None
+    if config.hosts and all(is_loopback(h.address) for h in config.hosts.values()):
+        return None  # every host is this machine: run every part, every rank
     machine = machine or socket.gethostname()
     for name in (machine, machine.split(".")[0]):
         if name in config.hosts:
@@ -150,8 +162,8 @@ def remote_parts(config: FleetConfig, host: str | None) -> dict[str, dict]:
     if not with_proxy and p.deploy_on is not None:
         remote["proxy"] = {"kind": "proxy", "remote": True, "host": p.deploy_on, "url": url_of(config.hosts[p.deploy_on].address, p.port)}
     for name, w in config.workers.items():
-        if name not in names and w.deploy_on is not None:
-            remote[name] = {"kind": "worker", "remote": True, "model": w.model, "host": w.deploy_on, "url": url_of(config.hosts[w.deploy_on].address, w.port)}
+        if name not in names and w.home is not None:
+            remote[name] = {"kind": "worker", "remote": True, "model": w.model, "host": w.home, "url": url_of(config.hosts[w.home].address, w.port)}
     return remote
 
 
@@ -167,6 +179,11 @@ class Managed:
     log_path: Path
     ready_path: str
     model: str | None = None
+    #: A rank of a distributed worker: its rank and what `mlx.launch` would add to its environment.
+    rank: int | None = None
+    rank_env: dict[str, str] = field(default_factory=dict)
+    #: The worker a rank belongs to: its ranks here restart together.
+    group: str | None = None
     process: Process | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -179,8 +196,8 @@ class Managed:
     def start(self, env: dict[str, str]) -> None:
         # readiness (`ready_path`: /health of a worker, /readyz of the proxy) is polled by `Stack._wait_all`;
         # its log lines (JSON from our services) are rendered as plain text wherever a person reads them
-        self.process = Process(self.argv, log_path=self.log_path, name=self.name, kind=self.kind, url=self.url, env=env,
-                               render_log=render_line).start()
+        self.process = Process(self.argv, log_path=self.log_path, name=self.name, kind=self.kind, url=self.url,
+                               env={**env, **self.rank_env}, render_log=render_line).start()
         self.history.append({"pid": self.process.pid, "started_at": self.process.started_at})
 
     def state(self) -> dict:
@@ -194,6 +211,7 @@ class Managed:
             "log": str(self.log_path),
             "argv": self.argv,
             "restarts": self.restarts,
+            **({"rank": self.rank} if self.rank is not None else {}),
         }
 
 
@@ -212,20 +230,17 @@ class Stack:
         self.env = worker_env()
         self.config_path = run_dir / "fleet.json"
         logs = run_dir / "logs"
-        self.workers = [
-            Managed(
-                name=name,
-                kind="worker",
-                argv=resolve_command(worker_argv(w)),
-                host=w.host,
-                port=w.port,
-                log_path=logs / f"worker-{name}.log",
-                ready_path="/health",
-                model=w.model,
-            )
-            for name, w in config.workers.items()
-            if name in local_workers
-        ]
+        self.workers: list[Managed] = []  # each worker's HTTP side (rank 0 of a distributed one)
+        self.ranks: list[Managed] = []  # the other ranks here of distributed workers
+        for name, w in config.workers.items():
+            if name not in local_workers:
+                continue
+            plain = Managed(name=name, kind="worker", argv=resolve_command(worker_argv(w)), host=w.host, port=w.port,
+                            log_path=logs / f"worker-{name}.log", ready_path="/health", model=w.model)
+            if w.distributed is None:
+                self.workers.append(plain)
+            else:
+                self._add_ranks(name, w, plain, logs)
         p = config.proxy
         self.proxy = None if not with_proxy else Managed(
             name="proxy",
@@ -237,6 +252,21 @@ class Stack:
             ready_path="/readyz",
         )
 
+    def _add_ranks(self, name: str, w: WorkerProfile, plain: Managed, logs: Path) -> None:
+        peers = rank_peers(self.config, name)
+        envs = rank_environments(peers, w.distributed.backend, self.run_dir / f"hostfile-{name}.json")
+        here = range(len(peers)) if self.host is None else [rank_on(w, self.host)]
+        for r in here:
+            if r == 0:
+                plain.rank, plain.rank_env, plain.group = 0, envs[0], name
+                self.workers.append(plain)
+                continue
+            address, port = peers[r].rsplit(":", 1)
+            # No HTTP side: rank 0's /health answers for every rank (it loads after all have joined).
+            self.ranks.append(Managed(name=f"{name}-rank{r}", kind="worker", argv=plain.argv, host=address, port=int(port),
+                                      log_path=logs / f"worker-{name}-rank{r}.log", ready_path="", model=w.model,
+                                      rank=r, rank_env=envs[r], group=name))
+
     # -- state file -------------------------------------------------------------------------
     def write_state(self, phase: str) -> None:
         state = {
@@ -246,23 +276,27 @@ class Stack:
             "config": str(self.config_path),
             "host": self.host,
             "proxy": self.proxy.state() if self.proxy else self.remote.get("proxy"),
-            "workers": {m.name: m.state() for m in self.workers}
+            "workers": {m.name: m.state() | self._ranks_of(m) for m in self.workers}
             | {n: part for n, part in self.remote.items() if part["kind"] == "worker"},
         }
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "state.json")
 
+    def _ranks_of(self, m: Managed) -> dict:
+        ranks = [r.state() for r in self.ranks if r.group == m.name and m.group is not None]
+        return {"ranks": ranks} if ranks else {}
+
     # -- start ------------------------------------------------------------------------------
     @property
     def local(self) -> list[Managed]:
-        """The processes this run starts: this host's workers, then the proxy if it runs here."""
-        return [*self.workers, *([self.proxy] if self.proxy else [])]
+        """The processes this run starts: this host's workers and ranks, then the proxy if it runs here."""
+        return [*self.ranks, *self.workers, *([self.proxy] if self.proxy else [])]
 
     def check_ports(self) -> None:
         for m in self.local:
             if not port_is_free(m.host, m.port):
-                where = f"workers.{m.name}.port" if m.kind == "worker" else "proxy.port"
+                where = "proxy.port" if m.kind == "proxy" else f"workers.{m.group}.distributed.basePort" if m.rank else f"workers.{m.name}.port"
                 raise UpError(
                     f"port {m.port} on `{m.host}` is already in use; `{m.name}` cannot listen there",
                     f"stop what uses it (another `mtpstack up`? see `mtpstack status`), or change `{where}`",
@@ -272,7 +306,7 @@ class Stack:
         self.started_at = time.time()
         self.check_ports()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for m in self.workers:
+        for m in [*self.ranks, *self.workers]:
             m.start(self.env)
         self.write_state("starting")
         self._wait_all(self.workers)
@@ -292,6 +326,7 @@ class Stack:
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True,
             disable=not console.is_terminal,  # no spinner, and no blank line it leaves, in a log or a pipe
         ) as progress:
+            items = [m for m in items if m.ready_path]  # a rank beyond 0 is ready when rank 0 is
             tasks = {m.name: progress.add_task(f"starting {m.kind} `{m.name}` ({m.url})") for m in items}
 
             ready: set[str] = set()
@@ -331,6 +366,7 @@ class Stack:
                 now = time.monotonic()
                 if p is not None:  # it just died: schedule the restart
                     code = p.stop(timeout=1)
+                    self._stop_siblings(m)
                     delay = min(MAX_BACKOFF_SECONDS, 2.0 ** m.restarts)
                     m.restarts += 1
                     m.process = None
@@ -345,12 +381,20 @@ class Stack:
                     self.say(f"{m.kind} `{m.name}` restarted (pid {m.process.pid})")
                     self.write_state("running")
 
+    def _stop_siblings(self, m: Managed) -> None:
+        """A rank exited: the worker is one, so its other ranks here stop too and restart with it."""
+        if m.group is None:
+            return
+        for other in self.local:
+            if other is not m and other.group == m.group and other.process is not None and other.process.alive():
+                other.process.stop(timeout=5)  # the supervisor sees it exited and schedules its restart
+
     def stop(self) -> None:
         """Proxy first (it drains in-flight requests), then the workers."""
         grace = self.config.proxy.shutdown_grace_seconds + 5
         if self.proxy is not None and self.proxy.process is not None:
             self.proxy.process.stop(timeout=grace)
-        for m in self.workers:
+        for m in [*self.workers, *self.ranks]:
             if m.process is not None:
                 m.process.stop(timeout=10)
         if self.run_dir.exists():

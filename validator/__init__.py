@@ -44,7 +44,7 @@ from mtpstack.validator.modeldir import (
     read_config,
     same_directory,
 )
-from mtpstack.validator.placement import dial_host, is_placed, parts_on
+from mtpstack.validator.placement import dial_host, is_loopback, is_placed, parts_on, rank_on, rank_peers
 from mtpstack.validator.rules import did_you_mean
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "gate_source",
     "head_mismatch",
     "identity_disagreements",
+    "is_loopback",
     "is_placed",
     "load_config",
     "load_valid_config",
@@ -104,6 +105,8 @@ __all__ = [
     "parse_depth_map",
     "parse_json_body",
     "parts_on",
+    "rank_on",
+    "rank_peers",
     "read_config",
     "same_directory",
     "validate_data",

@@ -22,6 +22,10 @@ DRAFT_KIND_FLAG = "--draft-kind"
 DEPTH_MAP_FLAG = "--draft-depth-map"
 #: The native worker's prefix cache budget in GiB (`prefixCache.maxGiB`; 0: off).
 PREFIX_CACHE_FLAG = "--prefix-cache-gib"
+#: A distributed worker's backend and strategy; its rank and peers come in the environment
+#: `mlx.launch` would set (`MLX_RANK`, `MLX_HOSTFILE`), so every rank runs this same argv.
+DISTRIBUTED_BACKEND_FLAG = "--distributed-backend"
+DISTRIBUTED_STRATEGY_FLAG = "--distributed-strategy"
 
 
 def format_depth_map(depths: dict[str, int]) -> str:
@@ -53,6 +57,11 @@ def worker_argv(profile: WorkerProfile) -> list[str]:
         "--host", profile.host,
         "--port", str(profile.port),
     ]
+    if profile.distributed is not None:
+        argv += [
+            DISTRIBUTED_BACKEND_FLAG, profile.distributed.backend,
+            DISTRIBUTED_STRATEGY_FLAG, profile.distributed.strategy,
+        ]
     return argv + list(profile.extra_args)
 
 

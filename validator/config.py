@@ -46,7 +46,18 @@ PREFIX_CACHE_GIB_DEFAULT = 2
 PREFIX_CACHE_GIB_MAX = 65536
 PrefixCacheGiB = Annotated[float, Field(ge=0, le=PREFIX_CACHE_GIB_MAX, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=1, le=65535)]
+PORT_MAX = 65535
 Host = Annotated[str, Field(min_length=1)]
+#: `workers.<n>.distributed.backend`: MLX's distributed backends. `ring` (TCP over Ethernet or
+#: Thunderbolt) runs anywhere mlx does; `jaccl` (RDMA over Thunderbolt 5) needs macOS and is
+#: validated and rendered, not run by this project's tests.
+DistributedBackend = Literal["ring", "jaccl"]
+#: How a distributed worker splits its target: mlx-lm's `model.shard(group)` (every layer split
+#: across the ranks) or `model.pipeline(group)` (each rank a run of whole layers).
+ShardStrategy = Literal["tensor", "pipeline"]
+#: Where a distributed worker's rank ports start when `basePort` is not set: this far above its
+#: HTTP port (below it when that would pass 65535). `modules/lib/distributed.nix` restates it.
+RANK_PORT_OFFSET = 10000
 
 
 class StrictModel(BaseModel):
@@ -198,6 +209,31 @@ class PrefixCacheSpec(StrictModel):
     )
 
 
+class DistributedSpec(StrictModel):
+    hosts: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=2,
+        description=(
+            "The hosts (names under top-level `hosts`) the worker spans, one rank each, in rank order: the first runs "
+            "rank 0 and serves HTTP at the worker's `host`/`port`. This is the worker's placement."
+        ),
+    )
+    backend: DistributedBackend = Field(
+        "ring",
+        description="MLX's distributed backend: `ring` (TCP, Ethernet or Thunderbolt) or `jaccl` (RDMA over Thunderbolt, macOS only).",
+    )
+    strategy: ShardStrategy = Field(
+        "tensor",
+        description="`tensor`: every layer split across the ranks (mlx-lm's `shard`); `pipeline`: each rank a run of layers (`pipeline`).",
+    )
+    base_port: Port | None = Field(
+        None,
+        description=(
+            f"Rank r listens for its peers at its host's address, port `basePort + r`; null: the worker's `port` + "
+            f"{RANK_PORT_OFFSET} (or - {RANK_PORT_OFFSET} when that passes {PORT_MAX})."
+        ),
+    )
+
+
 class WorkerProfile(StrictModel):
     model: str = Field(min_length=1, description="Served model name: what clients put in `model`.")
     backend: Backend = Field("native", description="native (mtpstack's own engine) or mlx-lm (mlx_lm.server, for comparison).")
@@ -222,6 +258,28 @@ class WorkerProfile(StrictModel):
     port: Port = Field(description="Port the worker listens on.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the worker's command line.")
     deploy_on: DeployOn = Field(None, description=_DEPLOY_ON)
+    distributed: DistributedSpec | None = Field(
+        None,
+        description="Span several hosts with MLX's distributed runtime (one rank per host); null: one process on one host.",
+    )
+
+    @property
+    def home(self) -> str | None:
+        """The host that runs the worker's HTTP side: `deployOn`, else a distributed worker's rank 0 host."""
+        if self.deploy_on is None and self.distributed is not None:
+            return self.distributed.hosts[0]
+        return self.deploy_on
+
+    @property
+    def base_port(self) -> int | None:
+        """Rank 0's port for its peers (rank r: this + r); None for a worker on one host."""
+        d = self.distributed
+        if d is None:
+            return None
+        if d.base_port is not None:
+            return d.base_port
+        up = self.port + RANK_PORT_OFFSET
+        return up if up + len(d.hosts) - 1 <= PORT_MAX else self.port - RANK_PORT_OFFSET
 
     @property
     def bundled_head(self) -> bool:

@@ -16,7 +16,7 @@ from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.deep import local_dir
 from mtpstack.validator.findings import Finding, display_name
 from mtpstack.validator.modeldir import config_value, read_config
-from mtpstack.validator.placement import is_placed, parts_on
+from mtpstack.validator.placement import is_placed, parts_on, rank_on
 
 GIB = 1024**3
 #: The KV cache's element size: mlx keeps keys and values in the activations' dtype (fp16/bf16).
@@ -63,13 +63,29 @@ def kv_cache_bytes(model_config: dict, width: int, cap: int | None = None) -> in
     return 2 * layers * kv_heads * head_dim * KV_BYTES_PER_ELEMENT * context * width
 
 
-def worker_need(worker: WorkerProfile, base: Path) -> tuple[int | None, str]:
-    """(bytes, how they add up) for one worker, or (None, which files are missing)."""
+def shard_share(worker: WorkerProfile, rank: int, layers: int | None) -> float:
+    """The part of the target (weights and KV cache) that rank `rank` of a distributed worker holds:
+    `tensor` splits every layer evenly; `pipeline` gives each rank a run of layers, as mlx-lm's
+    `pipeline` does (the low ranks take the extra layers). 1 for a worker on one host."""
+    d = worker.distributed
+    if d is None:
+        return 1.0
+    n = len(d.hosts)
+    if d.strategy == "tensor" or not layers:
+        return 1 / n
+    base, extra = divmod(layers, n)
+    return (base + (1 if rank < extra else 0)) / layers
+
+
+def worker_need(worker: WorkerProfile, base: Path, rank: int = 0) -> tuple[int | None, str]:
+    """(bytes, how they add up) for one worker (for a distributed one, its rank `rank`: its shard of the
+    target and its KV cache, the drafter whole), or (None, which files are missing)."""
     target = model_files(worker.target.path, base)
     if target is None or (model_config := read_config(target)) is None:
         return None, f"no local files for `{display_name(worker.target.path)}`"
-    weights = weight_bytes(target)
-    parts = [f"target weights {weights / GIB:.1f} GiB"]
+    share = shard_share(worker, rank, config_value(model_config, "num_hidden_layers"))
+    weights = int(weight_bytes(target) * share)
+    parts = [f"target weights {weights / GIB:.1f} GiB" + (f" (rank {rank}'s shard)" if worker.distributed else "")]
     if worker.drafter is not None and not worker.bundled_head:
         drafter = model_files(worker.drafter.path, base)
         if drafter is None:
@@ -78,12 +94,14 @@ def worker_need(worker: WorkerProfile, base: Path) -> tuple[int | None, str]:
         weights += drafter_weights
         parts.append(f"drafter weights {drafter_weights / GIB:.1f} GiB")
     kv = kv_cache_bytes(model_config, worker.max_num_seqs, worker.max_context_tokens)
+    kv = None if kv is None else int(kv * share)
     if kv is None:
         return None, f"`{target}/config.json` lacks the sizes the KV cache needs"
     context = context_tokens(model_config, worker.max_context_tokens)
     parts.append(f"KV cache {kv / GIB:.1f} GiB ({worker.max_num_seqs} x {context} tokens)")
     # mlx_lm.server's own prompt cache is bounded by the same figure (`--prompt-cache-bytes`).
-    cache = int(worker.prefix_cache.max_gib * GIB)
+    # A distributed worker keeps no prefix cache (docs/worker.md): its ranks would have to agree on every eviction.
+    cache = int(worker.prefix_cache.max_gib * GIB) if worker.distributed is None else 0
     if cache:
         parts.append(f"prefix cache {worker.prefix_cache.max_gib:g} GiB")
     return weights + kv + cache, ", ".join(parts)
@@ -94,7 +112,7 @@ def check_memory(config: FleetConfig, base: Path) -> Iterator[Finding]:
         if spec.memory_gib is None:
             continue
         _, names = parts_on(config, host if is_placed(config) else None)
-        needs = {name: worker_need(config.workers[name], base) for name in names}
+        needs = {name: worker_need(config.workers[name], base, rank_on(config.workers[name], host) or 0) for name in names}
         missing = [(name, why) for name, (need, why) in needs.items() if need is None]
         path = ("hosts", host, "memoryGiB")
         if missing:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import re
 
 from mtpstack.runtime import WILDCARD_HOSTS
-from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, PORT_MAX, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.findings import Finding, display_key, display_name, format_path
-from mtpstack.validator.placement import is_loopback, is_placed, is_remote, parts_on
+from mtpstack.validator.placement import is_loopback, is_placed, is_remote, parts_on, rank_on
 
 
 #: Effective bits of each precision, for comparing drafter against target.
@@ -39,6 +39,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_mlx_lm_context,
         check_depth_map,
         check_hosts,
+        check_distributed,
         check_ports,
     ):
         findings.extend(rule(config))
@@ -242,7 +243,8 @@ def check_ports(config: FleetConfig) -> Iterator[Finding]:
     if not is_placed(config):
         yield from _port_conflicts(config, parts_on(config, None), None)
         return
-    hosts = list(dict.fromkeys([*config.hosts, *(p.deploy_on for p in [config.proxy, *config.workers.values()] if p.deploy_on)]))
+    spanned = [h for w in config.workers.values() if w.distributed is not None for h in w.distributed.hosts]
+    hosts = list(dict.fromkeys([*config.hosts, *(p.deploy_on for p in [config.proxy, *config.workers.values()] if p.deploy_on), *spanned]))
     seen: set[tuple] = set()
     for host in hosts:
         for f in _port_conflicts(config, parts_on(config, host), host):
@@ -257,7 +259,14 @@ def _port_conflicts(config: FleetConfig, parts: tuple[bool, list[str]], host_nam
     on each canonical host are all that an overlap can be with first."""
     with_proxy, names = parts
     listeners: list[tuple[tuple[str, ...], str, int]] = [(("proxy", "port"), config.proxy.host, config.proxy.port)] if with_proxy else []
-    listeners += [(("workers", name, "port"), config.workers[name].host, config.workers[name].port) for name in names]
+    for name in names:
+        worker = config.workers[name]
+        rank = rank_on(worker, host_name) if host_name is not None else None
+        if rank in (None, 0):  # the HTTP side runs with rank 0 only
+            listeners.append((("workers", name, "port"), worker.host, worker.port))
+        if rank is not None and host_name in config.hosts:
+            # A rank listens for its peers at its host's address (the ring's hostfile).
+            listeners.append((("workers", name, "distributed", "basePort"), config.hosts[host_name].address, worker.base_port + rank))
     first_on_port: dict[int, tuple[int, tuple[str, ...], str]] = {}
     first_wildcard: dict[int, tuple[int, tuple[str, ...], str]] = {}
     first_on_host: dict[tuple[int, str], tuple[int, tuple[str, ...], str]] = {}
@@ -295,6 +304,11 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
     declared = list(config.hosts)
     placements = [(("proxy", "deployOn"), config.proxy.deploy_on)]
     placements += [(("workers", name, "deployOn"), w.deploy_on) for name, w in config.workers.items()]
+    placements += [
+        (("workers", name, "distributed", "hosts", str(i)), h)
+        for name, w in config.workers.items() if w.distributed is not None
+        for i, h in enumerate(w.distributed.hosts)
+    ]
     for path, host in placements:
         if host is None or host in config.hosts:
             continue
@@ -307,7 +321,7 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
             message=f"no host `{display_name(host)}` is declared under `hosts` (declared: {listed})",
             hint=f"did you mean `{display_name(guess)}`?" if guess else f"declare it as `hosts.{display_key(host)}.address`",
         )
-    placed_workers = [name for name, w in config.workers.items() if w.deploy_on is not None]
+    placed_workers = [name for name, w in config.workers.items() if w.home is not None]
     if placed_workers and config.proxy.deploy_on is None:
         yield Finding(
             code="proxy-not-placed",
@@ -318,7 +332,7 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
                 "two proxies each fill the same worker's gate and together admit more than its batch width"
             ),
             hint="set `proxy.deployOn` to the one host that runs the proxy",
-            related=(("workers", placed_workers[0], "deployOn"),),
+            related=(("workers", placed_workers[0], "deployOn" if config.workers[placed_workers[0]].deploy_on else "distributed"),),
         )
     for name, w in config.workers.items():
         if is_remote(config, name) and config.proxy.deploy_on is not None and is_loopback(w.host):
@@ -327,7 +341,7 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
                 severity="error",
                 path=("workers", name, "host"),
                 message=(
-                    f"the worker runs on host `{display_name(w.deploy_on)}` and listens on `{display_name(w.host)}` only, "
+                    f"the worker runs on host `{display_name(w.home)}` and listens on `{display_name(w.host)}` only, "
                     f"so the proxy on host `{display_name(config.proxy.deploy_on)}` cannot reach it"
                 ),
                 hint="listen on `0.0.0.0` (or the host's own address) and open the port to the proxy host only (`openFirewall` on NixOS)",
@@ -380,3 +394,92 @@ def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
                 hint="use backend `native` for a depth per class, or give a single depth",
                 related=(("workers", name, "backend"),),
             )
+
+
+def check_distributed(config: FleetConfig) -> Iterator[Finding]:
+    """A worker that spans hosts: its first host is its home (`deployOn` null or that host), each
+    host listed once, the native backend, rank ports within range, and for the ring backend
+    hosts whose addresses are IP literals (MLX's ring connects to `ip:port`, it resolves no names)."""
+    for name, w in config.workers.items():
+        d = w.distributed
+        if d is None:
+            continue
+        path = ("workers", name, "distributed")
+        if w.deploy_on is not None and w.deploy_on != d.hosts[0]:
+            yield Finding(
+                code="distributed-deploy-on",
+                severity="error",
+                path=("workers", name, "deployOn"),
+                message=(
+                    f"the worker spans hosts and its rank 0 (its HTTP side) runs on the first, "
+                    f"`{display_name(d.hosts[0])}`, not on `{display_name(w.deploy_on)}`"
+                ),
+                hint=f"set `{format_path(('workers', name, 'deployOn'))}` to null, or list `{display_name(w.deploy_on)}` first in `{format_path(path + ('hosts',))}`",
+                related=(path + ("hosts",),),
+            )
+        seen: set[str] = set()
+        for i, host in enumerate(d.hosts):
+            if host in seen:
+                yield Finding(
+                    code="distributed-duplicate-host",
+                    severity="error",
+                    path=path + ("hosts", str(i)),
+                    message=f"host `{display_name(host)}` is listed twice; each host runs one rank",
+                    hint="list each host once (ranks on one machine: declare two hosts with loopback addresses, as `mtpstack up` runs them)",
+                )
+            seen.add(host)
+        if w.backend != "native":
+            yield Finding(
+                code="distributed-needs-native",
+                severity="error",
+                path=path,
+                message=f"backend `{w.backend}` runs on one host; only the native worker spans hosts",
+                hint="use backend `native`, or drop `distributed`",
+                related=(("workers", name, "backend"),),
+            )
+        if w.prefix_cache.max_gib > 0:
+            cache_path = ("workers", name, "prefixCache", "maxGiB")
+            yield Finding(
+                code="distributed-no-prefix-cache",
+                severity="warning",
+                path=cache_path,
+                message=(
+                    f"a worker across hosts keeps no prefix cache (its ranks would have to agree on every hit and "
+                    f"eviction), so the {w.prefix_cache.max_gib:g} GiB here go unused and every turn prefills its whole prompt"
+                ),
+                hint=f"set `{format_path(cache_path)}` to 0 for this worker",
+                related=(path,),
+            )
+        last = w.base_port + len(d.hosts) - 1
+        if last > PORT_MAX:
+            yield Finding(
+                code="out-of-range",
+                severity="error",
+                path=path + ("basePort",),
+                message=f"rank {len(d.hosts) - 1} would listen on port {last}, beyond {PORT_MAX}",
+                hint=f"lower `{format_path(path + ('basePort',))}` to at most {PORT_MAX - len(d.hosts) + 1}",
+            )
+        if d.backend == "ring":
+            for i, host in enumerate(d.hosts):
+                spec = config.hosts.get(host)
+                if spec is None or _is_ip(spec.address):
+                    continue
+                yield Finding(
+                    code="distributed-needs-ip",
+                    severity="error",
+                    path=("hosts", host, "address"),
+                    message=(
+                        f"the ring backend connects its ranks by IP address, and host `{display_name(host)}` "
+                        f"(rank {i} of worker `{display_name(name)}`) has the name `{display_name(spec.address)}`"
+                    ),
+                    hint="give the host its IP address (on a Thunderbolt ring, the bridge's address)",
+                    related=(path + ("hosts", str(i)),),
+                )
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return True

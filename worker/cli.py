@@ -59,6 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="memory for prompt snapshots later requests resume from, in GiB; 0 turns the prefix cache off "
                    f"(default: {PREFIX_CACHE_GIB_DEFAULT})")
     w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
+    w.add_argument("--distributed-backend", choices=("ring", "jaccl"), default=None,
+                   help="run as one rank of a worker across hosts (rank and peers from MLX_RANK and MLX_HOSTFILE, "
+                        "as `mlx.launch` sets them); rank 0 serves HTTP")
+    w.add_argument("--distributed-strategy", choices=("tensor", "pipeline"), default="tensor",
+                   help="how the ranks split the target: `tensor` (every layer) or `pipeline` (runs of layers)")
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     w.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     w.add_argument("--admission-grace-seconds", type=float, default=1.0,
@@ -152,9 +157,18 @@ def run_worker(args: argparse.Namespace) -> int:
         stall_seconds=args.stall_seconds,
         default_max_tokens=args.default_max_tokens,
         draft_kind=args.draft_kind,
+        distributed_backend=args.distributed_backend,
+        distributed_strategy=args.distributed_strategy,
     )
     try:
-        code = asyncio.run(serve(config))
+        if config.distributed_backend is not None:
+            from mtpstack.worker.distributed import RankSetting, follow
+
+            # Refused before listening when the environment names no rank or no peers.
+            setting = RankSetting.from_environ(config.distributed_backend, config.distributed_strategy)
+            code = follow(config) if setting.rank != 0 else asyncio.run(serve(config))
+        else:
+            code = asyncio.run(serve(config))
     except UserError as e:  # printed here: the exit below skips `mtpstack.cli.main`
         code = print_error(e)
     # Shut down cleanly by now (answers finished, sockets closed). mlx used from a thread other than

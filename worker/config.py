@@ -31,6 +31,10 @@ class WorkerConfig:
     admission_grace_seconds: float = 1.0
     stall_seconds: float = 30.0
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    #: `--distributed-backend` (`ring` or `jaccl`): one rank of a worker across hosts; None: one process.
+    distributed_backend: str | None = None
+    #: `--distributed-strategy`: `tensor` (mlx-lm's `shard`) or `pipeline`.
+    distributed_strategy: str = "tensor"
 
     @property
     def prefix_cache_bytes(self) -> int:

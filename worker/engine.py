@@ -86,11 +86,16 @@ class LoadedModel:
         }
 
 
-def load_one(path: str, bits: str | None) -> LoadedModel:
+def load_one(path: str, bits: str | None, prepare=None) -> LoadedModel:
+    """`prepare(model)`, when given, runs on the lazily loaded model before its weights are read
+    (a distributed worker shards it there, so each rank reads only its part)."""
     resolved = resolve_model_path(path)
     # Hash first: what /identity reports is the content of the files read next.
     digest = hash_weights(resolved)
-    model, config = load_model(resolved)
+    model, config = load_model(resolved, lazy=prepare is not None)
+    if prepare is not None:
+        prepare(model)
+        mx.eval(model.parameters())
     return LoadedModel(path=path, resolved_path=resolved, model=model, config=config, bits=bits, sha256=digest)
 
 
@@ -137,6 +142,9 @@ class Engine:
             else int(self.parts.embed.weight.shape[0])
         self.cache_kinds = cache_kinds
         self._drafter_factory = drafter_factory
+        #: A distributed worker's agreement (`mtpstack.worker.distributed`): token arrays in, rank 0's
+        #: values out on every rank, so every rank's rows advance alike; None on one host.
+        self.agree = None
 
     @classmethod
     def load(
@@ -148,12 +156,13 @@ class Engine:
         target_bits: str | None = None,
         drafter_bits: str | None = None,
         draft_kind: str = "auto",
+        prepare_target=None,
     ) -> "Engine":
         if not 0 <= draft_depth <= DEPTH_MAX:
             raise ValueError(f"draft depth must be between 0 and {DEPTH_MAX}: {draft_depth}")
         if draft_kind not in DRAFTER_KINDS:
             raise ValueError(f"draft kind must be one of {', '.join(DRAFTER_KINDS)}: {draft_kind}")
-        t = load_one(target, target_bits)
+        t = load_one(target, target_bits, prepare_target)
         try:
             kinds = install_rollback(t.model)
         except CacheNotSupported as e:
@@ -459,6 +468,8 @@ class Batch:
         depth = max(plans)
         inputs = mx.array([[seq.y] for seq in rows], dtype=mx.uint32)
         drafts = self.drafter.draft(rows, depth) if depth else None
+        if drafts is not None and engine.agree is not None:
+            drafts = engine.agree(drafts)
         if drafts is not None:
             inputs = mx.concatenate([inputs, drafts], axis=1)
         hidden = engine.parts.hidden(inputs, self.caches)
@@ -473,6 +484,14 @@ class Batch:
                 errors[i] = e
                 picks.append(mx.argmax(logits[i], axis=-1).astype(mx.uint32))  # a stand-in: the row leaves after this step
         sampled = mx.stack(picks)
+        if engine.agree is not None:
+            # Rank 0's tokens on every rank, and which rows it failed (the last column), so they end everywhere.
+            failed = mx.array([[int(i in errors)] for i in range(len(rows))], dtype=sampled.dtype)
+            agreed = engine.agree(mx.concatenate([sampled, failed], axis=1))
+            sampled = agreed[:, :-1]
+            for i, flag in enumerate(agreed[:, -1].tolist()):
+                if flag:
+                    errors.setdefault(i, RuntimeError("rank 0 failed this row"))
         mx.eval(sampled, drafts if drafts is not None else [])
         s = sampled.tolist()
         d = drafts.tolist() if drafts is not None else [[] for _ in rows]
@@ -573,6 +592,8 @@ class PrefillBatch:
             except Exception as e:
                 errors[r] = e
                 finals.pop(r, None)
+        if engine.agree is not None:
+            self._agree_finals(finals, errors, [r for r, (seq, n) in enumerate(zip(rows, lengths)) if seq._prefilled + n >= len(seq.prompt)])
         mx.eval(list(finals.values()))
         bonus = {r: int(t.item()) for r, t in finals.items()}
         carries = [seq.carry for seq in rows]
@@ -608,6 +629,18 @@ class PrefillBatch:
             results.append((seq, StepResult(prefill=n, tokens=emitted), None))
         self.remove_finished()
         return results
+
+    def _agree_finals(self, finals: dict, errors: dict, ending: list[int]) -> None:
+        """Rank 0's first tokens for the rows whose prompt ended (-1 where it failed the row) on every rank."""
+        if not ending:
+            return
+        mine = mx.concatenate([finals[r].reshape(-1).astype(mx.int32) if r in finals else mx.array([-1], dtype=mx.int32) for r in ending])
+        for r, token in zip(ending, self.engine.agree(mine).tolist()):
+            if token < 0:
+                finals.pop(r, None)
+                errors.setdefault(r, RuntimeError("rank 0 failed this row"))
+            else:
+                finals[r] = mx.array([token], dtype=mx.uint32)
 
     def _snapshot(self, r: int, seq: Sequence) -> Stretch:
         """Row r's stretch since its last snapshot: attention and drafter entries over it, the state at its end."""

@@ -165,12 +165,13 @@ class GenerationLoop:
             self.metrics.active.set(self.active_count)
             if not sched.active:
                 self.last_progress = time.monotonic()
+                self._idle()
                 continue
             if self.stall_file and os.path.exists(self.stall_file):
                 time.sleep(IDLE_POLL)
                 continue
             steps = sched.decode_steps
-            results = sched.step()
+            results = self._step()
             self.last_progress = time.monotonic()
             if sched.decode_steps > steps:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
@@ -182,6 +183,13 @@ class GenerationLoop:
                 self._publish(seq, error)
             self.active_count = len(sched.active)
             self.metrics.active.set(self.active_count)
+
+    def _step(self) -> list:
+        """One scheduler step (a distributed worker first tells its other ranks what to run)."""
+        return self.scheduler.step()
+
+    def _idle(self) -> None:
+        """Runs between the idle loop's polls (a distributed worker meets its other ranks here)."""
 
     def _admit(self, block: bool) -> None:
         """Admit what waits in the inbox; `block` (the scheduler is idle): wait for the first arrival,

@@ -7,6 +7,7 @@ interpreter's environment, and builds the environment a worker needs on Linux.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -67,3 +68,14 @@ def which(program: str) -> str | None:
     if script.is_file():
         return str(script)
     return shutil.which(program)
+
+
+def rank_environments(peers: list[str], backend: str, hostfile: Path) -> list[dict[str, str]]:
+    """What `mlx.launch` would add to each rank's environment, in rank order, for a worker whose
+    ranks listen at `peers` (`ip:port`, rank order): for `ring`, the rank and the hostfile (written
+    to `hostfile`: one `["ip:port"]` per rank); for `jaccl`, the rank, the group's size and its
+    coordinator (rank 0). `modules/lib/distributed.nix` renders the same for the Nix units."""
+    if backend == "ring":
+        hostfile.write_text(json.dumps([[p] for p in peers]))
+        return [{"MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)} for r in range(len(peers))]
+    return [{"MLX_RANK": str(r), "MLX_WORLD_SIZE": str(len(peers)), "MLX_JACCL_COORDINATOR": peers[0]} for r in range(len(peers))]

@@ -47,7 +47,11 @@ def create_app(config: WorkerConfig) -> web.Application:
 
 async def _generation_ctx(app: web.Application):
     config = app[CONFIG]
-    gen = GenerationLoop(config, app[METRICS], asyncio.get_running_loop())
+    if config.distributed_backend is not None:
+        from mtpstack.worker.distributed import DistributedGenerationLoop as loop_class
+    else:
+        loop_class = GenerationLoop
+    gen = loop_class(config, app[METRICS], asyncio.get_running_loop())
     app[GEN] = gen
     app[SLOTS] = asyncio.Semaphore(config.max_num_seqs)
     gen.start()

@@ -83,6 +83,19 @@ let
       "--port"
       (toString w.port)
     ]
+    # Every rank runs this same argv; its rank and peers come in the
+    # environment (distributed.nix), as `mlx.launch` would set it.
+    ++ (
+      if w.distributed == null then
+        [ ]
+      else
+        [
+          "--distributed-backend"
+          w.distributed.backend
+          "--distributed-strategy"
+          w.distributed.strategy
+        ]
+    )
     ++ w.extraArgs;
 
   # mlx_lm.server decodes at the larger of its two concurrency flags, so both

@@ -9,13 +9,14 @@ let
   launchd = import ./launchd.nix;
   placement = import ./placement.nix;
   firewall = import ./firewall.nix;
+  distributed = import ./distributed.nix;
 in
 {
   defaults = import ./defaults.nix;
   optionPath = import ./option-path.nix;
   inherit (render) render;
   inherit (argv) workerArgv proxyArgv resolve;
-  inherit coupling systemd launchd placement firewall;
+  inherit coupling systemd launchd placement firewall distributed;
 
   # Every check the modules assert, as NixOS-style { assertion, message }.
   # `prefix` is the module's option path, e.g. [ "services" "mtpstack" ].

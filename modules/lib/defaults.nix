@@ -37,6 +37,13 @@
     host = "127.0.0.1";
     extraArgs = [ ];
     deployOn = null;
+    distributed = null;
+  };
+  # Filled into a worker's `distributed` when one is set.
+  distributed = {
+    backend = "ring";
+    strategy = "tensor";
+    basePort = null;
   };
   # Filled into each of `hosts`.
   host = {
@@ -55,6 +62,12 @@
   # The prefix cache budget's ceiling, in GiB (as PREFIX_CACHE_GIB_MAX).
   prefixCacheGiBMax = 65536;
   backends = [ "native" "mlx-lm" ];
+  distributedBackends = [ "ring" "jaccl" ];
+  shardStrategies = [ "tensor" "pipeline" ];
+  # A distributed worker's rank ports start this far above its port when
+  # `basePort` is null (below it past 65535), as RANK_PORT_OFFSET.
+  rankPortOffset = 10000;
+  portMax = 65535;
   routings = [ "affinity" "first-free" ];
   # `auto`: the worker (and `mtpstack validate --deep`) detect it from the drafter's files.
   drafterKinds = [ "auto" "mtp" "model" ];

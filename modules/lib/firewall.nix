@@ -6,6 +6,7 @@
 # (`extraCommands`, into NixOS' `nixos-fw` chain, which it flushes on reload).
 let
   placement = import ./placement.nix;
+  distributed = import ./distributed.nix;
 
   # 10.0.0.1 or fd00::1 (an IP literal: nftables takes no host names).
   isIpLiteral =
@@ -46,7 +47,10 @@ let
       [ ]
     else
       builtins.filter (
-        name: placement.isRemote config name && builtins.elem config.workers.${name}.host wildcardHosts
+        name:
+        placement.isRemote config name
+        && builtins.elem config.workers.${name}.host wildcardHosts
+        && builtins.elem (distributed.rankOn config.workers.${name} hostName) [ null 0 ]
       ) (placement.partsOn config hostName).workers;
 
   rules =
@@ -61,7 +65,9 @@ let
       # Workers here that the proxy dials from another host, each with the
       # address it is dialled at: the proxy connects from its own address
       # of that family, so the rule's family is the dialled one's.
-      remote = if proxyPlaced then builtins.filter (placement.isRemote config) parts.workers else [ ];
+      # Only a distributed worker's rank 0 serves HTTP.
+      http = builtins.filter (name: builtins.elem (distributed.rankOn config.workers.${name} hostName) [ null 0 ]) parts.workers;
+      remote = if proxyPlaced then builtins.filter (placement.isRemote config) http else [ ];
       rule =
         name:
         let
@@ -74,14 +80,36 @@ let
           family = if family dialled != null then family dialled else family source;
         };
       filtered = map rule remote;
+      # A distributed worker's rank here admits its peers (the other ranks'
+      # hosts) to its rank port: `basePort + rank` at this host's address.
+      rankRules = builtins.concatMap (
+        name:
+        let
+          w = config.workers.${name};
+          rank = distributed.rankOn w hostName;
+          peers = builtins.filter (h: h != hostName && config.hosts ? ${h}) w.distributed.hosts;
+        in
+        if rank == null || !(config.hosts ? ${hostName}) then
+          [ ]
+        else
+          map (h: {
+            worker = name;
+            port = distributed.basePort w + rank;
+            source = config.hosts.${h}.address;
+            family = family config.hosts.${hostName}.address;
+          }) peers
+      ) (if hostName == null then [ ] else parts.workers);
       # Rules whose source cannot match are refused by the modules'
-      # assertions before these texts are used.
-      usable = builtins.filter (r: r.family != null && r.family == family r.source) filtered;
+      # assertions before these texts are used (a rank's peers by the
+      # validator's `distributed-needs-ip`).
+      usable = builtins.filter (r: r.family != null && r.family == family r.source) (filtered ++ rankRules);
     in
     {
       allowedTCPPorts = if parts.proxy then [ config.proxy.port ] else [ ];
       # [ { worker, port, proxyHost, source, dialled, family } ] for the assertions.
       sourceFiltered = filtered;
+      # [ { worker, port, source, family } ]: peers admitted to rank ports here.
+      inherit rankRules;
       nftables = builtins.concatStringsSep "" (
         map (r: "${r.family} saddr ${r.source} tcp dport ${toString r.port} accept\n") usable
       );

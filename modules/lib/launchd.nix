@@ -4,6 +4,8 @@
 let
   argv = import ./argv.nix;
   placement = import ./placement.nix;
+  distributed = import ./distributed.nix;
+  systemd = import ./systemd.nix;
 
   label = name: "org.nixos.${name}";
 
@@ -38,10 +40,11 @@ let
       user ? "_mtpstack",
       group ? "_mtpstack",
       hostName ? null,
+      writeText ? builtins.toFile,
     }:
     let
       parts = placement.partsOn config hostName;
-      daemon = name: programArguments: {
+      daemon = name: programArguments: extraEnvironment: {
         serviceConfig = {
           Label = label name;
           ProgramArguments = waitForStore name programArguments;
@@ -54,20 +57,34 @@ let
             HF_HOME = "${stateDir}/huggingface";
             HF_HUB_CACHE = "${stateDir}/huggingface/hub";
             PYTHONUNBUFFERED = "1";
-          };
+          }
+          // extraEnvironment;
           UserName = user;
           GroupName = group;
         };
       };
-      worker = name: w: {
-        name = "mtpstack-worker-${name}";
-        value = daemon "mtpstack-worker-${name}" (argv.resolve binDir (argv.workerArgv w));
-      };
+      # A distributed worker: one daemon per rank here (KeepAlive brings back
+      # a rank that exited on losing a peer), named as the systemd units.
+      worker =
+        name: w: rank:
+        let
+          unit = systemd.rankUnit name rank;
+        in
+        {
+          name = unit;
+          value = daemon unit (argv.resolve binDir (argv.workerArgv w)) (
+            if rank == null then { } else distributed.environment { inherit config name rank writeText; }
+          );
+        };
     in
-    builtins.listToAttrs (map (name: worker name config.workers.${name}) parts.workers)
+    builtins.listToAttrs (
+      builtins.concatMap (
+        name: map (worker name config.workers.${name}) (systemd.ranksHere config.workers.${name} hostName)
+      ) parts.workers
+    )
     // (
       if parts.proxy then
-        { mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile)); }
+        { mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile)) { }; }
       else
         { }
     );

@@ -4,6 +4,8 @@
 # a rendered config (see render.nix).
 let
   optionPath = import ./option-path.nix;
+  distributed = import ./distributed.nix;
+  inherit (distributed) home;
 
   upper = [ "A" "B" "C" "D" "E" "F" "G" "H" "I" "J" "K" "L" "M" "N" "O" "P" "Q" "R" "S" "T" "U" "V" "W" "X" "Y" "Z" ];
   lower = [ "a" "b" "c" "d" "e" "f" "g" "h" "i" "j" "k" "l" "m" "n" "o" "p" "q" "r" "s" "t" "u" "v" "w" "x" "y" "z" ];
@@ -12,9 +14,13 @@ let
   isPlaced =
     config:
     config.proxy.deployOn != null
-    || builtins.any (w: w.deployOn != null) (builtins.attrValues config.workers);
+    || builtins.any (w: home w != null) (builtins.attrValues config.workers);
 
   runsOn = deployOn: host: deployOn == null || deployOn == host;
+
+  # Some part of worker `w` (a rank, for a distributed one) runs on `host`.
+  workerRunsOn =
+    w: host: if (w.distributed or null) != null then builtins.elem host w.distributed.hosts else runsOn w.deployOn host;
 
   # { proxy = bool; workers = [ names ]; } that run on `host`; null: every part.
   partsOn =
@@ -30,14 +36,14 @@ let
     else
       {
         proxy = runsOn config.proxy.deployOn host;
-        workers = builtins.filter (name: runsOn config.workers.${name}.deployOn host) names;
+        workers = builtins.filter (name: workerRunsOn config.workers.${name} host) names;
       };
 
   # Worker `name` runs on a host other than the proxy's.
   isRemote =
     config: name:
     let
-      placed = config.workers.${name}.deployOn;
+      placed = home config.workers.${name};
     in
     placed != null && placed != config.proxy.deployOn;
 
@@ -47,8 +53,8 @@ let
     let
       worker = config.workers.${name};
     in
-    if isRemote config name && config.hosts ? ${worker.deployOn} then
-      config.hosts.${worker.deployOn}.address
+    if isRemote config name && config.hosts ? ${home worker} then
+      config.hosts.${home worker}.address
     else
       worker.host;
 
@@ -78,9 +84,22 @@ let
       ++ map (name: {
         path = [ "workers" name "deployOn" ];
         host = config.workers.${name}.deployOn;
-      }) (builtins.attrNames config.workers);
+      }) (builtins.attrNames config.workers)
+      ++ builtins.concatMap (
+        name:
+        let
+          d = config.workers.${name}.distributed;
+        in
+        if d == null then
+          [ ]
+        else
+          builtins.genList (i: {
+            path = [ "workers" name "distributed" "hosts" (toString i) ];
+            host = builtins.elemAt d.hosts i;
+          }) (builtins.length d.hosts)
+      ) (builtins.attrNames config.workers);
       unknown = builtins.filter (p: p.host != null && !(config.hosts ? ${p.host})) placements;
-      placedWorkers = builtins.filter (name: config.workers.${name}.deployOn != null) (
+      placedWorkers = builtins.filter (name: home config.workers.${name} != null) (
         builtins.attrNames config.workers
       );
       unreachable = builtins.filter (
@@ -111,9 +130,10 @@ let
       code = "worker-unreachable";
       path = [ "workers" name "host" ];
       message =
-        "${show [ "workers" name "host" ]} is `${config.workers.${name}.host}`: the worker runs on host `${config.workers.${name}.deployOn}` and listens on loopback only,"
+        "${show [ "workers" name "host" ]} is `${config.workers.${name}.host}`: the worker runs on host `${home config.workers.${name}}` and listens on loopback only,"
         + " so the proxy on host `${config.proxy.deployOn}` cannot reach it. Listen on `0.0.0.0` (or the host's own address)";
-    }) unreachable;
+    }) unreachable
+    ++ distributed.errors prefix config;
 
   # The placement warnings, each { code, path, message }.
   warnings =
@@ -139,6 +159,7 @@ in
   inherit
     isPlaced
     runsOn
+    workerRunsOn
     partsOn
     isRemote
     dialHost

@@ -31,12 +31,14 @@ let
     name: worker:
     let
       drafter = worker.drafter or null;
+      distributed = worker.distributed or null;
     in
     defaults.worker
     // { model = name; }
     // worker
     // {
       drafter = if drafter == null then null else defaults.drafter // drafter;
+      distributed = if distributed == null then null else defaults.distributed // distributed;
       prefixCache = defaults.worker.prefixCache // (worker.prefixCache or { });
     };
 in

@@ -3,6 +3,7 @@
 let
   argv = import ./argv.nix;
   placement = import ./placement.nix;
+  distributed = import ./distributed.nix;
 
   # systemd splits ExecStart= like a shell but with C-style escapes and
   # expands `%` specifiers and `$` variables: quote every argument as a JSON
@@ -12,6 +13,20 @@ let
   escapeExecArgs = args: builtins.concatStringsSep " " (map escapeExecArg args);
 
   workerUnit = name: "mtpstack-worker-${name}";
+  # Rank 0 of a distributed worker is its HTTP side and keeps the worker's unit
+  # name; rank r > 0 runs as `mtpstack-worker-<name>-rank<r>`.
+  rankUnit = name: rank: if rank == null || rank == 0 then workerUnit name else "${workerUnit name}-rank${toString rank}";
+
+  # The ranks of worker `w` that run on `hostName` ([ null ]: a worker on one
+  # host); every rank when `hostName` is null.
+  ranksHere =
+    w: hostName:
+    if w.distributed == null then
+      [ null ]
+    else if hostName == null then
+      builtins.genList (r: r) (builtins.length w.distributed.hosts)
+    else
+      [ (distributed.rankOn w hostName) ];
   proxyUnit = "mtpstack-proxy";
 
   # Where the proxy finds the API keys: systemd copies the operator's file
@@ -41,6 +56,7 @@ let
   #   hardening   serviceConfig shared by every unit
   #   workerHardening  serviceConfig that only the workers get (wins over hardening)
   #   hostName    only the parts placed on this host (placement.nix); null: all
+  #   writeText   name -> text -> path, for a distributed worker's hostfile
   units =
     {
       config,
@@ -50,6 +66,7 @@ let
       hardening ? { },
       workerHardening ? { },
       hostName ? null,
+      writeText ? builtins.toFile,
     }:
     let
       parts = placement.partsOn config hostName;
@@ -73,22 +90,53 @@ let
         HF_HUB_CACHE = "${stateDir}/huggingface/hub";
         PYTHONUNBUFFERED = "1";
       };
-      worker = name: w: {
-        name = workerUnit name;
-        value = {
-          description = "mtpstack worker ${name} (model ${w.model}, batch width ${toString w.maxNumSeqs})";
-          wantedBy = [ "multi-user.target" ];
-          after = [ "network.target" ];
-          inherit environment;
-          # The worker reads its settings at start-up only: any change restarts it.
-          restartTriggers = [ (builtins.toJSON w) ];
-          serviceConfig = common // workerHardening // {
-            ExecStart = escapeExecArgs (argv.resolve binDir (argv.workerArgv w));
-          };
+      worker =
+        name: w: rank:
+        let
+          ranks = ranksHere w hostName;
+          # Other ranks of this worker on this machine (every rank when
+          # `hostName` is null): they start and stop with rank 0's unit.
+          siblings = map (r: "${rankUnit name r}.service") (builtins.filter (r: r != rank && r != 0) ranks);
+          leader = "${workerUnit name}.service";
+          together =
+            if rank == null || ranks == [ rank ] then
+              { }
+            else if rank == 0 then
+              { wants = siblings; }
+            else
+              {
+                bindsTo = [ leader ];
+                partOf = [ leader ];
+              };
+        in
+        {
+          name = rankUnit name rank;
+          value = {
+            description =
+              "mtpstack worker ${name} (model ${w.model}, batch width ${toString w.maxNumSeqs})"
+              + (if rank == null then "" else ", rank ${toString rank} of ${toString (builtins.length w.distributed.hosts)}");
+            wantedBy = [ "multi-user.target" ];
+            after = [ "network.target" ];
+            environment =
+              environment
+              // (if rank == null then { } else distributed.environment { inherit config name rank writeText; });
+            # The worker reads its settings at start-up only: any change restarts it.
+            restartTriggers = [ (builtins.toJSON w) ];
+            serviceConfig = common // workerHardening // {
+              ExecStart = escapeExecArgs (argv.resolve binDir (argv.workerArgv w));
+            } // (
+              # A rank exits when it loses a peer; each host's unit comes back
+              # and the ranks meet again (no start limit: peers may take a while).
+              if rank == null then { } else { Restart = "always"; }
+            );
+          } // (if rank == null then { } else { unitConfig.StartLimitIntervalSec = 0; })
+          // together;
         };
-      };
+      workerUnitList = builtins.concatMap (
+        name: map (worker name config.workers.${name}) (ranksHere config.workers.${name} hostName)
+      ) parts.workers;
       # Only the workers on this host: the others are dialled over the network.
-      workerUnits = map (name: "${workerUnit name}.service") parts.workers;
+      workerUnits = map (u: "${u.name}.service") workerUnitList;
       proxy = {
         description = "mtpstack admission proxy";
         wantedBy = [ "multi-user.target" ];
@@ -110,7 +158,7 @@ let
           );
       };
     in
-    builtins.listToAttrs (map (name: worker name config.workers.${name}) parts.workers)
+    builtins.listToAttrs workerUnitList
     // (if parts.proxy then { ${proxyUnit} = proxy; } else { });
 in
 {
@@ -118,6 +166,8 @@ in
     escapeExecArg
     escapeExecArgs
     workerUnit
+    rankUnit
+    ranksHere
     proxyUnit
     apiKeysCredential
     runtimeConfig

@@ -73,7 +73,126 @@ let
     binDir = "/pkg/bin";
   };
 
+  # A worker across two hosts, the proxy on the first.
+  spanning = mtp.render {
+    proxy.deployOn = "mac1";
+    hosts = {
+      mac1.address = "10.0.0.11";
+      mac2.address = "10.0.0.12";
+    };
+    workers.big = {
+      target = {
+        path = "/srv/models/big";
+        bits = 4;
+      };
+      maxNumSeqs = 1;
+      port = 8101;
+      host = "0.0.0.0";
+      distributed = {
+        hosts = [ "mac1" "mac2" ];
+        strategy = "pipeline";
+      };
+    };
+  };
+  # The hostfile's contents instead of a store path, so the tests compare text.
+  inlineText = _name: text: text;
+  spanningUnits =
+    hostName:
+    mtp.systemd.units {
+      config = spanning;
+      configFile = "/c";
+      binDir = "/pkg/bin";
+      inherit hostName;
+      writeText = inlineText;
+    };
+
   tests = {
+    distributedRendersItsDefaults = {
+      expr = spanning.workers.big.distributed;
+      expected = {
+        hosts = [ "mac1" "mac2" ];
+        backend = "ring";
+        strategy = "pipeline";
+        basePort = null;
+      };
+    };
+    eachHostRunsItsRankWithTheHostfile = {
+      expr = {
+        mac1 = builtins.attrNames (spanningUnits "mac1");
+        mac2 = builtins.attrNames (spanningUnits "mac2");
+        rank1 = (spanningUnits "mac2").mtpstack-worker-big-rank1.environment;
+        rank0 = (spanningUnits "mac1").mtpstack-worker-big.environment.MLX_RANK;
+        restart = (spanningUnits "mac2").mtpstack-worker-big-rank1.serviceConfig.Restart;
+      };
+      expected = {
+        mac1 = [ "mtpstack-proxy" "mtpstack-worker-big" ];
+        mac2 = [ "mtpstack-worker-big-rank1" ];
+        rank1 = {
+          HF_HOME = "/var/lib/mtpstack/huggingface";
+          HF_HUB_CACHE = "/var/lib/mtpstack/huggingface/hub";
+          PYTHONUNBUFFERED = "1";
+          MLX_RANK = "1";
+          MLX_HOSTFILE = ''[["10.0.0.11:18101"],["10.0.0.12:18102"]]'';
+        };
+        rank0 = "0";
+        restart = "always";
+      };
+    };
+    everyRankOnOneMachineStartsAndStopsWithRankZero = {
+      expr =
+        let
+          u = spanningUnits null;
+        in
+        {
+          leaderWants = u.mtpstack-worker-big.wants;
+          inherit (u.mtpstack-worker-big-rank1) bindsTo partOf;
+          proxyWants = u.mtpstack-proxy.wants;
+        };
+      expected = {
+        leaderWants = [ "mtpstack-worker-big-rank1.service" ];
+        bindsTo = [ "mtpstack-worker-big.service" ];
+        partOf = [ "mtpstack-worker-big.service" ];
+        proxyWants = [ "mtpstack-worker-big.service" "mtpstack-worker-big-rank1.service" ];
+      };
+    };
+    distributedArgvNamesBackendAndStrategy = {
+      expr =
+        let
+          a = mtp.workerArgv spanning.workers.big;
+        in
+        builtins.genList (i: builtins.elemAt a (builtins.length a - 4 + i)) 4;
+      expected = [ "--distributed-backend" "ring" "--distributed-strategy" "pipeline" ];
+    };
+    launchdRankDaemonCarriesTheEnvironment = {
+      expr =
+        let
+          c =
+            (mtp.launchd.daemons {
+              config = spanning;
+              configFile = "/c";
+              binDir = "/pkg/bin";
+              hostName = "mac2";
+              writeText = inlineText;
+            }).mtpstack-worker-big-rank1.serviceConfig;
+        in
+        {
+          inherit (c) KeepAlive;
+          rank = c.EnvironmentVariables.MLX_RANK;
+          hostfile = c.EnvironmentVariables.MLX_HOSTFILE;
+        };
+      expected = {
+        KeepAlive = true;
+        rank = "1";
+        hostfile = ''[["10.0.0.11:18101"],["10.0.0.12:18102"]]'';
+      };
+    };
+    firewallAdmitsPeersToRankPorts = {
+      expr = (mtp.firewall.rules {
+        config = spanning;
+        hostName = "mac2";
+      }).nftables;
+      expected = "ip saddr 10.0.0.11 tcp dport 18102 accept\n";
+    };
     renderFillsDefaults = {
       expr = {
         inherit (fleet.proxy) port concurrencyLimit queue;

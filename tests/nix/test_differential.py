@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mtpstack.validator.argv import worker_argv
 from mtpstack.validator.coupling import is_coupled
 from mtpstack.validator.load import validate_data
-from mtpstack.validator.placement import dial_host, parts_on
+from mtpstack.validator.placement import dial_host, parts_on, rank_peers
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix
@@ -33,12 +33,27 @@ seconds = st.sampled_from([0.5, 1, 2.5, 30, 60.0, 300])
 #: Host names a fleet may declare; `mac-1` is also drawn undeclared (a typo of `mac1`).
 HOST_NAMES = ["gw", "mac1", "mac2"]
 deploy_on = st.sampled_from([None, *HOST_NAMES, "mac-1"])
-PLACEMENT_CODES = {"unknown-host", "proxy-not-placed", "worker-unreachable"}
+PLACEMENT_CODES = {
+    "unknown-host", "proxy-not-placed", "worker-unreachable",
+    "distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-native", "distributed-needs-ip",
+}
 
 
 def optional(key: str, strategy: st.SearchStrategy) -> st.SearchStrategy:
     """A one-key dict or an empty one: the option left at its default."""
     return st.one_of(st.just({}), strategy.map(lambda v: {key: v}))
+
+
+def distributed() -> st.SearchStrategy:
+    """A worker spanning 2-3 hosts (a host may repeat or be undeclared); the rank ports near either end of the range."""
+    return st.fixed_dictionaries(
+        {"hosts": st.lists(st.sampled_from([*HOST_NAMES, "mac-1"]), min_size=2, max_size=3)},
+        optional={
+            "backend": st.sampled_from(["ring", "jaccl"]),
+            "strategy": st.sampled_from(["tensor", "pipeline"]),
+            "basePort": st.one_of(st.none(), st.integers(1, 65535)),
+        },
+    )
 
 
 @st.composite
@@ -47,7 +62,7 @@ def workers(draw) -> dict:
         "model": draw(models),
         "target": {"path": draw(args), "bits": draw(bits)},
         "maxNumSeqs": draw(widths),
-        "port": draw(st.integers(1, 65535)),
+        "port": draw(st.one_of(st.integers(1, 65535), st.integers(55530, 55540))),
     }
     depth_map = st.dictionaries(st.sampled_from(["code", "prose", "tools", "a.b-c_1"]), st.integers(1, 8), max_size=3).map(
         lambda classes: {**classes, "default": classes.get("prose", 3)}
@@ -65,6 +80,7 @@ def workers(draw) -> dict:
         ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost", "[::1]", "LocalHost", "127.0.0.2", "10.0.0.5"])),
         ("extraArgs", st.lists(args, max_size=3)),
         ("deployOn", deploy_on),
+        ("distributed", st.one_of(st.none(), distributed())),
     ]:
         w.update(draw(optional(key, strategy)))
     return w
@@ -111,8 +127,23 @@ def unquote_exec_start(line: str) -> list[str]:
     return args
 
 
+#: Fleets that hit each distributed rule for sure, beside the random ones.
+PINNED_FLEETS = [
+    {
+        "proxy": {"deployOn": "gw"},
+        "hosts": {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "mac1.lan"}, "mac2": {"address": "fd00::2"}},
+        "workers": {
+            "a": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 1, "deployOn": "mac2",
+                  "distributed": {"hosts": ["mac1", "mac2", "mac1", "mac-1"]}},
+            "b": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 2, "backend": "mlx-lm",
+                  "distributed": {"hosts": ["gw", "mac2"], "backend": "jaccl"}},
+        },
+    },
+]
+
+
 def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
-    fleets_ = draw_fleets(N_FLEETS)
+    fleets_ = draw_fleets(N_FLEETS) + PINNED_FLEETS
     assert len(fleets_) >= 200
     data = tmp_path / "fleets.json"
     data.write_text(json.dumps(fleets_))
@@ -135,6 +166,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
               partsOn = builtins.listToAttrs (map (h: {{ name = h; value = mtp.placement.partsOn config h; }})
                 (builtins.fromJSON {nixh.string(json.dumps(HOST_NAMES))}));
               dialHost = builtins.mapAttrs (name: _: mtp.placement.dialHost config name) config.workers;
+              peers = builtins.mapAttrs (name: w: if w.distributed == null then null else mtp.distributed.peers config name) config.workers;
             }};
         in map verdict (builtins.fromJSON (builtins.readFile {data}))
         """
@@ -144,6 +176,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     context_caps_seen = 0
     depth_maps_seen = 0
     placement_codes_seen: set[str] = set()
+    distributed_seen = 0
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
         assert config is not None, (fleet, report.render_text())
@@ -169,9 +202,12 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             proxy_runs, names = parts_on(config, host)
             assert nix["partsOn"][host] == {"proxy": proxy_runs, "workers": sorted(names)}, (fleet, host)
         assert nix["dialHost"] == {name: dial_host(config, name) for name in config.workers}, fleet
+        assert nix["peers"] == {name: rank_peers(config, name) for name in config.workers}, fleet
+        distributed_seen += any(w.distributed is not None for w in config.workers.values())
         placement_codes_seen.update(code for code, _ in placement)
     # The draw exercises both verdicts, not only one.
     assert 0 < mismatches_seen < len(fleets_)
     assert 0 < context_caps_seen < len(fleets_)
     assert 0 < depth_maps_seen < len(fleets_)
     assert placement_codes_seen == PLACEMENT_CODES
+    assert 0 < distributed_seen < len(fleets_)

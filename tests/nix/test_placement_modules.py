@@ -254,3 +254,36 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
                "user": "root", "path": {"activates": outputs["darwin"][name]}}
         for name, address in (("mac1", "10.0.0.11"), ("mac2", "10.0.0.12"))
     }  # fmt: skip
+
+
+#: A worker across mac1 and mac2 beside the example's two (its gate is the example's, 2).
+SPANNING = (
+    'services.mtpstack.workers.big = { model = "qwen3.8-27b"; target = { path = "/srv/big"; bits = 4; };'
+    ' maxNumSeqs = 2; port = 8102; host = "0.0.0.0"; distributed = { hosts = [ "mac1" "mac2" ]; strategy = "pipeline"; }; };'
+)
+
+
+def test_a_worker_across_two_hosts_runs_a_rank_unit_on_each_and_opens_rank_ports_to_its_peer(nixh, nixpkgs_lib):
+    mac1 = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", SPANNING, "networking.nftables.enable = true;"))
+    mac2 = nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac2", SPANNING, "networking.nftables.enable = true;"))
+    assert units(mac1, "nixos") == ["mtpstack-worker-big", "mtpstack-worker-qwen-a"]
+    assert units(mac2, "nixos") == ["mtpstack-worker-big-rank1", "mtpstack-worker-qwen-b"]
+    rank0, rank1 = mac1["services"]["mtpstack-worker-big"], mac2["services"]["mtpstack-worker-big-rank1"]
+    assert (rank0["environment"]["MLX_RANK"], rank1["environment"]["MLX_RANK"]) == ("0", "1")
+    # One hostfile, the same store path on both hosts (pkgs.writeText of the same text).
+    assert rank0["environment"]["MLX_HOSTFILE"] == rank1["environment"]["MLX_HOSTFILE"]
+    assert rank0["serviceConfig"]["ExecStart"] == rank1["serviceConfig"]["ExecStart"]
+    assert rank0["serviceConfig"]["ExecStart"].endswith('"--distributed-backend" "ring" "--distributed-strategy" "pipeline"')
+    # Rank ports (port + 10000 + rank) open to the other rank's host only; rank 0 also to the proxy host.
+    assert "ip saddr 10.0.0.12 tcp dport 18102 accept\n" in mac1["firewallRules"]["nftables"]
+    assert "ip saddr 10.0.0.1 tcp dport 8102 accept\n" in mac1["firewallRules"]["nftables"]
+    assert mac2["firewallRules"]["nftables"] == (
+        "ip saddr 10.0.0.1 tcp dport 8101 accept\nip saddr 10.0.0.11 tcp dport 18103 accept\n"
+    )
+
+
+def test_a_distributed_worker_whose_deploy_on_is_not_its_first_host_fails_on_every_host(nixh, nixpkgs_lib):
+    for host in ("gateway", "mac2"):
+        with pytest.raises(nixh.NixError) as e:
+            nixh.eval_module(nixpkgs_lib, HOSTS[host], on_host(host, SPANNING, 'services.mtpstack.workers.big.deployOn = "mac2";'))
+        assert "`services.mtpstack.workers.big.deployOn` is `mac2`, but the worker spans hosts" in e.value.stderr
