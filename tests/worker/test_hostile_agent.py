@@ -23,9 +23,10 @@ FUZZ_SEED, FUZZ_COUNT = 23, 120
 #: issue 23) 16 of them held `/health` for 3.4 s, so 24 hold it past the bound below even on a
 #: quiet machine.
 STALL_SCHEMAS, STALL_WIDTH = 24, 8
-#: What "not delayed noticeably" allows while they compile, in seconds: half the proxy's health
-#: timeout (3 s), and room for a 2-core machine shared with other jobs (seen: 0.85 s).
-HEALTH_BOUND = GAP_BOUND = 1.5
+#: What "not delayed noticeably" allows while they compile, in seconds: below the proxy's health
+#: timeout (3 s) and the 3.3-3.4 s the loop stalled when it compiled them itself, with room for a
+#: 2-core machine shared with other jobs (seen: 0.85 s, and once 1.6 s under a parallel suite).
+HEALTH_BOUND = GAP_BOUND = 2.5
 
 
 @pytest.fixture(scope="module")
