@@ -37,12 +37,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-PROMPTS = [
-    "def parse_args(argv):\n",
-    "The GNU General Public License is",
-    "import os\nimport sys\n\n\ndef main():\n",
-    "This program is free software; you can",
-]
+from worker_bench import PROMPTS, emit
+
 #: Configuration -> (strategy, or None for one process; with the head).
 CONFIGS = {
     "one+mtp": (None, True),
@@ -249,13 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
     lines = report_lines(result["summary"]["tok_s"], result["summary"]["ratio"], result["summary"]["notes"])
-    print("\n".join(lines), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return emit(result, lines, args.out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -22,6 +21,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from worker_bench import emit
 
 SIGNALS = {"kill -9": signal.SIGKILL, "kill -STOP": signal.SIGSTOP}
 #: How long rank 0 sits idle, healthy, before its peer is lost.
@@ -97,14 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="distributed-loss-"))
     target, head = build_tiny_hybrid_pair(workdir / "models", seed=0)
     runs = {name: [once(target, head, sig, workdir) for _ in range(args.repeats)] for name, sig in SIGNALS.items()}
-    print("\n".join(line(name, r) for name, r in runs.items()), file=sys.stderr)
     report = {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "settle_s": SETTLE_SECONDS}, "runs": runs}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return emit(report, [line(name, r) for name, r in runs.items()], args.out)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from worker_bench import emit
 
 #: Text-config dimensions of real models (from their config.json), for the predicted figure.
 MODEL_DIMS = {
@@ -132,13 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(recurrent state {mib(b['state'])}, conv window {mib(b['conv'])}, attention KV {mib(b['kv'])})")
         return 0
     report = measure(args.depths, args.widths, args.repeats)
-    print("\n".join(table(report)), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
+    return emit(report, table(report), args.out)
 
 
 if __name__ == "__main__":
