@@ -104,10 +104,28 @@ class RankSetting:
         return cls(rank=rank, size=size, backend=backend, strategy=strategy)
 
 
+#: The oldest mlx the ranks are known to run on. With mlx 0.31.2 (the Nix package's pin on Linux)
+#: beside mlx-lm 0.32.2 the ranks start, then hang in their first step; 0.32.4 is tested.
+MIN_MLX = (0, 32)
+
+
+def check_mlx(version: str) -> None:
+    """Refuses an mlx the distributed worker does not run on, before it could report healthy."""
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return  # a development build: let it try
+    if found < MIN_MLX:
+        raise UserError(f"a worker across hosts needs mlx {'.'.join(map(str, MIN_MLX))} or newer, found {version}: "
+                        "with it the ranks hang in their first step",
+                        f"install mlx>={'.'.join(map(str, MIN_MLX))} on every host, or serve this model from one process")
+
+
 def join_group(setting: RankSetting):
     """`mx.distributed.init` on the configured backend; refuses a backend this machine lacks."""
     import mlx.core as mx
 
+    check_mlx(mx.__version__)
     if not mx.distributed.is_available(setting.backend):
         hint = "`jaccl` needs macOS 26.2 or later with Thunderbolt 5 RDMA enabled; use `ring` elsewhere" if setting.backend == "jaccl" else None
         raise UserError(f"mlx's `{setting.backend}` backend is not available on this machine", hint)

@@ -14,9 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import mlx.core as mx
+
+from mtpstack.errors import UserError
 from mtpstack.runtime import Process, free_port, url_of
 from mtpstack.validator import FleetConfig, rank_peers, worker_argv
+from mtpstack.worker.distributed import MIN_MLX, check_mlx
 from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
+
+#: Ranks run only on an mlx the worker accepts; on an older one it refuses to start (tested below).
+ranks_run = pytest.mark.skipif(tuple(map(int, mx.__version__.split(".")[:2])) < MIN_MLX,
+                               reason=f"mlx {mx.__version__}: the distributed worker needs {MIN_MLX}")
 
 HTTP_TIMEOUT = 30.0
 START_TIMEOUT = 60.0
@@ -111,6 +119,7 @@ def single(hybrid_pair, tmp_path_factory, live_worker_class):
 
 
 @pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+@ranks_run
 def test_greedy_output_is_lossless_at_every_depth_and_width(hybrid_pair, tmp_path, single, strategy):
     """Pipeline: each rank runs whole layers, so the output is one process's, token for token.
     Tensor: each layer's sums are split across ranks and added in another order, so the sharded
@@ -124,6 +133,7 @@ def test_greedy_output_is_lossless_at_every_depth_and_width(hybrid_pair, tmp_pat
                 assert greedy(ranked.url, depth, width) == reference, (strategy, depth, width)
 
 
+@ranks_run
 def test_identity_lists_every_rank_with_its_pid_host_and_weights(hybrid_pair, tmp_path, single):
     target, head = hybrid_pair
     with RankedWorker(tmp_path, target, head, strategy="tensor") as ranked:
@@ -149,6 +159,7 @@ def _wait_unhealthy(ranked: RankedWorker, within: float) -> float:
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+@ranks_run
 def test_an_idle_worker_notices_a_lost_rank_and_exits_as_one(hybrid_pair, tmp_path, how):
     target, head = hybrid_pair
     with RankedWorker(tmp_path, target, head, strategy="tensor") as ranked:
@@ -161,6 +172,7 @@ def test_an_idle_worker_notices_a_lost_rank_and_exits_as_one(hybrid_pair, tmp_pa
     assert 0 <= took < LOST_WITHIN
 
 
+@ranks_run
 def test_a_request_in_flight_when_a_rank_dies_gets_an_error_not_a_hang(hybrid_pair, tmp_path):
     target, head = hybrid_pair
     with RankedWorker(tmp_path, target, head, strategy="pipeline", width=2) as ranked:
@@ -177,3 +189,11 @@ def test_a_request_in_flight_when_a_rank_dies_gets_an_error_not_a_hang(hybrid_pa
                 pass  # the connection closed with the process: an error too, not a hang
             assert time.monotonic() - start < LOST_WITHIN
         assert ranked.ranks[0].wait(timeout=LOST_WITHIN) != 0
+
+
+def test_an_mlx_too_old_for_the_ranks_is_refused_before_they_start():
+    with pytest.raises(UserError) as e:
+        check_mlx("0.31.2")  # the Nix package's pin on Linux: its ranks hang in the first step
+    assert "needs mlx 0.32 or newer, found 0.31.2" in e.value.message and "mlx>=0.32" in e.value.hint
+    check_mlx("0.32.4")
+    check_mlx("1.0.0")
