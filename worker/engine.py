@@ -163,6 +163,7 @@ class Engine:
         if draft_kind not in DRAFTER_KINDS:
             raise ValueError(f"draft kind must be one of {', '.join(DRAFTER_KINDS)}: {draft_kind}")
         t = load_one(target, target_bits, prepare_target)
+        refuse_unrunnable_experts(t.model, target)
         try:
             kinds = install_rollback(t.model)
         except CacheNotSupported as e:
@@ -170,6 +171,7 @@ class Engine:
         d, impl = None, None
         if drafter:
             d, impl = _load_drafter(drafter, drafter_bits, draft_kind, t)
+            refuse_unrunnable_experts(d.model, drafter)
         for role, m in (("target", t), ("drafter", d)):
             if m is not None and (problem := bits_mismatch(m)):
                 log.warning("the %s's --%s-bits disagrees with its config.json: %s", role, role, problem)
@@ -199,6 +201,24 @@ class Engine:
 
     def new_sequence(self, prompt: list[int], params: "SamplingParams") -> "Sequence":
         return Sequence(self, prompt, params)
+
+
+#: Whether this mlx's `gather_qmm` takes the `global_scale` mlx-lm's quantized expert layers pass
+#: (mlx 0.32 does; 0.31.2, the Nix package's pin on Linux, does not).
+GATHER_QMM_TAKES_GLOBAL_SCALE = "global_scale" in (mx.gather_qmm.__doc__ or "")
+
+
+def refuse_unrunnable_experts(model, path: str, runs: bool = GATHER_QMM_TAKES_GLOBAL_SCALE) -> None:
+    """Refuses, at start rather than at the first prefill, a model with quantized MoE experts on an
+    mlx whose `gather_qmm` cannot run mlx-lm's quantized expert layers."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    if runs or not any(isinstance(m, QuantizedSwitchLinear) for _, m in model.named_modules()):
+        return
+    raise ValueError(
+        f"`{path}` has quantized MoE experts, which mlx {mx.__version__} cannot run with this mlx-lm "
+        "(its `gather_qmm` takes no `global_scale`)\n\nhint: install mlx>=0.32, or serve an unquantized copy"
+    )
 
 
 def _load_drafter(path: str, bits: str | None, kind: str, target: LoadedModel):

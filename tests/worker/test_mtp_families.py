@@ -50,6 +50,8 @@ def engines(moe_pair, next_pair, nemotron_pair, glm_pair):
     cache: dict[str, Engine] = {}
 
     def get(layout: str) -> Engine:
+        if layout == "quantized" and not QUANTIZED_MOE_RUNS:
+            pytest.skip(QUANTIZED_MOE_REASON)  # the engine refuses to load it (tested below)
         if layout not in cache:
             family, _, rest = layout.partition("-")
             pairs = {"next": next_pair, "nemotron": nemotron_pair, "glm": glm_pair}
@@ -82,8 +84,6 @@ def test_every_moe_layout_loads_as_a_qwen3_5_mtp_head(engines, layout):
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)
 def test_greedy_output_equals_plain_decoding_in_every_layout(engines, layout, depth, width):
-    if layout == "quantized" and not QUANTIZED_MOE_RUNS:
-        pytest.skip(QUANTIZED_MOE_REASON)
     engine = engines(layout)
     expected = plain(engine)
     tokens, accepted = run(engine, PROMPTS, depth, width)
@@ -258,3 +258,21 @@ def test_a_prefix_cache_hit_resumes_every_familys_state_exactly(engines, family)
         seqs.append(seq)
     assert seqs[1].cached_tokens == len(engine.text_prompt(first_turn)) - 1
     assert seqs[1].tokens == expected
+
+
+
+def test_quantized_experts_are_refused_at_start_on_an_mlx_that_cannot_run_them(moe_pair, engines):
+    from mtpstack.worker.engine import refuse_unrunnable_experts
+
+    if not QUANTIZED_MOE_RUNS:  # the Nix package's mlx on Linux: the load itself refuses, naming the fix
+        target, head = moe_pair("quantized")
+        with pytest.raises(ValueError) as e:
+            Engine.load(str(target), str(head), draft_depth=4)
+        assert "has quantized MoE experts" in str(e.value) and "hint: install mlx>=0.32" in str(e.value)
+        return
+    quantized = engines("quantized").drafter.model
+    with pytest.raises(ValueError) as e:
+        refuse_unrunnable_experts(quantized, "head", runs=False)  # as on mlx 0.31.2
+    assert "has quantized MoE experts" in str(e.value) and "hint: install mlx>=0.32" in str(e.value)
+    refuse_unrunnable_experts(quantized, "head", runs=True)
+    refuse_unrunnable_experts(engines("standalone").drafter.model, "head", runs=False)  # nothing quantized to run
