@@ -63,6 +63,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive TCP ports that were all free a moment ago on `host` (a
+    distributed worker's rank ports are `basePort + rank`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        base = free_port(host)
+        held = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(family, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue  # one of them is taken: try another base
+        finally:
+            for s in held:
+                s.close()
+    raise OSError(f"found no {count} consecutive free ports on {host}")
+
+
 def http_status(url: str, timeout: float = POLL_TIMEOUT, headers: dict[str, str] | None = None) -> tuple[int, dict]:
     """(status, JSON object body) of GET `url`; (0, {}) when nothing answers, {} for a body that is not a JSON object."""
     try:

@@ -117,7 +117,7 @@ class Server:
     """One configuration's processes (one, or one per rank), started as `mtpstack up` starts them."""
 
     def __init__(self, name: str, target: Path, head: Path, depth: int, logdir: Path):
-        from mtpstack.runtime import Process, free_port, url_of
+        from mtpstack.runtime import Process, free_port, free_port_run, url_of
         from mtpstack.validator import FleetConfig, rank_peers, worker_argv
         from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
@@ -131,7 +131,7 @@ class Server:
         }
         hosts = {"r0": {"address": "127.0.0.1"}, "r1": {"address": "127.0.0.1"}}
         if strategy is not None:
-            worker["distributed"] = {"hosts": list(hosts), "strategy": strategy, "basePort": free_port()}
+            worker["distributed"] = {"hosts": list(hosts), "strategy": strategy, "basePort": free_port_run(len(hosts))}
         fleet = FleetConfig.model_validate({"proxy": {"concurrencyLimit": max(WIDTHS), "deployOn": "r0"}, "hosts": hosts,
                                             "workers": {"w": worker}})
         argv = resolve_command(worker_argv(fleet.workers["w"]))

@@ -51,7 +51,7 @@ def line(name: str, runs: list[dict]) -> str:
 
 
 def once(target: Path, head: Path, sig: int, logdir: Path) -> dict:
-    from mtpstack.runtime import Process, free_port, url_of
+    from mtpstack.runtime import Process, free_port, free_port_run, url_of
     from mtpstack.validator import FleetConfig, rank_peers, worker_argv
     from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
@@ -60,7 +60,7 @@ def once(target: Path, head: Path, sig: int, logdir: Path) -> dict:
     fleet = FleetConfig.model_validate({"proxy": {"concurrencyLimit": 2, "deployOn": "r0"}, "hosts": hosts, "workers": {"w": {
         "model": "tiny", "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": 2, "port": port,
         "drafter": {"path": str(head), "bits": "fp32", "depth": 3, "kind": "mtp"}, "prefixCache": {"maxGiB": 0},
-        "distributed": {"hosts": list(hosts), "basePort": free_port()},
+        "distributed": {"hosts": list(hosts), "basePort": free_port_run(len(hosts))},
     }}})
     argv = resolve_command(worker_argv(fleet.workers["w"]))
     envs = rank_environments(rank_peers(fleet, "w"), "ring", logdir / f"hostfile-{port}.json")

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from mtpstack.runtime import free_port
+from mtpstack.runtime import free_port, free_port_run
 
 from tests.e2e.conftest import Stack, alive, wait_until
 
@@ -36,7 +36,7 @@ def spanning_fleet(target, head) -> dict:
             "maxNumSeqs": 2,
             "port": free_port(),
             "prefixCache": {"maxGiB": 0},
-            "distributed": {"hosts": ["h0", "h1"], "strategy": "pipeline", "basePort": free_port()},
+            "distributed": {"hosts": ["h0", "h1"], "strategy": "pipeline", "basePort": free_port_run(2)},
         }},
     }
 

@@ -204,3 +204,18 @@ def test_a_process_never_started_has_no_exit_code_and_stop_is_a_no_op(tmp_path):
             sleeper.wait(0.01)
     finally:
         sleeper.stop(timeout=5)
+
+
+def test_a_run_of_free_ports_starts_where_every_one_of_them_can_be_bound():
+    import socket
+
+    from mtpstack.runtime import free_port_run
+
+    base = free_port_run(3)
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+    try:
+        for i, s in enumerate(sockets):
+            s.bind(("127.0.0.1", base + i))  # raises if one of the three was taken
+    finally:
+        for s in sockets:
+            s.close()

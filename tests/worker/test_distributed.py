@@ -17,7 +17,7 @@ import pytest
 import mlx.core as mx
 
 from mtpstack.errors import UserError
-from mtpstack.runtime import Process, free_port, url_of
+from mtpstack.runtime import Process, free_port, free_port_run, url_of
 from mtpstack.validator import FleetConfig, rank_peers, worker_argv
 from mtpstack.worker.distributed import MIN_MLX, check_mlx
 from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
@@ -49,10 +49,9 @@ class RankedWorker:
                 "model": "tiny", "target": {"path": str(target), "bits": "fp32"},
                 "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth, "kind": "mtp"},
                 "maxNumSeqs": width, "port": self.port, "prefixCache": {"maxGiB": 0},
-                "distributed": {"hosts": list(hosts), "strategy": strategy, "basePort": free_port()},
+                "distributed": {"hosts": list(hosts), "strategy": strategy, "basePort": free_port_run(len(hosts))},
             }},
         })
-        # Rank r's port is basePort + r: take a base whose next port is free too, as far as one can tell.
         argv = resolve_command(worker_argv(fleet.workers["big"]))
         envs = rank_environments(rank_peers(fleet, "big"), "ring", tmp / f"hostfile-{self.port}.json")
         self.ranks = [
