@@ -116,61 +116,39 @@ def live_worker(tmp_path):
 
 
 
-@pytest.fixture(scope="session")
-def moe_pair(tmp_path_factory):
-    """`moe_pair(layout)`: the tiny Qwen3.5 MoE target and its head in one of `MOE_LAYOUTS`, built once each."""
-    from devkit.demo.tiny_families import build_tiny_moe_pair
+def _built_once(tmp_path_factory, builder: str, prefix: str):
+    """`get(layout)` -> (target dir, head dir) from `devkit.demo.tiny_families.<builder>`, built once per layout."""
+    from devkit.demo import tiny_families
 
     built: dict[str, tuple[Path, Path]] = {}
 
     def get(layout: str) -> tuple[Path, Path]:
         if layout not in built:
-            built[layout] = build_tiny_moe_pair(tmp_path_factory.mktemp(f"moe-{layout}"), layout)
+            built[layout] = getattr(tiny_families, builder)(tmp_path_factory.mktemp(f"{prefix}-{layout}"), layout)
         return built[layout]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def moe_pair(tmp_path_factory):
+    """`moe_pair(layout)`: the tiny Qwen3.5 MoE target and its head in one of `MOE_LAYOUTS`."""
+    return _built_once(tmp_path_factory, "build_tiny_moe_pair", "moe")
 
 
 @pytest.fixture(scope="session")
 def next_pair(tmp_path_factory):
     """`next_pair(layout)`: the tiny Qwen3-Next target and its `qwen3_5_mtp` head, standalone or bundled."""
-    from devkit.demo.tiny_families import build_tiny_next_pair
-
-    built: dict[str, tuple[Path, Path]] = {}
-
-    def get(layout: str) -> tuple[Path, Path]:
-        if layout not in built:
-            built[layout] = build_tiny_next_pair(tmp_path_factory.mktemp(f"next-{layout}"), layout)
-        return built[layout]
-
-    return get
+    return _built_once(tmp_path_factory, "build_tiny_next_pair", "next")
 
 
 @pytest.fixture(scope="session")
 def nemotron_pair(tmp_path_factory):
     """`nemotron_pair(layout)`: the tiny Nemotron-H target and its `nemotron_h_mtp` head, standalone or bundled."""
-    from devkit.demo.tiny_families import build_tiny_nemotron_pair
-
-    built: dict[str, tuple[Path, Path]] = {}
-
-    def get(layout: str) -> tuple[Path, Path]:
-        if layout not in built:
-            built[layout] = build_tiny_nemotron_pair(tmp_path_factory.mktemp(f"nemotron-{layout}"), layout)
-        return built[layout]
-
-    return get
+    return _built_once(tmp_path_factory, "build_tiny_nemotron_pair", "nemotron")
 
 
 @pytest.fixture(scope="session")
 def glm_pair(tmp_path_factory):
     """`glm_pair(layout)`: the tiny GLM-4.7-Flash target and its `glm4_moe_lite_mtp` head, standalone or bundled."""
-    from devkit.demo.tiny_families import build_tiny_glm_pair
-
-    built: dict[str, tuple[Path, Path]] = {}
-
-    def get(layout: str) -> tuple[Path, Path]:
-        if layout not in built:
-            built[layout] = build_tiny_glm_pair(tmp_path_factory.mktemp(f"glm-{layout}"), layout)
-        return built[layout]
-
-    return get
+    return _built_once(tmp_path_factory, "build_tiny_glm_pair", "glm")

@@ -24,7 +24,7 @@ from mtpstack.worker.launcher import rank_environments, resolve_command, worker_
 
 #: Ranks run only on an mlx the worker accepts; on an older one it refuses to start (tested below).
 ranks_run = pytest.mark.skipif(tuple(map(int, mx.__version__.split(".")[:2])) < MIN_MLX,
-                               reason=f"mlx {mx.__version__}: the distributed worker needs {MIN_MLX}")
+                               reason=f"mlx {mx.__version__}: the distributed worker needs mlx {'.'.join(map(str, MIN_MLX))} or newer")
 
 HTTP_TIMEOUT = 30.0
 START_TIMEOUT = 60.0
