@@ -250,11 +250,6 @@ def tokens_only(stream):
         yield tokens
 
 
-def alternate(*streams):
-    """One batch from each stream in turn."""
-    return pattern(list(streams), range(len(streams)))
-
-
 def pattern(streams: list, order) -> object:
     """Batches from `streams` in the repeating `order` of their indices."""
     while True:
@@ -359,7 +354,7 @@ def teach(models: Path, *, seed: int = 0, target_steps: int = 800, head_steps: i
 
     width = SEQ_LEN + 3
     fit("head", head, loss,
-        tokens_only(alternate(windows(plain_train, rng, width, batch), windows(chat_train[0], rng, width, batch))),
+        tokens_only(pattern([windows(plain_train, rng, width, batch), windows(chat_train[0], rng, width, batch)], (0, 1))),
         steps=head_steps, lr=head_lr, width=width)
     head.eval()
     # Written only now that both are trained, and each checked to load back to exactly what was trained.
