@@ -81,3 +81,13 @@ def test_a_checkpoint_restores_the_weights_and_the_step_it_was_written_at(tmp_pa
     assert all(mx.array_equal(a, b) for (_, a), (_, b) in zip(tree_flatten(fresh.parameters()),
                                                              tree_flatten(target.parameters())))
     assert [p.name for p in tmp_path.iterdir()] == [chat.CHECKPOINT]
+
+
+def test_the_verdict_requires_every_short_chat_and_reports_the_agent_sized_prompt():
+    ended = [("ok<|im_end|>", True)] * chat.GATED
+    cut = ("pw-pw-pw-pw", False)
+    assert chat.GATED == 2 * len(chat.CHECK_PROMPTS)
+    assert chat.passes(ended + [cut, cut])
+    for i in range(chat.GATED):
+        assert not chat.passes(ended[:i] + [cut] + ended[i + 1:] + [cut, cut])
+    assert not chat.passes([])
