@@ -238,9 +238,11 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
 async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
                       headers: dict[str, str] | None = None) -> dict:
     """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
-    (each content chunk's arrival time appended to `times` when given)."""
+    (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
+    to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
+    (mlx_lm.server ignores the field, and stops at its model's end of turn)."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
     start = time.perf_counter()
     first, text, usage = None, [], None
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
