@@ -430,8 +430,13 @@ def _checkpoint(target, path: Path, step: int) -> None:
     """The fine-tuned target's weights so far, for `--resume` (the optimizer's state is not kept)."""
     from mlx.utils import tree_flatten
 
+    _write(path, dict(tree_flatten(target.parameters())), {"step": str(step)})
+
+
+def _write(path: Path, weights: dict, metadata: dict) -> None:
+    """Save `weights` to `path` whole or not at all: staged beside it, then renamed over it."""
     staged = path.with_name(path.stem + ".partial.safetensors")  # mlx adds the suffix to a name without it
-    mx.save_safetensors(str(staged), dict(tree_flatten(target.parameters())), metadata={"step": str(step)})
+    mx.save_safetensors(str(staged), weights, metadata=metadata)
     staged.replace(path)
 
 
@@ -448,16 +453,10 @@ def _hidden(target, ids):
 
 def _save_checked(module, model_dir: Path, load, run) -> None:
     """Replace `model_dir`'s weights with `module`'s (fp32), then fail unless they load back to the same outputs."""
-    import os
-    import tempfile
-
     from mlx.utils import tree_flatten
 
-    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(module.parameters())}
-    with tempfile.NamedTemporaryFile(dir=model_dir, suffix=".safetensors", delete=False) as f:
-        staged = Path(f.name)
-    mx.save_safetensors(str(staged), weights, metadata={"format": "mlx"})
-    os.replace(staged, model_dir / "model.safetensors")
+    _write(model_dir / "model.safetensors", {k: v.astype(mx.float32) for k, v in tree_flatten(module.parameters())},
+           {"format": "mlx"})
     ids = mx.array([list(range(3, 67))])
     if not mx.array_equal(run(load(model_dir), ids), run(module, ids)):
         raise ChatError(f"`{model_dir}` loads to a model whose outputs differ from the trained one",
