@@ -57,6 +57,24 @@ def test_the_constraint_starts_where_the_reasoning_ends(tok):
     assert not c.reasoning
 
 
+def test_while_the_reasoning_lasts_the_turn_cannot_end_before_the_forced_structure(tok):
+    """A model that ends its turns would otherwise end one inside its reasoning, and a forced call or
+    schema would never get its turn: the end ids are masked until `</think>`, and a draft that
+    writes one there is cut at it."""
+    tokenizer, vocab = tok
+    [end_id] = tokenizer.encode("</think>", add_special_tokens=False)
+    [im_end] = tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    c = constraint(tok, json_grammar(None), think_end_id=end_id, reasoning=True, end_ids=(im_end, end_id))
+    assert c.end_ids == (im_end,)  # the reasoning's own end stays allowed
+    words = tokenizer.encode("hello", add_special_tokens=False)
+    rows = c.mask(mx.zeros((len(words) + 2, vocab)), words + [im_end])
+    finite = [mx.isfinite(rows[j]).tolist() for j in range(len(words) + 2)]
+    assert all(not f[im_end] and f[end_id] and sum(f) == vocab - 1 for f in finite[: len(words) + 1])
+    assert all(finite[-1])  # past the cut: never emitted, left alone
+    rows = c.mask(mx.zeros((len(words) + 2, vocab)), words + [end_id])
+    assert 0 < int(mx.isfinite(rows[-1]).sum().item()) < vocab  # after `</think>`: the grammar's own mask
+
+
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "json_tools"])
 def test_a_forced_call_accepts_a_valid_call_and_nothing_else(tok, fmt):
     tokenizer, _ = tok

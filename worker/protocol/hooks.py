@@ -30,30 +30,45 @@ class TokenLogprob:
 
 
 class Constraint:
-    """An llguidance matcher that starts where the reasoning ends (at `think_end_id`, when the prompt opened a think block)."""
+    """An llguidance matcher that starts where the reasoning ends (at `think_end_id`, when the prompt opened a think block).
 
-    def __init__(self, matcher, vocab_size: int, think_end_id: int | None = None, reasoning: bool = False):
+    While the reasoning lasts, `end_ids` (the tokens that end the turn) are masked out: the forced
+    structure has not had its turn yet, so the reasoning ends with `think_end_id`, never with the turn.
+    """
+
+    def __init__(self, matcher, vocab_size: int, think_end_id: int | None = None, reasoning: bool = False,
+                 end_ids: tuple[int, ...] = ()):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.think_end_id = think_end_id
         self.reasoning = reasoning and think_end_id is not None
+        self.end_ids = tuple(i for i in end_ids if 0 <= i < vocab_size and i != think_end_id)
         self.masked_positions = 0  # how many positions were masked, for tests and the bench
 
     def _allowed(self) -> np.ndarray:
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
 
+    def _while_reasoning(self) -> np.ndarray | None:
+        if not self.end_ids:
+            return None
+        allowed = np.ones(self.vocab_size, dtype=bool)
+        allowed[list(self.end_ids)] = False
+        return allowed
+
     def mask(self, logits: mx.array, drafted: list[int]) -> mx.array:
         rows = logits.shape[0]
         masks: list[np.ndarray | None] = []
         consumed, reasoning = 0, self.reasoning
         for j in range(min(len(drafted) + 1, rows)):
-            allowed = None if reasoning else self._allowed()
+            allowed = self._while_reasoning() if reasoning else self._allowed()
             masks.append(allowed)
             if j == len(drafted):
                 break
             tok = drafted[j]
             if reasoning:
+                if tok in self.end_ids:
+                    break  # the draft is cut here, as at a token the grammar rejects
                 reasoning = tok != self.think_end_id
                 continue
             if not (0 <= tok < len(allowed) and allowed[tok]):
@@ -181,7 +196,7 @@ class RowHook:
         constraint = self.constraint
         if isinstance(constraint, Constraint):
             constraint = Constraint(constraint.matcher.deep_copy(), constraint.vocab_size, constraint.think_end_id,
-                                    constraint.reasoning)
+                                    constraint.reasoning, constraint.end_ids)
         budget = ThinkBudget(self.budget.think_end_id, self.budget.budget) if self.budget is not None else None
         return RowHook(self.top_logprobs, constraint, budget)
 
