@@ -91,3 +91,32 @@ def test_the_verdict_requires_every_short_chat_and_reports_the_agent_sized_promp
     for i in range(chat.GATED):
         assert not chat.passes(ended[:i] + [cut] + ended[i + 1:] + [cut, cut])
     assert not chat.passes([])
+
+
+def test_the_head_is_scored_against_the_targets_own_next_distribution_at_each_depth():
+    """A head that returned exactly the target's hidden state for the token it drafts would draft
+    the target's own distribution: its distillation loss is zero at both depths (and an off-by-one
+    in the teacher's positions would not be). The real head is not: its loss is positive."""
+    import mlx.core as mx
+
+    from devkit.demo.train import SEQ_LEN
+    from mtpstack.worker.demo import DEMO_HEAD
+    from mtpstack.worker.mtp import load_head
+
+    target = mlx_lm.load(str(DEMO_TARGET))[0]
+    text = target.language_model.model
+    window = mx.array(np.random.default_rng(0).integers(3, 1000, size=(2, SEQ_LEN + 3)))
+    states = text(window[:, : SEQ_LEN + 2])
+
+    class Oracle:
+        layers = [None]
+        calls = 0
+
+        def __call__(self, embeddings, hidden, cache):
+            self.calls += 1
+            return states[:, self.calls : SEQ_LEN + self.calls]  # depth d drafts token t+d+1 from h[t+d]
+
+    exact = chat.head_distill_losses(Oracle(), target, window)
+    assert all(abs(v.item()) < 1e-4 for v in exact)
+    real = chat.head_distill_losses(load_head(DEMO_HEAD, DEMO_TARGET).module, target, window)
+    assert all(v.item() > 0.01 for v in real)
