@@ -72,6 +72,7 @@ def table(reports: dict) -> str:
         for s in SERVERS:
             c = cells[s].get(key)
             detail = c["detail"].replace(f"{ROOT}/", "") if c else ""  # no checkout's path in the docs
+            detail = " ".join(detail.split())  # one table row: an exception's text can span lines
             marks.append("yes" if c and c["ok"] else f"no: {detail[:70].replace('|', '/')}" if c else "-")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(marks) + " |")
     passed = {s: sum(c["ok"] for c in cells[s].values()) for s in SERVERS}
