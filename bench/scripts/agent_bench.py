@@ -176,6 +176,9 @@ async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
     times: list[float] = []
     decoding = asyncio.create_task(stream_completion(session, url, model, f"# round {round_no}\nimport os\n", 400, times))
     while len(times) < 20:  # the row decodes before the long prompt arrives
+        if decoding.done():  # failed, or the model ended its answer: no decoding row to measure beside
+            await decoding
+            raise RuntimeError(f"{url}: the decoding row ended after {len(times)} tokens, before the long prompt was sent")
         await asyncio.sleep(0.01)
     long = await stream_chat(session, url, model, [{"role": "user", "content": system_prompt(1000 + round_no, tools)}], 4)
     await decoding
