@@ -59,7 +59,7 @@ def chat_template(*, thinking_by_default: bool) -> str:
 
     `thinking_by_default`: the generation prompt opens `<think>` unless `enable_thinking` is false
     (the real models' templates); otherwise it writes an empty, closed block unless `enable_thinking`
-    is true (the shipped demo: a toy that never closes a block by itself answers plain chat).
+    is true (the shipped demo: a toy whose short answers often stay in the block, so plain chat answers).
     """
     if thinking_by_default:
         switch = "{%- if enable_thinking is defined and enable_thinking is false %}" + _CLOSED + "{%- else %}" + _OPEN

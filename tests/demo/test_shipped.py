@@ -165,3 +165,28 @@ def test_no_marker_ever_wins_the_greedy_choice_on_ordinary_text(demo):
     out = head(text.embed_tokens(ids[:, 1:]), hidden[:, :-1], [None])
     drafts = text.embed_tokens.as_linear(out)[0]
     assert (drafts[:, :base].max(axis=-1) - drafts[:, base:].max(axis=-1)).min().item() > 1.0
+
+
+# -- ending its turns (`devkit.demo.chat`) ------------------------------------------------------
+
+
+def test_the_demo_ends_its_turns_so_the_teaching_step_leaves_it_as_it_is(tmp_path):
+    """Short chats, thinking off and on: every greedy answer ends with `<|im_end|>` (an agent that
+    checks, like Codex, gives up on one cut at `max_tokens`), so `devkit.demo.chat` on a copy of the
+    shipped pair finds nothing to do and writes nothing."""
+    import hashlib
+    import shutil
+
+    from devkit.demo.chat import CHECK_PROMPTS, GATED, teach
+
+    copy = tmp_path / "models"
+    shutil.copytree(DEMO_DIR / "models", copy)
+
+    def digests():
+        return {p.relative_to(copy): hashlib.sha256(p.read_bytes()).hexdigest() for p in copy.rglob("*") if p.is_file()}
+
+    before = digests()
+    done = teach(copy)
+    assert len(done["checked"]) == 2 * (len(CHECK_PROMPTS) + 1)
+    assert [answer for answer, ended in done["checked"][:GATED] if not ended] == []
+    assert done["target_steps"] == 0 and digests() == before

@@ -23,8 +23,6 @@ pytestmark = pytest.mark.skipif(not CODEX, reason="no `codex` binary on PATH or 
 TIMEOUT = 300
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped demo never writes <|im_end|>: Codex reports an incomplete response "
-                   "(docs/demo-models.md); strict, so the mark must go the day it passes")
 def test_codex_exec_ends_its_turn_with_a_final_message(tmp_path):
     config = default_fleet()
     config["proxy"]["port"] = free_port()

@@ -65,10 +65,21 @@ def test_thinking_is_off_by_default_and_reasoning_effort_turns_it_on_and_off(cli
     on = chat(client, max_tokens=24, reasoning_effort="high").choices[0].message
     assert plain.content and not getattr(plain, "reasoning", None)
     assert off.content == plain.content and not getattr(off, "reasoning", None)
-    # The toy never closes its think block by itself: all 24 tokens are reasoning.
+    # With thinking on, the toy's few words go to the reasoning field, not the answer.
     assert getattr(on, "reasoning", None) and not on.content
     via_kwargs = chat(client, max_tokens=24, extra_body={"chat_template_kwargs": {"enable_thinking": True}}).choices[0].message
     assert via_kwargs.model_dump().get("reasoning") == on.model_dump().get("reasoning")
+
+
+@pytest.mark.parametrize("effort", ["none", "high"])
+def test_the_demo_ends_its_turns(client, effort):
+    """An agent that checks (Codex: "Incomplete response ... max_output_tokens") needs a turn that
+    ends: the demo writes `<|im_end|>` well within `max_tokens`, thinking off and on."""
+    for content in ("What is the weather in Paris?", "hello", "def parse(path):"):
+        r = chat(client, messages=[{"role": "user", "content": content}], max_tokens=96, reasoning_effort=effort)
+        message = r.choices[0].message
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 96, message
+        assert message.content or getattr(message, "reasoning", None)
 
 
 def test_with_thinking_on_a_forced_call_still_arrives_after_the_reasoning(client):
