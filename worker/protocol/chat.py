@@ -400,7 +400,7 @@ async def compile_constraint(agent: AgentRequest, engine) -> None:
     except GrammarError as e:
         raise ProtocolError(f"`{pending.param}` cannot be enforced: {e}", pending.param) from None
     constraint = Constraint(matcher, g.vocab_size, pending.think_end, pending.reasoning,
-                            tuple(sorted(getattr(engine, "eos_token_ids", ()))))
+                            tuple(sorted(engine.eos_token_ids)))
     old = agent.hook
     agent.hook = RowHook(old.top_logprobs if old is not None else None, constraint, old.budget if old is not None else None)
     agent.grammar = None

@@ -43,25 +43,23 @@ class Constraint:
         self.think_end_id = think_end_id
         self.reasoning = reasoning and think_end_id is not None
         self.end_ids = tuple(i for i in end_ids if 0 <= i < vocab_size and i != think_end_id)
+        # The mask every reasoning position gets (None: nothing to mask), built once per request.
+        self._reasoning_mask: np.ndarray | None = None
+        if self.end_ids:
+            self._reasoning_mask = np.ones(vocab_size, dtype=bool)
+            self._reasoning_mask[list(self.end_ids)] = False
         self.masked_positions = 0  # how many positions were masked, for tests and the bench
 
     def _allowed(self) -> np.ndarray:
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
 
-    def _while_reasoning(self) -> np.ndarray | None:
-        if not self.end_ids:
-            return None
-        allowed = np.ones(self.vocab_size, dtype=bool)
-        allowed[list(self.end_ids)] = False
-        return allowed
-
     def mask(self, logits: mx.array, drafted: list[int]) -> mx.array:
         rows = logits.shape[0]
         masks: list[np.ndarray | None] = []
         consumed, reasoning = 0, self.reasoning
         for j in range(min(len(drafted) + 1, rows)):
-            allowed = self._while_reasoning() if reasoning else self._allowed()
+            allowed = self._reasoning_mask if reasoning else self._allowed()
             masks.append(allowed)
             if j == len(drafted):
                 break
