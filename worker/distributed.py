@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from mtpstack.errors import UserError
 from mtpstack.worker.config import WorkerConfig
@@ -214,7 +214,7 @@ class Watchdog:
 
 
 def shard_target(group, strategy: str):
-    """The `prepare_target` for `Engine.load`: mlx-lm's own sharding of the lazily loaded model."""
+    """The `prepare_target` for `build_engine`: mlx-lm's own sharding of the lazily loaded model."""
 
     def prepare(model) -> None:
         if strategy == "tensor":
@@ -232,14 +232,11 @@ def shard_target(group, strategy: str):
 
 
 def load_engine(config: WorkerConfig, group, strategy: str):
-    """The engine with this rank's part of the target, the drafter whole, and rank 0's agreement."""
-    from mtpstack.worker.engine import Engine, TargetParts
+    """This rank's engine and scheduler (`loading.build_engine`, as one host builds them): its part of
+    the target, the drafter whole, no prefix cache, and rank 0's agreement."""
+    from mtpstack.worker.loading import build_engine
 
-    engine = Engine.load(
-        config.model, config.draft_model, draft_depth=config.deepest_draft_depth,
-        target_bits=config.target_bits, drafter_bits=config.drafter_bits, draft_kind=config.draft_kind,
-        prepare_target=shard_target(group, strategy),
-    )
+    engine, scheduler = build_engine(config, prepare_target=shard_target(group, strategy), prefix_cache=False)
     lm = getattr(engine.target.model, "language_model", engine.target.model)
     sharding = getattr(lm, "sharding_group", None)
     if sharding is not None:
@@ -248,10 +245,9 @@ def load_engine(config: WorkerConfig, group, strategy: str):
         from mlx_lm.models.base import gather_last_axis
 
         head = engine.parts.lm_head
-        engine.parts = TargetParts(engine.target.model)
         engine.parts.lm_head = lambda h: gather_last_axis(head(h), sharding)
     engine.agree = Channel(group).agree
-    return engine
+    return engine, scheduler
 
 
 def describe_rank(rank: int, engine) -> dict:
@@ -270,11 +266,7 @@ def describe_rank(rank: int, engine) -> dict:
 def _sequence_message(seq, sid: int) -> dict:
     """What a follower needs to run a sequence alike: its prompt and settings. Its sampled tokens
     come from rank 0 (`Channel.agree`), so a follower's own random draws never matter."""
-    p = seq.params
-    return {
-        "id": sid, "prompt": seq.prompt, "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
-        "seed": p.seed, "depth": p.depth, "stop": p.stop, "ignore_eos": p.ignore_eos,
-    }
+    return {"id": sid, "prompt": seq.prompt, "params": asdict(seq.params)}
 
 
 class DistributedGenerationLoop(GenerationLoop):
@@ -295,18 +287,15 @@ class DistributedGenerationLoop(GenerationLoop):
         return super().alive and self.lost is None
 
     def _load(self) -> None:
-        from mtpstack.worker.engine import Scheduler
         from mtpstack.worker.identity import build_identity
-        from mtpstack.worker.prefix_cache import PrefixCache
 
         started = time.monotonic()
         group = join_group(self.setting)
         self.channel = Channel(group)
-        self.engine = load_engine(self.config, group, self.setting.strategy)
+        self.engine, self.scheduler = load_engine(self.config, group, self.setting.strategy)
         self.watchdog = Watchdog(lambda why: self._lose(why, stuck=True))
         with self.watchdog.meeting("the ranks' first meeting after loading", LOAD_MEETING_SECONDS):
             ranks = self.channel.gather(describe_rank(0, self.engine))
-        self.scheduler = Scheduler(self.config.max_num_seqs, prefix_cache=PrefixCache(0))
         self.identity = {
             **build_identity(self.config, self.engine),
             "prefix_cache": {"max_gib": 0, "max_bytes": 0},
@@ -377,14 +366,13 @@ def _exit(code: int) -> None:
 
 def follow(config: WorkerConfig) -> int:
     """A rank other than 0: load its part, then run every step rank 0 announces, until told to stop."""
-    from mtpstack.worker.engine import SamplingParams, Scheduler
-    from mtpstack.worker.prefix_cache import PrefixCache
+    from mtpstack.worker.sequence import SamplingParams
 
     setting = RankSetting.from_environ(config.distributed_backend, config.distributed_strategy)
     group = join_group(setting)
     channel = Channel(group)
     try:
-        engine = load_engine(config, group, setting.strategy)
+        engine, sched = load_engine(config, group, setting.strategy)
     except (ValueError, FileNotFoundError) as e:
         raise UserError(f"rank {setting.rank} failed to load its models: {e}") from None
 
@@ -396,7 +384,6 @@ def follow(config: WorkerConfig) -> int:
     with watchdog.meeting("the ranks' first meeting after loading", LOAD_MEETING_SECONDS):
         channel.gather(describe_rank(setting.rank, engine))
     log.info("loaded `%s` as rank %d of %d (%s, %s)", config.model, setting.rank, setting.size, setting.backend, setting.strategy)
-    sched = Scheduler(config.max_num_seqs, prefix_cache=PrefixCache(0))
     seqs: dict[int, object] = {}
     while True:
         try:
@@ -411,9 +398,7 @@ def follow(config: WorkerConfig) -> int:
                     seq.cancelled = True
             sched.drop_cancelled()
             for add in message["add"]:
-                params = SamplingParams(max_tokens=add["max_tokens"], temperature=add["temperature"], top_p=add["top_p"],
-                                        seed=add["seed"], depth=add["depth"], stop=add["stop"], ignore_eos=add["ignore_eos"])
-                seq = engine.new_sequence(add["prompt"], params)
+                seq = engine.new_sequence(add["prompt"], SamplingParams(**add["params"]))
                 seqs[add["id"]] = seq
                 sched.add(seq)
             if message["step"]:

@@ -1,7 +1,7 @@
 """The generation thread and its bridge to the event loop.
 
 One thread owns mlx: it loads the models, then repeatedly admits queued
-sequences and calls `Scheduler.step()` (`mtpstack.worker.engine`). A handler
+sequences and calls `Scheduler.step()` (`mtpstack.worker.scheduler`). A handler
 submits a `RequestHandle`; results cross back to it as `Event`s with
 `loop.call_soon_threadsafe`, and a finished sequence's slot is released there,
 before its last event is read. A sequence marked cancelled (its client went
@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mtpstack.worker.config import WorkerConfig, effective_context
+from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.identity import build_identity
 from mtpstack.worker.metrics import Metrics
 
@@ -112,19 +112,11 @@ class GenerationLoop:
         self.inbox.put(handle)
 
     def _load(self) -> None:
-        from mtpstack.worker.engine import Engine, Scheduler
-        from mtpstack.worker.prefix_cache import PrefixCache
+        from mtpstack.worker.loading import build_engine
 
         c = self.config
         started = time.monotonic()
-        self.engine = Engine.load(
-            # Loaded at the deepest class's depth; each request drafts at its own (`parse_request`).
-            c.model, c.draft_model, draft_depth=c.deepest_draft_depth,
-            target_bits=c.target_bits, drafter_bits=c.drafter_bits, draft_kind=c.draft_kind,
-        )
-        # The one place the context is capped: every check reads `engine.context_length`.
-        self.engine.context_length = effective_context(self.engine.context_length, c.max_context_tokens)
-        self.scheduler = Scheduler(c.max_num_seqs, prefix_cache=PrefixCache(c.prefix_cache_bytes))
+        self.engine, self.scheduler = build_engine(c)
         self.identity = build_identity(c, self.engine)
         self.metrics.drafter_info(self.engine)
         log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %d, layers: %s)", c.model,

@@ -116,7 +116,7 @@ def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
 def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
     """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
     the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
-    from mtpstack.worker.engine import SamplingParams
+    from mtpstack.worker.sequence import SamplingParams
 
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")

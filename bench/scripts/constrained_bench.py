@@ -30,7 +30,8 @@ CONFIGS = {"plain": (False, False), "plain+schema": (False, True), "drafter": (T
 
 def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int) -> tuple[float, int, int, int]:
     """(seconds, tokens emitted, drafted, accepted) of one greedy generation."""
-    from mtpstack.worker.engine import SamplingParams
+    from devkit.engine import run
+    from mtpstack.worker.sequence import SamplingParams
     from mtpstack.worker.protocol.chat import grammars_for
     from mtpstack.worker.protocol.grammar import json_grammar
     from mtpstack.worker.protocol.hooks import Constraint, RowHook
@@ -41,8 +42,7 @@ def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int)
         g = grammars_for(engine)
         seq.hook = RowHook(None, Constraint(g.matcher(json_grammar(SCHEMA)), g.vocab_size))
     start = time.perf_counter()
-    while not seq.finished:
-        seq.step()
+    run(seq)
     return time.perf_counter() - start, len(seq.tokens), seq.drafted, seq.accepted
 
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
 
     engine = Engine.load(args.target, args.drafter, draft_depth=args.depth)
     prompt = engine.text_prompt(PROMPT)

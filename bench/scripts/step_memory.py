@@ -71,7 +71,8 @@ def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
     """Peak bytes in use during each of `repeats` decode steps of `width` rows at `depth`."""
     import mlx.core as mx
 
-    from mtpstack.worker.engine import SamplingParams, Scheduler
+    from mtpstack.worker.scheduler import Scheduler
+    from mtpstack.worker.sequence import SamplingParams
 
     prompts = ["def main():", "import os\n", "The quick brown fox", "x = 1\n"]
     sched = Scheduler(max_num_seqs=width)
@@ -95,7 +96,7 @@ def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
 
 
 def measure(depths: list[int], widths: list[int], repeats: int) -> dict:
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
 
     with tempfile.TemporaryDirectory() as tmp:
         target, head = build_pair(Path(tmp))

@@ -292,7 +292,7 @@ def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
 
     engine = Engine.load(str(target), str(head), draft_depth=depth, draft_kind="mtp")
     parts, head_module = engine.parts, engine.drafter.model

@@ -3,7 +3,7 @@
     python -m devkit.demo.acceptance [TARGET DRAFTER] [--depth 3] [--max-tokens 128] [--function-level]
 
 Served acceptance (the default): each prompt decoded greedily by the worker's own engine
-(`mtpstack.worker.engine`, the drafter's kind detected as the worker does), counting drafted and accepted
+(`mtpstack.worker.loading`, the drafter's kind detected as the worker does), counting drafted and accepted
 tokens. `--function-level` (MTP heads only): the target's greedy continuation is fixed; at each
 decode step the head chain drafts `depth` tokens from the target's hidden state (`head_chain_steps`),
 the accepted prefix is counted and the target adds one token of its own. Prints one line per prompt
@@ -110,15 +110,17 @@ def measure_head(target_dir: Path, head_dir: Path, *, depth: int = 3, max_tokens
 
 def measure(target_dir: Path, drafter_dir: Path, *, depth: int = 3, max_tokens: int = 128) -> list["HeadAcceptance"]:
     """Served acceptance: greedy decoding by the worker's engine, drafted and accepted tokens counted."""
-    from mtpstack.worker.engine import Engine, SamplingParams
+    from mtpstack.worker.loading import Engine
+    from mtpstack.worker.sequence import SamplingParams
+
+    from devkit.engine import run
 
     engine = Engine.load(str(target_dir), str(drafter_dir), draft_depth=depth)
     results = []
     for kind, prompts in (("code", CODE_PROMPTS), ("prose", PROSE_PROMPTS)):
         for prompt in prompts:
             seq = engine.new_sequence(engine.text_prompt(prompt), SamplingParams(max_tokens=max_tokens, depth=depth))
-            while not seq.finished:
-                seq.step()
+            run(seq)
             results.append(HeadAcceptance(prompt, kind, len(seq.tokens), seq.accepted, seq.drafted))
     return results
 

@@ -13,7 +13,7 @@ from devkit.demo.tiny_families import PAIRS, build_bench_pair  # noqa: E402
 
 @pytest.mark.parametrize("family", sorted(PAIRS))
 def test_a_widened_pair_decodes_what_the_tiny_one_does(tmp_path, family):
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
     from tests.worker.greedy import plain_greedy
 
     wide, head = build_bench_pair(family, tmp_path, 4)

@@ -83,7 +83,7 @@ def test_the_import_list_is_current():
 def test_the_import_list_reaches_the_lazily_imported_engine():
     # generation.py imports the engine inside a function; the engine imports gated_delta.
     names = nix_package.python_imports()
-    assert {"mtpstack.worker.engine", "mtpstack.worker.caches", "mlx_lm.models.gated_delta", "llguidance"} <= set(names)
+    assert {"mtpstack.worker.loading", "mtpstack.worker.scheduler", "mtpstack.worker.caches", "mlx_lm.models.gated_delta", "llguidance"} <= set(names)
     assert "mtpstack.bench" not in names  # not run by a service
 
 

@@ -39,7 +39,7 @@ def test_the_help_states_the_configs_default_and_limit():
 
 def test_the_engine_refuses_a_depth_beyond_the_configs_limit():
     pytest.importorskip("mlx.core")
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
 
     with pytest.raises(ValueError, match=f"between 0 and {DEPTH_MAX}"):
         Engine.load("/nonexistent", "/nonexistent", draft_depth=DEPTH_MAX + 1)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from devkit.engine import chat_prompt, step
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.worker.greedy import PROMPTS, plain_greedy
 
 MAX_TOKENS = 40
@@ -25,7 +28,7 @@ def reference(engine) -> dict[str, list[int]]:
 def run(engine: Engine, prompt: list[int], **kw) -> "Sequence":  # noqa: F821
     seq = engine.new_sequence(prompt, SamplingParams(**{"max_tokens": MAX_TOKENS, "ignore_eos": True, **kw}))
     while not seq.finished:
-        seq.step()
+        step(seq)
     return seq
 
 
@@ -60,20 +63,20 @@ def test_the_drafter_never_drafts_what_could_not_be_emitted(engine):
     seq = engine.new_sequence(engine.text_prompt("def main():"), SamplingParams(max_tokens=3, depth=6, ignore_eos=True))
     while not seq.finished:
         left = 3 - len(seq.tokens)
-        assert seq.step().drafted <= left - 1
+        assert step(seq).drafted <= left - 1
     assert len(seq.tokens) == 3
 
 
 def test_a_lower_request_depth_drafts_fewer_tokens_per_step(engine):
     seq = engine.new_sequence(engine.text_prompt("def main():"), SamplingParams(max_tokens=30, depth=1, ignore_eos=True))
     while not seq.finished:
-        result = seq.step()
+        result = step(seq)
         assert result.drafted <= 1
 
 
 def test_chat_prompts_go_through_the_models_chat_template(engine):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-    ids = engine.chat_prompt(messages)
+    ids = chat_prompt(engine, messages)
     text = engine.tokenizer.decode(ids)
     assert "<|im_start|>user\nhello there<|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -98,7 +101,7 @@ def test_streamed_pieces_never_show_a_stop_string_prefix_too_early(engine):
     seq = engine.new_sequence(prompt, SamplingParams(max_tokens=MAX_TOKENS, depth=2, stop=[stop], ignore_eos=True))
     pieces = []
     while not seq.finished:
-        seq.step()
+        step(seq)
         pieces.append(seq.take_text())
     assert "".join(pieces) == full[: full.find(stop)]
 
@@ -202,7 +205,7 @@ def test_identity_hash_changes_when_a_weight_file_changes(tiny_pair, tmp_path, p
 
 
 def test_the_demo_chat_template_takes_content_as_a_string_or_as_text_parts(engine):
-    as_string = engine.chat_prompt([{"role": "user", "content": "hi there"}])
+    as_string = chat_prompt(engine, [{"role": "user", "content": "hi there"}])
     as_parts = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
         add_generation_prompt=True,
@@ -212,11 +215,11 @@ def test_the_demo_chat_template_takes_content_as_a_string_or_as_text_parts(engin
 
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_a_prompt_prefilled_over_several_chunks_gives_what_one_chunk_gives(engine, reference, monkeypatch, chunk):
-    import mtpstack.worker.engine as engine_module
+    import mtpstack.worker.sequence as sequence_module
 
     prompt = PROMPTS[3]
     whole = run(engine, engine.text_prompt(prompt), depth=3)
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(sequence_module, "PREFILL_CHUNK", chunk)
     chunked = run(engine, engine.text_prompt(prompt), depth=3)
     assert chunked.tokens == whole.tokens == reference[prompt]
     assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
@@ -234,7 +237,7 @@ def test_identity_and_deep_compare_the_bits_claim_the_same_way(tmp_path, claim, 
     from pathlib import Path
 
     from mtpstack.validator import bits_disagreement
-    from mtpstack.worker.engine import LoadedModel, bits_mismatch
+    from mtpstack.worker.loading import LoadedModel, bits_mismatch
 
     loaded = LoadedModel(path="m", resolved_path=Path(tmp_path), model=None, config=config, bits=claim, sha256="")
     assert bits_mismatch(loaded) == says

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from mtpstack.worker.engine import Scheduler
+from mtpstack.worker.scheduler import Scheduler
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.server import create_app
 

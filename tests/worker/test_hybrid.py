@@ -5,8 +5,12 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from devkit.engine import step
 from mtpstack.worker.caches import StepStateCache
-from mtpstack.worker.engine import Batch, Engine, SamplingParams, Scheduler
+from mtpstack.worker.batch import Batch
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.worker.greedy import PROMPTS, plain_greedy
 
 MAX_TOKENS = 32
@@ -168,7 +172,7 @@ def test_sampling_with_a_seed_is_reproducible_on_a_hybrid_target(engine, referen
     for _ in range(2):
         seq = engine.new_sequence(prompt, params(3, temperature=1.0, seed=11))
         while not seq.finished:
-            seq.step()
+            step(seq)
         runs.append(seq.tokens)
     assert runs[0] == runs[1] and runs[0] != reference[PROMPTS[0]]
 
@@ -193,16 +197,16 @@ def test_a_target_whose_cache_cannot_be_rolled_back_is_refused_naming_the_layer(
 
 @pytest.mark.parametrize("chunk", [1, 2, 5])
 def test_a_prompt_prefilled_over_several_chunks_drafts_as_one_prefilled_at_once(engine, reference, monkeypatch, chunk):
-    import mtpstack.worker.engine as engine_module
+    import mtpstack.worker.sequence as sequence_module
 
     prompt = PROMPTS[3]  # 12 tokens
     whole = engine.new_sequence(engine.text_prompt(prompt), params(3))
     while not whole.finished:
-        whole.step()
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", chunk)
+        step(whole)
+    monkeypatch.setattr(sequence_module, "PREFILL_CHUNK", chunk)
     chunked = engine.new_sequence(engine.text_prompt(prompt), params(3))
     while not chunked.finished:
-        chunked.step()
+        step(chunked)
     assert chunked.tokens == whole.tokens == reference[prompt]
     assert (chunked.drafted, chunked.accepted) == (whole.drafted, whole.accepted)
 

@@ -8,7 +8,9 @@ import shutil
 import pytest
 
 from mtpstack.runtime import StartError
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.worker.greedy import PROMPTS, plain_greedy
 
 MAX_TOKENS = 20

@@ -5,7 +5,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mtpstack.worker.engine import Engine, SamplingParams
+from devkit.engine import step
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.sequence import SamplingParams
 from mtpstack.worker.protocol.hooks import RowHook
 
 PROMPT_TEXT = "def fibonacci(n):\n    "
@@ -38,7 +40,7 @@ def run(engine: Engine, prompt: list[int], depth: int, force: list[int] | None):
     seq = engine.new_sequence(prompt, SamplingParams(max_tokens=TOKENS, depth=depth, ignore_eos=True))
     seq.hook = RowHook(TOP, Force(force) if force else None)
     while not seq.finished:
-        seq.step()
+        step(seq)
     return seq
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 
 from devkit.demo.tiny_families import GATE_BITS, GLM_LAYOUTS, HEAD_BITS, MOE_LAYOUTS, NEMOTRON_LAYOUTS, NEXT_LAYOUTS
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.mlx_support import QUANTIZED_MOE_REASON, QUANTIZED_MOE_RUNS
 from tests.worker.greedy import PROMPTS, plain_greedy
 
@@ -262,7 +264,7 @@ def test_a_prefix_cache_hit_resumes_every_familys_state_exactly(engines, family)
 
 
 def test_quantized_experts_are_refused_at_start_on_an_mlx_that_cannot_run_them(moe_pair, engines):
-    from mtpstack.worker.engine import refuse_unrunnable_experts
+    from mtpstack.worker.loading import refuse_unrunnable_experts
 
     if not QUANTIZED_MOE_RUNS:  # the Nix package's mlx on Linux: the load itself refuses, naming the fix
         target, head = moe_pair("quantized")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.reference import import_reference
 
 drafters = import_reference("mlx_vlm.speculative.drafters")

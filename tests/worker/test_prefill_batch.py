@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import mtpstack.worker.engine as engine_module
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+import mtpstack.worker.scheduler as scheduler_module
+import mtpstack.worker.sequence as sequence_module
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.worker.greedy import plain_greedy
 
 LONG = "Copyright (C) 2024 Free Software Foundation, Inc.\n" * 8
@@ -34,7 +37,7 @@ def count_forwards(engine, monkeypatch) -> list:
 
 
 def test_prompts_arriving_together_are_prefilled_in_one_forward_and_keep_their_own_text(engine, monkeypatch):
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(sequence_module, "PREFILL_CHUNK", 16)
     reference = plain_greedy(engine, 24, PROMPTS)
     sched = Scheduler(3)
     seqs = [engine.new_sequence(engine.text_prompt(p), params()) for p in PROMPTS]
@@ -49,8 +52,8 @@ def test_prompts_arriving_together_are_prefilled_in_one_forward_and_keep_their_o
 
 
 def test_a_decoding_row_gets_tokens_every_step_while_a_long_prompt_is_prefilled_in_even_chunks(engine, monkeypatch):
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 64)
-    monkeypatch.setattr(engine_module, "STEP_TOKENS", 40)
+    monkeypatch.setattr(sequence_module, "PREFILL_CHUNK", 64)
+    monkeypatch.setattr(scheduler_module, "STEP_TOKENS", 40)
     reference = plain_greedy(engine, 64, [PROMPTS[0], LONG])
     sched = Scheduler(2)
     a = engine.new_sequence(engine.text_prompt(PROMPTS[0]), params(64))
@@ -73,6 +76,6 @@ def test_a_decoding_row_gets_tokens_every_step_while_a_long_prompt_is_prefilled_
 
 @pytest.mark.parametrize(("decoding", "prefilling", "share"), [(0, 1, 512), (0, 3, 512), (1, 1, 256), (2, 3, 128), (4, 4, 64)])
 def test_the_share_is_a_power_of_two_of_what_decoding_leaves(engine, monkeypatch, decoding, prefilling, share):
-    monkeypatch.setattr(engine_module, "STEP_TOKENS", 512)
+    monkeypatch.setattr(scheduler_module, "STEP_TOKENS", 512)
     rows = [engine.new_sequence([1, 2, 3], params(100, depth=3)) for _ in range(decoding)]
     assert Scheduler._share(rows, prefilling) == share

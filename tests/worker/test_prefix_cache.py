@@ -5,8 +5,10 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import mtpstack.worker.engine as engine_module
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+import mtpstack.worker.sequence as sequence_module
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from mtpstack.worker.prefix_cache import PrefixCache, Stretch
 from tests.worker.greedy import plain_greedy
 
@@ -22,7 +24,7 @@ PROMPTS = [TURN_1, TURN_2, OTHER]
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(sequence_module, "PREFILL_CHUNK", CHUNK)
 
 
 @pytest.fixture(scope="module", params=["head", "model"])
@@ -124,7 +126,7 @@ def test_a_cancelled_prefill_leaves_nothing_in_the_cache(engine, reference):
     sched.add(seq)
     sched.step()
     sched.step()  # two chunks in, the prompt not yet
-    assert seq._prefilled == 2 * CHUNK and not seq.tokens
+    assert seq.prefilled == 2 * CHUNK and not seq.tokens
     seq.cancelled = True
     sched.drop_cancelled()
     assert cache.stats.entries == 0 and cache.stats.bytes == 0

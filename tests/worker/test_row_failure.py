@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mtpstack.worker.engine import Engine, SamplingParams, Scheduler
+from mtpstack.worker.loading import Engine
+from mtpstack.worker.scheduler import Scheduler
+from mtpstack.worker.sequence import SamplingParams
 from tests.worker.greedy import PROMPTS, plain_greedy
 
 MAX_TOKENS = 24

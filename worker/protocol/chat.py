@@ -348,7 +348,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
             # No tool-call format in the template: the generic one, described in a system message.
             markers, fmt, shown_tools = generic.markers(tok), generic.GENERIC, None
             messages = generic.rewrite(messages, tools if choice != "none" else None)
-        prompt = _template(tok, messages, shown_tools, kwargs)
+        prompt = template_prompt(tok, messages, shown_tools, kwargs)
         boundaries = system_boundary(tok, messages, shown_tools, kwargs, prompt)
         if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
             reasoning = tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt)
@@ -420,7 +420,10 @@ def render_template(tok, messages, tools, kwargs: dict, *, add_generation_prompt
                                    **kwargs)
 
 
-def _template(tok, messages, tools, kwargs) -> list[int]:
+def template_prompt(tok, messages, tools=None, kwargs: dict | None = None) -> list[int]:
+    """The prompt's tokens: the chat template applied to `messages` with the generation prompt (a
+    tokenizer without a template: `role: content` lines, then `assistant:`)."""
+    kwargs = kwargs or {}
     if not tok.has_chat_template:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return list(tok.encode(text))

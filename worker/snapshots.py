@@ -1,0 +1,92 @@
+"""The prefill batch's way to the prefix cache: resume a row from a hit, snapshot it along its prompt,
+store its snapshots once the prompt is in.
+
+The only code that copies a row's caches into the prefix cache (`take`: the attention and drafter
+entries over the stretch since the row's last snapshot, the recurrent state and the last hidden
+state at its end) or out of it (`resume`: the stretches from the root joined, the state at the hit's
+end). A row's snapshots wait here until its whole prompt is in (`store`); a prefill that does not
+complete leaves nothing behind (`forget`). The prefix cache itself (`mtpstack.worker.prefix_cache`)
+keeps the tree and the budget and knows nothing of caches or rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from mtpstack.worker.prefix_cache import Hit, Node, PrefixCache, Stretch
+from mtpstack.worker.sequence import Sequence
+
+
+@dataclass
+class _Row:
+    """A prefilling row's way into the cache: the node it resumed from, where its last snapshot ended, the snapshots since."""
+
+    resumed: Node | None
+    since: int
+    stretches: list[Stretch] = field(default_factory=list)
+
+
+class Snapshots:
+    """Snapshots of the prefilling rows of one batch, for one prefix cache (None, or a budget of 0: off)."""
+
+    def __init__(self, cache: PrefixCache | None, kinds: list[str]):
+        self.cache = cache
+        self.kinds = kinds  # the target's cache kinds, layer by layer
+        self._rows: dict[Sequence, _Row] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.cache is not None and self.cache.enabled
+
+    def resume(self, seq: Sequence) -> tuple[list | None, list | None]:
+        """`seq` resumed from the deepest snapshot its prompt begins with: its rows of the target's and
+        the drafter's caches there (`caches.add_row` takes them), or (None, None) without a hit."""
+        hit = self.cache.lookup(seq.prompt) if self.cache is not None else None
+        self._rows[seq] = _Row(resumed=hit.node if hit is not None else None, since=hit.length if hit is not None else 0)
+        if hit is None:
+            return None, None
+        target, draft, carry = _restore(hit, self.kinds)
+        seq.resume(hit.length, carry)
+        return target, draft
+
+    def take(self, r: int, seq: Sequence, caches: list, draft_caches: list, drafter) -> None:
+        """Row r's stretch since its last snapshot, when its prompt is in up to a snapshot point: the
+        attention and drafter entries over it (`drafter.span`), the state and `seq.carry` at its end."""
+        row = self._rows[seq]
+        if not self.enabled or not seq.snapshot_due(row.since):
+            return
+        start, end = row.since, seq.prefilled
+        row.since = end
+        target = [c.segment(r, start, end) if kind == "kv" else None for c, kind in zip(caches, self.kinds)]
+        draft = [c.segment(r, *drafter.span(start, end)) for c in draft_caches] if drafter is not None else []
+        states = [None if kind == "kv" else c.row(r) for c, kind in zip(caches, self.kinds)]
+        row.stretches.append(Stretch(tokens=tuple(seq.prompt[start:end]), segment=(target, draft),
+                                     end_state=(states, mx.contiguous(seq.carry))))
+
+    def store(self, seq: Sequence) -> None:
+        """`seq`'s whole prompt is in: its snapshots go into the prefix cache, below where it resumed."""
+        row = self._rows.pop(seq)
+        if self.cache is not None:
+            self.cache.insert(row.resumed, row.stretches)
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` left before its prompt was in: its snapshots go with it."""
+        self._rows.pop(seq, None)
+
+
+def _restore(hit: Hit, kinds: list[str]) -> tuple[list[tuple], list[tuple], mx.array]:
+    """A row's caches at a prefix-cache hit: the stretches' entries joined, the state at its end."""
+    segments = hit.segments
+    states, carry = hit.end_state
+
+    def joined(layer: int, which: int) -> tuple:
+        parts = [seg[which][layer] for seg in segments if seg[which][layer][0] is not None]
+        if not parts:
+            return None, None
+        return (mx.concatenate([p[0] for p in parts], axis=2), mx.concatenate([p[1] for p in parts], axis=2))
+
+    target = [joined(i, 0) if kind == "kv" else states[i] for i, kind in enumerate(kinds)]
+    draft = [joined(j, 1) for j in range(len(segments[0][1]))]
+    return target, draft, carry
