@@ -39,7 +39,8 @@ class RankedWorker:
     """`size` rank processes of one distributed worker on loopback, started as `mtpstack up` starts them:
     the argv of `validator.worker_argv`, the environment of `launcher.rank_environments`."""
 
-    def __init__(self, tmp, target, drafter, *, strategy: str, width: int = 4, depth: int = 4, size: int = 2):
+    def __init__(self, tmp, target, drafter, *, strategy: str, width: int = 4, depth: int = 4, size: int = 2,
+                 max_context_tokens: int | None = None):
         self.port = free_port()
         hosts = {f"h{r}": {"address": "127.0.0.1"} for r in range(size)}
         fleet = FleetConfig.model_validate({
@@ -48,7 +49,7 @@ class RankedWorker:
             "workers": {"big": {
                 "model": "tiny", "target": {"path": str(target), "bits": "fp32"},
                 "drafter": {"path": str(drafter), "bits": "fp32", "depth": depth, "kind": "mtp"},
-                "maxNumSeqs": width, "port": self.port, "prefixCache": {"maxGiB": 0},
+                "maxNumSeqs": width, "port": self.port, "prefixCache": {"maxGiB": 0}, "maxContextTokens": max_context_tokens,
                 "distributed": {"hosts": list(hosts), "strategy": strategy, "basePort": free_port_run(len(hosts))},
             }},
         })
@@ -146,6 +147,23 @@ def test_identity_lists_every_rank_with_its_pid_host_and_weights(hybrid_pair, tm
     assert all(r["weights"] == weights and r["host"] for r in identity["ranks"])
     assert identity["distributed"] == {"backend": "ring", "strategy": "tensor", "size": 2}
     assert identity["prefix_cache"]["max_bytes"] == 0
+
+
+@ranks_run
+def test_a_distributed_worker_refuses_a_prompt_past_its_context_cap(hybrid_pair, tmp_path):
+    """`--max-context-tokens` caps every rank's engine as it caps one process's (`build_engine`)."""
+    target, head = hybrid_pair
+    cap = 64
+    with RankedWorker(tmp_path, target, head, strategy="pipeline", width=1, max_context_tokens=cap) as ranked:
+        with urllib.request.urlopen(ranked.url + "/identity", timeout=HTTP_TIMEOUT) as r:
+            identity = json.loads(r.read())
+        assert (identity["context_length"], identity["max_context_tokens"]) == (cap, cap)
+        status, body = post(ranked.url, {"prompt": [1] * cap, "max_tokens": 1})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+        assert f"{cap} tokens" in body["error"]["message"]
+        status, body = post(ranked.url, {"prompt": [1] * (cap - 8), "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] <= cap
 
 
 def _wait_unhealthy(ranked: RankedWorker, within: float) -> float:
