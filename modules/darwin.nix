@@ -10,7 +10,7 @@ let
   cfg = config.services.mtpstack;
   mtpLib = import ./lib;
   user = "_mtpstack";
-  stateDir = "/var/lib/mtpstack";
+  inherit (mtpLib.defaults) stateDir;
   logDir = "/var/log/mtpstack";
   uid = config.users.users.${user}.uid;
   gid = config.users.groups.${user}.gid;
@@ -26,6 +26,12 @@ let
   # by none of those. nix-darwin refuses two managed users with one uid at
   # evaluation (`users.uids`, modules/users/default.nix).
   defaultId = 470;
+
+  # The prefix-cache directories of the workers that run here.
+  cacheDirs = builtins.filter (dir: dir != null) (
+    map (name: cfg.renderedConfig.workers.${name}.prefixCache.dir)
+      (mtpLib.placement.partsOn cfg.renderedConfig cfg.hostName).workers
+  );
 
   exposed = mtpLib.firewall.exposed {
     config = cfg.renderedConfig;
@@ -82,10 +88,17 @@ in
     # extraActivation before its `users` step (which makes the account) and
     # `launchd` after it, so on a first switch the user does not exist yet:
     # chown by numeric id, which the account then gets.
+    # Each worker's prefix-cache directory here (by default under
+    # ${stateDir}/workers) likewise.
     system.activationScripts.extraActivation.text = ''
       mkdir -p ${stateDir}/huggingface/hub ${logDir}
       chown ${toString uid}:${toString gid} ${stateDir} ${stateDir}/huggingface ${stateDir}/huggingface/hub ${logDir}
       chmod 0750 ${stateDir} ${logDir}
-    '';
+    ''
+    + lib.concatMapStrings (dir: ''
+      mkdir -p ${lib.escapeShellArg dir}
+      chown ${toString uid}:${toString gid} ${lib.escapeShellArg dir}
+      chmod 0750 ${lib.escapeShellArg dir}
+    '') cacheDirs;
   };
 }

@@ -1,10 +1,21 @@
 # One worker profile: `services.mtpstack.workers.<name>`. Names and meanings
 # are those of the config file's `workers.<name>` (validator/config.py).
-{ name, lib, ... }:
+{
+  name,
+  config,
+  lib,
+  ...
+}:
 let
   inherit (lib) mkOption types literalExpression;
   defaults = import ./lib/defaults.nix;
   bits = types.enum defaults.bits;
+  # A budget in GiB, memory or disk.
+  gib = types.addCheck types.number (n: n >= 0 && n <= defaults.prefixCacheGiBMax) // {
+    description = "number between 0 and ${toString defaults.prefixCacheGiBMax} (GiB)";
+  };
+  # nixpkgs before 25.05 lacks externalPath: fall back to a string.
+  externalPath = types.externalPath or types.str;
 in
 {
   options = {
@@ -131,9 +142,7 @@ in
     };
 
     prefixCache.maxGiB = mkOption {
-      type = types.addCheck types.number (n: n >= 0 && n <= defaults.prefixCacheGiBMax) // {
-        description = "number between 0 and ${toString defaults.prefixCacheGiBMax} (GiB)";
-      };
+      type = gib;
       default = defaults.worker.prefixCache.maxGiB;
       example = 8;
       description = ''
@@ -143,6 +152,39 @@ in
         cache off. Passed as `--prefix-cache-gib`; with backend `mlx-lm` it
         becomes `--prompt-cache-bytes` (off with a drafter). Counted by
         `mtpstack validate --deep` in the host's memory budget.
+      '';
+    };
+
+    prefixCache.dir = mkOption {
+      type = types.nullOr externalPath;
+      default =
+        if config.backend == "native" then "${defaults.stateDir}/workers/${name}/prefix-cache" else null;
+      defaultText = literalExpression ''
+        if backend == "native" then "${defaults.stateDir}/workers/<name>/prefix-cache" else null
+      '';
+      example = "/srv/mtpstack/prefix-cache";
+      description = ''
+        Directory of the prefix cache's disk tier: snapshots evicted from
+        memory go there, and a restarted worker resumes conversations from
+        it. `null`: no disk tier (the config file's default). The default
+        is a folder in the worker's state directory, which the NixOS unit
+        gets as a systemd `StateDirectory` and nix-darwin's activation
+        creates for the daemons' user; a directory outside
+        `${defaults.stateDir}` must be writable by that user (NixOS: the
+        unit's `DynamicUser`, so prefer one under `${defaults.stateDir}`).
+        Two workers on one host must not share one. Passed as
+        `--prefix-cache-dir`; backend `mlx-lm` has no disk tier.
+      '';
+    };
+
+    prefixCache.diskGiB = mkOption {
+      type = gib;
+      default = defaults.worker.prefixCache.diskGiB;
+      example = 128;
+      description = ''
+        Disk the prefix cache's disk tier may use in `prefixCache.dir`
+        (least recently used out first); `0` turns the disk tier off.
+        Passed as `--prefix-cache-disk-gib` with a `prefixCache.dir`.
       '';
     };
 

@@ -17,8 +17,9 @@ answers `/health` once every rank has joined and loaded. When one rank exits, it
 are stopped too and all restart together, as the worker is one.
 
 Everything a run leaves lives in the run directory: the effective config (`fleet.json`, local
-model paths made absolute), one log per process, and `state.json`, which `mtpstack status`
-reads.
+model paths made absolute), one log per process, `state.json`, which `mtpstack status`
+reads, and the disk tier of each native worker's prefix cache whose config names no
+`prefixCache.dir` (`prefix-cache/<worker>`), which the next run resumes from.
 """
 
 from __future__ import annotations
@@ -235,7 +236,8 @@ class Stack:
         for name, w in config.workers.items():
             if name not in local_workers:
                 continue
-            plain = Managed(name=name, kind="worker", argv=resolve_command(worker_argv(w)), host=w.host, port=w.port,
+            plain = Managed(name=name, kind="worker", argv=resolve_command(worker_argv(self.with_cache_dir(name, w))),
+                            host=w.host, port=w.port,
                             log_path=logs / f"worker-{name}.log", ready_path="/health", model=w.model)
             if w.distributed is None:
                 self.workers.append(plain)
@@ -251,6 +253,14 @@ class Stack:
             log_path=logs / "proxy.log",
             ready_path="/readyz",
         )
+
+    def with_cache_dir(self, name: str, w: WorkerProfile) -> WorkerProfile:
+        """A native worker without `prefixCache.dir` keeps its disk tier in this run directory,
+        `prefix-cache/<worker>`, so a conversation's cache outlives a restart of `mtpstack up`."""
+        if w.backend != "native" or w.prefix_cache.dir is not None:
+            return w
+        cache = w.prefix_cache.model_copy(update={"dir": str(self.run_dir / "prefix-cache" / name)})
+        return w.model_copy(update={"prefix_cache": cache})
 
     def _add_ranks(self, name: str, w: WorkerProfile, plain: Managed, logs: Path) -> None:
         peers = rank_peers(self.config, name)

@@ -237,3 +237,38 @@ def test_no_module_but_the_table_names_a_head_type():
         text = path.read_text()
         bad += [f"{path.relative_to(ROOT)}: {f.head_type}" for f in FAMILIES if f'"{f.head_type}"' in text]
     assert bad == []
+
+
+# -- the settings table ------------------------------------------------------------------
+
+#: Literals spelled like a worker flag that belong to another program's command line, by module
+#: and function: `mlx_lm.server` takes `--model`, `--draft-model`, `--host` and `--port` too, and
+#: `mtpstack up --host` names a host.
+OTHER_PROGRAMS_FLAGS = {
+    ("mtpstack.validator.argv", "_mlx_lm_argv"): {"--model", "--draft-model", "--host", "--port"},
+    ("mtpstack.commands", "register"): {"--host"},
+}
+
+
+def test_no_module_but_the_settings_table_spells_a_worker_flag():
+    """One owner: a worker flag is declared in `validator/settings.py`; the parser, the argv and the
+    checks take it from there (`SETTINGS[name].flag`), never a literal of their own."""
+    from mtpstack.validator import WORKER_SETTINGS
+
+    flags = {s.flag for s in WORKER_SETTINGS}
+    bad = []
+    for module, tree in trees().items():
+        if module == "mtpstack.validator.settings":
+            continue
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            spelled = node.value.split("=", 1)[0]
+            if spelled not in flags:
+                continue
+            inside = {f.name for f in functions if f.lineno <= node.lineno <= f.end_lineno}
+            if any(spelled in OTHER_PROGRAMS_FLAGS.get((module, name), ()) for name in inside):
+                continue
+            bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert bad == []

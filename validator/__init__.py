@@ -12,6 +12,7 @@ from mtpstack.validator.config import (
     DEPTH_CLASS_PATTERN,
     DEPTH_MAX,
     DEPTH_MIN,
+    PREFIX_CACHE_DISK_GIB_DEFAULT,
     PREFIX_CACHE_GIB_DEFAULT,
     PREFIX_CACHE_GIB_MAX,
     Backend,
@@ -26,6 +27,7 @@ from mtpstack.validator.config import (
     TimeoutsConfig,
     format_gib,
     WorkerProfile,
+    effective_context,
 )
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.deep import local_dir
@@ -46,6 +48,7 @@ from mtpstack.validator.modeldir import (
 )
 from mtpstack.validator.placement import dial_host, is_loopback, is_placed, parts_on, rank_on, rank_peers
 from mtpstack.validator.rules import did_you_mean
+from mtpstack.validator.settings import SETTINGS, WORKER_SETTINGS, Setting, format_depth_map, profile_paths
 
 __all__ = [
     "BUNDLED_MTP_PREFIX",
@@ -67,6 +70,7 @@ __all__ = [
     "DEPTH_MIN",
     "DRAFTER_KINDS",
     "MAX_HEADER_BYTES",
+    "PREFIX_CACHE_DISK_GIB_DEFAULT",
     "PREFIX_CACHE_GIB_DEFAULT",
     "PREFIX_CACHE_GIB_MAX",
     "DrafterSpec",
@@ -79,9 +83,12 @@ __all__ = [
     "ProxyConfig",
     "QueueConfig",
     "Report",
+    "SETTINGS",
+    "Setting",
     "TargetSpec",
     "TimeoutsConfig",
     "WeightsClaim",
+    "WORKER_SETTINGS",
     "WorkerProfile",
     "compare_identity",
     "config_value",
@@ -90,6 +97,8 @@ __all__ = [
     "did_you_mean",
     "display_name",
     "draft_kind_from_argv",
+    "effective_context",
+    "format_depth_map",
     "format_gib",
     "format_path",
     "gate_for",
@@ -105,6 +114,7 @@ __all__ = [
     "parse_depth_map",
     "parse_json_body",
     "parts_on",
+    "profile_paths",
     "rank_on",
     "rank_peers",
     "read_config",

@@ -11,57 +11,25 @@ that exec it resolve that name to a path.
 
 from __future__ import annotations
 
-from mtpstack.validator.config import WorkerProfile, format_gib
+from mtpstack.validator.config import WorkerProfile
+from mtpstack.validator.settings import SETTINGS, WORKER_SETTINGS
 
 NATIVE_PROGRAM = "mtpstack"
 MLX_LM_PROGRAM = "mlx_lm.server"
-#: The native worker's flag for `drafter.kind` (mlx_lm.server has none: it loads draft models only).
-DRAFT_KIND_FLAG = "--draft-kind"
-#: The native worker's flag for the depth per workload class: `code=4,prose=2`, sorted by class;
-#: `--draft-depth` carries the `default` class.
-DEPTH_MAP_FLAG = "--draft-depth-map"
-#: The native worker's prefix cache budget in GiB (`prefixCache.maxGiB`; 0: off).
-PREFIX_CACHE_FLAG = "--prefix-cache-gib"
-#: A distributed worker's backend and strategy; its rank and peers come in the environment
-#: `mlx.launch` would set (`MLX_RANK`, `MLX_HOSTFILE`), so every rank runs this same argv.
-DISTRIBUTED_BACKEND_FLAG = "--distributed-backend"
-DISTRIBUTED_STRATEGY_FLAG = "--distributed-strategy"
-
-
-def format_depth_map(depths: dict[str, int]) -> str:
-    """`{"prose": 2, "code": 4}` -> `code=4,prose=2`: one plain argument, sorted as Nix sorts attribute names;
-    `mtpstack.validator.claim.parse_depth_map` reads it back."""
-    return ",".join(f"{name}={depths[name]}" for name in sorted(depths))
-
 
 
 def worker_argv(profile: WorkerProfile) -> list[str]:
+    """The native worker's flags come from the settings table, in its order; a setting a profile
+    leaves unset (no drafter, no context cap, not distributed) is left out. A distributed worker's
+    rank and peers come in the environment `mlx.launch` would set (`MLX_RANK`, `MLX_HOSTFILE`), so
+    every rank runs this same argv."""
     if profile.backend == "mlx-lm":
         return _mlx_lm_argv(profile)
-    argv = [NATIVE_PROGRAM, "worker", "--model", profile.target.path, "--target-bits", str(profile.target.bits)]
-    if profile.drafter is not None:
-        argv += [
-            "--draft-model", profile.drafter.path,
-            "--drafter-bits", str(profile.drafter.bits),
-            "--draft-depth", str(profile.drafter.default_depth),
-        ]
-        if profile.drafter.class_depths:
-            argv += [DEPTH_MAP_FLAG, format_depth_map(profile.drafter.class_depths)]
-        argv += [DRAFT_KIND_FLAG, profile.drafter.kind]
-    argv += ["--max-num-seqs", str(profile.max_num_seqs)]
-    if profile.max_context_tokens is not None:
-        argv += ["--max-context-tokens", str(profile.max_context_tokens)]
-    argv += [
-        PREFIX_CACHE_FLAG, format_gib(profile.prefix_cache.max_gib),
-        "--served-model-name", profile.model,
-        "--host", profile.host,
-        "--port", str(profile.port),
-    ]
-    if profile.distributed is not None:
-        argv += [
-            DISTRIBUTED_BACKEND_FLAG, profile.distributed.backend,
-            DISTRIBUTED_STRATEGY_FLAG, profile.distributed.strategy,
-        ]
+    argv = [NATIVE_PROGRAM, "worker"]
+    for setting in WORKER_SETTINGS:
+        value = setting.rendered(profile)
+        if value is not None:
+            argv += [setting.flag, value]
     return argv + list(profile.extra_args)
 
 
@@ -94,10 +62,10 @@ def _mlx_lm_argv(profile: WorkerProfile) -> list[str]:
 def draft_kind_from_argv(argv: list[str]) -> str | None:
     """The `--draft-kind` value on a worker's command line (`--draft-kind K` or `--draft-kind=K`), if any;
     the last one counts, as for the worker's own argument parser."""
-    kind = None
+    flag, kind = SETTINGS["draft_kind"].flag, None
     for i, arg in enumerate(argv):
-        if arg == DRAFT_KIND_FLAG and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv):
             kind = argv[i + 1]
-        elif arg.startswith(DRAFT_KIND_FLAG + "="):
+        elif arg.startswith(flag + "="):
             kind = arg.split("=", 1)[1]
     return kind

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpstack.runtime import url_of
-from mtpstack.validator.config import DEPTH_DEFAULT
+from mtpstack.validator.settings import SETTINGS
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class WeightsClaim:
 
 
 def parse_depth_map(text: str) -> dict[str, int]:
-    """`code=4,prose=2` (`--draft-depth-map`, written by `mtpstack.validator.argv.format_depth_map`) -> `{"code": 4, "prose": 2}`.
+    """`code=4,prose=2` (`--draft-depth-map`, written by `mtpstack.validator.settings.format_depth_map`) -> `{"code": 4, "prose": 2}`.
     Raises `ValueError` on an entry that is not `CLASS=DEPTH`."""
     out: dict[str, int] = {}
     for entry in text.split(",") if text else []:
@@ -103,12 +103,13 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
 
     drafter = flags.get("draft-model") or None
     if backend == "native":
-        depth = as_int("draft-depth")
+        key = {name: s.key for name, s in SETTINGS.items()}
+        depth = as_int(key["draft_depth"])
         if drafter is not None and depth is None:
-            depth = DEPTH_DEFAULT  # what `mtpstack worker` takes without the flag
-        max_num_seqs = as_int("max-num-seqs")
-        served = flags.get("served-model-name")
-        depth_map = parse_depth_map(flags.get("draft-depth-map") or "") if drafter is not None else {}
+            depth = SETTINGS["draft_depth"].default  # what `mtpstack worker` takes without the flag
+        max_num_seqs = as_int(key["max_num_seqs"])
+        served = flags.get(key["served_model_name"])
+        depth_map = parse_depth_map(flags.get(key["draft_depth_map"]) or "") if drafter is not None else {}
     else:
         # Without the flag mlx_lm.server takes its own default, which is its to own: the claim says None.
         depth = as_int("num-draft-tokens")

@@ -39,10 +39,22 @@ Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum":
 #: The smallest per-worker context cap; there is no upper bound but the model's own maximum (`--deep`).
 CONTEXT_MIN = 1
 ContextTokens = Annotated[int, Field(json_schema_extra={"minimum": CONTEXT_MIN})]
+
+
+def effective_context(model_maximum: int | None, cap: int | None) -> int | None:
+    """The context a worker serves, the one rule for the worker and `validate --deep`: the model's own
+    maximum, lowered to the cap (`maxContextTokens`, `--max-context-tokens`) when one is given. A cap
+    beyond the model's maximum never raises it (`--deep` refuses one: `context-beyond-model`)."""
+    if cap is None:
+        return model_maximum
+    return cap if model_maximum is None else min(model_maximum, cap)
 #: The worker's prefix cache budget in GiB: a bare `mtpstack worker` and a profile without
 #: `prefixCache` both get the default; 0 turns the cache off. The ceiling keeps the rendered
 #: flag (`format_gib`, C's `%g`, which Nix's `builtins.toJSON` also writes) exact.
 PREFIX_CACHE_GIB_DEFAULT = 2
+#: The budget of the prefix cache's disk tier in GiB (`prefixCache.diskGiB`), when it has a directory;
+#: 0 turns the disk tier off. Its ceiling is the memory budget's, for the same reason.
+PREFIX_CACHE_DISK_GIB_DEFAULT = 32
 PREFIX_CACHE_GIB_MAX = 65536
 PrefixCacheGiB = Annotated[float, Field(ge=0, le=PREFIX_CACHE_GIB_MAX, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -205,6 +217,22 @@ class PrefixCacheSpec(StrictModel):
         description=(
             "Memory the worker keeps for prompt snapshots that later requests resume from (GiB, least recently used "
             "out first); 0 turns the prefix cache off. Rendered as `--prefix-cache-gib`; mlx_lm.server has no byte budget."
+        ),
+    )
+    disk_gib: PrefixCacheGiB = Field(
+        PREFIX_CACHE_DISK_GIB_DEFAULT,
+        alias="diskGiB",  # not to_camel's `diskGib`
+        description=(
+            "Disk the prefix cache's disk tier may use in `dir` (GiB, least recently used out first); 0 turns the disk "
+            "tier off. Rendered as `--prefix-cache-disk-gib` with a `dir`; native backend only."
+        ),
+    )
+    dir: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description=(
+            "Directory of the prefix cache's disk tier, which keeps snapshots across restarts; null: no disk tier "
+            "(`mtpstack up` then uses `<run-dir>/prefix-cache/<worker>`; the NixOS and nix-darwin modules default it "
+            "to the worker's state directory). Rendered as `--prefix-cache-dir`; native backend only."
         ),
     )
 

@@ -1,5 +1,5 @@
 """`--deep` memory budget: what each worker needs (weights of its target and drafter, plus the
-KV cache at its batch width and its context: `maxContextTokens` when set, else the model's own maximum, plus its
+KV cache at its batch width and its context: the model's own maximum, lowered to `maxContextTokens`, plus its
 prefix cache budget) against `hosts.<name>.memoryGiB`.
 
 Model files are read, never downloaded: a local directory, else a hub id's snapshot in the local
@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mtpstack.validator.config import FleetConfig, WorkerProfile
+from mtpstack.validator.config import FleetConfig, WorkerProfile, effective_context
 from mtpstack.validator.deep import local_dir
 from mtpstack.validator.findings import Finding, display_name
 from mtpstack.validator.modeldir import config_value, read_config
@@ -43,12 +43,12 @@ def weight_bytes(directory: Path) -> int:
 
 
 def context_tokens(model_config: dict, cap: int | None) -> int | None:
-    """The context a worker serves: its `maxContextTokens` when set, else the model's own maximum."""
-    return cap if cap is not None else config_value(model_config, "max_position_embeddings")
+    """The context a worker serves (`effective_context`): the model's own maximum, lowered to its `maxContextTokens`."""
+    return effective_context(config_value(model_config, "max_position_embeddings"), cap)
 
 
 def kv_cache_bytes(model_config: dict, width: int, cap: int | None = None) -> int | None:
-    """Keys and values for `width` sequences at the worker's context (`cap`, else the model's maximum),
+    """Keys and values for `width` sequences at the worker's context (the model's maximum, lowered to `cap`),
     every layer counted (an upper bound for hybrid models whose linear-attention layers keep a fixed-size state)."""
     layers = config_value(model_config, "num_hidden_layers")
     context = context_tokens(model_config, cap)

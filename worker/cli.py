@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -16,12 +17,12 @@ from pathlib import Path
 from mtpstack.errors import UserError, print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.validator import (
-    DEPTH_DEFAULT,
     DEPTH_MAX,
     DEPTH_MIN,
-    PREFIX_CACHE_GIB_DEFAULT,
-    PREFIX_CACHE_GIB_MAX,
+    SETTINGS,
+    WORKER_SETTINGS,
     Mismatch,
+    Setting,
     WeightsClaim,
     parse_depth_map,
 )
@@ -40,40 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve a target model with its MTP drafter (OpenAI API)",
         description="Serve a target model with its MTP drafter on the OpenAI API, at most --max-num-seqs sequences at once.",
     )
-    w.add_argument("--model", required=True, help="target model: a local directory or a cached hub id")
-    w.add_argument("--target-bits", help="the target's quantization as configured (reported on /identity)")
-    w.add_argument("--draft-model", help="drafter: a local directory or a cached hub id")
-    w.add_argument("--drafter-bits", help="the drafter's quantization as configured (reported on /identity)")
-    w.add_argument("--draft-kind", choices=("auto", "mtp", "model"), default="auto",
-                   help="mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a "
-                   "head bundled in the target's checkpoint); model: a separate draft model; auto: detected (default)")
-    w.add_argument("--draft-depth", type=int, default=DEPTH_DEFAULT,
-                   help=f"tokens drafted per step, 0 to {DEPTH_MAX} (default: {DEPTH_DEFAULT})")
-    w.add_argument("--draft-depth-map", default="",
-                   help="depth per workload class, `code=4,prose=2`; `--draft-depth` serves every other class")
-    w.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded at once (default: 1)")
-    w.add_argument("--max-context-tokens", type=int, default=None,
-                   help="longest context (prompt plus output tokens) a request may use, capped at the model's own "
-                   "maximum; longer: 400 context_length_exceeded (default: the model's own maximum)")
-    w.add_argument("--prefix-cache-gib", type=float, default=PREFIX_CACHE_GIB_DEFAULT,
-                   help="memory for prompt snapshots later requests resume from, in GiB; 0 turns the prefix cache off "
-                   f"(default: {PREFIX_CACHE_GIB_DEFAULT})")
-    w.add_argument("--served-model-name", help="model name on the API (default: the model directory's name)")
-    w.add_argument("--distributed-backend", choices=("ring", "jaccl"), default=None,
-                   help="run as one rank of a worker across hosts (rank and peers from MLX_RANK and MLX_HOSTFILE, "
-                        "as `mlx.launch` sets them); rank 0 serves HTTP")
-    w.add_argument("--distributed-strategy", choices=("tensor", "pipeline"), default="tensor",
-                   help="how the ranks split the target: `tensor` (every layer) or `pipeline` (runs of layers)")
-    w.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    w.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    w.add_argument("--admission-grace-seconds", type=float, default=1.0,
-                   help="how long a request beyond --max-num-seqs waits for a slot before 429 (default: 1)")
-    w.add_argument("--stall-seconds", type=float, default=30.0,
-                   help="/health turns 503 when work is pending and no step finished for this long (default: 30)")
-    w.add_argument("--default-max-tokens", type=int, default=512,
-                   help="output tokens when a request sets no max_tokens (default: 512)")
-    w.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="any case: `debug` and `DEBUG` are one level")
+    for setting in WORKER_SETTINGS:
+        w.add_argument(setting.flag, **_argument(setting))
     w.set_defaults(func=run_worker)
 
     p = subparsers.add_parser(
@@ -89,6 +58,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- mtpstack worker ---------------------------------------------------------------------
+
+
+def _argument(setting: Setting) -> dict:
+    """argparse's keywords for one row of the settings table."""
+    kwargs = {"default": setting.default, "help": setting.help_text}
+    if setting.type is not str:
+        kwargs["type"] = setting.type
+    if setting.choices is not None:
+        kwargs["choices"] = setting.choices
+    if setting.required:
+        kwargs["required"] = True
+    return kwargs
 
 
 def _transformers_logs_as_json() -> None:
@@ -110,56 +91,34 @@ def run_worker(args: argparse.Namespace) -> int:
     # and its log is JSON lines.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     _transformers_logs_as_json()
-    if args.max_num_seqs < 1:
-        return print_error(f"`--max-num-seqs` must be at least 1: {args.max_num_seqs}")
-    if args.max_context_tokens is not None and args.max_context_tokens < 1:
-        return print_error(
-            f"`--max-context-tokens` must be at least 1: {args.max_context_tokens}",
-            "pass a positive token count, or leave the flag out for the model's own maximum",
-        )
-    if not 0 <= args.draft_depth <= DEPTH_MAX:
-        return print_error(f"`--draft-depth` must be between 0 and {DEPTH_MAX}: {args.draft_depth}")
-    if not 0 <= args.prefix_cache_gib <= PREFIX_CACHE_GIB_MAX:  # NaN fails both comparisons
-        return print_error(f"`--prefix-cache-gib` must be between 0 and {PREFIX_CACHE_GIB_MAX}: {args.prefix_cache_gib}",
-                           "pass a size in GiB, or 0 to turn the prefix cache off")
+    for setting in WORKER_SETTINGS:
+        problem = setting.out_of_range(getattr(args, setting.name))
+        if problem is not None:
+            return print_error(problem, setting.hint)
+    depth_map_flag = SETTINGS["draft_depth_map"].flag
     try:
         depth_map = parse_depth_map(args.draft_depth_map)
     except ValueError as e:
-        return print_error(f"`--draft-depth-map` is {e}", "write it as `code=4,prose=2`")
+        return print_error(f"`{depth_map_flag}` is {e}", "write it as `code=4,prose=2`")
     for cls, depth in depth_map.items():
         if not CLASS_PATTERN.fullmatch(cls) or not DEPTH_MIN <= depth <= DEPTH_MAX:
-            return print_error(f"`--draft-depth-map`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` "
+            return print_error(f"`{depth_map_flag}`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` "
                                f"and a depth from {DEPTH_MIN} to {DEPTH_MAX}")
     from mtpstack.worker.config import WorkerConfig
     from mtpstack.worker.server import serve
 
     # Fail before listening when a path is plainly wrong; loading itself happens behind /health.
-    for flag, value in (("--model", args.model), ("--draft-model", args.draft_model)):
-        if value:
+    for setting in (SETTINGS["model"], SETTINGS["draft_model"]):
+        if value := getattr(args, setting.name):
             try:
                 resolve_model_path(value)
             except ModelNotFound as e:
-                return print_error(str(e), f"pass a model directory or a hub id already in the cache to `{flag}`")
-    config = WorkerConfig(
-        model=args.model,
-        draft_model=args.draft_model,
-        draft_depth=args.draft_depth,
-        draft_depth_map=depth_map,
-        target_bits=args.target_bits,
-        drafter_bits=args.drafter_bits,
-        max_num_seqs=args.max_num_seqs,
-        max_context_tokens=args.max_context_tokens,
-        prefix_cache_gib=args.prefix_cache_gib,
-        served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
-        host=args.host,
-        port=args.port,
-        admission_grace_seconds=args.admission_grace_seconds,
-        stall_seconds=args.stall_seconds,
-        default_max_tokens=args.default_max_tokens,
-        draft_kind=args.draft_kind,
-        distributed_backend=args.distributed_backend,
-        distributed_strategy=args.distributed_strategy,
-    )
+                return print_error(str(e), f"pass a model directory or a hub id already in the cache to `{setting.flag}`")
+    config = WorkerConfig(**{
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(WorkerConfig)},
+        "draft_depth_map": depth_map,
+        "served_model_name": args.served_model_name or Path(args.model.rstrip("/")).name,
+    })
     try:
         if config.distributed_backend is not None:
             from mtpstack.worker.distributed import RankSetting, follow

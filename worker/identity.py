@@ -55,7 +55,14 @@ def build_identity(config: WorkerConfig, engine) -> dict:
         "batched_verification": True,
         "context_length": engine.context_length,
         "max_context_tokens": config.max_context_tokens,
-        "prefix_cache": {"max_gib": config.prefix_cache_gib, "max_bytes": config.prefix_cache_bytes},
+        # The disk tier's directory (None: no disk tier) and both budgets, as configured.
+        "prefix_cache": {
+            "max_gib": config.prefix_cache_gib,
+            "max_bytes": config.prefix_cache_bytes,
+            "dir": config.prefix_cache_dir,
+            "disk_gib": config.prefix_cache_disk_gib,
+            "disk_max_bytes": config.prefix_cache_disk_bytes,
+        },
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),
         "pid": os.getpid(),

@@ -1,5 +1,7 @@
 # A rendered worker profile -> its command line; the twin of
-# `mtpstack.validator.argv.worker_argv`, tested against it. argv[0] is the bare program
+# `mtpstack.validator.argv.worker_argv`, tested against it: the flags, their
+# order and when each is left out are the settings table's
+# (`mtpstack.validator.settings.WORKER_SETTINGS`). argv[0] is the bare program
 # name (`mtpstack` or `mlx_lm.server`); callers resolve it to a path.
 #
 # The weight paths and the draft depth are arguments on purpose: the running
@@ -76,6 +78,21 @@ let
       # C's %g, as `mtpstack.validator.format_gib` writes it: `2`, `0.5`.
       "--prefix-cache-gib"
       (builtins.toJSON w.prefixCache.maxGiB)
+    ]
+    # The disk tier's budget only with a directory: without one there is no
+    # disk tier to bound.
+    ++ (
+      if w.prefixCache.dir == null then
+        [ ]
+      else
+        [
+          "--prefix-cache-dir"
+          w.prefixCache.dir
+          "--prefix-cache-disk-gib"
+          (builtins.toJSON w.prefixCache.diskGiB)
+        ]
+    )
+    ++ [
       "--served-model-name"
       w.model
       "--host"

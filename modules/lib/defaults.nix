@@ -30,9 +30,15 @@
     backend = "native";
     drafter = null;
     maxContextTokens = null;
-    # GiB of prompt snapshots later requests resume from; 0: off.
+    # GiB of prompt snapshots later requests resume from; 0: off. The disk
+    # tier keeps them across restarts in `dir` (null: none) within `diskGiB`.
+    # The modules default `dir` to a folder in the worker's state
+    # directory (`<stateDir>/workers/<name>/prefix-cache`); the config file
+    # does not.
     prefixCache = {
       maxGiB = 2;
+      diskGiB = 32;
+      dir = null;
     };
     host = "127.0.0.1";
     extraArgs = [ ];
@@ -54,12 +60,17 @@
     kind = "auto";
   };
 
+  # Where the NixOS units (systemd's StateDirectory) and the nix-darwin
+  # daemons keep their state: the model cache, and under `workers/<name>`
+  # each worker's own.
+  stateDir = "/var/lib/mtpstack";
+
   # The range every gate and batch width sits in, and the draft depth range.
   widthMin = 1;
   widthMax = 4;
   depthMin = 1;
   depthMax = 8;
-  # The prefix cache budget's ceiling, in GiB (as PREFIX_CACHE_GIB_MAX).
+  # The prefix cache budgets' ceiling (memory and disk), in GiB (as PREFIX_CACHE_GIB_MAX).
   prefixCacheGiBMax = 65536;
   backends = [ "native" "mlx-lm" ];
   distributedBackends = [ "ring" "jaccl" ];

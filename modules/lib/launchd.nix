@@ -3,6 +3,7 @@
 # list and knows no systemd specifiers.
 let
   argv = import ./argv.nix;
+  defaults = import ./defaults.nix;
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
   systemd = import ./systemd.nix;
@@ -35,7 +36,7 @@ let
       config,
       configFile,
       binDir,
-      stateDir ? "/var/lib/mtpstack",
+      stateDir ? defaults.stateDir,
       logDir ? "/var/log/mtpstack",
       user ? "_mtpstack",
       group ? "_mtpstack",

@@ -2,6 +2,7 @@
 # `systemd.services.<name>`): one unit per worker and one for the proxy.
 let
   argv = import ./argv.nix;
+  defaults = import ./defaults.nix;
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
 
@@ -42,6 +43,26 @@ let
     else
       config // { proxy = config.proxy // { apiKeysFile = apiKeysCredential; }; };
 
+  # A worker's prefix-cache directory: under /var/lib, a StateDirectory of
+  # its unit (systemd makes it, owned by the unit's dynamic user, and keeps it
+  # across restarts); elsewhere only made writable (the operator owns it).
+  varLib = "/var/lib/";
+  cacheDirConfig =
+    common: w:
+    let
+      dir = w.prefixCache.dir;
+    in
+    if dir == null then
+      { }
+    else if builtins.substring 0 (builtins.stringLength varLib) dir == varLib then
+      {
+        StateDirectory = common.StateDirectory ++ [
+          (builtins.substring (builtins.stringLength varLib) (builtins.stringLength dir) dir)
+        ];
+      }
+    else
+      { ReadWritePaths = [ "-${dir}" ]; };
+
   # What the proxy reads at start-up only: every gate and every batch width.
   proxyTriggers = config: {
     inherit (config.proxy) concurrencyLimit modelConcurrencyLimits;
@@ -62,7 +83,7 @@ let
       config,
       configFile,
       binDir,
-      stateDir ? "/var/lib/mtpstack",
+      stateDir ? defaults.stateDir,
       hardening ? { },
       workerHardening ? { },
       hostName ? null,
@@ -122,7 +143,7 @@ let
               // (if rank == null then { } else distributed.environment { inherit config name rank writeText; });
             # The worker reads its settings at start-up only: any change restarts it.
             restartTriggers = [ (builtins.toJSON w) ];
-            serviceConfig = common // workerHardening // {
+            serviceConfig = common // workerHardening // cacheDirConfig common w // {
               ExecStart = escapeExecArgs (argv.resolve binDir (argv.workerArgv w));
             } // (
               # A rank exits when it loses a peer; each host's unit comes back

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mtpstack.validator import WORKER_SETTINGS
 from mtpstack.validator.argv import worker_argv
 from mtpstack.validator.coupling import is_coupled
 from mtpstack.validator.load import validate_data
@@ -30,6 +31,7 @@ bits = st.sampled_from([2, 3, 4, 5, 6, 8, "mxfp4", "bf16", "fp16", "fp32"])
 args = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
 worker_names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True)
 seconds = st.sampled_from([0.5, 1, 2.5, 30, 60.0, 300])
+gib = st.one_of(st.integers(0, 65536), st.sampled_from([0.0, 0.5, 1.25, 2.0, 0.1, 100.75, 65536.0]))
 #: Host names a fleet may declare; `mac-1` is also drawn undeclared (a typo of `mac1`).
 HOST_NAMES = ["gw", "mac1", "mac2"]
 deploy_on = st.sampled_from([None, *HOST_NAMES, "mac-1"])
@@ -75,8 +77,11 @@ def workers(draw) -> dict:
         ("backend", st.sampled_from(["native", "mlx-lm"])),
         ("drafter", st.one_of(st.none(), drafter)),
         ("maxContextTokens", st.one_of(st.none(), st.integers(1, 2**20))),
-        ("prefixCache", st.fixed_dictionaries({}, optional={"maxGiB": st.one_of(
-            st.integers(0, 65536), st.sampled_from([0.0, 0.5, 1.25, 2.0, 0.1, 100.75, 65536.0]))})),
+        ("prefixCache", st.fixed_dictionaries({}, optional={
+            "maxGiB": gib, "diskGiB": gib,
+            # Absolute paths outside the store (the option's type), with the argument's nasty characters.
+            "dir": st.one_of(st.none(), args.map(lambda a: "/" + a)),
+        })),
         ("host", st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost", "[::1]", "LocalHost", "127.0.0.2", "10.0.0.5"])),
         ("extraArgs", st.lists(args, max_size=3)),
         ("deployOn", deploy_on),
@@ -177,6 +182,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     depth_maps_seen = 0
     placement_codes_seen: set[str] = set()
     distributed_seen = 0
+    flags_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
         assert config is not None, (fleet, report.render_text())
@@ -194,6 +200,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
         mismatches_seen += bool(python_mismatched)
         context_caps_seen += any("--max-context-tokens" in worker_argv(w) for w in config.workers.values())
         depth_maps_seen += any("--draft-depth-map" in worker_argv(w) for w in config.workers.values())
+        flags_seen.update(a for w in config.workers.values() if w.backend == "native" for a in worker_argv(w)[2:])
         placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES)
         assert sorted((e["code"], e["path"]) for e in nix["placementErrors"]) == placement, fleet
         # Nix lists hosts by name, Python in the file's order: the same set.
@@ -211,3 +218,5 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     assert 0 < depth_maps_seen < len(fleets_)
     assert placement_codes_seen == PLACEMENT_CODES
     assert 0 < distributed_seen < len(fleets_)
+    # Every flag a config can set was drawn, so each of them was compared.
+    assert {s.flag for s in WORKER_SETTINGS if s.config} <= flags_seen

@@ -93,8 +93,10 @@ def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib)
     assert argv[1:] == [
         "worker", "--model", TARGET, "--target-bits", "4",
         "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
-        "--max-num-seqs", "2", "--prefix-cache-gib", "2", "--served-model-name", "qwen3.8-27b",
-        "--host", "127.0.0.1", "--port", "8101",
+        "--max-num-seqs", "2", "--prefix-cache-gib", "2",
+        # On NixOS the disk tier is on by default, in the worker's state directory.
+        "--prefix-cache-dir", "/var/lib/mtpstack/workers/qwen-mtp/prefix-cache", "--prefix-cache-disk-gib", "32",
+        "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
     ]  # fmt: skip
 
 
@@ -134,7 +136,9 @@ def test_the_prefix_cache_budget_reaches_the_worker_and_the_rendered_config(nixh
     result = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{"prefixCache.maxGiB": value}))
     argv = shlex.split(result["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"])
     assert argv[argv.index("--prefix-cache-gib") + 1] == flag
-    assert result["renderedConfig"]["workers"]["w"]["prefixCache"] == {"maxGiB": float(value)}
+    # Beside the modules' default disk tier, in the worker's state directory.
+    assert result["renderedConfig"]["workers"]["w"]["prefixCache"] == {
+        "maxGiB": float(value), "diskGiB": 32, "dir": "/var/lib/mtpstack/workers/w/prefix-cache"}
 
 
 def test_units_are_hardened_with_a_state_directory_and_no_blas_preload(nixh, nixpkgs_lib):
@@ -193,6 +197,10 @@ def test_the_module_renders_what_the_pure_function_renders(nixh, nixpkgs_lib, pl
     for example in VALID:
         rendered = nixh.eval_module(nixpkgs_lib, platform, f"import {example}")["renderedConfig"]
         pure = nixh.eval(f"(import {nixh.lib}).render (import {example}).services.mtpstack")
+        # But for the disk tier, which the modules keep in each native worker's state directory.
+        for name, w in pure["workers"].items():
+            if w["backend"] == "native" and w["prefixCache"]["dir"] is None:
+                w["prefixCache"]["dir"] = f"/var/lib/mtpstack/workers/{name}/prefix-cache"
         assert rendered == pure, example.name
 
 
@@ -240,3 +248,35 @@ def test_the_routing_reaches_the_rendered_config_and_only_its_two_policies_pass(
     with pytest.raises(nixh.NixError) as e:
         nixh.eval_module(nixpkgs_lib, "nixos", '{ services.mtpstack = { enable = true; proxy.routing = "round-robin"; }; }')
     assert "`services.mtpstack.proxy.routing' is not of type" in e.value.stderr and 'one of "affinity", "first-free"' in e.value.stderr
+
+
+def test_the_disk_tier_is_on_by_default_in_a_state_directory_of_the_workers_unit(nixh, nixpkgs_lib):
+    unit = nixh.eval_module(nixpkgs_lib, "nixos", one_worker())["services"]["mtpstack-worker-w"]["serviceConfig"]
+    argv = shlex.split(unit["ExecStart"])
+    assert argv[argv.index("--prefix-cache-dir") + 1] == "/var/lib/mtpstack/workers/w/prefix-cache"
+    assert argv[argv.index("--prefix-cache-disk-gib") + 1] == "32"
+    # systemd makes it, owned by the unit's dynamic user, and keeps it across restarts.
+    assert unit["StateDirectory"][-1] == "mtpstack/workers/w/prefix-cache" and "ReadWritePaths" not in unit
+    elsewhere = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{"prefixCache.dir": '"/srv/cache"'}))
+    unit = elsewhere["services"]["mtpstack-worker-w"]["serviceConfig"]
+    assert unit["ReadWritePaths"] == ["-/srv/cache"] and unit["StateDirectory"][-1] == "mtpstack/huggingface/hub"
+    assert elsewhere["renderedConfig"]["workers"]["w"]["prefixCache"]["dir"] == "/srv/cache"
+    off = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{"prefixCache.dir": "null"}))["services"]["mtpstack-worker-w"]
+    assert "--prefix-cache-dir" not in off["serviceConfig"]["ExecStart"] and "--prefix-cache-disk-gib" not in off["serviceConfig"]["ExecStart"]
+
+
+@pytest.mark.parametrize("value", ['"relative/dir"', "(-1)"])
+def test_a_disk_tier_outside_its_types_is_rejected(nixh, nixpkgs_lib, value):
+    option = "prefixCache.diskGiB" if value == "(-1)" else "prefixCache.dir"
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", one_worker(**{option: value}))
+    assert f"services.mtpstack.workers.w.{option}' is not of type" in e.value.stderr
+
+
+def test_darwin_makes_each_local_workers_disk_tier_for_the_daemons_user(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")
+    lines = result["activation"]["extraActivation"].splitlines()
+    dir_ = "/var/lib/mtpstack/workers/qwen-mtp/prefix-cache"
+    assert lines[3:6] == [f"mkdir -p {dir_}", f"chown 470:470 {dir_}", f"chmod 0750 {dir_}"]
+    args = result["daemons"]["mtpstack-worker-qwen-mtp"]["serviceConfig"]["ProgramArguments"]
+    assert args[args.index("--prefix-cache-dir") + 1] == dir_

@@ -79,6 +79,15 @@ def test_the_kv_cache_is_counted_at_max_context_tokens_when_set(tmp_path):
     assert "(4 x 512 tokens)" in f.message
 
 
+def test_a_cap_beyond_the_models_maximum_is_counted_at_the_maximum_the_worker_serves(tmp_path):
+    model(tmp_path / "t", n_floats=16)
+    report = fleet(tmp_path, "t", memory_gib=0.0001, width=4, max_context=4096)
+    # `--deep` refuses the cap itself (`context-beyond-model`), and the worker serves the model's 1024 tokens.
+    assert "context-beyond-model" in {f.code for f in report.findings}
+    [f] = memory_findings(report)
+    assert "(4 x 1024 tokens)" in f.message
+
+
 def test_the_prefix_cache_budget_counts_against_the_host(tmp_path):
     model(tmp_path / "t")
     assert memory_findings(fleet(tmp_path, "t", memory_gib=1, prefix_cache_gib=0.5)) == []
