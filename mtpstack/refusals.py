@@ -1,14 +1,80 @@
-"""What both services answer, in OpenAI's error shape, where aiohttp would answer in plain text:
-a request its router refuses (an unknown path, a wrong method) and a handler's unexpected failure.
-Each service wraps these in its own error body (`mtpstack.worker.http`, `mtpstack.proxy.http`).
+"""What both services answer when they refuse a request: one error body per API family, one rule
+for the error `type` a status gets, and the refusal texts both services write.
+
+A refusal is a status, a stable `code`, a message and (for a field's fault) the `param` it names.
+`error_body` renders it in the shape of the endpoint's API family (`mtpstack.endpoints`: OpenAI's
+`{"error": {message, type, code, param}}` today); each family names the kinds of `error_kind` its
+own way. A new API family (Anthropic's Messages API: `{"type": "error", "error": {type, message}}`)
+is one more renderer in `ERROR_BODIES` and one more column in `ERROR_TYPES`, never a second status
+rule. The services wrap the body in their own aiohttp responses (`mtpstack.worker.http`,
+`mtpstack.proxy.http`), also for aiohttp's own refusals (`routing_refusal`) and a handler's
+unexpected failure (`internal_error`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 
 #: Longest part of a client's path repeated in a refusal.
 SHOWN_PATH = 200
+#: Longest part of a client's model name repeated in a refusal.
+SHOWN_NAME = 100
+#: A JSON body that parsed but is not an object.
+NOT_AN_OBJECT = "the request body must be a JSON object"
+
+#: Anthropic's status for an overloaded service; no `HTTPStatus` member.
+OVERLOADED = 529
+
+
+def error_kind(status: int) -> str:
+    """What a refusal is, by its status: the one rule every family's error `type` follows."""
+    if status == HTTPStatus.UNAUTHORIZED:
+        return "authentication"
+    if status == HTTPStatus.FORBIDDEN:
+        return "permission"
+    if status == HTTPStatus.NOT_FOUND:
+        return "not_found"
+    if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+        return "too_large"
+    if status == HTTPStatus.TOO_MANY_REQUESTS:
+        return "rate_limit"
+    if status == OVERLOADED:
+        return "overloaded"
+    return "invalid_request" if status < 500 else "server"
+
+
+#: Each API family's error `type` for each kind of `error_kind`. OpenAI's clients read only a few:
+#: every other client fault is `invalid_request_error`, every server fault `server_error`.
+ERROR_TYPES: dict[str, dict[str, str]] = {
+    "openai": {
+        "invalid_request": "invalid_request_error",
+        "authentication": "authentication_error",
+        "permission": "invalid_request_error",
+        "not_found": "invalid_request_error",
+        "too_large": "invalid_request_error",
+        "rate_limit": "rate_limit_error",
+        "overloaded": "server_error",
+        "server": "server_error",
+    },
+}
+
+
+def error_type(status: int, family: str = "openai") -> str:
+    return ERROR_TYPES[family][error_kind(status)]
+
+
+def _openai_body(status: int, code: str, message: str, param: str | None) -> dict:
+    return {"error": {"message": message, "type": error_type(status, "openai"), "code": code, "param": param}}
+
+
+#: The error body of each API family, by the family's name (`Endpoint.family`).
+ERROR_BODIES: dict[str, Callable[[int, str, str, str | None], dict]] = {"openai": _openai_body}
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None, family: str = "openai") -> dict:
+    """A refusal as the API family's clients read it."""
+    return ERROR_BODIES[family](status, code, message, param)
 
 
 def routing_refusal(status: int, method: str, path: str, allowed: str | None) -> tuple[str, str]:
@@ -25,3 +91,13 @@ def routing_refusal(status: int, method: str, path: str, allowed: str | None) ->
 def internal_error(service: str, rid: str) -> tuple[str, str]:
     """The error `code` and message of a 500: the request id finds the one log line with the traceback."""
     return "internal_error", f"the {service} failed on request `{rid}`"
+
+
+def body_too_large(limit: int) -> tuple[str, str]:
+    """The error `code` and message of a 413: a body larger than `limit` bytes."""
+    return "body_too_large", f"the request body is larger than the limit: {limit} bytes"
+
+
+def shown_name(name: str) -> str:
+    """A client's model name inside a refusal: whole when short, so an error never echoes a megabyte back."""
+    return name if len(name) <= SHOWN_NAME else name[:SHOWN_NAME] + "..."

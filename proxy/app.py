@@ -1,6 +1,6 @@
 """The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
 
-Routes: POST /v1/chat/completions, /v1/completions and /v1/responses (admitted here, routed, and
+Routes: a POST for each row of the endpoint table (`mtpstack.endpoints`: admitted here, routed, and
 relayed to a worker by `mtpstack.proxy.relay`), GET /v1/models, /v1/fleet/status, /dashboard,
 /healthz, /readyz, /metrics.
 """
@@ -31,16 +31,14 @@ from mtpstack.proxy.relay import ClientGone, Exchange, relay
 from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient
+from mtpstack.endpoints import ENDPOINTS, Endpoint
+from mtpstack.refusals import NOT_AN_OBJECT, body_too_large, shown_name
 from mtpstack.requestid import REQUEST_ID, request_id
 from mtpstack.runtime import url_of
 from mtpstack.validator import BodyError, FleetConfig, dial_host, gate_for, parse_json_body
 
 log = logging.getLogger("mtpstack.proxy")
 
-#: The only paths forwarded to workers; anything else is answered by the proxy itself.
-FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
-#: Paths only the native worker serves: `mlx_lm.server` 0.32 has no Responses API (it would answer 404).
-NATIVE_ONLY_PATHS = ("/v1/responses",)
 #: Label for requests whose model is unknown or missing, so a client cannot mint label values.
 NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
@@ -104,8 +102,9 @@ def create_app(
     app.cleanup_ctx.append(health_ctx)
     app.cleanup_ctx.append(fleet_ctx)
     app.on_shutdown.append(_start_draining)
-    for path in FORWARDED_PATHS:
-        app.router.add_post(path, forward)
+    # The only paths forwarded to workers; anything else is answered by the proxy itself.
+    for endpoint in ENDPOINTS:
+        app.router.add_post(endpoint.path, forwarder(endpoint))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/v1/fleet/status", fleet_status)
@@ -154,13 +153,14 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return resp
 
 
-def _auth_failure(request: web.Request, state: ProxyState, rid: str) -> web.Response | None:
+def _auth_failure(request: web.Request, state: ProxyState, rid: str, family: str = "openai") -> web.Response | None:
     if state.api_keys is None:
         return None
     if key_accepted(presented_key(request.headers), state.api_keys):
         return None
     return error_response(
-        HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY`", rid=rid
+        HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY`", rid=rid,
+        family=family,
     )
 
 
@@ -178,8 +178,7 @@ def _keyed(handler: Callable[[web.Request, ProxyState, str], Awaitable[web.Respo
 
 def not_served(state: ProxyState, model: str) -> str:
     served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
-    shown = model if len(model) <= 100 else model[:100] + "..."
-    return f"model `{shown}` is not served here; served models: {served}"
+    return f"model `{shown_name(model)}` is not served here; served models: {served}"
 
 
 def _model_object(state: ProxyState, model: str) -> dict:
@@ -212,16 +211,25 @@ async def fleet_status(request: web.Request, state: ProxyState, rid: str) -> web
 
 
 # -- the forwarded requests --------------------------------------------------------------
-async def forward(request: web.Request) -> web.StreamResponse:
+def forwarder(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The route of one row of the endpoint table."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await forward(request, endpoint)
+
+    return route
+
+
+async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     """Admit the request to a worker of its model and relay the answer. Every request gets
     exactly one answer: the worker's, or one error of the proxy's own."""
     state = request.app[STATE]
     ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic())
     try:
-        resp = await _forward(request, state, ex)
+        resp = await _forward(request, state, ex, endpoint)
     except Rejected as r:
         ex.code = r.code
-        resp = error_response(r.status, r.code, r.message, rid=ex.rid, retry_after=r.retry_after)
+        resp = error_response(r.status, r.code, r.message, rid=ex.rid, retry_after=r.retry_after, family=endpoint.family)
         if r.code == CLIENT_TIMEOUT:
             resp.force_close()  # the rest of the body may still be on its way: do not wait for it
     except asyncio.CancelledError:
@@ -238,12 +246,13 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if ex.stream_response is not None:
             resp = ex.stream_response
             try:
-                await resp.write(sse_error_event("internal_error", "the proxy failed on this stream"))
+                await resp.write(sse_error_event("internal_error", "the proxy failed on this stream", endpoint.family))
                 await resp.write_eof()
             except Exception:  # the connection is beyond repair; aiohttp closes it
                 pass
         else:
-            resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request", rid=ex.rid)
+            resp = error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the proxy failed on this request",
+                                  rid=ex.rid, family=endpoint.family)
     transport = request.transport
     if not resp.prepared and (transport is None or transport.is_closing()):
         # The answer is ready but its client is gone: it will never be delivered.
@@ -272,9 +281,7 @@ def _late_head(state: ProxyState, peer) -> None:
 
 
 async def _read_body(request: web.Request, limit: int, client_seconds: float) -> bytes:
-    too_large = Rejected(
-        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body_too_large", f"the request body is larger than the limit: {limit} bytes"
-    )
+    too_large = Rejected(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, *body_too_large(limit))
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     body = bytearray()
@@ -298,7 +305,7 @@ def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
     except BodyError as e:
         raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", str(e)) from None
     if not isinstance(payload, dict):
-        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request body must be a JSON object")
+        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", NOT_AN_OBJECT)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request has no `model`")
@@ -307,8 +314,8 @@ def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
     return payload, model
 
 
-async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web.StreamResponse:
-    denied = _auth_failure(request, state, ex.rid)
+async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoint: Endpoint) -> web.StreamResponse:
+    denied = _auth_failure(request, state, ex.rid, endpoint.family)
     if denied is not None:
         ex.code = "invalid_api_key"
         return denied
@@ -317,12 +324,12 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
     payload, ex.model = _parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
-    _refuse_what_backends_ignore(state, admission, request.path, payload, ex.model)
+    _refuse_what_backends_ignore(state, admission, endpoint, payload, ex.model)
 
     affinity = state.affinities.get(ex.model)
-    keys = affinity_keys(request.path, payload) if affinity is not None else None
+    keys = affinity_keys(endpoint.path, payload) if affinity is not None else None
     preferred = affinity.preferred(keys.lookup) if keys is not None else None
-    weight = _choices(payload, request.path, admission)
+    weight = _choices(payload, endpoint, admission)
     queued = time.monotonic()
     try:
         upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight)
@@ -347,11 +354,11 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange) -> web
         admission.release(upstream, time.monotonic() - admitted, weight)
 
 
-def _choices(payload: dict, path: str, admission: ModelAdmission) -> int:
-    """The slots a request takes on its worker: one per choice (`n` on chat and completions), since
+def _choices(payload: dict, endpoint: Endpoint, admission: ModelAdmission) -> int:
+    """The slots a request takes on its worker: one per choice (`n`, on the endpoints that take it), since
     each choice is a row of the worker's batch. A malformed `n` counts one: the worker refuses it."""
     n = payload.get("n")
-    if path == "/v1/responses" or isinstance(n, bool) or not isinstance(n, int) or n <= 1:
+    if not endpoint.choices or isinstance(n, bool) or not isinstance(n, int) or n <= 1:
         return 1
     if n > admission.widest:
         raise Rejected(HTTPStatus.BAD_REQUEST, "unsupported_parameter",
@@ -371,17 +378,17 @@ def _ignored_field(payload: dict) -> str | None:
     return None
 
 
-def _refuse_what_backends_ignore(state: ProxyState, admission: ModelAdmission, path: str, payload: dict, model: str) -> None:
+def _refuse_what_backends_ignore(state: ProxyState, admission: ModelAdmission, endpoint: Endpoint, payload: dict, model: str) -> None:
     """Refused before admission, so the answer never depends on which worker would have been picked."""
     for u in admission.upstreams:
         backend = state.config.workers[u.name].backend
         if backend == "native":
             continue
-        if path in NATIVE_ONLY_PATHS:
+        if endpoint.native_only:
             raise Rejected(
                 HTTPStatus.BAD_REQUEST, "unsupported_endpoint",
-                f"`{path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
-                "which has no Responses API; use `/v1/chat/completions`",
+                f"`{endpoint.path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
+                f"which has no {endpoint.title}; use `/v1/chat/completions`",
             )
         if (field := _ignored_field(payload)) is not None:
             raise Rejected(

@@ -1,4 +1,5 @@
-"""HTTP policy of the proxy: which headers cross it, how errors look.
+"""HTTP policy of the proxy: which headers cross it, how errors look (the body is both services'
+one, `mtpstack.refusals`, in the shape of the endpoint's API family).
 
 Request ids are both services' convention: `mtpstack.requestid`.
 """
@@ -12,7 +13,8 @@ from typing import Iterable
 
 from aiohttp import hdrs, web
 
-from mtpstack.refusals import internal_error, routing_refusal
+from mtpstack.endpoints import family_of
+from mtpstack.refusals import error_body, internal_error, routing_refusal
 from mtpstack.requestid import REQUEST_ID, request_id
 
 log = logging.getLogger("mtpstack.proxy")
@@ -34,18 +36,6 @@ REQUEST_DROP = HOP_BY_HOP | {
 #: Response headers aiohttp writes itself for the client connection.
 RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, REQUEST_ID)}
 
-#: OpenAI error `type` per status class.
-_ERROR_TYPES = {
-    HTTPStatus.BAD_REQUEST: "invalid_request_error",
-    HTTPStatus.UNAUTHORIZED: "authentication_error",
-    HTTPStatus.NOT_FOUND: "invalid_request_error",
-    HTTPStatus.METHOD_NOT_ALLOWED: "invalid_request_error",
-    HTTPStatus.REQUEST_TIMEOUT: "invalid_request_error",
-    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "invalid_request_error",
-    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
-}
-
-
 def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> list[tuple[str, str]]:
     """The end-to-end headers of `headers`: without `drop` and without those `Connection` names."""
     items = list(headers)
@@ -53,39 +43,29 @@ def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | se
     return [(k, v) for k, v in items if (low := k.lower()) not in drop and low not in named]
 
 
-def error_body(code: str, message: str, status: HTTPStatus) -> dict:
-    return {
-        "error": {
-            "message": message,
-            "type": _ERROR_TYPES.get(status, "server_error"),
-            "code": code,
-            "param": None,
-        }
-    }
-
-
 def error_response(
-    status: HTTPStatus, code: str, message: str, *, rid: str, retry_after: int | None = None
+    status: HTTPStatus, code: str, message: str, *, rid: str, retry_after: int | None = None, family: str = "openai"
 ) -> web.Response:
+    """A refusal of the proxy's own, in the error shape of the endpoint's API family (`mtpstack.refusals`)."""
     headers = {REQUEST_ID: rid}
     if retry_after is not None:
         headers[hdrs.RETRY_AFTER] = str(retry_after)
     return web.Response(
         status=status,
-        body=json.dumps(error_body(code, message, status)).encode(),
+        body=json.dumps(error_body(status, code, message, family=family)).encode(),
         content_type="application/json",
         headers=headers,
     )
 
 
-def sse_error_event(code: str, message: str) -> bytes:
+def sse_error_event(code: str, message: str, family: str = "openai") -> bytes:
     """The last event of a stream the proxy had to cut short (OpenAI clients raise on it)."""
-    return b"data: " + json.dumps(error_body(code, message, HTTPStatus.BAD_GATEWAY)).encode() + b"\n\n"
+    return b"data: " + json.dumps(error_body(HTTPStatus.BAD_GATEWAY, code, message, family=family)).encode() + b"\n\n"
 
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """The proxy's own refusals in OpenAI's error shape too: an unknown path or a wrong method
+    """The proxy's own refusals in the error shape too: an unknown path or a wrong method
     (aiohttp's plain-text 404 and 405), and an unexpected exception outside `forward` (which
     answers its own), a 500 naming the request id, logged once with its traceback."""
     rid = request_id(request.headers)
@@ -100,6 +80,6 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     except Exception:
         log.exception("unexpected error in request %s", rid)
         (code, message), extra, status = internal_error("proxy", rid), {}, HTTPStatus.INTERNAL_SERVER_ERROR
-    resp = error_response(status, code, message, rid=rid)
+    resp = error_response(status, code, message, rid=rid, family=family_of(request.path))
     resp.headers.update(extra)
     return resp

@@ -28,8 +28,10 @@ import hashlib
 import itertools
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
+
+from mtpstack.endpoints import BY_PATH
 
 #: `proxy.routing`: `affinity` (this module), or `first-free`: the least-loaded worker, as before.
 AFFINITY = "affinity"
@@ -86,29 +88,45 @@ def _blocks_of_bytes(data: bytes) -> Iterator[bytes]:
     return (data[i : i + TEXT_BLOCK_BYTES] for i in range(0, min(len(data), MAX_UNITS * TEXT_BLOCK_BYTES), TEXT_BLOCK_BYTES))
 
 
-def prompt_units(path: str, payload: dict) -> Iterator[bytes]:
-    """The prompt as units whose ends are the boundaries hashed: messages, or blocks of text.
-    Lazy: a message past the first `MAX_UNITS` is never rendered."""
-    if path.endswith("/chat/completions"):
-        messages = payload.get("messages")
-        if isinstance(messages, list):
-            yield from map(_canonical, messages)
-        return
-    if path.endswith("/responses"):
-        instructions = payload.get("instructions")
-        if isinstance(instructions, str) and instructions:
-            yield _canonical({"instructions": instructions})
-        items = payload.get("input")
-        if isinstance(items, list):
-            yield from map(_canonical, items)
-        elif isinstance(items, str):
-            yield from _blocks(items)
-        return
+def _message_units(payload: dict) -> Iterator[bytes]:
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        yield from map(_canonical, messages)
+
+
+def _responses_units(payload: dict) -> Iterator[bytes]:
+    instructions = payload.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        yield _canonical({"instructions": instructions})
+    items = payload.get("input")
+    if isinstance(items, list):
+        yield from map(_canonical, items)
+    elif isinstance(items, str):
+        yield from _blocks(items)
+
+
+def _prompt_text_units(payload: dict) -> Iterator[bytes]:
     prompt = payload.get("prompt")
     if isinstance(prompt, str):
         yield from _blocks(prompt)
     elif isinstance(prompt, list):
         yield from _blocks_of_bytes(_token_bytes(prompt))
+
+
+#: How a prompt is cut into units, by an endpoint's `units` (`mtpstack.endpoints`).
+UNITS: dict[str, Callable[[dict], Iterator[bytes]]] = {
+    "messages": _message_units,
+    "responses": _responses_units,
+    "prompt": _prompt_text_units,
+}
+
+
+def prompt_units(path: str, payload: dict) -> Iterator[bytes]:
+    """The prompt as units whose ends are the boundaries hashed: messages, or blocks of text, as the
+    endpoint at `path` counts them (a path of no endpoint: a completion prompt). Lazy: a message past
+    the first `MAX_UNITS` is never rendered."""
+    endpoint = BY_PATH.get(path)
+    return UNITS[endpoint.units if endpoint is not None else "prompt"](payload)
 
 
 def _token_bytes(prompt: list) -> bytes:

@@ -272,3 +272,23 @@ def test_no_module_but_the_settings_table_spells_a_worker_flag():
                 continue
             bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: {node.value}")
     assert bad == []
+
+
+# -- the endpoint table ------------------------------------------------------------------
+
+
+def test_no_service_module_spells_an_endpoint_path_the_table_declares():
+    """One owner: the paths both services serve are `mtpstack/endpoints.py`'s rows; the worker's
+    routes, the proxy's forwarding and routing, and the handlers read them from there."""
+    from mtpstack.endpoints import ENDPOINTS
+
+    paths = {e.path for e in ENDPOINTS}
+    suffixes = {p.removeprefix("/v1") for p in paths}  # `path.endswith("/responses")` is the same fact
+    bad = []
+    for module, tree in trees().items():
+        if layer(module) not in ("worker", "proxy"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in paths | suffixes:
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert bad == []

@@ -1,12 +1,15 @@
 """Both services' last line of defence (`errors_as_json`): an unexpected exception in a handler is a
 500 in OpenAI's error shape that names the request id, logged once with its traceback, never
-aiohttp's "Server got itself in trouble" in plain text."""
+aiohttp's "Server got itself in trouble" in plain text; and the one error body and status rule
+(`mtpstack.refusals`) both services answer with."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -48,3 +51,64 @@ async def test_a_failure_after_the_answer_began_cuts_the_connection_and_is_logge
         await resp.read()
     await asyncio.sleep(0.05)  # anything aiohttp would log on its own, it has logged by now
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["request rid-cut: unexpected error"]
+
+
+# -- one error body, one status rule -----------------------------------------------------
+
+#: The OpenAI `type` each service answered before the rule moved to the base: the worker's
+#: `invalid_request_error` below 500 (its 429 by hand), the proxy's map, which agreed on these.
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error",
+                504: "server_error"}
+
+
+@pytest.mark.parametrize(("status", "type_"), sorted(OPENAI_TYPES.items()))
+def test_both_services_answer_a_status_with_one_openai_type(status, type_):
+    from mtpstack.proxy.http import error_response
+    from mtpstack.worker.http import ApiError
+
+    worker = ApiError(status, "c", "m", "p").response("rid")
+    proxy = error_response(status, "c", "m", rid="rid")
+    assert json.loads(worker.body)["error"] == {"message": "m", "type": type_, "code": "c", "param": "p"}
+    assert json.loads(proxy.body)["error"] == {"message": "m", "type": type_, "code": "c", "param": None}
+
+
+@pytest.mark.parametrize("module", ["mtpstack.worker.http", "mtpstack.proxy.http"])
+async def test_a_new_api_family_is_one_renderer_both_middlewares_answer_its_endpoints_with(aiohttp_client, monkeypatch, module):
+    """How issue 35 adds Anthropic's shape: a row whose family has a renderer and a column of types."""
+    from mtpstack import endpoints, refusals
+
+    monkeypatch.setitem(refusals.ERROR_TYPES, "other", {**refusals.ERROR_TYPES["openai"], "server": "api_error",
+                                                         "not_found": "not_found_error"})
+    monkeypatch.setitem(refusals.ERROR_BODIES, "other", lambda status, code, message, param: {
+        "type": "error", "error": {"type": refusals.error_type(status, "other"), "message": message}})
+    row = endpoints.Endpoint("/v1/other", "chat", "Other API", units="messages", family="other")
+    monkeypatch.setitem(endpoints.BY_PATH, row.path, row)
+
+    async def broken(request):
+        raise RuntimeError("a bug")
+
+    app = web.Application(middlewares=[importlib.import_module(module).errors_as_json])
+    app.router.add_post("/v1/other", broken)
+    client = await aiohttp_client(app)
+    resp = await client.post("/v1/other", headers={"X-Request-Id": "rid-other"})
+    payload = await resp.json()
+    assert resp.status == 500 and payload["type"] == "error" and payload["error"]["type"] == "api_error"
+    assert "rid-other" in payload["error"]["message"]
+    wrong_method = await client.get("/v1/other")
+    assert (wrong_method.status, (await wrong_method.json())["error"]["type"]) == (405, "invalid_request_error")
+    # Any other path keeps OpenAI's shape.
+    missing = await client.get("/nowhere")
+    assert (await missing.json())["error"]["code"] == "not_found"
+
+
+def test_a_long_model_name_is_echoed_cut_the_same_way_by_both_services():
+    from mtpstack.proxy.app import not_served
+    from mtpstack.refusals import SHOWN_NAME
+    from mtpstack.worker.http import model_not_found
+
+    name = "m" * 5000
+    shown = "m" * SHOWN_NAME + "..."
+    assert f"not: `{shown}`" in model_not_found("served", name).message
+    assert f"model `{shown}` is not served" in not_served(SimpleNamespace(admissions={"a": None}), name)

@@ -1,6 +1,7 @@
-"""The worker's routes: the three completion APIs, which admit a request into a sequence slot (waiting
-a short grace for one, then 429 `worker_full`) and hand it to the generation thread, and the status
-endpoints `/health`, `/identity`, `/v1/models` and `/metrics`."""
+"""The worker's routes: the completion APIs (one handler per row of the endpoint table,
+`mtpstack.endpoints`, each speaking its API through a `Surface`), which admit a request into a
+sequence slot (waiting a short grace for one, then 429 `worker_full`) and hand it to the generation
+thread, and the status endpoints `/health`, `/identity`, `/v1/models` and `/metrics`."""
 
 from __future__ import annotations
 
@@ -8,21 +9,24 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from mtpstack.endpoints import Endpoint
 from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker import answers
 from mtpstack.worker.classify import CLASS_HEADER
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop, RequestHandle
-from mtpstack.worker.http import MAX_BODY_BYTES, ApiError, bad_request, generation_failed, model_not_found, request_id
+from mtpstack.worker.http import ApiError, bad_request, body_too_large, generation_failed, model_not_found, request_id
 from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
-from mtpstack.worker.requests import SEED_LIMIT, parse_request
+from mtpstack.worker.requests import SEED_LIMIT, ParsedRequest, parse_request
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -89,19 +93,55 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _completion(request, "chat")
+@dataclass(frozen=True)
+class Surface:
+    """How the one completion path serves an API (an endpoint's `api`): the prompt it renders, and the
+    steps where the API differs from chat completions (each None for chat completions' own)."""
+
+    #: `chat` (messages through the chat template) or `text` (a completion prompt).
+    kind: str
+    #: A body in this API's shape -> a chat completion body; raises `ProtocolError` naming the field.
+    to_chat: Callable[[dict], dict] | None = None
+    #: A refusal of the translated body, reworded to name the field the client sent: (param, message) -> same.
+    reword: Callable[[str | None, str], tuple[str | None, str]] | None = None
+    #: What writes this API's answer, from the parsed request, the served model name and the original body.
+    builder: Callable[[ParsedRequest, str, dict], object] | None = None
+    #: Writes the answer: (request, parsed, handles, served model name) -> response.
+    respond: Callable[..., Awaitable[web.StreamResponse]] | None = None
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _completion(request, "text")
+async def _chat_answer(request: web.Request, parsed: ParsedRequest, handles: list, name: str) -> web.StreamResponse:
+    if parsed.stream:
+        return await answers.stream(request, parsed, handles, name)
+    return await answers.collect(parsed, handles, name)
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    return await _completion(request, "chat", api="responses")
+#: Each generating API by `Endpoint.api` (`mtpstack.endpoints`).
+SURFACES: dict[str, Surface] = {
+    "chat": Surface("chat"),
+    "completions": Surface("text"),
+    "responses": Surface(
+        "chat",
+        to_chat=responses.to_chat,
+        reword=responses.responses_refusal,
+        builder=lambda parsed, name, original: responses.ResponseBuilder(parsed.agent.output, name, original),
+        respond=lambda request, parsed, handles, name: answers.respond_to_responses(request, parsed, handles[0]),
+    ),
+}
 
 
-async def _completion(request: web.Request, kind: str, api: str = "completions") -> web.StreamResponse:
+def route(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The handler of one row of the endpoint table: a completion in the row's API."""
+    surface = SURFACES[endpoint.api]
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await _completion(request, endpoint, surface)
+
+    handle.__name__ = handle.__qualname__ = f"{endpoint.api}_completion"
+    return handle
+
+
+async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface) -> web.StreamResponse:
     """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
     seen by a client can be found in both logs."""
     app = request.app
@@ -113,27 +153,27 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
         except BodyError as e:
             raise bad_request(str(e)) from None
         except web.HTTPRequestEntityTooLarge:
-            raise ApiError(413, "body_too_large", f"the request body is larger than the limit: {MAX_BODY_BYTES} bytes") from None
+            raise body_too_large() from None
         original = body
-        if api == "responses":
+        if surface.to_chat is not None:
             try:
-                body = responses.to_chat(body)
+                body = surface.to_chat(body)
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
-        parsed = parse_request(body, kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
+        parsed = parse_request(body, surface.kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
         if parsed.agent is not None:
             try:
                 await compile_constraint(parsed.agent, gen.engine)  # off the loop: a schema stalls no one
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
-        if api == "responses":
-            parsed.responses = responses.ResponseBuilder(parsed.agent.output, app[CONFIG].served_model_name, original)
+        if surface.builder is not None:
+            parsed.responses = surface.builder(parsed, app[CONFIG].served_model_name, original)
     except ApiError as e:
-        if api == "responses":
-            e.param, e.message = responses.responses_refusal(e.param, e.message)
+        if surface.reword is not None:
+            e.param, e.message = surface.reword(e.param, e.message)
         if e.status in (400, 404, 413):
             app[METRICS].rejected.labels(code=e.code).inc()
-        return e.response(rid)
+        return e.response(rid, endpoint.family)
 
     slots = app[SLOTS]
     config = app[CONFIG]
@@ -151,8 +191,7 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
         return ApiError(
             429, "worker_full",
             f"{wanted} sequence slots are busy" if parsed.n == 1 else f"{wanted} sequence slots are not free",
-            type_="rate_limit_error",
-        ).response(rid)
+        ).response(rid, endpoint.family)
 
     try:
         handles = [_handle(gen, parsed, i, slots, rid) for i in range(parsed.n)]
@@ -160,7 +199,7 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
         for _ in range(taken):
             slots.release()
         log.exception("request %s: the sequence could not be created", rid)
-        return generation_failed(e, rid).response(rid)
+        return generation_failed(e, rid).response(rid, endpoint.family)
     app[METRICS].requests_by_class.labels(parsed.cls).inc()
     submitted = 0
     try:
@@ -174,12 +213,7 @@ async def _completion(request: web.Request, kind: str, api: str = "completions")
             for h in handles[1:]:
                 gen.submit(h)
                 submitted += 1
-        name = config.served_model_name
-        if parsed.responses is not None:
-            return await answers.respond_to_responses(request, parsed, handles[0])
-        if parsed.stream:
-            return await answers.stream(request, parsed, handles, name)
-        return await answers.collect(parsed, handles, name)
+        return await (surface.respond or _chat_answer)(request, parsed, handles, config.served_model_name)
     finally:
         for _ in handles[submitted:]:
             slots.release()  # never reached the generation thread, which would have released it

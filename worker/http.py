@@ -1,5 +1,6 @@
 """The worker's HTTP conventions: the request id every answer carries, the largest body it reads,
-and the OpenAI error shape its refusals take, aiohttp's own (404, 405) and failures included."""
+and the error shape its refusals take (the endpoint's API family's, `mtpstack.refusals`), aiohttp's
+own (404, 405) and failures included."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import logging
 
 from aiohttp import hdrs, web
 
-from mtpstack.refusals import internal_error, routing_refusal
+from mtpstack import refusals
+from mtpstack.endpoints import family_of
+from mtpstack.refusals import error_body, internal_error, routing_refusal, shown_name
 
 # The request id is shared with the proxy (`mtpstack.requestid`) so one id names a request in both logs;
 # every worker module takes these two names from here.
 from mtpstack.requestid import REQUEST_ID, request_id
 
-__all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "errors_as_json", "generation_failed",
-           "request_id"]
+__all__ = ["MAX_BODY_BYTES", "REQUEST_ID", "RETRY_AFTER", "ApiError", "bad_request", "body_too_large", "errors_as_json",
+           "generation_failed", "model_not_found", "request_id"]
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -25,22 +28,21 @@ RETRY_AFTER = 1
 
 
 class ApiError(Exception):
-    """A refusal in the OpenAI error shape; a 429 or 503 also tells the client when to retry."""
+    """A refusal, answered in the error shape of the endpoint's API family (`mtpstack.refusals`, whose
+    one rule gives its `type` by status); a 429 or 503 also tells the client when to retry."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None, type_: str | None = None):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None):
         super().__init__(message)
         self.status, self.code, self.message, self.param = status, code, message, param
-        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+    def body(self, family: str = "openai") -> dict:
+        return error_body(self.status, self.code, self.message, self.param, family)
 
-    def response(self, rid: str | None = None) -> web.Response:
-        body = self.body()
+    def response(self, rid: str | None = None, family: str = "openai") -> web.Response:
         headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else {}
         if rid is not None:
             headers[REQUEST_ID] = rid
-        return web.json_response(body, status=self.status, headers=headers)
+        return web.json_response(self.body(family), status=self.status, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
@@ -64,7 +66,7 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
             raise
         allowed = e.headers.get(hdrs.ALLOW)
         refusal = ApiError(e.status, *routing_refusal(e.status, request.method, request.path, allowed))
-        resp = refusal.response(request_id(request.headers))
+        resp = refusal.response(request_id(request.headers), family_of(request.path))
     except Exception:
         rid = request_id(request.headers)
         log.exception("request %s: unexpected error", rid)
@@ -73,7 +75,7 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
             if request.transport is not None:
                 request.transport.close()
             return web.Response()
-        return ApiError(500, *internal_error("worker", rid)).response(rid)
+        return ApiError(500, *internal_error("worker", rid)).response(rid, family_of(request.path))
     if allowed is not None:
         resp.headers[hdrs.ALLOW] = allowed
     return resp
@@ -81,5 +83,8 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
 
 def model_not_found(served: str, asked: str) -> ApiError:
     """404 for a model this worker does not serve (a request's `model`, or `/v1/models/{id}`)."""
-    shown = asked if len(asked) <= 100 else asked[:100] + "..."
-    return ApiError(404, "model_not_found", f"this worker serves `{served}`, not: `{shown}`", "model")
+    return ApiError(404, "model_not_found", f"this worker serves `{served}`, not: `{shown_name(asked)}`", "model")
+
+
+def body_too_large() -> ApiError:
+    return ApiError(413, *refusals.body_too_large(MAX_BODY_BYTES))

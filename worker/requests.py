@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from mtpstack.refusals import NOT_AN_OBJECT
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError, bad_request, model_not_found
@@ -119,7 +120,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     from mtpstack.worker.sequence import SamplingParams
 
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request(NOT_AN_OBJECT)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request(f"`model` must be a string: {shown(model)}", "model")

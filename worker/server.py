@@ -13,6 +13,7 @@ import signal
 
 from aiohttp import web
 
+from mtpstack.endpoints import ENDPOINTS
 from mtpstack.errors import UserError
 from mtpstack.validator import MAX_HEADER_BYTES
 from mtpstack.worker import handlers
@@ -34,9 +35,8 @@ def create_app(config: WorkerConfig) -> web.Application:
     app[CONFIG] = config
     app[METRICS] = Metrics(max(config.deepest_draft_depth, 1) if config.draft_model else 0)
     app.cleanup_ctx.append(_generation_ctx)
-    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_post("/v1/responses", handlers.create_response)
+    for endpoint in ENDPOINTS:
+        app.router.add_post(endpoint.path, handlers.route(endpoint))
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)

@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 
+from mtpstack.refusals import NOT_AN_OBJECT
 from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text, optional_string, shown, tool_arguments
 from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 
@@ -191,7 +192,7 @@ def _reasoning(reasoning, chat: dict) -> None:
 def to_chat(body) -> dict:
     """The chat request a Responses request means; refusals name the Responses field."""
     if not isinstance(body, dict):
-        raise ProtocolError("the request body must be a JSON object", None)
+        raise ProtocolError(NOT_AN_OBJECT, None)
     for key in STATEFUL:
         if body.get(key) not in (None, False):
             raise ProtocolError(f"this worker is stateless: `{key}` is not supported; send the history in `input`", key,

@@ -1,0 +1,48 @@
+"""The API endpoints the fleet serves, declared once: the worker routes each row to its handler
+(`mtpstack.worker.server`, `mtpstack.worker.handlers`), the proxy admits and forwards each row's path
+(`mtpstack.proxy.app`) and keys its routing by the row's prompt units (`mtpstack.proxy.routing`),
+and both services answer a row's refusals in the shape of its API family (`mtpstack.refusals`).
+
+A new API surface is rows here (its paths), its handlers in the worker (`handlers.SURFACES` for one
+that generates), its prompt units in `proxy.routing.UNITS`, and, for a new family, its error shape
+in `mtpstack.refusals`. Other routes (`/v1/models`, `/health`, `/metrics`, ...) are each service's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One `POST` path that takes a prompt: answered by a worker, forwarded by the proxy."""
+
+    path: str
+    #: The API its body and answer speak: the worker's handler (`chat`, `completions`, `responses`).
+    api: str
+    #: What it is called where the proxy refuses it for a backend that lacks it.
+    title: str
+    #: How the proxy cuts its prompt into units for cache-aware routing (`proxy.routing.UNITS`):
+    #: `messages` (chat `messages`), `responses` (`instructions`, then `input`), `prompt` (completion text).
+    units: str
+    #: Whose error shape its refusals take (`mtpstack.refusals.ERROR_BODIES`).
+    family: str = "openai"
+    #: Served by the native worker only: `mlx_lm.server` 0.32 lacks it (it would answer 404).
+    native_only: bool = False
+    #: Takes `n` choices, each a row of the worker's batch (and so a slot of its gate).
+    choices: bool = True
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("/v1/chat/completions", "chat", "Chat Completions API", units="messages"),
+    Endpoint("/v1/completions", "completions", "Completions API", units="prompt"),
+    Endpoint("/v1/responses", "responses", "Responses API", units="responses", native_only=True, choices=False),
+)
+#: The rows by path.
+BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}
+
+
+def family_of(path: str) -> str:
+    """The API family whose error shape a refusal on `path` takes; OpenAI's for any other path."""
+    endpoint = BY_PATH.get(path)
+    return endpoint.family if endpoint is not None else "openai"
