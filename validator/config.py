@@ -329,9 +329,6 @@ class FleetConfig(StrictModel):
         description="The machines a placed fleet runs on, by host name (matched against each machine's own name).",
     )
 
-    def workers_of(self, model: str) -> dict[str, WorkerProfile]:
-        return {name: w for name, w in self.workers.items() if w.model == model}
-
     @property
     def models(self) -> list[str]:
         """Served model names, in first-seen order."""

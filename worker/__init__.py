@@ -10,9 +10,9 @@ Layout:
   cache), `prefix_cache`, `drafting` (the two kinds of drafter), `mtp/` (MTP heads, one module per
   family), `caches` (batch state with per-row rollback), `demo/` (the shipped demo pair).
 - Serving: `config` (the worker's settings), `server` (the aiohttp app and `serve`), `handlers`
-  (the routes and admission), `requests` (a request checked and parsed), `answers` (a generation
+  (the routes and admission), `parsing` (a request checked and parsed), `answers` (a generation
   written out as JSON, a stream, or Responses), `sse` (the one event framing), `http` (the request id
-  and the OpenAI error shape), `generation` (the generation thread and its bridge to the event
+  and the error shape, `mtpstack.refusals`), `generation` (the generation thread and its bridge to the event
   loop), `metrics` (`/metrics`), `identity` (`/identity`), `classify` (a request's workload class),
   `protocol/` (tool calls, reasoning, logprobs, constrained output, the Responses API).
 """

@@ -15,7 +15,7 @@ from aiohttp import web
 from mtpstack.worker.generation import Event, RequestHandle
 from mtpstack.worker.http import REQUEST_ID, generation_failed
 from mtpstack.worker.protocol import render, responses
-from mtpstack.worker.requests import ParsedRequest
+from mtpstack.worker.parsing import ParsedRequest
 from mtpstack.worker.sse import DONE, frame, keepalive, open_stream
 
 

@@ -26,7 +26,7 @@ from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
-from mtpstack.worker.requests import SEED_LIMIT, ParsedRequest, parse_request
+from mtpstack.worker.parsing import SEED_LIMIT, ParsedRequest, parse_request
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -206,10 +206,10 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
         gen.submit(handles[0])
         submitted = 1
         if parsed.n > 1:
-            # The other choices start once the first has prefilled the prompt: with a prefix cache
-            # they resume from it instead of prefilling it again.
-            if gen.scheduler.prefix_cache is not None:
-                await handles[0].started.wait()
+            # The other choices start once the first has prefilled the prompt, whether or not the
+            # prefix cache is on (the worker always has one, `PrefixCache(0)` when off): with the
+            # cache on they resume from the first's snapshots instead of prefilling it again.
+            await handles[0].started.wait()
             for h in handles[1:]:
                 gen.submit(h)
                 submitted += 1

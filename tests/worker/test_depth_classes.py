@@ -14,7 +14,7 @@ import pytest
 from mtpstack.worker.classify import classify_request, classify_text
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError
-from mtpstack.worker.requests import request_class
+from mtpstack.worker.parsing import request_class
 
 MAP = {"code": 4, "prose": 1, "default": 2}
 

@@ -35,8 +35,6 @@ TRANSLATED = ("input", "instructions", "tools", "tool_choice", "text", "max_outp
 #: Fields accepted and not acted on, without a log line: they change nothing about the answer here.
 IGNORED = ("metadata", "user", "parallel_tool_calls", "safety_identifier", "service_tier", "store", "truncation",
            "include", "max_tool_calls", "client_metadata", "prompt_cache_retention", "top_logprobs")
-#: Input items the worker reads; other `*_call` / `*_call_output` items (hosted tools' history) are dropped.
-INPUT_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 #: A refusal of the translated chat request names the field the client sent.
 RESPONSES_PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
                    "reasoning_effort": "reasoning", "max_reasoning_tokens": "reasoning"}
