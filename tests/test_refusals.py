@@ -15,14 +15,20 @@ import pytest
 from aiohttp import web
 
 
+async def broken(request):
+    raise RuntimeError("a bug")
+
+
+async def client_of(aiohttp_client, module: str, method: str, path: str):
+    """A client of an app behind the service's `errors_as_json`, whose only route fails."""
+    app = web.Application(middlewares=[importlib.import_module(module).errors_as_json])
+    app.router.add_route(method, path, broken)
+    return await aiohttp_client(app)
+
+
 @pytest.mark.parametrize("module", ["mtpstack.worker.http", "mtpstack.proxy.http"])
 async def test_an_unexpected_exception_is_a_json_500_with_the_request_id_logged_once(aiohttp_client, caplog, module):
-    async def broken(request):
-        raise RuntimeError("a bug")
-
-    app = web.Application(middlewares=[importlib.import_module(module).errors_as_json])
-    app.router.add_get("/broken", broken)
-    client = await aiohttp_client(app)
+    client = await client_of(aiohttp_client, module, "GET", "/broken")
     resp = await client.get("/broken", headers={"X-Request-Id": "rid-500"})
     payload = await resp.json()
     assert (resp.status, payload["error"]["code"], resp.headers["X-Request-Id"]) == (500, "internal_error", "rid-500")
@@ -85,13 +91,7 @@ async def test_a_new_api_family_is_one_renderer_both_middlewares_answer_its_endp
         "type": "error", "error": {"type": refusals.error_type(status, "other"), "message": message}})
     row = endpoints.Endpoint("/v1/other", "chat", "Other API", units="messages", family="other")
     monkeypatch.setitem(endpoints.BY_PATH, row.path, row)
-
-    async def broken(request):
-        raise RuntimeError("a bug")
-
-    app = web.Application(middlewares=[importlib.import_module(module).errors_as_json])
-    app.router.add_post("/v1/other", broken)
-    client = await aiohttp_client(app)
+    client = await client_of(aiohttp_client, module, "POST", "/v1/other")
     resp = await client.post("/v1/other", headers={"X-Request-Id": "rid-other"})
     payload = await resp.json()
     assert resp.status == 500 and payload["type"] == "error" and payload["error"]["type"] == "api_error"

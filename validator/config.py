@@ -72,12 +72,17 @@ ShardStrategy = Literal["tensor", "pipeline"]
 RANK_PORT_OFFSET = 10000
 
 
+def camel_alias(name: str) -> str:
+    """A field's key as operators write it: camelCase, with `GiB` kept (`maxGiB`, not to_camel's `maxGib`)."""
+    return to_camel(name).replace("Gib", "GiB")
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
         frozen=True,
-        alias_generator=to_camel,
+        alias_generator=camel_alias,
         populate_by_name=True,
         # YAML reads `.nan` and `.inf` as floats; neither is a usable timeout.
         allow_inf_nan=False,
@@ -119,7 +124,6 @@ class HostConfig(StrictModel):
     address: Host = Field(description="Where the other hosts reach this one: the proxy dials its workers here, and firewall rules admit the proxy host from here.")
     memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         None,
-        alias="memoryGiB",  # not to_camel's `memoryGib`
         description="Memory the host's workers may use, in GiB; `validate --deep` refuses a host whose workers need more. Null: not checked.",
     )
 
@@ -213,20 +217,14 @@ def format_gib(value: float) -> str:
 class PrefixCacheSpec(StrictModel):
     max_gib: PrefixCacheGiB = Field(
         PREFIX_CACHE_GIB_DEFAULT,
-        alias="maxGiB",  # not to_camel's `maxGib`
         description=(
             "Memory the worker keeps for prompt snapshots that later requests resume from (GiB, least recently used "
             "out first); 0 turns the prefix cache off. Rendered as `--prefix-cache-gib`; mlx_lm.server has no byte budget."
         ),
     )
-    disk_gib: PrefixCacheGiB = Field(
-        PREFIX_CACHE_DISK_GIB_DEFAULT,
-        alias="diskGiB",  # not to_camel's `diskGib`
-        description=(
-            "Disk the prefix cache's disk tier may use in `dir` (GiB, least recently used out first); 0 turns the disk "
-            "tier off. Rendered as `--prefix-cache-disk-gib` with a `dir`; native backend only."
-        ),
-    )
+    disk_gib: PrefixCacheGiB = Field(PREFIX_CACHE_DISK_GIB_DEFAULT, description=(
+        "Disk the prefix cache's disk tier may use in `dir` (GiB, least recently used out first); 0 turns the disk tier off. "
+        "Rendered as `--prefix-cache-disk-gib` with a `dir`; native backend only."))
     dir: Annotated[str, Field(min_length=1)] | None = Field(
         None,
         description=(

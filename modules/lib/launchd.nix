@@ -3,7 +3,6 @@
 # list and knows no systemd specifiers.
 let
   argv = import ./argv.nix;
-  defaults = import ./defaults.nix;
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
   systemd = import ./systemd.nix;
@@ -36,7 +35,7 @@ let
       config,
       configFile,
       binDir,
-      stateDir ? defaults.stateDir,
+      stateDir ? (import ./defaults.nix).stateDir,
       logDir ? "/var/log/mtpstack",
       user ? "_mtpstack",
       group ? "_mtpstack",

@@ -2,7 +2,6 @@
 # `systemd.services.<name>`): one unit per worker and one for the proxy.
 let
   argv = import ./argv.nix;
-  defaults = import ./defaults.nix;
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
 
@@ -83,7 +82,7 @@ let
       config,
       configFile,
       binDir,
-      stateDir ? defaults.stateDir,
+      stateDir ? (import ./defaults.nix).stateDir,
       hardening ? { },
       workerHardening ? { },
       hostName ? null,
