@@ -237,8 +237,11 @@ in
               example = "jaccl";
               description = ''
                 MLX's distributed backend: `ring` (TCP over Ethernet or
-                Thunderbolt; hosts need IP addresses) or `jaccl` (RDMA over
-                Thunderbolt 5, macOS only).
+                Thunderbolt; every host needs an IPv4 address) or `jaccl` (RDMA
+                over Thunderbolt 5, macOS 26.2 and later; needs `ibvDevices`, and
+                rank 0's host an IPv4 address). A host running a `jaccl` rank
+                gets the macOS 26 build of MLX's Metal wheels, the only one
+                with JACCL.
               '';
             };
             strategy = mkOption {
@@ -259,6 +262,30 @@ in
                 Rank r listens for its peers at its host's address, port
                 `basePort + r`. `null`: the worker's `port` + ${toString defaults.rankPortOffset}
                 (or - ${toString defaults.rankPortOffset} when that passes ${toString defaults.portMax}).
+              '';
+            };
+            ibvDevices = mkOption {
+              type = types.nullOr (
+                types.listOf (
+                  types.listOf (types.nullOr (types.either types.nonEmptyStr (types.listOf types.nonEmptyStr)))
+                )
+              );
+              default = defaults.distributed.ibvDevices;
+              example = literalExpression ''
+                [
+                  [ null "rdma_en2" ]
+                  [ "rdma_en2" null ]
+                ]
+              '';
+              description = ''
+                `jaccl` only, and required there: the RDMA devices that
+                connect the ranks, one row per rank in `hosts` order, each with
+                one entry per rank: `null` for the rank itself, else the device
+                name toward that rank (or a list of names). Rendered into the
+                store as the JSON file JACCL reads from `MLX_IBV_DEVICES` (what
+                `mlx.launch` writes from its hostfile's `rdma` lists); the
+                group's size comes from it. `ibv_devices` on each Mac lists
+                its devices.
               '';
             };
           };

@@ -264,7 +264,7 @@ class Stack:
 
     def _add_ranks(self, name: str, w: WorkerProfile, plain: Managed, logs: Path) -> None:
         peers = rank_peers(self.config, name)
-        envs = rank_environments(peers, w.distributed.backend, self.run_dir / f"hostfile-{name}.json")
+        envs = rank_environments(peers, w.distributed.backend, self.run_dir / f"hostfile-{name}.json", w.distributed.ibv_devices)
         here = range(len(peers)) if self.host is None else [rank_on(w, self.host)]
         for r in here:
             if r == 0:

@@ -67,6 +67,9 @@ DistributedBackend = Literal["ring", "jaccl"]
 #: How a distributed worker splits its target: mlx-lm's `model.shard(group)` (every layer split
 #: across the ranks) or `model.pipeline(group)` (each rank a run of whole layers).
 ShardStrategy = Literal["tensor", "pipeline"]
+#: One entry of a `jaccl` worker's device matrix (`distributed.ibvDevices`): null (a rank toward
+#: itself), an RDMA device name, or several (JACCL's `parse_devices_json` takes all three).
+IbvDevices = Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None
 #: Where a distributed worker's rank ports start when `basePort` is not set: this far above its
 #: HTTP port (below it when that would pass 65535). `modules/lib/distributed.nix` restates it.
 RANK_PORT_OFFSET = 10000
@@ -256,6 +259,15 @@ class DistributedSpec(StrictModel):
         description=(
             f"Rank r listens for its peers at its host's address, port `basePort + r`; null: the worker's `port` + "
             f"{RANK_PORT_OFFSET} (or - {RANK_PORT_OFFSET} when that passes {PORT_MAX})."
+        ),
+    )
+    ibv_devices: list[list[IbvDevices]] | None = Field(
+        None,
+        description=(
+            "`jaccl` only, and required there: the RDMA devices that connect the ranks, one row per rank in `hosts` order, "
+            "one entry per rank in each row: null for itself, else the device name (`rdma_en2`) or a list of names toward "
+            "that rank. Rendered to the JSON file JACCL reads from `MLX_IBV_DEVICES`, which `mlx.launch` writes from the "
+            "`rdma` lists of its hostfile; the group's size comes from it."
         ),
     )
 

@@ -14,7 +14,7 @@ Path = tuple[str, ...]
 #: Every finding's code, the one list (JSON output, `--deep`, docs and tests read it): a new rule adds its code here.
 CODES = frozenset({
     "backend-forbidden", "bits-mismatch", "concurrency-mismatch", "context-beyond-model", "depth-class-name",
-    "depth-map-no-default", "distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-ip",
+    "depth-map-no-default", "distributed-deploy-on", "distributed-duplicate-host", "distributed-ibv-devices", "distributed-needs-ip",
     "distributed-needs-native", "distributed-no-prefix-cache", "drafter-kind-mismatch", "drafter-precision", "duplicate-key", "host-memory-exceeded",
     "host-runs-nothing", "internal-error", "invalid-type", "invalid-value", "memory-check-skipped", "missing-key",
     "mlx-lm-cannot-cap-context", "mlx-lm-cannot-load-mtp", "mlx-lm-depth-map", "mlx-lm-serializes-drafts",

@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
+import re
 import socket
 import sys
 import threading
@@ -65,7 +67,9 @@ IDENTITY_BYTES = 4096
 
 RANK_ENV = "MLX_RANK"
 HOSTFILE_ENV = "MLX_HOSTFILE"
-WORLD_SIZE_ENV = "MLX_WORLD_SIZE"
+#: JACCL's device file (`jaccl/jaccl.cpp` reads `JACCL_IBV_DEVICES`, else this): one row of RDMA
+#: devices per rank, so the group's size is its number of rows.
+IBV_DEVICES_ENV = "MLX_IBV_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -79,26 +83,24 @@ class RankSetting:
 
     @classmethod
     def from_environ(cls, backend: str, strategy: str, environ=os.environ) -> "RankSetting":
-        hint = "start each rank from its unit (Nix) or with `mtpstack up`, which set MLX_RANK and MLX_HOSTFILE as `mlx.launch` would"
+        hint = ("start each rank from its unit (Nix) or with `mtpstack up`, which set MLX_RANK and MLX_HOSTFILE "
+                "(jaccl: MLX_IBV_DEVICES and MLX_JACCL_COORDINATOR) as `mlx.launch` would")
         try:
             rank = int(environ[RANK_ENV])
         except (KeyError, ValueError):
             raise UserError(f"a distributed worker needs `{RANK_ENV}` (its rank) in its environment", hint) from None
-        if backend == "ring":
-            path = environ.get(HOSTFILE_ENV)
-            try:
-                with open(path or "") as f:
-                    peers = json.load(f)
-            except (OSError, ValueError) as e:
-                raise UserError(f"the ring backend needs `{HOSTFILE_ENV}` naming its hostfile: `{path}`: {e}", hint) from None
-            if not isinstance(peers, list) or len(peers) < 2:
-                raise UserError(f"the hostfile `{path}` lists fewer than two ranks", hint)
-            size = len(peers)
-        else:
-            try:
-                size = int(environ[WORLD_SIZE_ENV])
-            except (KeyError, ValueError):
-                raise UserError(f"the {backend} backend needs `{WORLD_SIZE_ENV}` in its environment", hint) from None
+        # The file the backend takes its group from: the ring's hostfile (one `["ip:port"]` per
+        # rank), JACCL's device file (one row of RDMA devices per rank).
+        env, what = (HOSTFILE_ENV, "hostfile") if backend == "ring" else (IBV_DEVICES_ENV, "RDMA device file")
+        path = environ.get(env) if backend == "ring" else environ.get("JACCL_IBV_DEVICES") or environ.get(env)
+        try:
+            with open(path or "") as f:
+                rows = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(f"the {backend} backend needs `{env}` naming its {what}: `{path}`: {e}", hint) from None
+        if not isinstance(rows, list) or len(rows) < 2:
+            raise UserError(f"the {what} `{path}` lists fewer than two ranks", hint)
+        size = len(rows)
         if not 0 <= rank < size:
             raise UserError(f"`{RANK_ENV}` is {rank}, outside the group of {size} ranks", hint)
         return cls(rank=rank, size=size, backend=backend, strategy=strategy)
@@ -121,14 +123,55 @@ def check_mlx(version: str) -> None:
                         f"install mlx>={'.'.join(map(str, MIN_MLX))} on every host, or serve this model from one process")
 
 
+def wheel_platform(wheel_file: str) -> str | None:
+    """The platform tag (`macosx_14_0_arm64`) of a wheel's `WHEEL` file's first `Tag:` line."""
+    for line in wheel_file.splitlines():
+        if line.startswith("Tag:"):
+            return line.split(":", 1)[1].strip().split("-")[-1]
+    return None
+
+
+def metal_wheel_tag() -> str | None:
+    """The platform tag of the installed mlx-metal wheel; None when mlx-metal is not installed."""
+    from importlib import metadata
+
+    try:
+        return wheel_platform(metadata.distribution("mlx-metal").read_text("WHEEL") or "")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def jaccl_unavailable(system: str, metal_tag: str | None) -> tuple[str, str]:
+    """Why `mx.distributed.is_available("jaccl")` said no, as (a clause for the error, a hint).
+    MLX compiles JACCL into libmlx only for macOS with a deployment target of 26.2 or later
+    (`mlx/distributed/jaccl/CMakeLists.txt`; otherwise `no_jaccl.cpp`, whose `is_available()` is
+    always false), and its release builds each mlx-metal wheel for 14.0, 15.0 and 26.2: only the
+    `macosx_26_0` wheel has it. With it, JACCL is available once the system's `librdma.dylib`
+    (macOS 26.2) loads."""
+    if system != "Darwin":
+        return ": JACCL (RDMA over Thunderbolt) runs on macOS only", "use the `ring` backend on this host"
+    version = re.match(r"macosx_(\d+)_", metal_tag or "")
+    if version and int(version.group(1)) < 26:
+        return (
+            f": its mlx-metal is the `{metal_tag}` wheel, which MLX builds without JACCL (only its macOS 26 wheels carry it)",
+            "on macOS 26.2 or later, install mlx-metal's `macosx_26_0_arm64` wheel (pip picks it there by itself; with "
+            "Nix, `services.mtpstack` takes it on a host that runs a `jaccl` rank)",
+        )
+    return (
+        ": JACCL is built in but found no RDMA support",
+        "JACCL needs macOS 26.2 or later (it loads the system's librdma.dylib) with RDMA over Thunderbolt enabled: "
+        "run `rdma_ctl enable` in macOS Recovery once per Mac, then check with `ibv_devices`",
+    )
+
+
 def join_group(setting: RankSetting):
     """`mx.distributed.init` on the configured backend; refuses a backend this machine lacks."""
     import mlx.core as mx
 
     check_mlx(mx.__version__)
     if not mx.distributed.is_available(setting.backend):
-        hint = "`jaccl` needs macOS 26.2 or later with Thunderbolt 5 RDMA enabled; use `ring` elsewhere" if setting.backend == "jaccl" else None
-        raise UserError(f"mlx's `{setting.backend}` backend is not available on this machine", hint)
+        why, hint = jaccl_unavailable(platform.system(), metal_wheel_tag()) if setting.backend == "jaccl" else ("", None)
+        raise UserError(f"mlx's `{setting.backend}` backend is not available on this machine{why}", hint)
     group = mx.distributed.init(strict=True, backend=setting.backend)
     if group.size() != setting.size or group.rank() != setting.rank:
         raise UserError(f"the group has rank {group.rank()} of {group.size()}, the environment said {setting.rank} of {setting.size}")

@@ -70,12 +70,15 @@ def which(program: str) -> str | None:
     return shutil.which(program)
 
 
-def rank_environments(peers: list[str], backend: str, hostfile: Path) -> list[dict[str, str]]:
+def rank_environments(peers: list[str], backend: str, hostfile: Path, ibv_devices: list | None = None) -> list[dict[str, str]]:
     """What `mlx.launch` would add to each rank's environment, in rank order, for a worker whose
-    ranks listen at `peers` (`ip:port`, rank order): for `ring`, the rank and the hostfile (written
-    to `hostfile`: one `["ip:port"]` per rank); for `jaccl`, the rank, the group's size and its
-    coordinator (rank 0). `modules/lib/distributed.nix` renders the same for the Nix units."""
+    ranks listen at `peers` (`ip:port`, rank order). For `ring`: the rank and the hostfile, written
+    to `hostfile` (one `["ip:port"]` per rank). For `jaccl`: the rank, its coordinator (rank 0's
+    `ip:port`) and the RDMA device file `MLX_IBV_DEVICES` (`ibv_devices`, the profile's
+    `distributed.ibvDevices`, written to `hostfile`), from which JACCL takes the group's size.
+    `modules/lib/distributed.nix` renders the same for the Nix units."""
     if backend == "ring":
         hostfile.write_text(json.dumps([[p] for p in peers]))
         return [{"MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)} for r in range(len(peers))]
-    return [{"MLX_RANK": str(r), "MLX_WORLD_SIZE": str(len(peers)), "MLX_JACCL_COORDINATOR": peers[0]} for r in range(len(peers))]
+    hostfile.write_text(json.dumps(ibv_devices))
+    return [{"MLX_RANK": str(r), "MLX_IBV_DEVICES": str(hostfile), "MLX_JACCL_COORDINATOR": peers[0]} for r in range(len(peers))]

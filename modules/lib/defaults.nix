@@ -50,6 +50,8 @@
     backend = "ring";
     strategy = "tensor";
     basePort = null;
+    # `jaccl` only (required there): the RDMA device matrix, one row per rank.
+    ibvDevices = null;
   };
   # Filled into each of `hosts`.
   host = {

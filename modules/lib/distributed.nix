@@ -51,6 +51,10 @@ let
   # `ip:port` per rank.
   hostfileText = config: name: builtins.toJSON (map (p: [ p ]) (peers config name));
 
+  # JACCL's device file as `mlx.launch` writes it (MLX_IBV_DEVICES): the
+  # worker's `ibvDevices`, one row per rank.
+  ibvDevicesText = config: name: builtins.toJSON config.workers.${name}.distributed.ibvDevices;
+
   # What rank `rank` of worker `name` starts with. `writeText name text`
   # makes the hostfile a file (builtins.toFile where nothing else is at hand).
   environment =
@@ -71,20 +75,33 @@ let
         { MLX_HOSTFILE = "${writeText "mtpstack-${name}-hostfile.json" (hostfileText config name)}"; }
       else
         {
-          # JACCL's coordinator is rank 0; the RDMA device map (MLX_IBV_DEVICES)
-          # names each Mac's Thunderbolt ports and comes from the operator.
-          MLX_WORLD_SIZE = toString (builtins.length w.distributed.hosts);
+          # JACCL (mlx/distributed/jaccl/lib/jaccl/jaccl.cpp) reads these
+          # three; the group's size is the device file's number of rows.
           MLX_JACCL_COORDINATOR = builtins.head (peers config name);
+          MLX_IBV_DEVICES = "${writeText "mtpstack-${name}-ibv-devices.json" (ibvDevicesText config name)}";
         }
     );
 
-  isIp =
+  # An IPv4 address as MLX's distributed backends take it (a dotted quad,
+  # each part 0-255 without leading zeros, nothing around it), the twin of
+  # the validator's `is_ipv4` (Python's ipaddress.IPv4Address).
+  isIPv4 =
     address:
     let
-      a = builtins.replaceStrings [ "[" "]" ] [ "" "" ] address;
+      octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
     in
-    builtins.match "[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}" a != null
-    || builtins.match "[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*" a != null;
+    builtins.match "${octet}\\.${octet}\\.${octet}\\.${octet}" address != null;
+
+  # The workers with a `jaccl` rank on `host` (null: any host), sorted.
+  jacclWorkersOn =
+    config: host:
+    builtins.filter (
+      name:
+      let
+        d = config.workers.${name}.distributed or null;
+      in
+      d != null && d.backend == "jaccl" && (host == null || builtins.elem host d.hosts)
+    ) (builtins.attrNames config.workers);
 
   # The errors, each { code, path, message }, with the validator's codes and paths.
   errors =
@@ -136,16 +153,67 @@ let
           else
             [ ]
         )
-        ++ (
-          if d.backend == "ring" then
-            map (x: {
-              code = "distributed-needs-ip";
-              path = [ "hosts" x.host "address" ];
-              message = "the ring backend connects the ranks of worker `${name}` by IP address, but ${show [ "hosts" x.host "address" ]} is `${config.hosts.${x.host}.address}`. Give the host its IP address";
-            }) (builtins.filter (x: config.hosts ? ${x.host} && !(isIp config.hosts.${x.host}.address)) indexed)
-          else
-            [ ]
-        );
+        # MLX's ring (mlx/distributed/utils.cpp) and JACCL's side channel
+        # (jaccl/tcp.cpp) split `ip:port` at the first colon and open AF_INET
+        # sockets: the ring dials every rank, JACCL's ranks meet at rank 0.
+        ++ map (x: {
+          code = "distributed-needs-ip";
+          path = [ "hosts" x.host "address" ];
+          message =
+            (
+              if d.backend == "ring" then
+                "the ring backend connects the ranks of worker `${name}` by IPv4 address"
+              else
+                "the ranks of worker `${name}` (backend jaccl) meet at rank 0's IPv4 address, its coordinator"
+            )
+            + " (MLX splits `address:port` at the first colon and opens IPv4 sockets), but ${show [ "hosts" x.host "address" ]} is `${config.hosts.${x.host}.address}` (rank ${toString x.i}). Give the host its IPv4 address";
+        }) (
+          builtins.filter (x: config.hosts ? ${x.host} && !(isIPv4 config.hosts.${x.host}.address)) (
+            if d.backend == "ring" then indexed else [ (builtins.head indexed) ]
+          )
+        )
+        ++ ibvDevicesErrors show name d;
+
+      # JACCL reads its RDMA devices from MLX_IBV_DEVICES, and `mlx.launch`
+      # requires one row per rank with null at the rank's own place.
+      ibvDevicesErrors =
+        show: name: d:
+        let
+          path = [ "workers" name "distributed" "ibvDevices" ];
+          n = builtins.length d.hosts;
+          rows = d.ibvDevices;
+          badRows = builtins.filter (
+            r:
+            let
+              row = builtins.elemAt rows r;
+            in
+            builtins.length row != n || builtins.elemAt row r != null
+          ) (builtins.genList (r: r) n);
+        in
+        if d.backend != "jaccl" then
+          [ ]
+        else if rows == null then
+          [
+            {
+              code = "distributed-ibv-devices";
+              inherit path;
+              message = "worker `${name}` uses the jaccl backend, which reads the RDMA devices connecting its ${toString n} ranks from a file (MLX_IBV_DEVICES), but ${show path} is not set. Set it: one row per rank in `hosts` order, null for the rank itself, else the device toward that rank (`ibv_devices` on each Mac lists them)";
+            }
+          ]
+        else if builtins.length rows != n then
+          [
+            {
+              code = "distributed-ibv-devices";
+              inherit path;
+              message = "worker `${name}` has ${toString n} ranks but ${show path} has ${toString (builtins.length rows)} rows; give one row per rank, in `hosts` order";
+            }
+          ]
+        else
+          map (r: {
+            code = "distributed-ibv-devices";
+            path = path ++ [ (toString r) ];
+            message = "${show (path ++ [ (toString r) ])} must name a device toward each of the ${toString n} ranks and hold null at its own place (entry ${toString r})";
+          }) badRows;
     in
     builtins.concatMap perWorker names;
 in
@@ -156,7 +224,10 @@ in
     rankOn
     peers
     hostfileText
+    ibvDevicesText
     environment
+    isIPv4
+    jacclWorkersOn
     errors
     ;
 }

@@ -18,6 +18,7 @@ from mtpstack.validator.argv import worker_argv
 from mtpstack.validator.coupling import is_coupled
 from mtpstack.validator.load import validate_data
 from mtpstack.validator.placement import dial_host, parts_on, rank_peers
+from mtpstack.worker.launcher import rank_environments
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix
@@ -38,7 +39,10 @@ deploy_on = st.sampled_from([None, *HOST_NAMES, "mac-1"])
 PLACEMENT_CODES = {
     "unknown-host", "proxy-not-placed", "worker-unreachable",
     "distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-native", "distributed-needs-ip",
+    "distributed-ibv-devices",
 }
+#: Host addresses: IPv4, IPv6, a name, and two that only look like IPv4 (MLX's backends take neither).
+ADDRESSES = ["10.0.0.1", "fd00::2", "mac1.lan", "[10.0.0.3]", "010.0.0.4"]
 
 
 def optional(key: str, strategy: st.SearchStrategy) -> st.SearchStrategy:
@@ -46,16 +50,36 @@ def optional(key: str, strategy: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(st.just({}), strategy.map(lambda v: {key: v}))
 
 
-def distributed() -> st.SearchStrategy:
+@st.composite
+def ibv_devices(draw, n: int) -> list:
+    """JACCL's device matrix for `n` ranks: mostly well formed (null on the diagonal, a name or a
+    list of names elsewhere), else a row too many or too few, or a device toward the rank itself."""
+    device = st.one_of(st.sampled_from(["rdma_en2", "rdma_en3"]), st.lists(st.sampled_from(["rdma_en4", "rdma_en5"]), min_size=1, max_size=2))
+    rows = [[None if c == r else draw(device) for c in range(n)] for r in range(n)]
+    flaw = draw(st.sampled_from([None, None, "rows", "diagonal", "short"]))
+    if flaw == "rows":
+        rows = rows[:-1] if draw(st.booleans()) else rows + [rows[0]]
+    elif flaw == "diagonal":
+        r = draw(st.integers(0, n - 1))
+        rows[r][r] = "rdma_en2"
+    elif flaw == "short":
+        rows[draw(st.integers(0, n - 1))].pop()
+    return rows
+
+
+@st.composite
+def distributed(draw) -> dict:
     """A worker spanning 2-3 hosts (a host may repeat or be undeclared); the rank ports near either end of the range."""
-    return st.fixed_dictionaries(
+    d = draw(st.fixed_dictionaries(
         {"hosts": st.lists(st.sampled_from([*HOST_NAMES, "mac-1"]), min_size=2, max_size=3)},
         optional={
             "backend": st.sampled_from(["ring", "jaccl"]),
             "strategy": st.sampled_from(["tensor", "pipeline"]),
             "basePort": st.one_of(st.none(), st.integers(1, 65535)),
         },
-    )
+    ))
+    d.update(draw(optional("ibvDevices", st.one_of(st.none(), ibv_devices(len(d["hosts"]))))))
+    return d
 
 
 @st.composite
@@ -102,7 +126,7 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("routing", st.sampled_from(["affinity", "first-free"]))))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
     addresses = st.fixed_dictionaries(
-        {"address": st.sampled_from(["10.0.0.1", "fd00::2", "mac1.lan"])}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}
+        {"address": st.sampled_from(ADDRESSES)}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}
     )
     fleet.update(draw(optional("hosts", st.dictionaries(st.sampled_from(HOST_NAMES), addresses, max_size=3))))
     fleet.update(draw(optional("policy", st.fixed_dictionaries({"allowedBackends": st.lists(st.sampled_from(["native", "mlx-lm"]), max_size=2)}))))
@@ -142,6 +166,11 @@ PINNED_FLEETS = [
                   "distributed": {"hosts": ["mac1", "mac2", "mac1", "mac-1"]}},
             "b": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 2, "backend": "mlx-lm",
                   "distributed": {"hosts": ["gw", "mac2"], "backend": "jaccl"}},
+            # jaccl: rank 0's IPv6 address refused, rank 1's name not (JACCL dials rank 0 only).
+            "c": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 3,
+                  "distributed": {"hosts": ["mac2", "mac1"], "backend": "jaccl", "ibvDevices": [[None, "rdma_en2"], ["rdma_en2"]]}},
+            "d": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 4,
+                  "distributed": {"hosts": ["gw", "mac1"], "backend": "jaccl", "ibvDevices": [[None, ["rdma_en3", "rdma_en4"]], ["rdma_en3", None]]}},
         },
     },
 ]
@@ -172,6 +201,12 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
                 (builtins.fromJSON {nixh.string(json.dumps(HOST_NAMES))}));
               dialHost = builtins.mapAttrs (name: _: mtp.placement.dialHost config name) config.workers;
               peers = builtins.mapAttrs (name: w: if w.distributed == null then null else mtp.distributed.peers config name) config.workers;
+              # Each rank's environment, files as their text (for the workers whose files can be written).
+              environments = builtins.mapAttrs (name: w:
+                if w.distributed == null || mtp.distributed.peers config name == null
+                   || (w.distributed.backend == "jaccl" && w.distributed.ibvDevices == null) then null
+                else builtins.genList (rank: mtp.distributed.environment {{ inherit config name rank; writeText = _: text: text; }})
+                  (builtins.length w.distributed.hosts)) config.workers;
             }};
         in map verdict (builtins.fromJSON (builtins.readFile {data}))
         """
@@ -183,6 +218,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     placement_codes_seen: set[str] = set()
     distributed_seen = 0
     flags_seen: set[str] = set()
+    environments_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
         assert config is not None, (fleet, report.render_text())
@@ -201,7 +237,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
         context_caps_seen += any("--max-context-tokens" in worker_argv(w) for w in config.workers.values())
         depth_maps_seen += any("--draft-depth-map" in worker_argv(w) for w in config.workers.values())
         flags_seen.update(a for w in config.workers.values() if w.backend == "native" for a in worker_argv(w)[2:])
-        placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES)
+        placement = sorted((f.code, list(f.path)) for f in report.findings if f.code in PLACEMENT_CODES and f.severity == "error")
         assert sorted((e["code"], e["path"]) for e in nix["placementErrors"]) == placement, fleet
         # Nix lists hosts by name, Python in the file's order: the same set.
         assert sorted(nix["placementWarnings"]) == sorted(list(f.path) for f in report.findings if f.code == "host-runs-nothing"), fleet
@@ -210,6 +246,16 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
             assert nix["partsOn"][host] == {"proxy": proxy_runs, "workers": sorted(names)}, (fleet, host)
         assert nix["dialHost"] == {name: dial_host(config, name) for name in config.workers}, fleet
         assert nix["peers"] == {name: rank_peers(config, name) for name in config.workers}, fleet
+        for name, w in config.workers.items():
+            if nix["environments"][name] is not None:
+                files = tmp_path / "rank-file.json"
+                envs = rank_environments(rank_peers(config, name), w.distributed.backend, files, w.distributed.ibv_devices)
+                # The files' contents, parsed (the two write JSON with other spacing).
+                read = [{k: json.loads(files.read_text()) if v == str(files) else v for k, v in env.items()} for env in envs]
+                files_of = {"MLX_HOSTFILE", "MLX_IBV_DEVICES"}
+                rendered = [{k: json.loads(v) if k in files_of else v for k, v in env.items()} for env in nix["environments"][name]]
+                assert rendered == read, fleet
+                environments_seen.add(w.distributed.backend)
         distributed_seen += any(w.distributed is not None for w in config.workers.values())
         placement_codes_seen.update(code for code, _ in placement)
     # The draw exercises both verdicts, not only one.
@@ -220,3 +266,4 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     assert 0 < distributed_seen < len(fleets_)
     # Every flag a config can set was drawn, so each of them was compared.
     assert {s.flag for s in WORKER_SETTINGS if s.config} <= flags_seen
+    assert environments_seen == {"ring", "jaccl"}

@@ -134,6 +134,58 @@ def test_the_ring_backend_needs_ip_addresses_and_jaccl_is_not_held_to_it(fleet):
     assert findings(fleet, "distributed-needs-ip") == []
 
 
+@pytest.mark.parametrize("address", ["fd00::12", "[10.0.0.12]", "010.0.0.12", "10.0.0.256"])
+def test_the_ring_needs_ipv4_addresses_as_mlx_splits_at_the_first_colon(fleet, address):
+    # mlx/distributed/utils.cpp: `ip:port` split at the first colon, AF_INET sockets.
+    fleet = spanning(fleet)
+    fleet["hosts"]["mac2"]["address"] = address
+    [f] = findings(fleet, "distributed-needs-ip")
+    assert f.path == ("hosts", "mac2", "address")
+    assert "by IPv4 address" in f.message and f"has the address `{address}`" in f.message
+    assert f.hint.startswith("give the host its IPv4 address")
+
+
+def test_jaccl_needs_rank_zeros_address_to_be_ipv4_and_no_other(fleet):
+    # JACCL's ranks meet at rank 0's `ip:port` (MLX_JACCL_COORDINATOR), dialled over AF_INET (jaccl/tcp.cpp).
+    fleet = spanning(fleet, backend="jaccl", ibvDevices=[[None, "rdma_en2"], ["rdma_en2", None]])
+    assert findings(fleet) == []
+    fleet["hosts"]["mac1"]["address"] = "fd00::11"
+    [f] = findings(fleet, "distributed-needs-ip")
+    assert f.path == ("hosts", "mac1", "address")
+    assert "meet at rank 0's IPv4 address" in f.message and "rank 0 of worker `qwen-mtp`" in f.message
+
+
+def test_jaccl_without_its_rdma_devices_is_an_error_with_an_example_to_copy(fleet):
+    [f] = findings(spanning(fleet, backend="jaccl"), "distributed-ibv-devices")
+    assert (f.severity, f.path) == ("error", ("workers", "qwen-mtp", "distributed", "ibvDevices"))
+    assert "reads the RDMA devices that connect the 2 ranks from a file (`MLX_IBV_DEVICES`)" in f.message
+    assert f.hint.endswith('e.g. [[null, "rdma_en2"], ["rdma_en2", null]]')
+
+
+@pytest.mark.parametrize(
+    ("devices", "path"),
+    [
+        ([[None, "rdma_en2"]], ("workers", "qwen-mtp", "distributed", "ibvDevices")),
+        ([[None, "rdma_en2"], ["rdma_en2", "rdma_en3"]], ("workers", "qwen-mtp", "distributed", "ibvDevices", "1")),
+        ([[None], ["rdma_en2", None]], ("workers", "qwen-mtp", "distributed", "ibvDevices", "0")),
+    ],
+)  # fmt: skip
+def test_jaccl_devices_need_one_row_per_rank_with_null_at_its_own_place(fleet, devices, path):
+    # What mlx.launch requires of its hostfile's `rdma` lists (mlx/_distributed_utils/launch.py).
+    [f] = findings(spanning(fleet, backend="jaccl", ibvDevices=devices), "distributed-ibv-devices")
+    assert (f.severity, f.path) == ("error", path)
+
+
+def test_jaccl_devices_may_name_several_devices_toward_a_rank(fleet):
+    assert findings(spanning(fleet, backend="jaccl", ibvDevices=[[None, ["rdma_en2", "rdma_en3"]], ["rdma_en2", None]])) == []
+
+
+def test_rdma_devices_on_a_ring_worker_are_a_warning_that_they_go_unused(fleet):
+    [f] = findings(spanning(fleet, ibvDevices=[[None, "rdma_en2"], ["rdma_en2", None]]))
+    assert (f.code, f.severity) == ("distributed-ibv-devices", "warning")
+    assert "set `workers.qwen-mtp.distributed.backend` to `jaccl`" in f.hint
+
+
 def test_a_distributed_worker_places_the_fleet_so_the_proxy_must_be_placed(fleet):
     fleet = spanning(fleet)
     del fleet["proxy"]["deployOn"]
@@ -152,7 +204,7 @@ def test_a_prefix_cache_budget_on_a_distributed_worker_is_a_warning_naming_the_f
 
 def test_every_new_code_is_listed():
     assert {"distributed-deploy-on", "distributed-duplicate-host", "distributed-needs-native", "distributed-needs-ip",
-            "distributed-no-prefix-cache"} <= CODES
+            "distributed-no-prefix-cache", "distributed-ibv-devices"} <= CODES
 
 
 def _model_dir(path, layers=4, weights_bytes=8 * GIB // 1024):
