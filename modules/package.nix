@@ -8,10 +8,22 @@
   stdenv,
   python3,
   fetchPypi,
+  # aarch64-darwin: which build of the Metal wheels (modules/pins.nix), named
+  # as nixpkgs' mlx/metal.nix names them: "14" runs on macOS 14 and later,
+  # "26" needs macOS 26.2 and carries MLX's JACCL backend (`passthru.jaccl`).
+  # The modules take "26" on a host that runs a `jaccl` rank.
+  macosVariant ? "14",
 }:
 let
   pins = import ./pins.nix;
   onAppleSilicon = stdenv.hostPlatform.isDarwin && stdenv.hostPlatform.isAarch64;
+  variants = builtins.attrNames pins.mlx-metal.wheels;
+  metalWheel =
+    pins.mlx-metal.wheels.${macosVariant} or (throw ''
+      mtpstack: modules/pins.nix pins the Metal wheels of mlx for the macOS variants ${lib.concatStringsSep ", " variants}, not `${toString macosVariant}`
+
+      hint: pass `macosVariant` as one of ${lib.concatMapStringsSep ", " (v: "\"${v}\"") variants} to modules/package.nix'');
+  mlxWheel = pins.mlx.wheels.${macosVariant};
 
   # mlx-lm's and mlx's versions matter beyond their bounds (worker/caches.py
   # imports `mlx_lm.models.gated_delta.normalize_qk`, new in mlx-lm 0.32), and
@@ -30,11 +42,11 @@ let
         build-system = (old.build-system or [ ]) ++ [ final.setuptools-scm ];
         # A dependency since 0.32 (nixpkgs' recipe has it for the tests only).
         dependencies = lib.unique ((old.dependencies or [ ]) ++ [ final.sentencepiece ]);
-        # nixpkgs' list (network, Metal) still covers 0.32.2's tests but one
-        # new file, whose model runs the Metal kernel `qk_norm_rope`
-        # ("[metal_kernel] No Metal back-end" on the CPU build); the other
-        # Metal tests skip themselves without Metal.
-        disabledTestPaths = (old.disabledTestPaths or [ ]) ++ [ "tests/test_muse_spark.py" ];
+        # The pinned sdist's own list, not nixpkgs' (modules/pins.nix says why).
+        disabledTestPaths =
+          pins.mlx-lm.disabledTestPaths
+          ++ lib.optionals (lib.versionOlder final.mlx.version pins.mlx-lm.disabledTestPathsBelowMlx.version)
+            pins.mlx-lm.disabledTestPathsBelowMlx.paths;
         meta = old.meta // {
           changelog = "https://github.com/ml-explore/mlx-lm/releases/tag/v${pins.mlx-lm.version}";
         };
@@ -50,7 +62,8 @@ let
             inherit (pins.mlx-metal) version;
             src = fetchPypi {
               pname = "mlx_metal";
-              inherit (pins.mlx-metal) version platform hash;
+              inherit (pins.mlx-metal) version;
+              inherit (metalWheel) platform hash;
               format = "wheel";
               dist = "py3";
               python = "py3";
@@ -64,18 +77,23 @@ let
             in
             _: {
               inherit (pins.mlx) version;
+              # bin.nix sets `disabled` unless its own wheel list has this
+              # Python (3.13 and 3.14 at mlx 0.31.2): every Python pinned here
+              # has its wheel, and one that is not fails below, naming the fix.
+              disabled = false;
               src = fetchPypi {
                 pname = "mlx";
-                inherit (pins.mlx) version platform;
+                inherit (pins.mlx) version;
+                inherit (mlxWheel) platform;
                 inherit dist;
                 python = dist;
                 abi = dist;
                 format = "wheel";
                 hash =
-                  pins.mlx.wheels.${pythonVersion} or (throw ''
-                    mtpstack: modules/pins.nix pins the Metal wheel of mlx ${pins.mlx.version} for Python ${lib.concatStringsSep ", " (builtins.attrNames pins.mlx.wheels)}, not for this nixpkgs' python3 (${pythonVersion})
+                  mlxWheel.hashes.${pythonVersion} or (throw ''
+                    mtpstack: modules/pins.nix pins the Metal wheel of mlx ${pins.mlx.version} (macOS variant ${macosVariant}) for Python ${lib.concatStringsSep ", " (builtins.attrNames mlxWheel.hashes)}, not for this nixpkgs' python3 (${pythonVersion})
 
-                    hint: add its hash to `mlx.wheels` in modules/pins.nix (`pip download --no-deps --only-binary :all: --platform ${pins.mlx.platform} --python-version ${pythonVersion} mlx==${pins.mlx.version}`, then `nix hash file`), or set `services.mtpstack.package`'');
+                    hint: add its hash to `mlx.wheels."${macosVariant}".hashes` in modules/pins.nix (`pip download --no-deps --only-binary :all: --platform ${mlxWheel.platform} --python-version ${pythonVersion} mlx==${pins.mlx.version}`, then `nix hash file`), or set `services.mtpstack.package`'');
               };
             }
           );
@@ -168,6 +186,11 @@ ps.buildPythonApplication {
   passthru = {
     inherit python pins dependencyNames;
     inherit (ps) mlx mlx-lm;
+    # Whether this build's mlx can run MLX's JACCL backend: the macOS 26
+    # Metal wheels only (the modules refuse a `jaccl` rank on a host whose
+    # package says false). The source build of mlx (Linux) has no JACCL.
+    jaccl = onAppleSilicon && ps ? mlx-bin && metalWheel.jaccl;
+    macosVariant = if onAppleSilicon then macosVariant else null;
   };
 
   meta = {

@@ -51,7 +51,11 @@ let
       };
     }
     // lib.optionalAttrs withBin {
-      mlx-bin = package "mlx-bin" "0.32.0" { };
+      # As pkgs/development/python-modules/mlx/bin.nix: `disabled` unless its
+      # own wheel list (3.13 and 3.14 at mlx 0.31.2) has this Python.
+      mlx-bin = package "mlx-bin" "0.32.0" {
+        disabled = !(builtins.elem pythonVersion [ "3.13" "3.14" ]);
+      };
       mlx-metal = package "mlx-metal" "0.32.0" { };
     };
   available = builtins.removeAttrs base missing;

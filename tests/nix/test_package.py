@@ -20,9 +20,10 @@ CPU_ONLY = "workers on aarch64-darwin run mlx on the CPU only"
 SYSTEMS = ["x86_64-linux", "aarch64-linux", "aarch64-darwin"]
 
 
-def evaluate(nixh, nixpkgs_lib: Path, system: str, **stub: str) -> subprocess.CompletedProcess:
+def evaluate(nixh, nixpkgs_lib: Path, system: str, package_args: str = "{ }", **stub: str) -> subprocess.CompletedProcess:
     """The package's arguments to buildPythonApplication, reduced to JSON, on `system`;
-    `stub` are the stand-in's arguments as Nix expressions (e.g. withBin="false")."""
+    `stub` are the stand-in's arguments as Nix expressions (e.g. withBin="false"),
+    `package_args` more arguments of modules/package.nix (e.g. `{ macosVariant = "26"; }`)."""
     stub_args = " ".join(f"{k} = {v};" for k, v in stub.items())
     expr = f"""
       let
@@ -33,12 +34,19 @@ def evaluate(nixh, nixpkgs_lib: Path, system: str, **stub: str) -> subprocess.Co
           isAarch64 = lib.hasPrefix "aarch64-" "{system}";
         }};
         fetchPypi = args: {{ fetchPypi = args; }};
-        app = import {ROOT / "modules" / "package.nix"} {{ inherit lib stdenv python3 fetchPypi; }};
+        app = import {ROOT / "modules" / "package.nix"} ({{ inherit lib stdenv python3 fetchPypi; }} // {package_args});
         names = map (p: p.pname);
         mlxLm = app.passthru.mlx-lm;
+        metal = app.passthru.python.pkgs.mlx-metal or null;
       in {{
-        mlx = {{ inherit (app.passthru.mlx) pname version; src = app.passthru.mlx.src or null; }};
-        mlxMetal = app.passthru.python.pkgs.mlx-metal.version or null;
+        mlx = {{
+          inherit (app.passthru.mlx) pname version;
+          src = app.passthru.mlx.src or null;
+          disabled = app.passthru.mlx.disabled or false;
+        }};
+        mlxMetal = if metal == null then null else metal.version;
+        mlxMetalSrc = if metal == null then null else metal.src or null;
+        inherit (app.passthru) jaccl macosVariant;
         mlxLm = {{
           inherit (mlxLm) version src disabledTestPaths;
           build-system = names mlxLm.build-system;
@@ -53,8 +61,8 @@ def evaluate(nixh, nixpkgs_lib: Path, system: str, **stub: str) -> subprocess.Co
                           capture_output=True, text=True, env=nixh.env(), timeout=60)  # fmt: skip
 
 
-def package(nixh, nixpkgs_lib, system, **stub) -> tuple[dict, str]:
-    proc = evaluate(nixh, nixpkgs_lib, system, **stub)
+def package(nixh, nixpkgs_lib, system, package_args="{ }", **stub) -> tuple[dict, str]:
+    proc = evaluate(nixh, nixpkgs_lib, system, package_args, **stub)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
@@ -86,23 +94,44 @@ def test_mlx_lm_is_the_pinned_sdist_on_every_platform(nixh, nixpkgs_lib, pins, s
     got, _ = package(nixh, nixpkgs_lib, system)
     lm = got["mlxLm"]
     assert lm["version"] == pins["mlx-lm"]["version"]
-    assert lm["src"] == {"fetchPypi": {"pname": "mlx_lm", **pins["mlx-lm"]}}
+    assert lm["src"] == {"fetchPypi": {"pname": "mlx_lm", "version": pins["mlx-lm"]["version"], "hash": pins["mlx-lm"]["hash"]}}
     assert "setuptools-scm" in lm["build-system"]  # the sdist's version comes through it
     assert "sentencepiece" in lm["dependencies"]
     # nixpkgs' own disabled tests are kept, the one new file that needs Metal added.
     assert {"tests/test_losses.py", "tests/test_muse_spark.py"} <= set(lm["disabledTestPaths"])
 
 
+@pytest.mark.parametrize(("system", "mlx", "older"), [
+    ("x86_64-linux", "0.31.2", True), ("aarch64-linux", "0.32.0", False), ("aarch64-darwin", "0.31.2", False),
+])  # fmt: skip
+def test_mlx_lm_skips_the_pinned_sdists_own_list_and_more_below_mlx_0_32(nixh, nixpkgs_lib, pins, system, mlx, older):
+    # nixpkgs' list follows nixpkgs' mlx-lm (the stand-in's is one path that 0.32.2's sdist lacks); the
+    # pinned sdist's own list replaces it, so no path of another version can abort pytestCheckHook.
+    got, _ = package(nixh, nixpkgs_lib, system, mlxVersion=f'"{mlx}"', mlxLmVersion='"0.33.0"')
+    below = pins["mlx-lm"]["disabledTestPathsBelowMlx"]
+    # aarch64-darwin: the Metal wheels (0.32.4) whatever nixpkgs' own mlx is.
+    assert got["mlxLm"]["disabledTestPaths"] == pins["mlx-lm"]["disabledTestPaths"] + (below["paths"] if older else [])
+
+
 @pytest.mark.parametrize("python", ["3.12", "3.13", "3.14"])
-def test_apple_silicon_takes_the_pinned_metal_wheels(nixh, nixpkgs_lib, pins, python):
-    got, stderr = package(nixh, nixpkgs_lib, "aarch64-darwin", pythonVersion=f'"{python}"')
+@pytest.mark.parametrize("variant", ["14", "26"])
+def test_apple_silicon_takes_the_pinned_metal_wheels(nixh, nixpkgs_lib, pins, python, variant):
+    args = "{ }" if variant == "14" else f'{{ macosVariant = "{variant}"; }}'  # "14" is the default
+    got, stderr = package(nixh, nixpkgs_lib, "aarch64-darwin", args, pythonVersion=f'"{python}"')
     dist = "cp" + python.replace(".", "")
+    wheels, metal = pins["mlx"]["wheels"][variant], pins["mlx-metal"]["wheels"][variant]
     assert got["mlx"]["pname"] == "mlx-bin"
     assert got["mlx"]["version"] == pins["mlx"]["version"] == got["mlxMetal"]
     assert got["mlx"]["src"]["fetchPypi"] == {
-        "pname": "mlx", "version": pins["mlx"]["version"], "platform": pins["mlx"]["platform"],
-        "dist": dist, "python": dist, "abi": dist, "format": "wheel", "hash": pins["mlx"]["wheels"][python],
+        "pname": "mlx", "version": pins["mlx"]["version"], "platform": wheels["platform"],
+        "dist": dist, "python": dist, "abi": dist, "format": "wheel", "hash": wheels["hashes"][python],
     }  # fmt: skip
+    assert got["mlxMetalSrc"]["fetchPypi"]["platform"] == metal["platform"] == f"macosx_{variant}_0_arm64"
+    assert got["mlxMetalSrc"]["fetchPypi"]["hash"] == metal["hash"]
+    # nixpkgs' bin.nix disables itself for a Python its own wheel list lacks (3.12 at mlx 0.31.2).
+    assert got["mlx"]["disabled"] is False
+    # Only the macOS 26 build has MLX's JACCL backend.
+    assert (got["jaccl"], got["macosVariant"]) == (variant == "26", variant)
     assert CPU_ONLY not in stderr
 
 
@@ -110,7 +139,20 @@ def test_a_python_without_a_pinned_wheel_names_the_file_to_add_it_to(nixh, nixpk
     proc = evaluate(nixh, nixpkgs_lib, "aarch64-darwin", pythonVersion='"3.15"')
     assert proc.returncode != 0
     assert "not for this nixpkgs' python3 (3.15)" in proc.stderr
-    assert "add its hash to `mlx.wheels` in modules/pins.nix" in proc.stderr
+    assert 'add its hash to `mlx.wheels."14".hashes` in modules/pins.nix' in proc.stderr
+
+
+def test_an_unknown_macos_variant_names_the_ones_pinned(nixh, nixpkgs_lib):
+    proc = evaluate(nixh, nixpkgs_lib, "aarch64-darwin", '{ macosVariant = "15"; }')
+    assert proc.returncode != 0
+    assert "pins the Metal wheels of mlx for the macOS variants 14, 26, not `15`" in proc.stderr
+    assert 'hint: pass `macosVariant` as one of "14", "26"' in proc.stderr
+
+
+@pytest.mark.parametrize("system", ["x86_64-linux", "aarch64-linux"])
+def test_the_source_build_of_mlx_has_no_jaccl(nixh, nixpkgs_lib, pins, system):
+    got, _ = package(nixh, nixpkgs_lib, system, '{ macosVariant = "26"; }', mlxVersion=f'"{pins["nixpkgs"]["mlx"]}"')
+    assert (got["jaccl"], got["macosVariant"]) == (False, None)
 
 
 def test_apple_silicon_without_mlx_bin_evaluates_on_the_cpu_build_and_says_so(nixh, nixpkgs_lib):
