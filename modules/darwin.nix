@@ -49,7 +49,9 @@ in
   config = lib.mkIf cfg.enable {
     launchd.daemons = mtpLib.launchd.daemons {
       config = cfg.renderedConfig;
-      configFile = "${configFile}";
+      # The proxy reads the fleet at a path that outlives generations, so an
+      # edit it does not act on leaves it running (lib/proxy.nix).
+      configFile = mtpLib.proxy.configPath;
       binDir = "${cfg.package}/bin";
       inherit stateDir logDir user;
       inherit (pkgs) writeText;
@@ -57,12 +59,21 @@ in
       group = user;
     };
 
+    # The checked fleet file (built only if `mtpstack validate` accepts it,
+    # with checkConfig): what the proxy reads, and what `mtpstack validate`,
+    # `status` and `weights` can be pointed at on the Mac. nix-darwin links
+    # /etc before it (re)loads daemons (modules/system/activation-scripts.nix).
+    environment.etc.${mtpLib.proxy.etcName}.source = configFile;
+
     # nix-darwin creates only the accounts it is told it owns.
     users.knownUsers = [ user ];
     users.knownGroups = [ user ];
     users.users.${user} = {
       uid = lib.mkDefault defaultId;
-      gid = lib.mkDefault defaultId;
+      # The account's primary group follows the group's gid, as nix-darwin's
+      # own services do (modules/services/ofborg/default.nix,
+      # hercules-ci-agent): moving `users.groups._mtpstack.gid` moves both.
+      gid = lib.mkDefault config.users.groups.${user}.gid;
       home = stateDir;
       createHome = true;
       shell = "/usr/bin/false";
@@ -73,6 +84,17 @@ in
       gid = lib.mkDefault defaultId;
       description = "mtpstack daemons";
     };
+
+    # MLX compiles JACCL only into its macOS 26 Metal wheels (modules/pins.nix).
+    assertions = map (name: {
+      assertion = cfg.package.passthru.jaccl or false;
+      message =
+        "worker `${name}` runs a rank on this Mac with `services.mtpstack.workers.${name}.distributed.backend` `jaccl`,"
+        + " but `services.mtpstack.package` carries an mlx without JACCL: MLX compiles it only into the macOS 26 build of its Metal wheels"
+        + " (deployment target 26.2, mlx/distributed/jaccl/CMakeLists.txt), and without it every rank fails to start."
+        + " Leave `services.mtpstack.package` at its default, which takes that build on such a host, or build yours with"
+        + " `pkgs.callPackage <mtpstack>/modules/package.nix { macosVariant = \"26\"; }` (a package whose `passthru.jaccl` is true); the Mac must run macOS 26.2 or later";
+    }) (mtpLib.distributed.jacclWorkersOn cfg.renderedConfig cfg.hostName);
 
     # nix-darwin has no port firewall (only `networking.applicationFirewall`,
     # which filters per program): `openFirewall` can restrict nothing here.

@@ -46,7 +46,9 @@ let
 
   units = mtpLib.systemd.units {
     config = cfg.renderedConfig;
-    configFile = "${configFile}";
+    # The proxy reads the fleet at a path that outlives generations, so an
+    # edit it does not act on leaves it running (lib/proxy.nix).
+    configFile = mtpLib.proxy.configPath;
     binDir = "${cfg.package}/bin";
     # No BLAS preload, unlike `mtpstack up` on Debian (whose PyPI mlx-cpu
     # bundles a slow reference BLAS): nixpkgs' `openblas` is ILP64 on
@@ -79,6 +81,11 @@ in
   config = lib.mkIf cfg.enable {
     systemd.services = units;
 
+    # The checked fleet file (built only if `mtpstack validate` accepts it,
+    # with checkConfig): what the proxy reads, and what `mtpstack validate`,
+    # `status` and `weights` can be pointed at on the host.
+    environment.etc.${mtpLib.proxy.etcName}.source = configFile;
+
     networking.firewall = lib.mkIf cfg.openFirewall {
       allowedTCPPorts = firewall.allowedTCPPorts;
       # allowedTCPPorts cannot filter by source: the workers the proxy dials
@@ -93,7 +100,15 @@ in
       lib.concatMapStringsSep ", " (r: "worker `${r.worker}`'s port ${toString r.port}") firewall.sourceFiltered
     } under firewalld (`networking.firewall.backend` is `firewalld`, which reads neither `extraInputRules` nor `extraCommands`), so they stay closed. Add a firewalld rich rule admitting the proxy host's address to them, or use the nftables or iptables backend";
 
-    assertions = lib.optionals cfg.openFirewall (
+    assertions =
+      # MLX builds JACCL for macOS only (mlx/distributed/jaccl/CMakeLists.txt).
+      map (name: {
+        assertion = false;
+        message =
+          "worker `${name}` runs a rank on this host with ${show "workers.${name}.distributed.backend"} `jaccl`, which runs on macOS only"
+          + " (MLX builds its JACCL backend, RDMA over Thunderbolt, for macOS 26.2 and later). Use backend `ring` for a worker with ranks on Linux hosts";
+      }) (mtpLib.distributed.jacclWorkersOn cfg.renderedConfig cfg.hostName)
+      ++ lib.optionals cfg.openFirewall (
       lib.concatMap (
         rule:
         let

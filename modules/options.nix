@@ -19,6 +19,13 @@ let
   width = types.ints.between defaults.widthMin defaults.widthMax;
   # nixpkgs before 25.05 lacks externalPath: fall back to a string.
   externalPath = types.externalPath or types.str;
+  pins = import ./pins.nix;
+  # The workers with a `jaccl` rank on this machine: its package must carry
+  # MLX's JACCL, which only the macOS 26 Metal wheels have (modules/pins.nix).
+  jacclHere = mtpLib.distributed.jacclWorkersOn cfg.renderedConfig cfg.hostName;
+  jacclVariant = lib.findFirst (v: pins.mlx-metal.wheels.${v}.jaccl) null (
+    builtins.attrNames pins.mlx-metal.wheels
+  );
 in
 {
   options.services.mtpstack = {
@@ -26,12 +33,16 @@ in
 
     package = mkOption {
       type = types.package;
-      default = pkgs.callPackage ./package.nix { };
-      defaultText = literalExpression "pkgs.callPackage ./modules/package.nix { }";
+      default = pkgs.callPackage ./package.nix (
+        lib.optionalAttrs (jacclHere != [ ]) { macosVariant = jacclVariant; }
+      );
+      defaultText = literalExpression ''pkgs.callPackage ./modules/package.nix { } # { macosVariant = "26"; } on a host that runs a `jaccl` rank'';
       description = ''
         The mtpstack package: provides `mtpstack` (proxy, workers, validator)
         and `mlx_lm.server`. On aarch64-darwin it must carry the Metal build of
-        mlx (the default does).
+        mlx (the default does), and on a Mac that runs a `jaccl` rank the
+        macOS 26 build, the only one with MLX's JACCL backend (the default
+        takes it there; it needs macOS 26.2 or later).
       '';
     };
 

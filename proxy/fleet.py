@@ -133,9 +133,11 @@ def _model_summary(identity_model: dict | None) -> dict | None:
 def weights_check(profile: WorkerProfile, identity: dict) -> list[str]:
     """How the worker disagrees with the command line the config implies (`worker_argv(profile)`):
     its `/identity`, the bits it found against its config.json, and its own argv (`/identity`'s
-    `argv`). One sentence per disagreement; empty when they agree."""
+    `argv`). One sentence per disagreement; empty when they agree. The draft depths are left out:
+    they are the worker's own tuning, and an edit of them restarts the worker but not the proxy
+    (docs/nix.md), whose copy of the config then holds the old ones."""
     want = weights_from_argv(worker_argv(profile))
-    found = identity_disagreements(want, identity, "config", profile.drafter.kind if profile.drafter else None)
+    found = identity_disagreements(want, identity, "config", profile.drafter.kind if profile.drafter else None, depths=False)
     for role in ("target", "drafter"):
         mismatch = (identity.get(role) or {}).get("bits_mismatch")
         if mismatch:

@@ -144,10 +144,11 @@ class Mismatch:
     at: str
 
 
-def compare_identity(claim: WeightsClaim, identity: dict, kind: str | None = None) -> list[Mismatch]:
+def compare_identity(claim: WeightsClaim, identity: dict, kind: str | None = None, *, depths: bool = True) -> list[Mismatch]:
     """How a worker's `/identity` disagrees with a claim about what it serves (read from an argv).
     `kind` is the drafter kind the claim asks for (`auto` accepts whatever the worker resolved);
-    a kind or maxNumSeqs the worker does not report is not held against it."""
+    a kind or maxNumSeqs the worker does not report is not held against it. `depths=False` leaves
+    the draft depths out (tuning the claim's source may not know current: the proxy's config)."""
     found: list[Mismatch] = []
 
     def differs(what: str, want, got) -> None:
@@ -156,9 +157,10 @@ def compare_identity(claim: WeightsClaim, identity: dict, kind: str | None = Non
 
     differs("target", claim.target, (identity.get("target") or {}).get("path"))
     differs("drafter", claim.drafter, (identity.get("drafter") or {}).get("path"))
-    if claim.drafter is not None:
+    if claim.drafter is not None and depths:
         differs("depth", claim.depth, identity.get("draft_depth"))
         differs("depth per class", claim.depth_map, identity.get("draft_depth_map") or {})
+    if claim.drafter is not None:
         reported_kind = (identity.get("drafter") or {}).get("kind")
         if reported_kind is not None and kind not in (None, "auto", reported_kind):
             differs("drafter kind", kind, reported_kind)
@@ -167,6 +169,6 @@ def compare_identity(claim: WeightsClaim, identity: dict, kind: str | None = Non
     return found
 
 
-def identity_disagreements(claim: WeightsClaim, identity: dict, source: str, kind: str | None = None) -> list[str]:
+def identity_disagreements(claim: WeightsClaim, identity: dict, source: str, kind: str | None = None, *, depths: bool = True) -> list[str]:
     """`compare_identity` as sentences naming the claim's `source`; empty when they agree."""
-    return [f"{m.what}: {source} `{m.want}`, /identity `{m.got}`" for m in compare_identity(claim, identity, kind)]
+    return [f"{m.what}: {source} `{m.want}`, /identity `{m.got}`" for m in compare_identity(claim, identity, kind, depths=depths)]

@@ -10,13 +10,22 @@ let
   placement = import ./placement.nix;
   firewall = import ./firewall.nix;
   distributed = import ./distributed.nix;
+  proxy = import ./proxy.nix;
 in
 {
   defaults = import ./defaults.nix;
   optionPath = import ./option-path.nix;
   inherit (render) render;
   inherit (argv) workerArgv proxyArgv resolve;
-  inherit coupling systemd launchd placement firewall distributed;
+  inherit
+    coupling
+    systemd
+    launchd
+    placement
+    firewall
+    distributed
+    proxy
+    ;
 
   # Every check the modules assert, as NixOS-style { assertion, message }.
   # `prefix` is the module's option path, e.g. [ "services" "mtpstack" ].

@@ -6,6 +6,17 @@ let
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
   systemd = import ./systemd.nix;
+  proxyLib = import ./proxy.nix;
+
+  # launchd applies "light resource limits, throttling CPU usage and I/O
+  # bandwidth" to a job without ProcessType (nix-darwin
+  # modules/launchd/launchd.nix, `ProcessType`). Workers decode for a client
+  # that waits on every token and read tens of GB of weights at start; the
+  # proxy relays those tokens. `Interactive` runs them "with the same resource
+  # limitations as apps, that is to say, none"; `Adaptive` would follow XPC
+  # transactions, which these HTTP servers never open, so it would leave them
+  # throttled; `Standard` is the unset default.
+  processType = "Interactive";
 
   label = name: "org.nixos.${name}";
 
@@ -24,7 +35,8 @@ let
 
   # Arguments:
   #   config      the rendered config (render.nix)
-  #   configFile  the path of the config file
+  #   configFile  the path the proxy reads the config from (the modules give
+  #               proxy.nix's `configPath`, which stays put between generations)
   #   binDir      where `mtpstack` and `mlx_lm.server` live
   #   stateDir    the model cache
   #   logDir      where stdout and stderr go
@@ -50,6 +62,7 @@ let
           ProgramArguments = waitForStore name programArguments;
           KeepAlive = true;
           RunAtLoad = true;
+          ProcessType = processType;
           StandardOutPath = "${logDir}/${name}.log";
           StandardErrorPath = "${logDir}/${name}.log";
           WorkingDirectory = stateDir;
@@ -84,11 +97,36 @@ let
     )
     // (
       if parts.proxy then
-        { mtpstack-proxy = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile)) { }; }
+        {
+          mtpstack-proxy =
+            let
+              # nix-darwin reloads a daemon when its plist changes (modules/system/launchd.nix
+              # `diff`s each one) and launchd has no restart triggers: the plist carries the
+              # hash of what the proxy acts on (proxy.nix's `view`), while the file it reads
+              # keeps its path between generations.
+              d = daemon "mtpstack-proxy" (argv.resolve binDir (argv.proxyArgv configFile)) {
+                MTPSTACK_PROXY_VIEW_SHA256 = builtins.hashString "sha256" (builtins.toJSON (proxyLib.view config));
+              };
+            in
+            d
+            // {
+              serviceConfig = d.serviceConfig // {
+                # launchd sends SIGKILL this long after SIGTERM (20 s unless set,
+                # nix-darwin modules/launchd/launchd.nix `ExitTimeOut`): the
+                # in-flight requests' grace comes first, as TimeoutStopSec on NixOS.
+                ExitTimeOut = proxyLib.stopTimeoutSeconds config;
+              };
+            };
+        }
       else
         { }
     );
 in
 {
-  inherit label waitForStore daemons;
+  inherit
+    label
+    waitForStore
+    processType
+    daemons
+    ;
 }

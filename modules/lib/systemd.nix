@@ -4,6 +4,7 @@ let
   argv = import ./argv.nix;
   placement = import ./placement.nix;
   distributed = import ./distributed.nix;
+  proxyLib = import ./proxy.nix;
 
   # systemd splits ExecStart= like a shell but with C-style escapes and
   # expands `%` specifiers and `$` variables: quote every argument as a JSON
@@ -62,15 +63,11 @@ let
     else
       { ReadWritePaths = [ "-${dir}" ]; };
 
-  # What the proxy reads at start-up only: every gate and every batch width.
-  proxyTriggers = config: {
-    inherit (config.proxy) concurrencyLimit modelConcurrencyLimits;
-    widths = builtins.mapAttrs (_: w: w.maxNumSeqs) config.workers;
-  };
-
   # Arguments:
   #   config      the rendered config (render.nix), as the operator wrote it
-  #   configFile  the path of the runtime config file (see runtimeConfig)
+  #   configFile  the path the proxy reads the runtime config from (see
+  #               runtimeConfig); the modules give proxy.nix's `configPath`,
+  #               which stays put between generations
   #   binDir      where `mtpstack` and `mlx_lm.server` live
   #   stateDir    the model cache (the units' StateDirectory)
   #   hardening   serviceConfig shared by every unit
@@ -140,7 +137,9 @@ let
             environment =
               environment
               // (if rank == null then { } else distributed.environment { inherit config name rank writeText; });
-            # The worker reads its settings at start-up only: any change restarts it.
+            # The worker reads its settings at start-up only: any change restarts
+            # it (its argv and environment are its own profile's alone, so no
+            # other worker's edit does).
             restartTriggers = [ (builtins.toJSON w) ];
             serviceConfig = common // workerHardening // cacheDirConfig common w // {
               ExecStart = escapeExecArgs (argv.resolve binDir (argv.workerArgv w));
@@ -163,12 +162,14 @@ let
         after = [ "network.target" ] ++ workerUnits;
         wants = workerUnits;
         inherit environment;
-        restartTriggers = [ (builtins.toJSON (proxyTriggers config)) ];
+        # The proxy reads `configFile`, whose path does not change: it restarts
+        # when what it acts on does (proxy.nix's `view`), not on every edit.
+        restartTriggers = [ (builtins.toJSON (proxyLib.view config)) ];
         serviceConfig =
           common
           // {
             ExecStart = escapeExecArgs (argv.resolve binDir (argv.proxyArgv configFile));
-            TimeoutStopSec = builtins.ceil config.proxy.shutdownGraceSeconds + 10;
+            TimeoutStopSec = proxyLib.stopTimeoutSeconds config;
           }
           // (
             if config.proxy.apiKeysFile == null then
@@ -191,7 +192,6 @@ in
     proxyUnit
     apiKeysCredential
     runtimeConfig
-    proxyTriggers
     units
     ;
 }

@@ -18,16 +18,30 @@ let
     default = { };
   };
 
-  # A store path that is not built: the module only interpolates these.
-  fakeDrv = name: {
+  # A store path that is not built: the module only interpolates these. As
+  # with real derivations, the path follows everything it is built from, so
+  # two evaluations' units differ exactly where their inputs do.
+  fakeDrv = name: inputs: {
     type = "derivation";
     inherit name;
-    outPath = "/nix/store/00000000000000000000000000000000-${name}";
+    outPath = "/nix/store/${
+      builtins.substring 0 32 (builtins.hashString "sha256" (builtins.toJSON [ name inputs ]))
+    }-${name}";
   };
   pkgs = {
-    writeText = name: _text: "${(fakeDrv name).outPath}";
-    runCommand = name: _env: _script: fakeDrv name;
-    callPackage = _: _: fakeDrv "mtpstack";
+    writeText = name: text: "${(fakeDrv name text).outPath}";
+    runCommand = name: env: script: fakeDrv name [ env script ];
+    # The package's own passthru says whether its mlx has JACCL: the macOS 26
+    # build of the Metal wheels (modules/package.nix, tests/nix/test_package.py).
+    callPackage =
+      _: args:
+      fakeDrv "mtpstack" args
+      // {
+        passthru = {
+          macosVariant = args.macosVariant or "14";
+          jaccl = (args.macosVariant or "14") == "26";
+        };
+      };
     config = { };
   };
 
@@ -40,6 +54,11 @@ let
       warnings = mkOption {
         type = types.listOf types.str;
         default = [ ];
+      };
+      # NixOS' and nix-darwin's `environment.etc.<name>.source`.
+      environment.etc = mkOption {
+        type = types.attrsOf (types.submodule { options.source = mkOption { type = types.path; }; });
+        default = { };
       };
     }
     // (
@@ -78,8 +97,30 @@ let
             default = null;
           };
           launchd.daemons = any;
-          users.users = any;
-          users.groups = any;
+          # As nix-darwin's modules/users/user.nix and group.nix: a user's
+          # primary group is `gid`, 20 (staff) unless set.
+          users.users = mkOption {
+            type = types.attrsOf (
+              types.submodule {
+                freeformType = types.lazyAttrsOf types.anything;
+                options.uid = mkOption { type = types.int; };
+                options.gid = mkOption {
+                  type = types.int;
+                  default = 20;
+                };
+              }
+            );
+            default = { };
+          };
+          users.groups = mkOption {
+            type = types.attrsOf (
+              types.submodule {
+                freeformType = types.lazyAttrsOf types.anything;
+                options.gid = mkOption { type = types.int; };
+              }
+            );
+            default = { };
+          };
           users.knownUsers = mkOption {
             type = types.listOf types.str;
             default = [ ];
@@ -126,6 +167,8 @@ let
   result = {
     renderedConfig = config.services.mtpstack.renderedConfig;
     inherit (config) warnings;
+    etc = builtins.mapAttrs (_: e: toString e.source) config.environment.etc;
+    package = config.services.mtpstack.package.passthru;
   }
   // (
     if platform == "nixos" then
@@ -140,7 +183,16 @@ let
     else
       {
         daemons = config.launchd.daemons;
+        # The text nix-darwin writes to /Library/LaunchDaemons and `diff`s to
+        # decide a reload (modules/launchd/default.nix, system/launchd.nix).
+        plists = builtins.mapAttrs (
+          _: d: lib.generators.toPlist { escape = true; } d.serviceConfig
+        ) config.launchd.daemons;
         knownUsers = config.users.knownUsers;
+        accounts = {
+          users = builtins.mapAttrs (_: u: { inherit (u) uid gid; }) config.users.users;
+          groups = builtins.mapAttrs (_: g: { inherit (g) gid; }) config.users.groups;
+        };
         activation = {
           extraActivation = config.system.activationScripts.extraActivation.text;
           postActivation = config.system.activationScripts.postActivation.text;

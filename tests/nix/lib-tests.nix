@@ -32,11 +32,7 @@ let
     };
   };
 
-  units = mtp.systemd.units {
-    config = fleet;
-    configFile = "/etc/mtpstack.json";
-    binDir = "/pkg/bin";
-  };
+  units = unitsOf fleet;
 
   daemons = mtp.launchd.daemons {
     config = fleet;
@@ -44,34 +40,30 @@ let
     binDir = "/pkg/bin";
   };
 
-  # A worker's edit changes its own trigger and the proxy's only when it
-  # touches a width.
-  edited = mtp.render {
-    inherit (fleet) proxy;
-    workers = fleet.workers // {
-      plain = fleet.workers.plain // {
-        port = 8103;
+  # A worker's edit changes its own trigger, and the proxy's only when it
+  # touches what the proxy acts on (lib/proxy.nix's `view`): a context cap
+  # does not, a port (where the proxy dials it) or a width does.
+  withPlain =
+    edit:
+    mtp.render {
+      inherit (fleet) proxy;
+      workers = fleet.workers // {
+        plain = fleet.workers.plain // edit;
       };
     };
-  };
-  editedUnits = mtp.systemd.units {
-    config = edited;
-    configFile = "/etc/mtpstack.json";
-    binDir = "/pkg/bin";
-  };
-  widened = mtp.render {
-    inherit (fleet) proxy;
-    workers = fleet.workers // {
-      plain = fleet.workers.plain // {
-        maxNumSeqs = 4;
-      };
+  unitsOf =
+    config:
+    mtp.systemd.units {
+      inherit config;
+      configFile = "/etc/mtpstack.json";
+      binDir = "/pkg/bin";
     };
-  };
-  widenedUnits = mtp.systemd.units {
-    config = widened;
-    configFile = "/etc/mtpstack.json";
-    binDir = "/pkg/bin";
-  };
+  edited = withPlain { maxContextTokens = 8192; };
+  editedUnits = unitsOf edited;
+  moved = withPlain { port = 8103; };
+  movedUnits = unitsOf moved;
+  widened = withPlain { maxNumSeqs = 4; };
+  widenedUnits = unitsOf widened;
 
   # A worker across two hosts, the proxy on the first.
   spanning = mtp.render {
@@ -106,7 +98,124 @@ let
       writeText = inlineText;
     };
 
+  # The same worker over JACCL: RDMA devices between the two Macs.
+  overJaccl = mtp.render (
+    spanning
+    // {
+      workers.big = spanning.workers.big // {
+        distributed = spanning.workers.big.distributed // {
+          backend = "jaccl";
+          ibvDevices = [
+            [ null "rdma_en2" ]
+            [ "rdma_en2" null ]
+          ];
+        };
+      };
+    }
+  );
+
   tests = {
+    jacclRanksGetTheDeviceFileAndTheCoordinator = {
+      expr = mtp.distributed.environment {
+        config = overJaccl;
+        name = "big";
+        rank = 1;
+        writeText = inlineText;
+      };
+      # What JACCL reads (jaccl/jaccl.cpp `Config::from_env`); the group's
+      # size is the device file's, so no MLX_WORLD_SIZE.
+      expected = {
+        MLX_RANK = "1";
+        MLX_JACCL_COORDINATOR = "10.0.0.11:18101";
+        MLX_IBV_DEVICES = ''[[null,"rdma_en2"],["rdma_en2",null]]'';
+      };
+    };
+    jacclWithoutDevicesIsAnError = {
+      expr = map (e: { inherit (e) code path; }) (
+        mtp.placement.errors [ ] (
+          mtp.render (
+            spanning
+            // {
+              workers.big = spanning.workers.big // {
+                distributed = spanning.workers.big.distributed // {
+                  backend = "jaccl";
+                };
+              };
+            }
+          )
+        )
+      );
+      expected = [
+        {
+          code = "distributed-ibv-devices";
+          path = [ "workers" "big" "distributed" "ibvDevices" ];
+        }
+      ];
+    };
+    jacclWorkersAreFoundPerHost = {
+      expr = map (h: mtp.distributed.jacclWorkersOn overJaccl h) [ "mac1" "mac2" "gw" null ];
+      expected = [ [ "big" ] [ "big" ] [ ] [ "big" ] ];
+    };
+    onlyDottedQuadsAreIPv4 = {
+      expr = map mtp.distributed.isIPv4 [
+        "10.0.0.11"
+        "255.255.255.255"
+        "0.0.0.0"
+        "256.0.0.1"
+        "010.0.0.1"
+        "[10.0.0.1]"
+        "fd00::1"
+        "::ffff:10.0.0.1"
+        "mac1.lan"
+        "10.0.0"
+      ];
+      expected = [ true true true false false false false false false false ];
+    };
+    daemonsRunInteractiveAndTheProxyOutlivesItsGrace = {
+      expr = {
+        types = builtins.mapAttrs (_: d: d.serviceConfig.ProcessType) daemons;
+        exit = daemons.mtpstack-proxy.serviceConfig.ExitTimeOut;
+        stop = units.mtpstack-proxy.serviceConfig.TimeoutStopSec;
+        longer =
+          (mtp.launchd.daemons {
+            config = mtp.render (fleet // { proxy = fleet.proxy // { shutdownGraceSeconds = 90.5; }; });
+            configFile = "/c";
+            binDir = "/pkg/bin";
+          }).mtpstack-proxy.serviceConfig.ExitTimeOut;
+      };
+      expected = {
+        types = {
+          mtpstack-proxy = "Interactive";
+          mtpstack-worker-mtp = "Interactive";
+          mtpstack-worker-plain = "Interactive";
+        };
+        exit = 40;
+        stop = 40;
+        longer = 101;
+      };
+    };
+    theProxyDaemonCarriesItsViewOnly = {
+      expr =
+        let
+          view =
+            config:
+            (mtp.launchd.daemons {
+              inherit config;
+              configFile = "/c";
+              binDir = "/pkg/bin";
+            }).mtpstack-proxy.serviceConfig.EnvironmentVariables.MTPSTACK_PROXY_VIEW_SHA256;
+        in
+        {
+          contextCap = view edited == view fleet;
+          port = view moved == view fleet;
+          width = view widened == view fleet;
+        };
+      expected = {
+        contextCap = true;
+        port = false;
+        width = false;
+      };
+    };
     distributedRendersItsDefaults = {
       expr = spanning.workers.big.distributed;
       expected = {
@@ -114,6 +223,7 @@ let
         backend = "ring";
         strategy = "pipeline";
         basePort = null;
+        ibvDevices = null;
       };
     };
     eachHostRunsItsRankWithTheHostfile = {
@@ -319,6 +429,18 @@ let
         plain = true;
         mtp = false;
         proxy = false;
+      };
+    };
+    portChangeRestartsTheProxyToo = {
+      expr = {
+        plain = movedUnits.mtpstack-worker-plain.restartTriggers != units.mtpstack-worker-plain.restartTriggers;
+        mtp = movedUnits.mtpstack-worker-mtp.restartTriggers != units.mtpstack-worker-mtp.restartTriggers;
+        proxy = movedUnits.mtpstack-proxy.restartTriggers != units.mtpstack-proxy.restartTriggers;
+      };
+      expected = {
+        plain = true;
+        mtp = false;
+        proxy = true;
       };
     };
     widthChangeRestartsTheProxy = {

@@ -280,3 +280,30 @@ def test_darwin_makes_each_local_workers_disk_tier_for_the_daemons_user(nixh, ni
     assert lines[3:6] == [f"mkdir -p {dir_}", f"chown 470:470 {dir_}", f"chmod 0750 {dir_}"]
     args = result["daemons"]["mtpstack-worker-qwen-mtp"]["serviceConfig"]["ProgramArguments"]
     assert args[args.index("--prefix-cache-dir") + 1] == dir_
+
+
+def test_launchd_gives_the_proxy_its_grace_before_sigkill_as_systemd_does(nixh, nixpkgs_lib):
+    # launchd sends SIGKILL 20 s after SIGTERM unless ExitTimeOut says otherwise (nix-darwin
+    # modules/launchd/launchd.nix); the proxy's in-flight requests get shutdownGraceSeconds (30).
+    darwin = nixh.eval_module(nixpkgs_lib, "darwin", f"import {MIXED}")["daemons"]
+    nixos = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["services"]
+    exit_timeout = darwin["mtpstack-proxy"]["serviceConfig"]["ExitTimeOut"]
+    assert exit_timeout == nixos["mtpstack-proxy"]["serviceConfig"]["TimeoutStopSec"] == 40
+    longer = "{ lib, ... }: { imports = [ %s ]; services.mtpstack.proxy.shutdownGraceSeconds = 120.5; }" % MIXED
+    assert nixh.eval_module(nixpkgs_lib, "darwin", longer)["daemons"]["mtpstack-proxy"]["serviceConfig"]["ExitTimeOut"] == 131
+
+
+def test_every_daemon_runs_as_interactive_so_launchd_does_not_throttle_it(nixh, nixpkgs_lib):
+    # Without ProcessType launchd applies "light resource limits, throttling CPU usage and I/O".
+    daemons = nixh.eval_module(nixpkgs_lib, "darwin", f"import {MIXED}")["daemons"]
+    assert {name: d["serviceConfig"]["ProcessType"] for name, d in daemons.items()} == dict.fromkeys(daemons, "Interactive")
+
+
+def test_moving_the_darwin_group_moves_the_accounts_primary_group(nixh, nixpkgs_lib):
+    # As nix-darwin's own services: users.users.<name>.gid = mkDefault config.users.groups.<name>.gid.
+    result = nixh.eval_module(nixpkgs_lib, "darwin", f"{{ imports = [ {SINGLE} ]; users.groups._mtpstack.gid = 620; }}")
+    assert result["accounts"]["users"]["_mtpstack"] == {"uid": 470, "gid": 620}
+    assert result["accounts"]["groups"]["_mtpstack"] == {"gid": 620}
+    assert result["activation"]["extraActivation"].splitlines()[1].startswith("chown 470:620 ")
+    default = nixh.eval_module(nixpkgs_lib, "darwin", f"import {SINGLE}")["accounts"]
+    assert default["users"]["_mtpstack"]["gid"] == default["groups"]["_mtpstack"]["gid"] == 470

@@ -287,3 +287,57 @@ def test_a_distributed_worker_whose_deploy_on_is_not_its_first_host_fails_on_eve
         with pytest.raises(nixh.NixError) as e:
             nixh.eval_module(nixpkgs_lib, HOSTS[host], on_host(host, SPANNING, 'services.mtpstack.workers.big.deployOn = "mac2";'))
         assert "`services.mtpstack.workers.big.deployOn` is `mac2`, but the worker spans hosts" in e.value.stderr
+
+
+#: The worker across mac1 and mac2 over JACCL, with the RDMA devices between the two Macs.
+OVER_JACCL = SPANNING + (
+    ' services.mtpstack.workers.big.distributed = { backend = "jaccl";'
+    ' ibvDevices = [ [ null "rdma_en2" ] [ "rdma_en2" null ] ]; };'
+)
+
+
+def test_a_mac_running_a_jaccl_rank_takes_the_macos_26_wheels_and_gets_the_device_file(nixh, nixpkgs_lib):
+    mac2 = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac2", OVER_JACCL))
+    # The package's default is built with the macOS 26 Metal wheels, the only ones with JACCL.
+    assert mac2["package"] == {"macosVariant": "26", "jaccl": True}
+    env = mac2["daemons"]["mtpstack-worker-big-rank1"]["serviceConfig"]["EnvironmentVariables"]
+    assert (env["MLX_RANK"], env["MLX_JACCL_COORDINATOR"]) == ("1", "10.0.0.11:18102")
+    assert env["MLX_IBV_DEVICES"].endswith("-mtpstack-big-ibv-devices.json") and "MLX_WORLD_SIZE" not in env
+    # A Mac without a jaccl rank keeps the macOS 14 build (it runs on macOS 14 and later).
+    gateway_less = nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac2"))
+    assert gateway_less["package"] == {"macosVariant": "14", "jaccl": False}
+
+
+def test_a_jaccl_rank_with_a_package_without_jaccl_is_refused_naming_the_fix(nixh, nixpkgs_lib):
+    # An operator's package built from the macOS 14 wheels (the stand-in's passthru says so, as the package's does).
+    settings = (
+        f"{{ lib, pkgs, ... }}: {{ imports = (import {HOSTS_NIX}).mac1.modules; {OVER_JACCL}"
+        ' services.mtpstack.package = lib.mkForce (pkgs.callPackage null { macosVariant = "14"; }); }'
+    )
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "darwin", settings)
+    assert "worker `big` runs a rank on this Mac with `services.mtpstack.workers.big.distributed.backend` `jaccl`" in e.value.stderr
+    assert "MLX compiles it only into the macOS 26 build of its Metal wheels" in e.value.stderr
+    assert 'pkgs.callPackage <mtpstack>/modules/package.nix { macosVariant = "26"; }' in e.value.stderr
+
+
+def test_a_jaccl_rank_on_a_nixos_host_is_refused(nixh, nixpkgs_lib):
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", on_host("mac1", OVER_JACCL))
+    assert "worker `big` runs a rank on this host with `services.mtpstack.workers.big.distributed.backend` `jaccl`, which runs on macOS only" in e.value.stderr
+
+
+def test_a_jaccl_worker_without_its_devices_fails_every_hosts_evaluation(nixh, nixpkgs_lib):
+    missing = SPANNING + ' services.mtpstack.workers.big.distributed.backend = "jaccl";'
+    for host in ("gateway", "mac1"):
+        with pytest.raises(nixh.NixError) as e:
+            nixh.eval_module(nixpkgs_lib, HOSTS[host], on_host(host, missing))
+        assert "but `services.mtpstack.workers.big.distributed.ibvDevices` is not set" in e.value.stderr, host
+
+
+@pytest.mark.parametrize("address", ["fd00::12", "[10.0.0.12]"])
+def test_a_ring_host_without_an_ipv4_address_fails_the_evaluation(nixh, nixpkgs_lib, address):
+    extra = f'services.mtpstack.hosts.mac2.address = lib.mkForce "{address}";'
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "darwin", on_host("mac1", SPANNING, extra))
+    assert f"by IPv4 address (MLX splits `address:port` at the first colon and opens IPv4 sockets), but `services.mtpstack.hosts.mac2.address` is `{address}`" in e.value.stderr

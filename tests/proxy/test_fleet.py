@@ -12,6 +12,7 @@ from mtpstack.proxy.fleet import WorkerTrack, acceptance, prefix_cache, spread, 
 from mtpstack.proxy.prometheus import parse_samples
 from tests.proxy.conftest import fleet_config
 from mtpstack.validator import worker_argv
+from mtpstack.validator.config import DrafterSpec
 
 
 def identity_of(gate: int, pid: int = 100, started_at: float = 1000.0, argv: list[str] | None = None) -> dict:
@@ -138,6 +139,20 @@ def test_other_weights_than_the_config_names_are_flagged():
     profile = fleet_config({"w1": 1}, {"w1": {"gate": 1}}).workers["w1"]
     other = identity_of(1) | {"target": {"path": "/models/other", "sha256": "cd" * 32}}
     assert any(m == "target: config `/models/m`, /identity `/models/other`" for m in weights_check(profile, other))
+
+
+def test_a_draft_depth_the_proxys_config_has_not_seen_is_no_disagreement_but_other_weights_are():
+    # Editing a worker's depth restarts that worker, not the proxy (docs/nix.md), so the proxy's copy of
+    # the config may hold the old depth: only what the proxy acts on is held against the worker.
+    base = fleet_config({"w1": 1}, {"w1": {"gate": 1}}).workers["w1"]
+    profile = base.model_copy(update={"drafter": DrafterSpec(path="/models/head", bits=6, depth=3, kind="mtp")})
+    identity = identity_of(1) | {
+        "drafter": {"path": "/models/head", "kind": "mtp"}, "draft_depth": 5, "draft_depth_map": {"code": 6},
+        "argv": ["/usr/bin/python3", "-m", *worker_argv(profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": {"default": 5, "code": 6}})}))],
+    }  # fmt: skip
+    assert weights_check(profile, identity) == []
+    other_head = identity | {"drafter": {"path": "/models/other-head", "kind": "mtp"}}
+    assert "drafter: config `/models/head`, /identity `/models/other-head`" in weights_check(profile, other_head)
 
 
 # -- the endpoint -------------------------------------------------------------------------
