@@ -63,8 +63,39 @@
 
       nixosModules = h: [ mtpstack.nixosModules.default nixosBase ] ++ h.modules;
       darwinModules = h: [ mtpstack.darwinModules.default darwinBase ] ++ h.modules;
+
+      # Where you run the deploy tools from.
+      deploySystems = [
+        "x86_64-linux"
+        "aarch64-linux"
+        "aarch64-darwin"
+      ];
     in
     {
+      # The deploy tools from this flake's own inputs: `nix run .#colmena -- apply`
+      # and `nix run .#deploy-rs -- .#mac1`. colmena's CLI accepts only the hive
+      # schema of its own version (`colmenaHive` below is colmena main's `v0.5`;
+      # nixpkgs' colmena 0.4.0 requires `v0` and refuses it), so it must be the
+      # same colmena as `colmena.lib.makeHive`.
+      apps = nixpkgs.lib.genAttrs deploySystems (system: {
+        colmena = colmena.apps.${system}.colmena;
+        deploy-rs = deploy-rs.apps.${system}.deploy-rs;
+      });
+      devShells = nixpkgs.lib.genAttrs deploySystems (system: {
+        default = nixpkgs.legacyPackages.${system}.mkShell {
+          packages = [
+            colmena.packages.${system}.colmena
+            deploy-rs.packages.${system}.deploy-rs
+          ];
+        };
+      });
+
+      # deploy-rs' checks (its README: "highly advised"): the `deploy` output
+      # against deploy-rs' schema, and each profile's activation scripts. Both
+      # build from the Macs' darwin systems, so only on a Mac (`nix flake check`
+      # there); on Linux they would need a darwin builder.
+      checks.aarch64-darwin = deploy-rs.lib.aarch64-darwin.deployChecks self.deploy;
+
       # NixOS hosts: `nixos-rebuild` or colmena.
       nixosConfigurations = builtins.mapAttrs (
         name: h:
@@ -74,8 +105,9 @@
         }
       ) nixosHosts;
 
-      # `colmena apply --on gateway`: colmena reads the `colmenaHive` output,
-      # made by `colmena.lib.makeHive` from a hive of NixOS hosts.
+      # `nix run .#colmena -- apply --on gateway`: colmena reads the
+      # `colmenaHive` output, made by `colmena.lib.makeHive` from a hive of
+      # NixOS hosts.
       colmenaHive = colmena.lib.makeHive (
         {
           meta.nixpkgs = import nixpkgs { system = "x86_64-linux"; };
@@ -102,7 +134,8 @@
         }
       ) darwinHosts;
 
-      # `deploy .#mac1` (deploy-rs activates nix-darwin with `activate.darwin`)
+      # `nix run .#deploy-rs -- .#mac1` (deploy-rs activates nix-darwin with
+      # `activate.darwin`)
       deploy.nodes = builtins.mapAttrs (name: h: {
         hostname = h.address;
         sshUser = macAdmin;

@@ -55,7 +55,7 @@ let
           inherit text;
         };
       runCommand = name: env: script: build name script env;
-      mkShell = args: build "shell" "touch $out" { nativeBuildInputs = args.packages ++ args.inputsFrom; };
+      mkShell = args: build "shell" "touch $out" { nativeBuildInputs = args.packages ++ (args.inputsFrom or [ ]); };
       nix = tool "nix";
       nixfmt = tool "nixfmt";
       config = { };

@@ -101,3 +101,48 @@ def test_check_config_builds_a_valid_fleet_and_fails_a_bad_one_with_the_way_out(
     assert bad.returncode != 0
     assert "error[backend-forbidden]: workers.qwen.backend" in bad.stderr
     assert "hint: fix the options named above, or set `services.mtpstack.checkConfig = false` to skip this check" in bad.stderr
+
+
+#: A stand-in for colmena's and deploy-rs' flakes (and nix-darwin's): each tool's app runs its own
+#: package, and colmena's `makeHive` stamps the schema its CLI accepts (colmena main: `v0.5`).
+TOOL_FLAKE = """{
+  inputs.nixpkgs.url = "path:/nonexistent";  # the example makes it follow its own
+  outputs = { self, nixpkgs }:
+    let per = nixpkgs.lib.genAttrs [ "x86_64-linux" "aarch64-linux" "aarch64-darwin" ];
+    in {
+      packages = per (system: { NAME = nixpkgs.legacyPackages.${system}.writeText "NAME" "NAME"; });
+      apps = per (system: { APP = { type = "app"; program = "${self.packages.${system}.NAME}/bin/NAME"; }; });
+      lib = { makeHive = hive: { __schema = "v0.5"; nodes = builtins.attrNames hive; }; darwinSystem = args: args; }
+        // per (system: { activate.darwin = config: config; deployChecks = deploy: { }; });
+    };
+}
+"""
+
+
+def test_the_example_fleet_flake_ships_colmena_and_deploy_rs_from_its_own_inputs(nixh, nixpkgs_lib, tmp_path):
+    """`nix eval` of examples/fleet's outputs, offline: every input replaced (`--override-input`), the
+    mtpstack input by this repository's flake, whose nixpkgs follows the example's."""
+    stand_in = make_stand_in(nixpkgs_lib, tmp_path, sys.executable)
+    overrides = ["--override-input", "nixpkgs", f"path:{stand_in}", "--override-input", "mtpstack", f"path:{ROOT}"]
+    for name, package, app in (("colmena", "colmena", "colmena"), ("deploy-rs", "deploy-rs", "deploy-rs"), ("nix-darwin", "darwin", "darwin")):
+        flake = tmp_path / name
+        flake.mkdir()
+        (flake / "flake.nix").write_text(TOOL_FLAKE.replace("NAME", package).replace("APP", app))
+        overrides += ["--override-input", name, f"path:{flake}"]
+
+    def evaluate(attribute: str) -> object:
+        proc = subprocess.run(
+            ["nix", "eval", "--impure", "--json", "--no-write-lock-file", *overrides, f"path:{ROOT / 'examples' / 'fleet'}#{attribute}"],
+            capture_output=True, text=True, env={**os.environ, "NIX_CONFIG": BUILD_NIX_CONFIG}, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    apps = evaluate("apps")
+    assert sorted(apps) == ["aarch64-darwin", "aarch64-linux", "x86_64-linux"]
+    for system, tools in apps.items():
+        # The app runs the colmena of the input whose makeHive made `colmenaHive`: its schema is the CLI's.
+        assert tools["colmena"]["program"].endswith("-colmena/bin/colmena")
+        assert tools["deploy-rs"]["program"].endswith("-deploy-rs/bin/deploy-rs")
+    assert evaluate("colmenaHive") == {"__schema": "v0.5", "nodes": ["gateway", "meta"]}
+    assert evaluate("devShells.x86_64-linux.default.name") == "shell"

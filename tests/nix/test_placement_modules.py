@@ -217,12 +217,28 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
         let
           lib = import {nixpkgs_lib};
           module = name: {{ _file = name; }};
+          # Each input's outputs per system, as its flake has them, naming where they come from.
+          perSystem = f: lib.genAttrs [ "x86_64-linux" "aarch64-linux" "x86_64-darwin" "aarch64-darwin" ] f;
           outputs = (import {flake}).outputs {{
             self = outputs;
-            nixpkgs.lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
+            nixpkgs = {{
+              lib = lib // {{ nixosSystem = args: {{ kind = "nixos"; inherit (args) system; n = builtins.length args.modules; }}; }};
+              legacyPackages = perSystem (system: {{ mkShell = args: {{ shell = system; inherit (args) packages; }}; }});
+            }};
             nix-darwin.lib.darwinSystem = args: {{ kind = "darwin"; inherit (args) system; n = builtins.length args.modules; }};
-            deploy-rs.lib.aarch64-darwin.activate.darwin = config: {{ activates = config; }};
-            colmena.lib.makeHive = hive: {{ madeFrom = hive; }};
+            deploy-rs = {{
+              lib = perSystem (system: {{
+                activate.darwin = config: {{ activates = config; }};
+                deployChecks = deploy: {{ checks = builtins.attrNames deploy.nodes; on = system; }};
+              }});
+              apps = perSystem (system: {{ deploy-rs = "deploy-rs app for ${{system}}"; }});
+              packages = perSystem (system: {{ deploy-rs = "deploy-rs for ${{system}}"; }});
+            }};
+            colmena = {{
+              lib.makeHive = hive: {{ madeFrom = hive; }};
+              apps = perSystem (system: {{ colmena = "colmena app for ${{system}}"; }});
+              packages = perSystem (system: {{ colmena = "colmena for ${{system}}"; }});
+            }};
             mtpstack = {{ nixosModules.default = module "nixos"; darwinModules.default = module "darwin"; }};
           }};
           hosts = import {HOSTS_NIX};
@@ -237,6 +253,7 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
           colmenaModules = builtins.mapAttrs (_: n: builtins.length n.imports) (builtins.removeAttrs outputs.colmenaHive.madeFrom [ "meta" ]);
           colmenaMeta = outputs.colmenaHive.madeFrom.meta ? nixpkgs;
           hostModules = builtins.mapAttrs (_: h: builtins.length h.modules) hosts;
+          inherit (outputs) apps devShells checks;
         }}
         """
     )
@@ -248,6 +265,18 @@ def test_the_example_flake_deploys_each_host_with_its_modules_via_colmena_and_de
     assert outputs["colmena"] == {"gateway": {"targetHost": "10.0.0.1", "targetUser": "root", "buildOnTarget": True}}
     assert outputs["colmenaModules"] == {"gateway": outputs["hostModules"]["gateway"] + plus}
     assert outputs["colmenaMeta"]
+    # colmena and deploy-rs come from the flake's own inputs (colmena's CLI takes only its own version's
+    # hive schema: main's makeHive writes v0.5, nixpkgs' colmena 0.4.0 requires v0), for each system one
+    # deploys from.
+    systems = ["aarch64-darwin", "aarch64-linux", "x86_64-linux"]
+    assert outputs["apps"] == {
+        s: {"colmena": f"colmena app for {s}", "deploy-rs": f"deploy-rs app for {s}"} for s in systems
+    }
+    assert outputs["devShells"] == {
+        s: {"default": {"shell": s, "packages": [f"colmena for {s}", f"deploy-rs for {s}"]}} for s in systems
+    }
+    # deploy-rs' deployChecks over the `deploy` output, on a Mac only: they build the darwin systems.
+    assert outputs["checks"] == {"aarch64-darwin": {"checks": ["mac1", "mac2"], "on": "aarch64-darwin"}}
     # deploy-rs logs in as an administrator (macOS admits no root SSH), sudoes to root, builds on the Mac.
     assert outputs["deploy"] == {
         name: {"hostname": address, "sshUser": "admin", "interactiveSudo": True, "remoteBuild": True,
