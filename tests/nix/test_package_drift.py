@@ -116,3 +116,19 @@ def test_every_third_party_module_comes_from_a_declared_dependency():
     orphans = {m: providers.get(m) for m in modules
                if not {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(m, [])} & declared}  # fmt: skip
     assert orphans == {}
+
+
+def test_each_macos_variant_pins_the_same_pythons_and_its_metal_runtime(pins):
+    # modules/package.nix takes `macosVariant` ("14" by default) for both wheels; the modules take the
+    # one with JACCL on a Mac that runs a jaccl rank (tests/nix/test_pinned_files.py checks the wheels).
+    mlx, metal = pins["mlx"]["wheels"], pins["mlx-metal"]["wheels"]
+    assert set(mlx) == set(metal) and "14" in mlx
+    assert len({frozenset(w["hashes"]) for w in mlx.values()}) == 1  # every variant, every Python
+    assert all(mlx[v]["platform"] == metal[v]["platform"] == f"macosx_{v}_0_arm64" for v in mlx)
+    assert metal["14"]["jaccl"] is False and [v for v in metal if metal[v]["jaccl"]] == ["26"]
+
+
+def test_the_extra_mlx_lm_skips_cover_the_linux_mlx_the_package_is_tested_with(pins):
+    below = pins["mlx-lm"]["disabledTestPathsBelowMlx"]
+    assert Version(pins["nixpkgs"]["mlx"]) < Version(below["version"]) <= Version(pins["mlx"]["version"])
+    assert not set(below["paths"]) & set(pins["mlx-lm"]["disabledTestPaths"])
