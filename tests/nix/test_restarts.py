@@ -33,6 +33,7 @@ TUNING = {
     "target bits": f"{W}.qwen-mtp.target.bits = lib.mkForce 8;",
     "context cap": f"{W}.qwen-mtp.maxContextTokens = 32768;",
     "prefix cache": f"{W}.qwen-mtp.prefixCache.maxGiB = 8;",
+    "prefix cache on disk": f"{W}.qwen-mtp.prefixCache.diskGiB = 64;",
     "extra arguments": f'{W}.qwen-mtp.extraArgs = [ "--log-level" "debug" ];',
 }
 #: Edits of the same worker the proxy acts on: it dials, gates, routes or checks them.
