@@ -239,6 +239,73 @@ def test_no_module_but_the_table_names_a_head_type():
     assert bad == []
 
 
+def family_words() -> dict[Path, set[str]]:
+    """Per family, its module's path and what only it and the table spell in code: the head type,
+    the target types (mlx-lm's module names for them too), and the head class its module names `Head`."""
+    from mtpstack.validator import FAMILIES
+
+    words = {}
+    for family in FAMILIES:
+        module = ROOT / "worker" / "mtp" / f"{family.module}.py"
+        own = {family.head_type, *family.targets}
+        if module.exists():
+            own |= {node.value.id for node in ast.walk(ast.parse(module.read_text()))
+                    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
+                    and any(getattr(t, "id", None) == "Head" for t in node.targets)}
+        words[module] = own
+    return words
+
+
+def spelled_in_code(tree: ast.Module) -> list[tuple[int, str]]:
+    """Every identifier, imported name and string constant of a module, docstrings left out (prose)."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            parts = (node.module or "").split(".") if isinstance(node, ast.ImportFrom) else []
+            found += [(node.lineno, p) for p in parts]
+            found += [(node.lineno, p) for a in node.names for p in a.name.split(".")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_no_module_but_a_familys_own_and_the_table_spells_its_types_or_head_class():
+    """A new family is one module and one table row: no other module names its head type, its target
+    types (nor imports mlx-lm's modules of them), or its head class, in quotes or outside them."""
+    words = family_words()
+    table = ROOT / "validator" / "families.py"
+    bad = []
+    for path in MODULES.values():
+        if path == table:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for line, word in spelled_in_code(tree):
+            bad += [f"{path.relative_to(ROOT)}:{line}: `{word}` ({owner.name}'s)" for owner, own in words.items()
+                    if owner != path and word in own]
+    assert bad == []
+
+
+def test_every_served_family_module_exports_its_targets_hooks():
+    """Beside `Head`, each served family's module says what its targets need (`TARGET`), which the
+    engine reads through the table instead of keeping its own registries."""
+    from mtpstack.validator import FAMILIES
+
+    for family in FAMILIES:
+        if not family.served:
+            continue
+        module = ROOT / "worker" / "mtp" / f"{family.module}.py"
+        assigned = {t.id for node in ast.walk(ast.parse(module.read_text())) if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+        assert "TARGET" in assigned, f"{module.relative_to(ROOT)} exports no `TARGET`"
+
+
 # -- the settings table ------------------------------------------------------------------
 
 #: Literals spelled like a worker flag that belong to another program's command line, by module

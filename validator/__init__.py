@@ -31,7 +31,16 @@ from mtpstack.validator.config import (
 )
 from mtpstack.validator.coupling import gate_for, gate_source
 from mtpstack.validator.deep import local_dir
-from mtpstack.validator.families import BY_HEAD_TYPE, CACHE_KINDS, FAMILIES, Family, family_for_target, target_cache_kinds
+from mtpstack.validator.families import (
+    BY_HEAD_TYPE,
+    CACHE_KINDS,
+    FAMILIES,
+    Family,
+    family_for_target,
+    recurrent_target_types,
+    served_target_types,
+    target_cache_kinds,
+)
 from mtpstack.validator.findings import CODES, Finding, Report, display_name, format_path
 from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
 from mtpstack.validator.modeldir import (
@@ -42,6 +51,7 @@ from mtpstack.validator.modeldir import (
     config_value,
     detect_drafter_kind,
     head_mismatch,
+    language_config,
     model_facts,
     read_config,
     same_directory,
@@ -59,6 +69,9 @@ __all__ = [
     "bits_disagreement",
     "bundled_prefix",
     "family_for_target",
+    "language_config",
+    "recurrent_target_types",
+    "served_target_types",
     "target_cache_kinds",
     "Backend",
     "Bits",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
-from mtpstack.validator.families import FAMILIES, target_cache_kinds
+from mtpstack.validator.families import served_target_types, target_cache_kinds
 from mtpstack.validator.modeldir import bits_disagreement, config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
 from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
 
@@ -190,7 +190,7 @@ def check_family(name: str, worker: WorkerProfile, directory: Path, drafter_conf
     path = ("workers", name, "drafter", "path")
     family = facts.head_family
     if family is None:
-        served = ", ".join(f"`{t}`" for f in FAMILIES if f.served for t in f.targets)
+        served = ", ".join(f"`{t}`" for t in served_target_types())
         return [Finding(
             code="mtp-family-not-served",
             severity="error",

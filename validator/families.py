@@ -16,6 +16,9 @@ from dataclasses import dataclass
 #: Qwen3.5 / Qwen3-Next linear attention, `mamba2` the conv and SSM state of Nemotron-H's mixers
 #: (both kept after every verified position, the accepted one picked).
 CACHE_KINDS = ("kv", "gated-delta", "mamba2")
+#: Where most families' checkpoints keep a bundled head's tensors (and where detection looks for the
+#: head of a target whose family the table does not know).
+BUNDLED_MTP_PREFIX = "mtp."
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,9 @@ class Family:
     head_type: str  # `model_type` of a standalone head folder
     #: Target `model_type` (top level, or `text_config.model_type`) -> the state kinds its layers keep.
     targets: dict[str, tuple[str, ...]]
+    module: str  # `mtpstack.worker.mtp.<module>`, defining the head class `Head` and the target's hooks `TARGET`
     #: Where the head's tensors sit in an original checkpoint; `{num_hidden_layers}` is the target's.
-    bundled_prefix: str
-    module: str  # `mtpstack.worker.mtp.<module>`, defining the head class `Head`
+    bundled_prefix: str = BUNDLED_MTP_PREFIX
     served: bool = True
     why_not: str = ""  # for a family the worker does not serve yet: the reason, for errors and docs
 
@@ -45,20 +48,18 @@ FAMILIES: tuple[Family, ...] = (
         # Qwen3.5/3.6/3.8, dense and MoE; mlx-vlm's qwen3_next splitter writes this type too.
         targets={"qwen3_5": _QWEN_HYBRID, "qwen3_5_moe": _QWEN_HYBRID, "qwen3_5_text": _QWEN_HYBRID,
                  "qwen3_5_moe_text": _QWEN_HYBRID, "qwen3_next": _QWEN_HYBRID},
-        bundled_prefix="mtp.",
         module="qwen3_5",
     ),
     Family(
         head_type="nemotron_h_mtp",
         targets={"nemotron_h": ("mamba2", "kv")},
-        bundled_prefix="mtp.",
         module="nemotron_h",
     ),
     Family(
         head_type="glm4_moe_lite_mtp",
         targets={"glm4_moe_lite": ("kv",)},
-        bundled_prefix="model.layers.{num_hidden_layers}.",
         module="glm4_moe_lite",
+        bundled_prefix="model.layers.{num_hidden_layers}.",
     ),
 )
 
@@ -84,3 +85,8 @@ def target_cache_kinds(model_type: str | None) -> tuple[str, ...] | None:
 def recurrent_target_types() -> tuple[str, ...]:
     """Target types with layers besides attention: their rejected drafts need per-position state."""
     return tuple(t for f in FAMILIES for t, kinds in f.targets.items() if set(kinds) - {"kv"})
+
+
+def served_target_types() -> tuple[str, ...]:
+    """Target types whose MTP heads the worker serves."""
+    return tuple(t for f in FAMILIES if f.served for t in f.targets)

@@ -16,17 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mtpstack.validator.families import BY_HEAD_TYPE, Family, family_for_target, recurrent_target_types
+from mtpstack.validator.families import BUNDLED_MTP_PREFIX, BY_HEAD_TYPE, Family, family_for_target, recurrent_target_types
 
 DrafterKind = Literal["mtp", "model"]
 #: `drafter.kind` values in the config; `auto` is resolved by `detect_drafter_kind`.
 DRAFTER_KINDS = ("auto", "mtp", "model")
-#: Tensor-name prefix of an MTP head bundled in a checkpoint of a family the table does not know.
-BUNDLED_MTP_PREFIX = "mtp."
-#: Families whose layers keep recurrent state (gated-delta, Mamba2) between attention layers:
+#: Target types whose layers keep recurrent state (gated-delta, Mamba2) between attention layers:
 #: served as targets with per-row rollback, never as a separate draft model (whose rejected
 #: drafts are rolled back by length). The worker refuses such a draft model at load; `--deep` before that.
-RECURRENT_FAMILIES = recurrent_target_types()
+RECURRENT_TARGET_TYPES = recurrent_target_types()
 #: A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER = 100_000_000
 
@@ -40,12 +38,15 @@ def read_config(directory: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def language_config(config: dict) -> dict:
+    """The language model's settings: the nested `text_config` of a multimodal config, else the config itself."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
 def config_value(config: dict, key: str):
     """`key` from the top level of a model config, else from its `text_config`."""
-    if key in config:
-        return config[key]
-    text = config.get("text_config")
-    return text.get(key) if isinstance(text, dict) else None
+    return config[key] if key in config else language_config(config).get(key)
 
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -114,7 +115,7 @@ class ModelFacts:
     @property
     def recurrent(self) -> bool:
         """A model with gated-delta layers (every layer full attention, `full_attention_interval` 1, has none)."""
-        return not self.is_mtp_head and self.model_type in RECURRENT_FAMILIES and self.full_attention_interval != 1
+        return not self.is_mtp_head and self.model_type in RECURRENT_TARGET_TYPES and self.full_attention_interval != 1
 
     @property
     def family(self) -> str | None:
@@ -133,10 +134,10 @@ def model_facts(directory: Path, config: dict | None = None) -> ModelFacts | Non
     config = read_config(directory) if config is None else config
     if config is None:
         return None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = language_config(config)
     return ModelFacts(
         model_type=config.get("model_type") if isinstance(config.get("model_type"), str) else None,
-        text_model_type=text.get("model_type") if isinstance(text.get("model_type"), str) else None,
+        text_model_type=text.get("model_type") if text is not config and isinstance(text.get("model_type"), str) else None,
         vocab_size=_int(config_value(config, "vocab_size")),
         hidden_size=_int(config_value(config, "hidden_size")),
         context_length=_int(config_value(config, "max_position_embeddings")),
@@ -147,7 +148,7 @@ def model_facts(directory: Path, config: dict | None = None) -> ModelFacts | Non
 
 def bundled_prefix(config: dict) -> str:
     """Where a head bundled in this target's checkpoint keeps its tensors (`mtp.` unless its family says otherwise)."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = language_config(config)
     family = family_for_target(config.get("model_type"), text.get("model_type"))
     return family.prefix_for(text) if family is not None else BUNDLED_MTP_PREFIX
 

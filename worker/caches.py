@@ -22,7 +22,9 @@ prefill=True)`): attention rows as above, gated-delta rows in
 leaves the prefill batch (`take_row`) and joins the decoding batch
 (`add_row`) once, and leaves that once (`filter`); those, and the prefix
 cache's snapshots (`segment`, `row`), are the only copies of a row's cache.
-Any other cache type is refused by `install_rollback`, naming the layer.
+Any other cache type is refused by `install_rollback`, naming the layer. Which mlx-lm classes are
+gated-delta layers or Mamba2 mixers, and which layers keep a cache, is each family's to say (its
+module's `TARGET`, read through the family table): nothing here names a family.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from mtpstack.validator import FAMILIES
-
-#: The layer-state kinds (`mtpstack.validator.CACHE_KINDS`) this module rolls back per row.
-ROLLED_BACK = {"kv", "gated-delta", "mamba2"}
+from mtpstack.validator import recurrent_target_types
+from mtpstack.worker.mtp.families import served_target_hooks
 
 
 class CacheNotSupported(ValueError):
@@ -228,35 +228,13 @@ class PrefillStateCache(StateRows):
 # -- gated-delta layers that keep every position's state ---------------------------------
 
 
-def _qwen3_5_projections(layer, x: mx.array):
-    b_, s_, _ = x.shape
-    qkv = layer.in_proj_qkv(x)
-    z = layer.in_proj_z(x).reshape(b_, s_, layer.num_v_heads, layer.head_v_dim)
-    return qkv, z, layer.in_proj_b(x), layer.in_proj_a(x)
-
-
-def _qwen3_next_projections(layer, x: mx.array):
-    b_, s_, _ = x.shape
-    q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x), layer.in_proj_ba(x))
-    qkv = mx.concatenate([q.reshape(b_, s_, -1), k.reshape(b_, s_, -1), v.reshape(b_, s_, -1)], axis=-1)
-    return qkv, z, b, a
-
-
-def _projections_by_class() -> dict[type, object]:
-    from mlx_lm.models import qwen3_5, qwen3_next
-
-    return {
-        qwen3_5.GatedDeltaNet: _qwen3_5_projections,
-        qwen3_next.Qwen3NextGatedDeltaNet: _qwen3_next_projections,
-    }
-
-
 def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
     """The gated-delta layer's forward, keeping the recurrent state after every position.
 
     Same maths as mlx-lm's layer (the recurrence runs through mlx-lm's own
     `gated_delta_update`, one position at a time); used only with a
-    `StepStateCache`, whose `commit` then picks each row's state.
+    `StepStateCache`, whose `commit` then picks each row's state. The input projections
+    are the family's (`TargetHooks.gated_delta`).
     """
     if not isinstance(cache, StepStateCache):
         return type(layer).__mro__[1].__call__(layer, inputs, mask, cache)
@@ -307,12 +285,12 @@ def layers_of(model) -> list:
     return list(layers)
 
 
-def _cache_layers(model, caches: list) -> list:
-    """The layer each cache of `make_prompt_cache` belongs to: one per layer, or (Nemotron-H) one per
-    layer that keeps state, its MLP and MoE blocks having none."""
+def _cache_layers(model, caches: list, keeps: list) -> list:
+    """The layer each cache of `make_prompt_cache` belongs to: one per layer, or one per layer that
+    keeps state, as a family says (`keeps`: Nemotron-H's MLP and MoE blocks keep none)."""
     layers = layers_of(model)
     if len(layers) != len(caches):
-        layers = [layer for layer in layers if getattr(layer, "block_type", None) in ("M", "*")]
+        layers = [layer for layer in layers if any(keeps_cache(layer) for keeps_cache in keeps)]
     return layers + [None] * (len(caches) - len(layers))
 
 
@@ -323,11 +301,12 @@ def install_rollback(model) -> list[str]:
     raises `CacheNotSupported` naming any other layer."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    projections = _projections_by_class()
-    mamba2 = _mamba2_classes()
+    hooks = served_target_hooks()
+    projections = {cls: project for h in hooks for cls, project in h.gated_delta.items()}
+    mamba2 = frozenset().union(*(h.mamba2 for h in hooks))
     kinds = []
     caches = make_prompt_cache(model)
-    for i, (cache, layer) in enumerate(zip(caches, _cache_layers(model, caches))):
+    for i, (cache, layer) in enumerate(zip(caches, _cache_layers(model, caches, [h.keeps_cache for h in hooks if h.keeps_cache]))):
         if type(cache) is KVCache:
             kinds.append("kv")
             continue
@@ -346,7 +325,7 @@ def install_rollback(model) -> list[str]:
             kinds.append("mamba2")
             continue
         what = type(linear or mixer).__name__ if (linear or mixer) is not None else type(layer).__name__
-        served = ", ".join(t for f in FAMILIES for t, k in f.targets.items() if set(k) <= ROLLED_BACK and set(k) - {"kv"})
+        served = ", ".join(recurrent_target_types())
         raise CacheNotSupported(
             f"layer {i} (`{what}`) keeps its state in `{type(cache).__name__}`, which the engine cannot roll back "
             f"exactly; supported: attention layers with a plain KV cache and the recurrent layers of {served}"
@@ -355,12 +334,6 @@ def install_rollback(model) -> list[str]:
 
 
 # -- Mamba2 mixers that keep every position's state ----------------------------------------
-
-
-def _mamba2_classes() -> set[type]:
-    from mlx_lm.models import nemotron_h
-
-    return {nemotron_h.NemotronHMamba2Mixer}
 
 
 def mamba2_step_state_call(mixer, hidden_states: mx.array, mask=None, cache=None) -> mx.array:

@@ -27,11 +27,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
+
 from mtpstack.worker.caches import RaggedKVCache, batch_caches, commit, filter_rows, prepare_chunk
+from mtpstack.worker.mtp.interface import MTPHead
 
 
 class Drafter(Protocol):
-    """A drafter keeps its per-row state in `seq.draft`, an object only it reads (a head's next first
+    """What the batches (`mtpstack.worker.batch`) call on a drafter, `HeadDrafter` or `ModelDrafter`.
+
+    A drafter keeps its per-row state in `seq.draft`, an object only it reads (a head's next first
     proposal and the state it came from; a draft model's tokens not yet fed to it): the engine's
     `Sequence` carries it and knows nothing of what is inside."""
 
@@ -73,11 +77,11 @@ def _pick(x: mx.array, index: list[int]) -> mx.array:
 class HeadDrafter:
     kind = "mtp"
 
-    def __init__(self, head, target_parts):
+    def __init__(self, head: MTPHead, target_parts):
         self.head = head
         # The target's embeddings and LM head, unless the head has its own (GLM's MTP layer does).
-        self.embed = getattr(head, "embed", None) or target_parts.embed
-        self.lm_head = getattr(head, "logits", None) or target_parts.lm_head
+        self.embed = head.embed or target_parts.embed
+        self.lm_head = head.logits or target_parts.lm_head
         self.caches = self.prefill_caches()
 
     def prefill_caches(self) -> list:

@@ -20,6 +20,8 @@ from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_dis
 from mtpstack.worker.caches import CacheNotSupported, install_rollback
 from mtpstack.worker.config import WorkerConfig, effective_context
 from mtpstack.worker.drafting import Drafter, HeadDrafter, ModelDrafter
+from mtpstack.worker.mtp.families import target_hooks
+from mtpstack.worker.mtp.interface import TargetHooks
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
 from mtpstack.worker.prefix_cache import PrefixCache
 from mtpstack.worker.proof import hash_weights, resolve_model_path
@@ -85,12 +87,13 @@ class TargetParts:
 
     Speculative verification needs the final hidden state as well as the logits
     (an MTP head drafts from it), so the engine runs the body and the head itself.
+    Where the body and its embeddings sit is the target family's to say (`hooks`).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, hooks: TargetHooks):
         lm = getattr(model, "language_model", model)
-        self.body = lm.model if hasattr(lm, "model") else lm.backbone  # Nemotron-H calls its body `backbone`
-        self.embed = getattr(self.body, "embed_tokens", None) or self.body.embeddings
+        self.body = getattr(lm, hooks.body)
+        self.embed = getattr(self.body, hooks.embeddings)
         tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
         self.lm_head = self.embed.as_linear if tied or not hasattr(lm, "lm_head") else lm.lm_head
 
@@ -109,7 +112,7 @@ class Engine:
         self.draft_depth = draft_depth if drafter is not None else 0
         self.context_length: int | None = config_value(target.config, "max_position_embeddings")
         self.eos_token_ids = set(tokenizer.eos_token_ids)
-        self.parts = TargetParts(target.model)
+        self.parts = TargetParts(target.model, target_hooks(target.config))
         #: Rows of the target's logits, computed once (request checks, grammars, drafter checks read it):
         #: config.json's `vocab_size` (or its `text_config`'s), else the embedding table's rows.
         size = config_value(target.config, "vocab_size")

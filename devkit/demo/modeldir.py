@@ -147,9 +147,9 @@ def head_config(text_config: dict, *, num_layers: int = 1, block_size: int = 3) 
 
 def build_head(config: dict):
     """A `mtpstack.worker.mtp` head (random weights) for a head folder's config."""
-    from mtpstack.worker.mtp.qwen3_5 import Qwen35MTPHead
+    from mtpstack.worker.mtp.qwen3_5 import Head
 
-    head = Qwen35MTPHead.from_config(config["text_config"])
+    head = Head.from_config(config["text_config"])
     mx.eval(head.parameters())
     return head
 

@@ -12,15 +12,17 @@ per-expert tensors, all mapped here. Norms are plain RMSNorms.
 
 from __future__ import annotations
 
-import re
-
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import glm4_moe_lite
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-_PER_EXPERT = re.compile(r"(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)")
+from mtpstack.worker.mtp.experts import stack_experts
+from mtpstack.worker.mtp.interface import TargetHooks
+
+#: Per-expert projections -> their names in mlx-lm's `SwitchGLU`.
+_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 #: An original checkpoint's names (after its `model.layers.<N>.` prefix) -> the splitter's flat ones.
 _FLAT = {"embed_tokens.weight": "model.embed_tokens.weight", "enorm.weight": "model.enorm.weight",
          "hnorm.weight": "model.hnorm.weight", "eh_proj.weight": "model.eh_proj.weight",
@@ -71,22 +73,14 @@ class Glm4MoeLiteMTPHead(nn.Module):
     def sanitize(self, weights: dict[str, mx.array], *, prefix: str, original: bool) -> dict[str, mx.array]:
         """The module's own names from either layout: flat names, `kv_b_proj` split, experts stacked."""
         out: dict[str, mx.array] = {}
-        groups: dict[tuple[str, str, str], dict[int, mx.array]] = {}
         for key, value in weights.items():
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a buffer, recomputed
             if key.startswith(prefix) and prefix.startswith("model.layers."):
                 rest = key.removeprefix(prefix)
                 key = _FLAT.get(rest, f"model.mtp_block.{rest}")
-            if m := _PER_EXPERT.fullmatch(key):
-                mlp, expert, proj, what = m.groups()
-                groups.setdefault((mlp, proj, what), {})[int(expert)] = value
-            else:
-                out[key] = value
-        for (mlp, proj, what), experts in groups.items():
-            if sorted(experts) != list(range(len(experts))):
-                raise ValueError(f"`{mlp}.experts.*.{proj}` has experts {sorted(experts)}, not 0..{len(experts) - 1}")
-            out[f"{mlp}.switch_mlp.{proj}.{what}"] = mx.stack([experts[e] for e in range(len(experts))])
+            out[key] = value
+        out = stack_experts(out, _GLU)
         fused = out.pop("model.mtp_block.self_attn.kv_b_proj.weight", None)
         if fused is not None:
             per_head = fused.reshape(self.heads, self.nope + self.v_dim, -1)
@@ -95,5 +89,8 @@ class Glm4MoeLiteMTPHead(nn.Module):
         return out
 
 
-#: The family's head class, as `mtpstack.worker.mtp.load.head_class` finds it.
+#: The family's head class, as `mtpstack.worker.mtp.families.head_class` finds it.
 Head = Glm4MoeLiteMTPHead
+
+#: The family's targets keep attention layers only: nothing beyond a plain KV cache.
+TARGET = TargetHooks()

@@ -6,14 +6,15 @@ families are served all come from the one table, `mtpstack.validator.families` (
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtpstack.validator import BY_HEAD_TYPE, FAMILIES, Family, bundled_prefix, family_for_target, read_config, same_directory
+from mtpstack.validator import BY_HEAD_TYPE, Family, bundled_prefix, family_for_target, language_config, read_config, same_directory, served_target_types
+from mtpstack.worker.mtp.families import head_class
+from mtpstack.worker.mtp.interface import MTPHead
 
 
 class HeadLoadError(ValueError):
@@ -22,20 +23,10 @@ class HeadLoadError(ValueError):
 
 @dataclass
 class LoadedHead:
-    module: nn.Module
+    module: MTPHead
     config: dict  # the head's own config.json, or the target's for a bundled head
     bundled: bool
     family: Family
-
-
-def head_class(family: Family) -> type:
-    """The family's head class: `Head` of `mtpstack.worker.mtp.<family.module>`."""
-    return importlib.import_module(f"mtpstack.worker.mtp.{family.module}").Head
-
-
-def _text_config(config: dict) -> dict:
-    text = config.get("text_config")
-    return dict(text) if isinstance(text, dict) else dict(config)
 
 
 def _read_tensors(directory: Path, *, only_prefix: str | None = None) -> tuple[dict[str, mx.array], bool]:
@@ -62,9 +53,9 @@ def _served(family: Family, where: Path) -> Family:
 
 def _family(drafter: Path, config: dict, bundled: bool) -> Family:
     if bundled:
-        family = family_for_target(config.get("model_type"), _text_config(config).get("model_type"))
+        family = family_for_target(config.get("model_type"), language_config(config).get("model_type"))
         if family is None:
-            known = ", ".join(f"`{t}`" for f in FAMILIES if f.served for t in f.targets)
+            known = ", ".join(f"`{t}`" for t in served_target_types())
             raise HeadLoadError(
                 f"no MTP head is known for target type `{config.get('model_type')}` (known: {known}): `{drafter}`"
             )
@@ -121,7 +112,7 @@ def load_head(drafter: Path, target: Path) -> LoadedHead:
     else:
         prefix = ""
         weights, original = _read_tensors(drafter)
-    text = _text_config(config)
+    text = dict(language_config(config))
     module = head_class(family).from_config(text)
     try:
         weights = module.sanitize(weights, prefix=family.prefix_for(text), original=original)

@@ -11,15 +11,16 @@ per expert (`experts.E.up_proj/down_proj`, stacked by `sanitize`).
 
 from __future__ import annotations
 
-import re
-
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import nemotron_h
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-_PER_EXPERT = re.compile(r"(.*)\.experts\.(\d+)\.(up_proj|down_proj)\.(weight|scales|biases)")
+from mtpstack.worker.mtp.experts import stack_experts
+from mtpstack.worker.mtp.interface import TargetHooks
+
+#: Per-expert projections -> their names in mlx-lm's `SwitchMLP`.
 _STACKED_NAME = {"up_proj": "fc1", "down_proj": "fc2"}
 _CHAR = {"attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
 
@@ -35,6 +36,8 @@ def _pattern(text_config: dict) -> list[str]:
 
 
 class NemotronHMTPHead(nn.Module):
+    embed = logits = None  # the target's embeddings and LM head
+
     def __init__(self, args: nemotron_h.ModelArgs, pattern: list[str]):
         super().__init__()
         hidden, eps = args.hidden_size, args.layer_norm_epsilon
@@ -66,25 +69,27 @@ class NemotronHMTPHead(nn.Module):
         return [KVCache() for layer in self.layers if layer.block_type == "*"]
 
     @staticmethod
-    def sanitize(weights: dict[str, mx.array], *, prefix: str = "mtp.", original: bool) -> dict[str, mx.array]:
+    def sanitize(weights: dict[str, mx.array], *, prefix: str, original: bool) -> dict[str, mx.array]:
         """The module's own names: `prefix` dropped, experts stacked as `switch_mlp.fc1/fc2`."""
         out: dict[str, mx.array] = {}
-        groups: dict[tuple[str, str, str], dict[int, mx.array]] = {}
         for key, value in weights.items():
             key = key.removeprefix(prefix)
             if key.endswith((".k_scale", ".v_scale")):
                 continue  # fp8 attention scales some checkpoints carry: nothing here reads them
-            if m := _PER_EXPERT.fullmatch(key):
-                mixer, expert, proj, what = m.groups()
-                groups.setdefault((mixer, proj, what), {})[int(expert)] = value
-            else:
-                out[key] = value
-        for (mixer, proj, what), experts in groups.items():
-            if sorted(experts) != list(range(len(experts))):
-                raise ValueError(f"`{mixer}.experts.*.{proj}` has experts {sorted(experts)}, not 0..{len(experts) - 1}")
-            out[f"{mixer}.switch_mlp.{_STACKED_NAME[proj]}.{what}"] = mx.stack([experts[e] for e in range(len(experts))])
-        return out
+            out[key] = value
+        return stack_experts(out, _STACKED_NAME)
 
 
-#: The family's head class, as `mtpstack.worker.mtp.load.head_class` finds it.
+#: The family's head class, as `mtpstack.worker.mtp.families.head_class` finds it.
 Head = NemotronHMTPHead
+
+
+def _keeps_cache(layer) -> bool:
+    """The target's Mamba2 (`M`) and attention (`*`) blocks keep a cache; its MLP and MoE blocks none."""
+    return getattr(layer, "block_type", None) in ("M", "*")
+
+
+#: The family's targets, as `mtpstack.worker.mtp.families` finds them: Mamba2 mixers, a cache only in
+#: some blocks, and the body mlx-lm calls `backbone` with its `embeddings`.
+TARGET = TargetHooks(mamba2=frozenset({nemotron_h.NemotronHMamba2Mixer}), keeps_cache=_keeps_cache,
+                     body="backbone", embeddings="embeddings")

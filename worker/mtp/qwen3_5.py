@@ -13,13 +13,14 @@ or fused, `experts.gate_up_proj` + `experts.down_proj`).
 
 from __future__ import annotations
 
-import re
-
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import qwen3_5
+from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
+
+from mtpstack.worker.mtp.experts import stack_experts
+from mtpstack.worker.mtp.interface import TargetHooks
 
 #: RMSNorm weights that original (Hugging Face layout) checkpoints store zero-centred:
 #: the module computes with `1 + w`, as mlx-lm does for the target's own norms.
@@ -34,18 +35,15 @@ ZERO_CENTRED_NORMS = (
 )
 
 
-_PER_EXPERT = re.compile(r"(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)")
+#: Per-expert projections -> their names in mlx-lm's `SwitchGLU`.
+_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 
 
 def _fuse_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """Experts as mlx-lm's `SwitchGLU` holds them: `switch_mlp.{gate,up,down}_proj`, experts stacked first."""
     out: dict[str, mx.array] = {}
-    groups: dict[tuple[str, str, str], dict[int, mx.array]] = {}
     for key, value in weights.items():
-        if m := _PER_EXPERT.fullmatch(key):
-            mlp, expert, proj, what = m.groups()
-            groups.setdefault((mlp, proj, what), {})[int(expert)] = value
-        elif key.endswith(".experts.gate_up_proj"):
+        if key.endswith(".experts.gate_up_proj"):
             mlp = key.removesuffix(".experts.gate_up_proj")
             gate, up = mx.split(value, 2, axis=-2)  # [experts, 2 * moe_intermediate, hidden]
             out[f"{mlp}.switch_mlp.gate_proj.weight"], out[f"{mlp}.switch_mlp.up_proj.weight"] = gate, up
@@ -53,14 +51,11 @@ def _fuse_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
             out[f"{key.removesuffix('.experts.down_proj')}.switch_mlp.down_proj.weight"] = value
         else:
             out[key] = value
-    for (mlp, proj, what), experts in groups.items():
-        if sorted(experts) != list(range(len(experts))):
-            raise ValueError(f"`{mlp}.experts.*.{proj}` has experts {sorted(experts)}, not 0..{len(experts) - 1}")
-        out[f"{mlp}.switch_mlp.{proj}.{what}"] = mx.stack([experts[e] for e in range(len(experts))])
-    return out
+    return stack_experts(out, _GLU)
 
 
 class Qwen35MTPHead(nn.Module):
+    embed = logits = None  # the target's embeddings and LM head
 
     def __init__(self, args: qwen3_5.TextModelArgs, num_layers: int):
         super().__init__()
@@ -95,7 +90,7 @@ class Qwen35MTPHead(nn.Module):
         return [KVCache() for _ in self.layers]
 
     @staticmethod
-    def sanitize(weights: dict[str, mx.array], *, prefix: str = "mtp.", original: bool) -> dict[str, mx.array]:
+    def sanitize(weights: dict[str, mx.array], *, prefix: str, original: bool) -> dict[str, mx.array]:
         """The module's own names: `prefix` dropped, an original checkpoint's zero-centred norms as
         `1 + w`, MoE experts stacked (`_fuse_experts`)."""
         out = {}
@@ -108,5 +103,30 @@ class Qwen35MTPHead(nn.Module):
         return _fuse_experts(out)
 
 
-#: The family's head class, as `mtpstack.worker.mtp.load.head_class` finds it.
+#: The family's head class, as `mtpstack.worker.mtp.families.head_class` finds it.
 Head = Qwen35MTPHead
+
+
+# -- the targets' gated-delta layers, run by the engine with the state after every position ----------
+
+
+def _qwen3_5_projections(layer, x: mx.array):
+    b_, s_, _ = x.shape
+    qkv = layer.in_proj_qkv(x)
+    z = layer.in_proj_z(x).reshape(b_, s_, layer.num_v_heads, layer.head_v_dim)
+    return qkv, z, layer.in_proj_b(x), layer.in_proj_a(x)
+
+
+def _qwen3_next_projections(layer, x: mx.array):
+    b_, s_, _ = x.shape
+    q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x), layer.in_proj_ba(x))
+    qkv = mx.concatenate([q.reshape(b_, s_, -1), k.reshape(b_, s_, -1), v.reshape(b_, s_, -1)], axis=-1)
+    return qkv, z, b, a
+
+
+#: The family's targets, as `mtpstack.worker.mtp.families` finds them: Qwen3.5's and Qwen3-Next's
+#: gated-delta layers, each with its own input projections.
+TARGET = TargetHooks(gated_delta={
+    qwen3_5.GatedDeltaNet: _qwen3_5_projections,
+    qwen3_next.Qwen3NextGatedDeltaNet: _qwen3_next_projections,
+})
