@@ -359,3 +359,28 @@ def test_no_service_module_spells_an_endpoint_path_the_table_declares():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in paths | suffixes:
                 bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: {node.value}")
     assert bad == []
+
+
+# -- the engine's rooms --------------------------------------------------------------------
+
+#: The engine's rooms, one job each (docs/architecture.md): kept small enough to read whole.
+ENGINE_ROOMS = ("loading", "sequence", "batch", "scheduler", "snapshots")
+ROOM_LINES = 350
+
+
+def test_each_engine_room_stays_under_its_size():
+    long = {room: n for room in ENGINE_ROOMS if (n := len((ROOT / "worker" / f"{room}.py").read_text().splitlines())) > ROOM_LINES}
+    assert long == {}, f"split these (at most {ROOM_LINES} lines each)"
+
+
+def test_the_engine_rooms_reach_no_private_attribute_of_another_object():
+    """The batches move a sequence along through its methods, the scheduler never touches a cache's
+    insides: in the engine's rooms a private name is read on `self` (or `cls`) only."""
+    bad = []
+    for room in ENGINE_ROOMS:
+        path = ROOT / "worker" / f"{room}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: `.{node.attr}`")
+    assert bad == []

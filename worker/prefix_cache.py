@@ -238,8 +238,3 @@ class PrefixCache:
             if parent.resumable:
                 break
             node = parent
-
-    def clear(self) -> None:
-        self.root = Node(parent=None, start=0, stretch=None)
-        self._lru.clear()
-        self.stats.bytes = self.stats.entries = 0
