@@ -314,8 +314,8 @@ def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict
     verify = timed(lambda cache: parts.lm_head(parts.hidden(wide, cache)))
     hidden = parts.hidden(context, None)[:, -1:, :]
 
-    embed = getattr(head_module, "embed", None) or parts.embed  # a head with its own embeddings and output head
-    logits = getattr(head_module, "logits", None) or parts.lm_head
+    embed = head_module.embed or parts.embed  # a head with its own embeddings and output head (`MTPHead`)
+    logits = head_module.logits or parts.lm_head
 
     def head_step(_cache):
         cache = head_module.make_cache()
