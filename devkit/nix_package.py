@@ -94,12 +94,16 @@ def imports_of(path: Path, name: str, dirs: dict[str, Path]) -> set[str]:
 
 
 def roots() -> list[str]:
+    """The service commands' modules, and the MTP family modules the worker imports by the name the
+    family table gives (`mtpstack.worker.mtp.families`), which no import statement spells."""
     sys.path.insert(0, str(ROOT))
     try:
         from mtpstack.cli import SUBCOMMANDS
+        from mtpstack.validator import FAMILIES
     finally:
         sys.path.remove(str(ROOT))
-    return ["mtpstack.cli", *dict.fromkeys(SUBCOMMANDS[c] for c in SERVICE_COMMANDS)]
+    families = [f"mtpstack.worker.mtp.{f.module}" for f in FAMILIES if f.served]
+    return ["mtpstack.cli", *dict.fromkeys(SUBCOMMANDS[c] for c in SERVICE_COMMANDS), *families]
 
 
 def python_imports() -> list[str]:
