@@ -168,22 +168,20 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
 
     max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, max_key, int, 1, MAX_COUNT)
+    if max_tokens is None:
+        max_tokens = config.default_max_tokens
     ctx = engine.context_length
     if ctx is not None:
-        if max_tokens is not None and len(prompt) + max_tokens > ctx:
-            raise ApiError(
-                400, "context_length_exceeded",
-                f"the prompt ({len(prompt)} tokens) plus `{max_key}` ({max_tokens}) exceeds the {_context_name(config, ctx)}: {ctx} tokens",
-                max_key,
-            )
+        # `max_tokens` is a cap, not a demand: clients send their own ceiling whatever the model
+        # (Claude Code and opencode send 32,000), so it is cut to the room the prompt leaves and the
+        # answer ends with `finish_reason: "length"` there. Only a prompt that leaves no room is refused.
         if len(prompt) >= ctx:
             raise ApiError(
                 400, "context_length_exceeded",
                 f"the prompt ({len(prompt)} tokens) leaves no room in the {_context_name(config, ctx)}: {ctx} tokens",
                 prompt_key,
             )
-    if max_tokens is None:
-        max_tokens = config.default_max_tokens if ctx is None else min(config.default_max_tokens, ctx - len(prompt))
+        max_tokens = min(max_tokens, ctx - len(prompt))
     agent.fit(max_tokens)
 
     temperature = _number(body, "temperature", float, 0, 2)

@@ -33,7 +33,8 @@ from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 from mtpstack.worker.protocol.responses import note_once
 
 #: Fields passed through to the chat request unchanged.
-PASSED = ("model", "temperature", "top_p", "stream", "num_draft_tokens", "mtpstack_class", "chat_template_kwargs")
+PASSED = ("model", "temperature", "top_p", "stream", "num_draft_tokens", "mtpstack_class", "chat_template_kwargs",
+          "ignore_eos")
 #: Fields read here and translated.
 TRANSLATED = ("system", "messages", "tools", "tool_choice", "max_tokens", "stop_sequences", "thinking", "output_config",
               "top_k")

@@ -28,7 +28,7 @@ log = logging.getLogger("mtpstack.worker")
 #: Fields that need state the worker does not keep.
 STATEFUL = ("previous_response_id", "conversation", "background")
 #: Fields passed through to the chat request unchanged.
-PASSED = ("model", "temperature", "top_p", "stream", "seed", "stop", "chat_template_kwargs", "num_draft_tokens",
+PASSED = ("model", "temperature", "top_p", "stream", "seed", "stop", "chat_template_kwargs", "num_draft_tokens", "ignore_eos",
           "stream_options", "prompt_cache_key", "mtpstack_class")
 #: Fields read here and translated.
 TRANSLATED = ("input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "reasoning")
