@@ -159,6 +159,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
             s.served += 1
             _leave(s)
             left = True
+            if status >= 400:  # a refusal in the worker's error shape, `code` chosen by the request
+                error = {"message": "refused", "type": "invalid_request_error", "code": ctl.get("code"), "param": None}
+                return web.json_response({"error": error}, status=status)
             body = {
                 "id": "fake",
                 "object": "chat.completion" if endpoint == "chat" else "text_completion",

@@ -38,7 +38,9 @@ class Exchange:
     model: str = NO_MODEL
     worker: str | None = None
     status: int = 0
-    code: str | None = None
+    code: str | None = None  # the proxy's own error code
+    #: The worker's error code, when it refused: logged, not counted as the proxy's refusal.
+    worker_code: str | None = None
     stream: bool = False
     queue_wait: float | None = None
     #: How the worker was chosen (`mtpstack.proxy.routing.Decision`).
@@ -59,7 +61,7 @@ class Exchange:
                 "model": self.model,
                 "worker": self.worker,
                 "status": self.status,
-                "code": self.code,
+                "code": self.code if self.code is not None else self.worker_code,
                 "stream": self.stream,
                 "routing": self.routing,
                 "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
@@ -110,9 +112,20 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
             raise _upstream_timeout(state, upstream, f"worker `{name}` stalled for {t.idle_seconds:g} s mid-answer") from None
         except UpstreamClosed:
             raise _unreachable(state, upstream, f"worker `{name}` closed the connection mid-answer") from None
+        if up.status >= 400:
+            ex.worker_code = _error_code(data)
         return web.Response(status=up.status, body=data, headers=out_headers)
     finally:
         up.close()  # a no-op for a finished answer, whose connection went back to the pool
+
+
+def _error_code(data: bytes) -> str | None:
+    """The `error.code` of a worker's refusal, for the request's log line and refusal count."""
+    try:
+        code = json.loads(data)["error"]["code"]
+    except (ValueError, LookupError, TypeError):
+        return None
+    return code[:64] if isinstance(code, str) else None
 
 
 def _unreachable(state: ProxyState, upstream: Upstream, message: str) -> Rejected:

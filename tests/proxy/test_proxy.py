@@ -375,6 +375,16 @@ async def test_one_structured_log_line_per_request(make_fleet, caplog):
     assert (missing["status"], missing["code"], missing["model"]) == (404, "model_not_found", "-")
 
 
+async def test_a_workers_refusal_is_logged_with_its_code_and_not_counted_as_the_proxys(make_fleet, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    f = await make_fleet({"w1": {"gate": 1}})
+    r = await f.client.post("/v1/chat/completions", json=chat(status=400, code="context_length_exceeded"))
+    assert r.status == 400
+    [line] = [json.loads(m) for r in caplog.records if (m := r.getMessage()).startswith('{"event": "request"')]
+    assert (line["status"], line["code"], line["worker"]) == (400, "context_length_exceeded", "w1")
+    assert "mtpstack_proxy_refusals_total{" not in await (await f.client.get("/metrics")).text()
+
+
 async def test_models_health_and_metrics_endpoints(make_fleet):
     f = await make_fleet({"a1": {"gate": 2, "model": "a"}, "b1": {"gate": 1, "model": "b"}})
     models = await (await f.client.get("/v1/models")).json()
