@@ -16,7 +16,7 @@ from mtpstack.up import DEMO_MODEL, default_fleet
 from tests.e2e.conftest import get_text, metric, running_stack
 
 CODEX = os.environ.get("MTPSTACK_CODEX") or shutil.which("codex")
-pytestmark = pytest.mark.skipif(not CODEX, reason="no `codex` binary on PATH or in MTPSTACK_CODEX (scripts/bootstrap-codex)")
+pytestmark = pytest.mark.skipif(not CODEX, reason="no `codex` binary on PATH or in MTPSTACK_CODEX (scripts/bootstrap-npm, run by scripts/test)")
 
 #: Codex's first request is about 16,500 demo tokens with its tools; a busy 2-core machine
 #: prefills it in about a minute.
