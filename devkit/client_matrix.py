@@ -4,14 +4,17 @@ demo, served by the mtpstack worker and by mlx_lm.server side by side.
     .venv/bin/python -m devkit.client_matrix            # print the table
     .venv/bin/python -m devkit.client_matrix --write    # and write it into docs/agent-api.md
 
-Needs the clients' virtualenv (`scripts/bootstrap-clients`). mlx_lm.server loads the demo target
-alone: it cannot load an MTP head.
+Needs the clients' virtualenv (`scripts/bootstrap-clients`); the TypeScript Anthropic SDK's cells run
+where node and `.clients-node/` are there (`scripts/bootstrap-npm`, run by `scripts/test`).
+mlx_lm.server loads the demo target alone: it cannot load an MTP head.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,36 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "agent-api.md"
 BEGIN, END = "<!-- client-matrix:begin -->", "<!-- client-matrix:end -->"
 SERVERS = ("mtpstack", "mlx_lm.server")
+CLIENTS = ROOT / "devkit" / "clients.py"
+NODE_CLIENTS = ROOT / "devkit" / "clients_anthropic.cjs"
+NODE_MODULES = Path(os.environ.get("MTPSTACK_NODE_CLIENTS", ROOT / ".clients-node")) / "node_modules"
+#: Every cell is a few bounded calls; the whole matrix takes about a minute on a tiny model.
+MATRIX_TIMEOUT = 1200
+
+
+def node_clients() -> bool:
+    """Whether the TypeScript clients can run here: node, and the SDK `scripts/bootstrap-npm` installs."""
+    return shutil.which("node") is not None and (NODE_MODULES / "@anthropic-ai" / "sdk").is_dir()
+
+
+def run_clients(python: Path, base_url: str, model: str) -> dict:
+    """Every client's cells against `base_url` (without `/v1`): the Python clients in their virtualenv,
+    then the TypeScript ones where they are installed, in one report."""
+    out = subprocess.run([str(python), str(CLIENTS), "--base-url", base_url + "/v1", "--model", model],
+                         capture_output=True, text=True, timeout=MATRIX_TIMEOUT, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise RuntimeError(f"{CLIENTS.name} exited {out.returncode}: {out.stderr[-3000:]}")
+    report = json.loads(out.stdout)
+    if node_clients():
+        node = subprocess.run(["node", str(NODE_CLIENTS), "--base-url", base_url, "--model", model],
+                              capture_output=True, text=True, timeout=MATRIX_TIMEOUT, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "NODE_PATH": str(NODE_MODULES)})
+        if node.returncode != 0:
+            raise RuntimeError(f"{NODE_CLIENTS.name} exited {node.returncode}: {node.stderr[-3000:]}")
+        extra = json.loads(node.stdout)
+        report["versions"].update(extra["versions"])
+        report["cells"] += extra["cells"]
+    return report
 
 
 def _start(name: str, port: int, logdir: Path):
@@ -55,9 +88,7 @@ def run(python: Path) -> dict:
         for name in SERVERS:
             proc, model = _start(name, free_port(), Path(tmp))
             try:
-                out = subprocess.run([str(python), str(ROOT / "devkit" / "clients.py"), "--base-url", proc.url + "/v1",
-                                      "--model", model], capture_output=True, text=True, timeout=1200, check=True)
-                reports[name] = json.loads(out.stdout)
+                reports[name] = run_clients(python, proc.url, model)
             finally:
                 proc.stop()
     return reports

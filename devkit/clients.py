@@ -1,4 +1,5 @@
-"""The client matrix's cells: each client library's typical use, run against one OpenAI-compatible URL.
+"""The client matrix's cells: each client library's typical use, run against one OpenAI-compatible URL
+(which also serves Anthropic's Messages API: the `anthropic` cells).
 
 Runs in its own virtualenv (`.venv-clients`, from `requirements-clients.lock`: the client libraries
 pin `openai` versions of their own, apart from the worker's), so it imports only the clients and
@@ -25,7 +26,7 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 MAX_TOKENS = 160
-CLIENTS = ("openai", "openai-agents", "instructor", "langchain-openai", "pydantic-ai-slim")
+CLIENTS = ("openai", "openai-agents", "instructor", "langchain-openai", "pydantic-ai-slim", "anthropic")
 QUESTION = "What is the weather in Paris?"
 
 
@@ -42,6 +43,8 @@ def get_weather(city: str) -> str:
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "description": "The weather in a city.",
+                  "input_schema": WEATHER_TOOL["function"]["parameters"]}
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
                   "parameters": WEATHER_TOOL["function"]["parameters"]}
 
@@ -228,8 +231,59 @@ def pydantic_ai_cells(base: str, model: str) -> dict[str, Callable[[], str]]:
             "Responses structured output": lambda: structured(OpenAIResponsesModel(model, provider=provider), NativeOutput(City))}
 
 
+# -- anthropic ---------------------------------------------------------------------------------
+def anthropic_cells(base: str, model: str) -> dict[str, Callable[[], str]]:
+    import anthropic
+
+    # The Anthropic SDK's base URL has no `/v1`: it adds `/v1/messages` itself.
+    client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=120)
+    kw = dict(model=model, temperature=0)
+    ask = [{"role": "user", "content": QUESTION}]
+
+    def create():
+        r = client.messages.create(messages=[{"role": "user", "content": "Hello"}], max_tokens=16, **kw)
+        _check(r.content and r.stop_reason in ("end_turn", "max_tokens") and r.usage.output_tokens > 0, f"message: {r}")
+        return r.stop_reason
+
+    def stream():
+        with client.messages.stream(messages=[{"role": "user", "content": "Hello"}], max_tokens=16, **kw) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+        _check(final.content and text == "".join(b.text for b in final.content if b.type == "text"), f"final: {final}")
+        return f"{len(text)} characters"
+
+    def forced_tool_round_trip():
+        r = client.messages.create(messages=ask, tools=[ANTHROPIC_TOOL], tool_choice={"type": "any"}, max_tokens=MAX_TOKENS, **kw)
+        [call] = [b for b in r.content if b.type == "tool_use"]
+        _check(r.stop_reason == "tool_use" and call.id.startswith("toolu_") and set(call.input) == {"city"}, f"content: {r.content}")
+        history = ask + [{"role": "assistant", "content": r.content},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                       "content": get_weather(**call.input)}]}]
+        again = client.messages.create(messages=history, tools=[ANTHROPIC_TOOL], max_tokens=16, **kw)
+        return again.stop_reason
+
+    def streamed_named_tool():
+        with client.messages.stream(messages=ask, tools=[ANTHROPIC_TOOL], max_tokens=MAX_TOKENS,
+                                    tool_choice={"type": "tool", "name": "get_weather"}, **kw) as s:
+            final = s.get_final_message()
+        [call] = [b for b in final.content if b.type == "tool_use"]
+        _check(call.name == "get_weather" and set(call.input) == {"city"}, f"content: {final.content}")
+        return "called"
+
+    def count_tokens():
+        counted = client.messages.count_tokens(model=model, messages=ask, tools=[ANTHROPIC_TOOL]).input_tokens
+        u = client.messages.create(messages=ask, tools=[ANTHROPIC_TOOL], max_tokens=1, **kw).usage
+        used = u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
+        _check(counted == used, f"counted {counted}, the message used {used}")
+        return f"{counted} tokens"
+
+    return {"messages": create, "stream (text_stream, final message)": stream,
+            "forced tool call + round trip": forced_tool_round_trip, "streamed named tool call": streamed_named_tool,
+            "count_tokens": count_tokens}
+
+
 SUITES = {"openai": openai_cells, "openai-agents": agents_cells, "instructor": instructor_cells,
-          "langchain-openai": langchain_cells, "pydantic-ai-slim": pydantic_ai_cells}
+          "langchain-openai": langchain_cells, "pydantic-ai-slim": pydantic_ai_cells, "anthropic": anthropic_cells}
 
 
 def run(base: str, model: str, only: set[str] | None = None) -> dict:

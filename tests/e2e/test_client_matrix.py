@@ -9,21 +9,17 @@ docs/agent-api.md's table is the same run beside mlx_lm.server (`python -m devki
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from devkit.client_matrix import run_clients
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
 from tests.e2e.conftest import running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = ROOT / "devkit" / "clients.py"
-#: Every cell is a few bounded calls; the whole matrix takes about a minute on a tiny model.
-MATRIX_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +34,6 @@ def clients_python() -> Path:
     return python
 
 
-def run_matrix(python: Path, base_url: str, model: str) -> dict:
-    result = subprocess.run([str(python), str(CLIENTS), "--base-url", base_url + "/v1", "--model", model],
-                            capture_output=True, text=True, timeout=MATRIX_TIMEOUT, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
-
-
 def failures(report: dict) -> list[str]:
     return [f"{c['client']} / {c['feature']}: {c['detail']}" for c in report["cells"] if not c["ok"]]
 
@@ -54,10 +43,10 @@ def test_every_client_works_against_the_demo_as_shipped(clients_python, tmp_path
     config["proxy"]["port"] = free_port()
     config["workers"]["demo"]["port"] = free_port()
     with running_stack(tmp_path, config) as stack:
-        report = run_matrix(clients_python, stack.proxy_url, DEMO_MODEL)
+        report = run_clients(clients_python, stack.proxy_url, DEMO_MODEL)
     assert len(report["cells"]) >= 20 and not failures(report), "\n".join(failures(report))
 
 
 def test_every_client_works_on_a_template_without_a_tool_format(clients_python, stack):
-    report = run_matrix(clients_python, stack.proxy_url, "tiny")
+    report = run_clients(clients_python, stack.proxy_url, "tiny")
     assert len(report["cells"]) >= 20 and not failures(report), "\n".join(failures(report))
