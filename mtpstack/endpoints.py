@@ -18,12 +18,14 @@ class Endpoint:
     """One `POST` path that takes a prompt: answered by a worker, forwarded by the proxy."""
 
     path: str
-    #: The API its body and answer speak: the worker's handler (`chat`, `completions`, `responses`).
+    #: The API its body and answer speak: the worker's handler (`chat`, `completions`, `responses`,
+    #: `messages`, `count_tokens`).
     api: str
     #: What it is called where the proxy refuses it for a backend that lacks it.
     title: str
     #: How the proxy cuts its prompt into units for cache-aware routing (`proxy.routing.UNITS`):
-    #: `messages` (chat `messages`), `responses` (`instructions`, then `input`), `prompt` (completion text).
+    #: `messages` (chat `messages`), `responses` (`instructions`, then `input`), `prompt` (completion text),
+    #: `anthropic` (`system`, then `messages`).
     units: str
     #: Whose error shape its refusals take (`mtpstack.refusals.ERROR_BODIES`).
     family: str = "openai"
@@ -31,12 +33,19 @@ class Endpoint:
     native_only: bool = False
     #: Takes `n` choices, each a row of the worker's batch (and so a slot of its gate).
     choices: bool = True
+    #: Generates, and so takes a slot of the worker's gate; one that does not (counting a prompt's
+    #: tokens) is relayed without admission: it must not wait in the queue behind generations.
+    generates: bool = True
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/chat/completions", "chat", "Chat Completions API", units="messages"),
     Endpoint("/v1/completions", "completions", "Completions API", units="prompt"),
     Endpoint("/v1/responses", "responses", "Responses API", units="responses", native_only=True, choices=False),
+    Endpoint("/v1/messages", "messages", "Anthropic's Messages API", units="anthropic", family="anthropic",
+             native_only=True, choices=False),
+    Endpoint("/v1/messages/count_tokens", "count_tokens", "Anthropic's Messages API", units="anthropic",
+             family="anthropic", native_only=True, choices=False, generates=False),
 )
 #: The rows by path.
 BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}

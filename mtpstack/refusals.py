@@ -3,10 +3,9 @@ for the error `type` a status gets, and the refusal texts both services write.
 
 A refusal is a status, a stable `code`, a message and (for a field's fault) the `param` it names.
 `error_body` renders it in the shape of the endpoint's API family (`mtpstack.endpoints`: OpenAI's
-`{"error": {message, type, code, param}}` today); each family names the kinds of `error_kind` its
-own way. A new API family (Anthropic's Messages API: `{"type": "error", "error": {type, message}}`)
-is one more renderer in `ERROR_BODIES` and one more column in `ERROR_TYPES`, never a second status
-rule. The services wrap the body in their own aiohttp responses (`mtpstack.worker.http`,
+`{"error": {message, type, code, param}}`, Anthropic's `{"type": "error", "error": {type, message}}`);
+each family names the kinds of `error_kind` its own way. A new API family is one more renderer in
+`ERROR_BODIES` and one more column in `ERROR_TYPES`, never a second status rule. The services wrap the body in their own aiohttp responses (`mtpstack.worker.http`,
 `mtpstack.proxy.http`), also for aiohttp's own refusals (`routing_refusal`) and a handler's
 unexpected failure (`internal_error`).
 """
@@ -57,6 +56,17 @@ ERROR_TYPES: dict[str, dict[str, str]] = {
         "overloaded": "server_error",
         "server": "server_error",
     },
+    # Anthropic's documented error types (its Messages API).
+    "anthropic": {
+        "invalid_request": "invalid_request_error",
+        "authentication": "authentication_error",
+        "permission": "permission_error",
+        "not_found": "not_found_error",
+        "too_large": "request_too_large",
+        "rate_limit": "rate_limit_error",
+        "overloaded": "overloaded_error",
+        "server": "api_error",
+    },
 }
 
 
@@ -68,8 +78,23 @@ def _openai_body(status: int, code: str, message: str, param: str | None) -> dic
     return {"error": {"message": message, "type": error_type(status, "openai"), "code": code, "param": param}}
 
 
+def _anthropic_body(status: int, code: str, message: str, param: str | None) -> dict:
+    """Anthropic's shape has no `param` nor `code`: the message starts with the field, as Anthropic's
+    own do (`messages.0.content: ...`)."""
+    text = f"{param}: {message}" if param else message
+    return {"type": "error", "error": {"type": error_type(status, "anthropic"), "message": text}}
+
+
 #: The error body of each API family, by the family's name (`Endpoint.family`).
-ERROR_BODIES: dict[str, Callable[[int, str, str, str | None], dict]] = {"openai": _openai_body}
+ERROR_BODIES: dict[str, Callable[[int, str, str, str | None], dict]] = {"openai": _openai_body, "anthropic": _anthropic_body}
+#: Where a family answers a refusal with a status of its own: Anthropic's clients (Claude Code
+#: included) retry its 529 `overloaded_error`, honouring `retry-after`, for a full queue.
+FAMILY_STATUS: dict[str, dict[str, int]] = {"anthropic": {"queue_full": OVERLOADED}}
+
+
+def family_status(status: int, code: str, family: str = "openai") -> int:
+    """The status a refusal with `code` is answered with in `family`'s API."""
+    return FAMILY_STATUS.get(family, {}).get(code, status)
 
 
 def error_body(status: int, code: str, message: str, param: str | None = None, family: str = "openai") -> dict:

@@ -1,5 +1,5 @@
 """A generation written out as its answer: one JSON body, a stream of Chat Completions or Completions
-chunks, or the Responses API's output (whole or as events). Every answer carries the request's
+chunks, the Responses API's output or Anthropic's message (whole or as events). Every answer carries the request's
 `X-Request-Id`; a generation that failed ends as a 500 before the first byte, or as a last error
 event after it. A client that leaves mid-stream ends its stream quietly: the handler then cancels
 the sequence."""
@@ -14,9 +14,9 @@ from aiohttp import web
 
 from mtpstack.worker.generation import Event, RequestHandle
 from mtpstack.worker.http import REQUEST_ID, generation_failed
-from mtpstack.worker.protocol import render, responses
+from mtpstack.worker.protocol import messages, render, responses
 from mtpstack.worker.parsing import ParsedRequest
-from mtpstack.worker.sse import DONE, frame, keepalive, open_stream
+from mtpstack.worker.sse import DONE, PING, frame, keepalive, open_stream
 
 
 def _usage(parsed: ParsedRequest, seqs: list) -> dict:
@@ -179,7 +179,7 @@ async def stream(request: web.Request, parsed: ParsedRequest, handles: list[Requ
 
 async def respond_to_responses(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
     """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
-    builder = parsed.responses
+    builder = parsed.builder
     resp = None
     try:
         resp = await open_stream(request, handle.rid) if parsed.stream else None
@@ -207,6 +207,49 @@ async def respond_to_responses(request: web.Request, parsed: ParsedRequest, hand
             events = builder.feed(event.text) + builder.finish(event.finish_reason, usage)
             if resp is None:
                 return web.json_response(events[-1]["response"], headers={REQUEST_ID: handle.rid})
+            await send(events)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client left mid-stream
+    # Left before the stream opened: aiohttp finds the connection closed and drops this quietly.
+    return resp if resp is not None else web.Response()
+
+
+async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
+    """`/v1/messages`: the same generation, answered as Anthropic's message or its stream events.
+    `message_start` goes out once the prompt is prefilled, so its usage says how much of the prompt
+    the prefix cache served; until then (and whenever the stream is quiet) `ping` events keep it
+    alive. A failure before the first byte is an error in Anthropic's shape."""
+    builder = parsed.builder
+    prompt = len(parsed.prompt)
+    resp = None
+    try:
+        resp = await open_stream(request, handle.rid) if parsed.stream else None
+
+        async def send(events: list[dict]) -> None:
+            for e in events if resp is not None else ():
+                await resp.write(frame(e, event=e["type"]))
+
+        async with keepalive(resp, beat=PING):
+            event = await handle.events.get()  # the first comes once the prompt is prefilled
+            await send(builder.start(messages.usage(prompt, 0, handle.seq.cached_tokens)))
+            while event.finish_reason is None:
+                await send(builder.feed(event.text))
+                event = await handle.events.get()
+        seq = handle.seq
+        if event.error:
+            err = generation_failed(event.error, handle.rid)
+            if resp is None:
+                return err.response(handle.rid, "anthropic")
+            await send([err.body("anthropic")])
+        else:
+            stop = None
+            if event.finish_reason == "stop" and builder.stops:
+                stop = messages.matched_stop(builder.stops, seq.engine.tokenizer.decode(seq.tokens), seq.text)
+            usage = messages.usage(prompt, len(seq.tokens), seq.cached_tokens)
+            events = builder.feed(event.text) + builder.finish(event.finish_reason, usage, stop)
+            if resp is None:
+                return web.json_response(builder.message(event.finish_reason, usage, stop), headers={REQUEST_ID: handle.rid})
             await send(events)
         await resp.write_eof()
     except ConnectionResetError:

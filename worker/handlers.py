@@ -21,12 +21,13 @@ from mtpstack.worker import answers
 from mtpstack.worker.classify import CLASS_HEADER
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop, RequestHandle
-from mtpstack.worker.http import ApiError, bad_request, body_too_large, generation_failed, model_not_found, request_id
+from mtpstack.worker.http import (REQUEST_ID, ApiError, bad_request, body_too_large, generation_failed, model_not_found,
+                                  request_id)
 from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
-from mtpstack.worker.protocol import responses
+from mtpstack.worker.protocol import messages, responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
-from mtpstack.worker.parsing import SEED_LIMIT, ParsedRequest, parse_request
+from mtpstack.worker.parsing import SEED_LIMIT, ParsedRequest, count_prompt, parse_request
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -127,11 +128,21 @@ SURFACES: dict[str, Surface] = {
         builder=lambda parsed, name, original: responses.ResponseBuilder(parsed.agent.output, name, original),
         respond=lambda request, parsed, handles, name: answers.respond_to_responses(request, parsed, handles[0]),
     ),
+    "messages": Surface(
+        "chat",
+        to_chat=messages.to_chat,
+        reword=messages.messages_refusal,
+        builder=lambda parsed, name, original: messages.MessageBuilder.for_request(parsed.agent.output, name, original),
+        respond=lambda request, parsed, handles, name: answers.respond_to_messages(request, parsed, handles[0]),
+    ),
 }
 
 
 def route(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The handler of one row of the endpoint table: a completion in the row's API."""
+    """The handler of one row of the endpoint table: a completion in the row's API, or (a row that
+    does not generate) the count of the prompt it would render."""
+    if not endpoint.generates:
+        return _counter(endpoint, SURFACES["messages"])
     surface = SURFACES[endpoint.api]
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -141,6 +152,42 @@ def route(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamRes
     return handle
 
 
+def _counter(endpoint: Endpoint, surface: Surface) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def count_tokens(request: web.Request) -> web.Response:
+        """`{"input_tokens": N}`: the prompt a request in `surface`'s API renders to; no slot taken."""
+        rid = request_id(request.headers)
+        try:
+            gen = _loaded(request.app)
+            chat = _translated(await _read(request), surface)
+            count = count_prompt(chat, gen.engine, request.app[CONFIG])
+        except ApiError as e:
+            if surface.reword is not None:
+                e.param, e.message = surface.reword(e.param, e.message)
+            return e.response(rid, endpoint.family)
+        return web.json_response({"input_tokens": count}, headers={REQUEST_ID: rid})
+
+    return count_tokens
+
+
+async def _read(request: web.Request):
+    try:
+        return parse_json_body(await request.read())
+    except BodyError as e:
+        raise bad_request(str(e)) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise body_too_large() from None
+
+
+def _translated(body, surface: Surface) -> dict:
+    """The chat completion body a request in `surface`'s API means."""
+    if surface.to_chat is None:
+        return body
+    try:
+        return surface.to_chat(body)
+    except ProtocolError as e:
+        raise ApiError(400, e.code, e.message, e.param) from None
+
+
 async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface) -> web.StreamResponse:
     """Every answer carries the request's `X-Request-Id` (the proxy's, echoed), so a failure
     seen by a client can be found in both logs."""
@@ -148,18 +195,8 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
     rid = request_id(request.headers)
     try:
         gen = _loaded(app)
-        try:
-            body = parse_json_body(await request.read())
-        except BodyError as e:
-            raise bad_request(str(e)) from None
-        except web.HTTPRequestEntityTooLarge:
-            raise body_too_large() from None
-        original = body
-        if surface.to_chat is not None:
-            try:
-                body = surface.to_chat(body)
-            except ProtocolError as e:
-                raise ApiError(400, e.code, e.message, e.param) from None
+        original = await _read(request)
+        body = _translated(original, surface)
         parsed = parse_request(body, surface.kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
         if parsed.agent is not None:
             try:
@@ -167,7 +204,7 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
         if surface.builder is not None:
-            parsed.responses = surface.builder(parsed, app[CONFIG].served_model_name, original)
+            parsed.builder = surface.builder(parsed, app[CONFIG].served_model_name, original)
     except ApiError as e:
         if surface.reword is not None:
             e.param, e.message = surface.reword(e.param, e.message)

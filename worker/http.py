@@ -39,7 +39,7 @@ class ApiError(Exception):
         return error_body(self.status, self.code, self.message, self.param, family)
 
     def response(self, rid: str | None = None, family: str = "openai") -> web.Response:
-        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503) else {}
+        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER)} if self.status in (429, 503, refusals.OVERLOADED) else {}
         if rid is not None:
             headers[REQUEST_ID] = rid
         return web.json_response(self.body(family), status=self.status, headers=headers)

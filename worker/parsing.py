@@ -33,7 +33,9 @@ class ParsedRequest:
     include_usage: bool
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
     cls: str = "default"  # the workload class (`mtpstack.worker.classify`)
-    responses: object = None  # mtpstack.worker.protocol.responses.ResponseBuilder for `/v1/responses`
+    #: The answer's writer for an API that is not chat's own (`protocol.responses.ResponseBuilder`,
+    #: `protocol.messages.MessageBuilder`).
+    builder: object = None
     n: int = 1  # choices: rows of the batch sharing the prompt's prefill
 
 
@@ -114,11 +116,7 @@ def request_class(body: dict, header: str | None, config: WorkerConfig) -> str:
     return cls if cls in config.draft_depth_map or cls in (CODE, PROSE) else "default"
 
 
-def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
-    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
-    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
-    from mtpstack.worker.sequence import SamplingParams
-
+def _checked_model(body, config: WorkerConfig) -> None:
     if not isinstance(body, dict):
         raise bad_request(NOT_AN_OBJECT)
     model = body.get("model")
@@ -126,6 +124,25 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         raise bad_request(f"`model` must be a string: {shown(model)}", "model")
     if model is not None and model != config.served_model_name:
         raise model_not_found(config.served_model_name, model)
+
+
+def count_prompt(body, engine, config: WorkerConfig) -> int:
+    """The tokens a chat request's prompt renders to (its messages, tools and thinking switch), as
+    `parse_request` renders it, whether or not it fits the context."""
+    _checked_model(body, config)
+    _valid_unicode(body)
+    try:
+        return len(prepare(body, "chat", engine).prompt)
+    except ProtocolError as e:
+        raise ApiError(400, e.code, e.message, e.param) from None
+
+
+def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
+    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
+    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
+    from mtpstack.worker.sequence import SamplingParams
+
+    _checked_model(body, config)
     n = _number(body, "n", int, 1, MAX_COUNT) or 1
     if n > config.max_num_seqs:
         raise _unsupported(f"`n` may be at most this worker's batch width ({config.max_num_seqs}): each choice is a row "

@@ -52,31 +52,33 @@ async def open_stream(request: web.Request, rid: str) -> EventStream:
 #: client's read timeout would take the silence for a stalled worker.
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE = b": keep-alive\n\n"
+#: Anthropic's sign of life, which its SDKs and Claude Code read as an event of its own.
+PING = frame({"type": "ping"}, event="ping")
 
 
 @contextlib.asynccontextmanager
-async def keepalive(resp: EventStream | None, every: float = KEEPALIVE_SECONDS) -> AsyncIterator[None]:
-    """While the block runs, a comment line goes out whenever `every` seconds passed with nothing
-    written to `resp` (None: an answer that is not streamed, nothing to do). Leave the block before
-    the stream's last write."""
+async def keepalive(resp: EventStream | None, every: float = KEEPALIVE_SECONDS, beat: bytes = KEEPALIVE) -> AsyncIterator[None]:
+    """While the block runs, `beat` (a comment line; `PING` on Anthropic's streams) goes out whenever
+    `every` seconds passed with nothing written to `resp` (None: an answer that is not streamed,
+    nothing to do). Leave the block before the stream's last write."""
     if resp is None:
         yield
         return
 
     loop = asyncio.get_running_loop()
 
-    async def beat() -> None:
+    async def beating() -> None:
         while True:
             quiet = loop.time() - resp.last_write
             if quiet < every:
                 await asyncio.sleep(every - quiet)
                 continue
             try:
-                await resp.write(KEEPALIVE)
+                await resp.write(beat)
             except (ConnectionError, RuntimeError):
                 return  # the client left, or the stream ended: the handler sees it itself
 
-    task = asyncio.create_task(beat())
+    task = asyncio.create_task(beating())
     try:
         yield
     finally:

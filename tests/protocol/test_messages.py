@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import qwen3_coder
 
 from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError
-from mtpstack.worker.protocol.messages import (MessageBuilder, matched_stop, messages_refusal, reasoning_of,
-                                               signature_of, to_chat, usage)
+from mtpstack.worker.protocol.messages import (MessageBuilder, answer_options, matched_stop, messages_refusal,
+                                               reasoning_of, signature_of, to_chat, usage)
 from mtpstack.worker.protocol.output import Markers
 
 QWEN35 = Markers("<think>", "</think>", "<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call)
@@ -43,7 +43,7 @@ TOOL_TURN = [
 
 
 def test_claude_codes_first_turn_becomes_one_system_message_then_the_user_turn_with_its_context():
-    chat, answer = to_chat(CLAUDE_CODE_FIRST)
+    chat, answer = to_chat(CLAUDE_CODE_FIRST), answer_options(CLAUDE_CODE_FIRST)
     assert chat["messages"] == [
         {"role": "system", "content": "You are Claude Code.\n\nYou are an interactive CLI tool."},
         {"role": "user", "content": "list the files\n\n<context>cwd: /tmp</context>"},
@@ -57,15 +57,15 @@ def test_claude_codes_first_turn_becomes_one_system_message_then_the_user_turn_w
 
 
 def test_the_next_turn_renders_the_same_beginning_with_the_system_message_as_a_plain_string():
-    first, _ = to_chat(CLAUDE_CODE_FIRST)
+    first = to_chat(CLAUDE_CODE_FIRST)
     body = dict(CLAUDE_CODE_FIRST, messages=[CLAUDE_CODE_FIRST["messages"][0],
                                              {"role": "system", "content": "<context>cwd: /tmp</context>"}, *TOOL_TURN])
-    chat, _ = to_chat(body)
+    chat = to_chat(body)
     assert chat["messages"][:2] == first["messages"]
 
 
 def test_a_tool_round_trip_becomes_tool_calls_then_a_tool_message_then_the_users_text():
-    chat, _ = to_chat(dict(CLAUDE_CODE_FIRST, messages=[{"role": "user", "content": "go"}, *TOOL_TURN]))
+    chat = to_chat(dict(CLAUDE_CODE_FIRST, messages=[{"role": "user", "content": "go"}, *TOOL_TURN]))
     _, _, assistant, tool, user = chat["messages"]
     assert assistant == {"role": "assistant", "content": "", "reasoning_content": "I should run ls.",
                          "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]}
@@ -76,7 +76,7 @@ def test_a_tool_round_trip_becomes_tool_calls_then_a_tool_message_then_the_users
 def test_an_error_result_says_so_and_block_content_is_joined_with_images_as_a_note():
     body = {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True, "content": [
         {"type": "text", "text": "no such file"}, {"type": "image", "source": {"type": "base64", "data": "AA=="}}]}]}]}
-    [tool] = to_chat(body)[0]["messages"]
+    [tool] = to_chat(body)["messages"]
     assert tool["content"].startswith("Error: no such file\n\n[image omitted")
 
 
@@ -85,8 +85,8 @@ def test_an_error_result_says_so_and_block_content_is_joined_with_images_as_a_no
     ({"type": "tool", "name": "Bash", "disable_parallel_tool_use": True}, {"type": "function", "function": {"name": "Bash"}}, True),
 ])
 def test_tool_choice_maps_onto_chats(choice, chat_choice, single):
-    chat, answer = to_chat({"messages": [{"role": "user", "content": "x"}], "tools": [BASH], "tool_choice": choice})
-    assert chat["tool_choice"] == chat_choice and answer["single_call"] is single
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": [BASH], "tool_choice": choice}
+    assert to_chat(body)["tool_choice"] == chat_choice and answer_options(body)["single_call"] is single
 
 
 @pytest.mark.parametrize("thinking, effort, budget", [
@@ -97,20 +97,20 @@ def test_thinking_maps_onto_the_reasoning_switch_and_its_budget(thinking, effort
     body = {"messages": [{"role": "user", "content": "x"}]}
     if thinking is not None:
         body["thinking"] = thinking
-    chat, _ = to_chat(body)
+    chat = to_chat(body)
     assert chat.get("reasoning_effort") == effort and chat.get("max_reasoning_tokens") == budget
 
 
 def test_effort_alone_turns_thinking_on_or_leaves_it_to_thinking_when_both_are_sent():
     ask = [{"role": "user", "content": "x"}]
-    assert to_chat({"messages": ask, "output_config": {"effort": "max"}})[0]["reasoning_effort"] == "xhigh"
+    assert to_chat({"messages": ask, "output_config": {"effort": "max"}})["reasoning_effort"] == "xhigh"
     both = {"messages": ask, "output_config": {"effort": "low"}, "thinking": {"type": "disabled"}}
-    assert to_chat(both)[0]["reasoning_effort"] == "none"
+    assert to_chat(both)["reasoning_effort"] == "none"
 
 
 def test_server_tools_are_dropped_and_a_choice_among_none_left_is_dropped_too():
-    chat, _ = to_chat({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "auto"},
-                       "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    chat = to_chat({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "auto"},
+                    "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
     assert chat["tools"] == [] and "tool_choice" not in chat
 
 

@@ -92,7 +92,7 @@ def _streamed_chat(w, body: dict) -> tuple[str | None, dict]:
     return finish, usage.model_dump()
 
 
-@pytest.mark.parametrize("surface", ["chat", "chat max_completion_tokens", "completions", "responses"])
+@pytest.mark.parametrize("surface", ["chat", "chat max_completion_tokens", "completions", "responses", "messages"])
 def test_a_clients_32000_token_ceiling_is_served_to_the_room_left_on_every_surface(roomy, surface):
     """opencode's shape (and Claude Code's 32,000) against a context far smaller: served, cut at the room left."""
     w = roomy
@@ -111,6 +111,14 @@ def test_a_clients_32000_token_ceiling_is_served_to_the_room_left_on_every_surfa
         assert status == 200, answer
         assert answer["choices"][0]["finish_reason"] == "length"
         assert answer["usage"]["completion_tokens"] == ROOMY_CAP - len(PROMPT)
+    elif surface == "messages":  # Claude Code's 32,000
+        status, _, answer = w.post_json("/v1/messages?beta=true", {
+            "model": "tiny", "max_tokens": 32000, "ignore_eos": True, "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "list the files"}]}]})
+        assert status == 200, answer
+        assert answer["stop_reason"] == "max_tokens"
+        u = answer["usage"]
+        assert u["input_tokens"] + u["cache_read_input_tokens"] + u["output_tokens"] == ROOMY_CAP
     else:
         status, _, answer = w.post_json("/v1/responses", {"model": "tiny", "input": "list the files",
                                                           "max_output_tokens": 32000, "ignore_eos": True})

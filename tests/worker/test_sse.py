@@ -11,7 +11,7 @@ from aiohttp import web
 
 import mtpstack.worker
 from mtpstack.validator import FleetConfig
-from mtpstack.worker.sse import DONE, KEEPALIVE, frame, keepalive, open_stream
+from mtpstack.worker.sse import DONE, KEEPALIVE, PING, frame, keepalive, open_stream
 
 WORKER = Path(mtpstack.worker.__file__).parent
 
@@ -62,6 +62,16 @@ async def _slow_start(request):
     return resp
 
 
+async def _pinging(request):
+    """The same silence on an Anthropic stream: `ping` events, not comments."""
+    resp = await open_stream(request, "rid-2")
+    async with keepalive(resp, every=BEAT_SECONDS, beat=PING):
+        await asyncio.sleep(SILENCE_SECONDS)
+        await resp.write(frame({"type": "message_stop"}, event="message_stop"))
+    await resp.write_eof()
+    return resp
+
+
 async def _healthy(request):
     return web.json_response({"status": "ok"})
 
@@ -105,3 +115,12 @@ async def test_the_proxy_relays_a_long_prefill_past_its_idle_timeout_when_the_wo
     assert resp.status == 200
     assert [p for p in _events(body) if p.startswith(b"data: ")] == [b'data: {"n": 1}', b'data: {"n": 2}', b"data: [DONE]"]
     assert b"upstream_timeout" not in body
+
+
+async def test_a_silent_anthropic_stream_sends_ping_events(aiohttp_client):
+    app = web.Application()
+    app.router.add_get("/", _pinging)
+    client = await aiohttp_client(app)
+    parts = _events(await (await client.get("/")).read())
+    assert PING == b'event: ping\ndata: {"type": "ping"}\n\n'
+    assert parts.count(PING.rstrip(b"\n")) >= 2 and parts[-1].startswith(b"event: message_stop")

@@ -331,9 +331,8 @@ def _thinking(body: dict, chat: dict) -> str:
     return display
 
 
-def to_chat(body) -> tuple[dict, dict]:
-    """The chat request a Messages request means, and how to answer it (`MessageBuilder`'s options);
-    refusals name the Messages field."""
+def to_chat(body) -> dict:
+    """The chat request a Messages request means; refusals name the Messages field."""
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object", None)
     for key in sorted(k for k in body if k not in (*TRANSLATED, *PASSED, *IGNORED)):
@@ -353,13 +352,20 @@ def to_chat(body) -> tuple[dict, dict]:
     tools = _tools(body.get("tools"))
     if tools is not None:
         chat["tools"] = tools
-    single = False
     if body.get("tool_choice") is not None:
-        chat["tool_choice"], single = _tool_choice(body["tool_choice"])
+        chat["tool_choice"], _ = _tool_choice(body["tool_choice"])
         if chat["tool_choice"] in ("auto", "none") and not tools:
             del chat["tool_choice"]  # every tool was a server tool: nothing is left to choose from
-    display = _thinking(body, chat)
-    return chat, {"display": display, "single_call": single, "stops": tuple(stops or ())}
+    _thinking(body, chat)
+    return chat
+
+
+def answer_options(body: dict) -> dict:
+    """How a Messages request wants its answer written (`MessageBuilder`'s options), from a body
+    `to_chat` has checked: thinking's display, at most one call, the stop sequences to name."""
+    choice = body.get("tool_choice")
+    return {"display": _thinking(body, {}), "single_call": _tool_choice(choice)[1] if choice is not None else False,
+            "stops": tuple(body.get("stop_sequences") or ())}
 
 
 def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict:
@@ -382,6 +388,10 @@ class MessageBuilder:
         self.calls = 0
         self._open: dict | None = None  # the text or thinking block being streamed
         self._reasoning = ""  # the open thinking block's text, also when it is not shown
+
+    @classmethod
+    def for_request(cls, spec: OutputSpec | None, model: str, body: dict) -> "MessageBuilder":
+        return cls(spec, model, **answer_options(body))
 
     def start(self, usage: dict) -> list[dict]:
         return [{"type": "message_start", "message": self._message([], None, None, usage)}]
