@@ -202,6 +202,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
             _leave(s)
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """As the worker does: counted at once, no sequence slot taken."""
+    return web.json_response({"input_tokens": len(await request.read())})
+
+
 async def health(request: web.Request) -> web.Response:
     s = request.app[FAKE]
     return web.json_response({"status": "ok" if s.health_status == 200 else "unhealthy"}, status=s.health_status)
@@ -239,6 +244,8 @@ def make_app(state: FakeState) -> web.Application:
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/responses", completions)  # answered in the chat shape: the proxy only relays
+    app.router.add_post("/v1/messages", completions)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
     app.router.add_get("/identity", identity)

@@ -42,9 +42,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/chat/completions", "chat", "Chat Completions API", units="messages"),
     Endpoint("/v1/completions", "completions", "Completions API", units="prompt"),
     Endpoint("/v1/responses", "responses", "Responses API", units="responses", native_only=True, choices=False),
-    Endpoint("/v1/messages", "messages", "Anthropic's Messages API", units="anthropic", family="anthropic",
+    Endpoint("/v1/messages", "messages", "Anthropic Messages API", units="anthropic", family="anthropic",
              native_only=True, choices=False),
-    Endpoint("/v1/messages/count_tokens", "count_tokens", "Anthropic's Messages API", units="anthropic",
+    Endpoint("/v1/messages/count_tokens", "count_tokens", "Anthropic Messages API", units="anthropic",
              family="anthropic", native_only=True, choices=False, generates=False),
 )
 #: The rows by path.

@@ -1,7 +1,8 @@
 """The proxy app: `create_app(config)` builds an aiohttp application from a `FleetConfig`.
 
 Routes: a POST for each row of the endpoint table (`mtpstack.endpoints`: admitted here, routed, and
-relayed to a worker by `mtpstack.proxy.relay`), GET /v1/models, /v1/fleet/status, /dashboard,
+relayed to a worker by `mtpstack.proxy.relay`; a row that does not generate, Anthropic's
+`count_tokens`, relayed to a healthy worker without a slot), GET /v1/models, /v1/fleet/status, /dashboard,
 /healthz, /readyz, /metrics.
 """
 
@@ -159,7 +160,8 @@ def _auth_failure(request: web.Request, state: ProxyState, rid: str, family: str
     if key_accepted(presented_key(request.headers), state.api_keys):
         return None
     return error_response(
-        HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY`", rid=rid,
+        HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        rid=rid,
         family=family,
     )
 
@@ -224,7 +226,7 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     """Admit the request to a worker of its model and relay the answer. Every request gets
     exactly one answer: the worker's, or one error of the proxy's own."""
     state = request.app[STATE]
-    ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic())
+    ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic(), family=endpoint.family)
     try:
         resp = await _forward(request, state, ex, endpoint)
     except Rejected as r:
@@ -325,6 +327,10 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
     _refuse_what_backends_ignore(state, admission, endpoint, payload, ex.model)
+    if not endpoint.generates:
+        upstream = _least_busy_healthy(admission)
+        ex.worker = upstream.name
+        return await relay(request, state, upstream, body, ex)
 
     affinity = state.affinities.get(ex.model)
     keys = affinity_keys(endpoint.path, payload) if affinity is not None else None
@@ -352,6 +358,15 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
         return await relay(request, state, upstream, body, ex)
     finally:
         admission.release(upstream, time.monotonic() - admitted, weight)
+
+
+def _least_busy_healthy(admission: ModelAdmission) -> Upstream:
+    """The least busy healthy worker of a model, for a request that takes no slot (it generates nothing)."""
+    healthy = [u for u in admission.upstreams if u.healthy]
+    if not healthy:
+        raise Rejected(HTTPStatus.SERVICE_UNAVAILABLE, "no_healthy_worker",
+                       f"no healthy worker serves model `{admission.model}` right now", retry_after=admission.unhealthy_retry_after)
+    return min(healthy, key=lambda u: (u.inflight / u.gate, u.order))
 
 
 def _choices(payload: dict, endpoint: Endpoint, admission: ModelAdmission) -> int:

@@ -14,7 +14,7 @@ from typing import Iterable
 from aiohttp import hdrs, web
 
 from mtpstack.endpoints import family_of
-from mtpstack.refusals import error_body, internal_error, routing_refusal
+from mtpstack.refusals import error_body, family_status, internal_error, routing_refusal
 from mtpstack.requestid import REQUEST_ID, request_id
 
 log = logging.getLogger("mtpstack.proxy")
@@ -50,6 +50,7 @@ def error_response(
     headers = {REQUEST_ID: rid}
     if retry_after is not None:
         headers[hdrs.RETRY_AFTER] = str(retry_after)
+    status = family_status(status, code, family)
     return web.Response(
         status=status,
         body=json.dumps(error_body(status, code, message, family=family)).encode(),
@@ -59,8 +60,10 @@ def error_response(
 
 
 def sse_error_event(code: str, message: str, family: str = "openai") -> bytes:
-    """The last event of a stream the proxy had to cut short (OpenAI clients raise on it)."""
-    return b"data: " + json.dumps(error_body(HTTPStatus.BAD_GATEWAY, code, message, family=family)).encode() + b"\n\n"
+    """The last event of a stream the proxy had to cut short (OpenAI's and Anthropic's clients raise on
+    it; Anthropic's read it as a named `error` event)."""
+    named = b"event: error\n" if family == "anthropic" else b""
+    return named + b"data: " + json.dumps(error_body(HTTPStatus.BAD_GATEWAY, code, message, family=family)).encode() + b"\n\n"
 
 
 @web.middleware

@@ -42,6 +42,8 @@ class Exchange:
     #: The worker's error code, when it refused: logged, not counted as the proxy's refusal.
     worker_code: str | None = None
     stream: bool = False
+    #: The API family whose error shape a stream cut short ends with (`Endpoint.family`).
+    family: str = "openai"
     queue_wait: float | None = None
     #: How the worker was chosen (`mtpstack.proxy.routing.Decision`).
     routing: str | None = None
@@ -265,7 +267,7 @@ async def _relay_stream(
         ex.code = failure[0]
         try:
             # Close any event the worker left half-written, so the error is an event of its own.
-            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure))
+            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure, ex.family))
         except ConnectionError:
             raise ClientGone(resp) from None
     try:

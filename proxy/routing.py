@@ -9,6 +9,8 @@ with it, since its prefix now lives there.
 
 What identifies a conversation (`affinity_keys`), first found wins:
 - the client's `prompt_cache_key` (OpenAI's field for exactly this), else its `user`;
+- on Anthropic's Messages API, the `session_id` in `metadata.user_id` (Claude Code sends a JSON
+  string holding `device_id` and `session_id`), else a plain `metadata.user_id`;
 - else the prompt itself: the messages (chat `messages`; Responses `instructions` then
   `input`) or the prompt text in blocks (completions `prompt`, a Responses `input` string),
   hashed cumulatively at each message or block boundary, up to `MAX_UNITS` of them. A request
@@ -113,11 +115,32 @@ def _prompt_text_units(payload: dict) -> Iterator[bytes]:
         yield from _blocks_of_bytes(_token_bytes(prompt))
 
 
+def _unmarked(message: object) -> object:
+    """An Anthropic message as it reads on every turn: without `cache_control` marks, and content of
+    text blocks only as one string (Claude Code resends its system message so)."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    blocks = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in message["content"]]
+    if all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) and len(b) == 2 for b in blocks):
+        return {**message, "content": "".join(b["text"] for b in blocks)}
+    return {**message, "content": blocks}
+
+
+def _anthropic_units(payload: dict) -> Iterator[bytes]:
+    system = payload.get("system")
+    if system:
+        yield _canonical({"system": _unmarked({"content": system})["content"] if isinstance(system, list) else system})
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        yield from (_canonical(_unmarked(m)) for m in messages)
+
+
 #: How a prompt is cut into units, by an endpoint's `units` (`mtpstack.endpoints`).
 UNITS: dict[str, Callable[[dict], Iterator[bytes]]] = {
     "messages": _message_units,
     "responses": _responses_units,
     "prompt": _prompt_text_units,
+    "anthropic": _anthropic_units,
 }
 
 
@@ -164,6 +187,27 @@ class Keys:
         self.record = record
 
 
+#: Longest `metadata.user_id` read as JSON for its session: Claude Code's is about 150 bytes.
+MAX_USER_ID_JSON = 4096
+
+
+def anthropic_session(payload: dict) -> str | None:
+    """The conversation a Messages request names: `metadata.user_id`'s `session_id` when it is a JSON
+    object holding one (Claude Code's), else the `user_id` itself."""
+    meta = payload.get("metadata")
+    user = meta.get("user_id") if isinstance(meta, dict) else None
+    if not isinstance(user, str) or not user:
+        return None
+    if user.startswith("{") and len(user) <= MAX_USER_ID_JSON:
+        try:
+            session = json.loads(user).get("session_id")
+        except (ValueError, AttributeError, RecursionError):
+            session = None
+        if isinstance(session, str) and session:
+            return "session:" + session
+    return "user:" + user
+
+
 def affinity_keys(path: str, payload: dict) -> Keys:
     key = payload.get("prompt_cache_key")
     if isinstance(key, str) and key:
@@ -172,6 +216,11 @@ def affinity_keys(path: str, payload: dict) -> Keys:
     user = payload.get("user")
     if isinstance(user, str) and user:
         d = _digest(b"u", user)
+        return Keys([d], [d])
+    endpoint = BY_PATH.get(path)
+    session = anthropic_session(payload) if endpoint is not None and endpoint.units == "anthropic" else None
+    if session is not None:
+        d = _digest(b"a", session)
         return Keys([d], [d])
     digests = _prefix_digests(prompt_units(path, payload))
     if not digests:

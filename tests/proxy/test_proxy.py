@@ -335,6 +335,59 @@ async def test_api_keys_are_required_when_configured(make_fleet, keys_file, head
     assert "sk-" not in caplog.text
 
 
+# -- Anthropic's Messages API ---------------------------------------------------------------
+def anthropic_error(body: dict) -> dict:
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    return body["error"]
+
+
+async def test_a_full_queue_is_anthropics_529_overloaded_with_retry_after_on_messages(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
+    held = asyncio.create_task(f.client.post("/v1/messages?beta=true", json=chat(delay=0.3)))
+    queued = asyncio.create_task(f.client.post("/v1/messages", json=chat()))
+    await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
+    r = await f.client.post("/v1/messages?beta=true", json=chat())
+    assert r.status == 529 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    assert anthropic_error(await r.json())["type"] == "overloaded_error"
+    assert [x.status for x in await asyncio.gather(held, queued)] == [200, 200]
+
+
+async def test_a_queue_timeout_on_messages_is_a_429_rate_limit_error_with_retry_after(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
+    held = asyncio.create_task(f.client.post("/v1/messages", json=chat(delay=0.5)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
+    r = await f.client.post("/v1/messages", json=chat())
+    assert r.status == 429 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
+    assert anthropic_error(await r.json())["type"] == "rate_limit_error"
+    assert (await held).status == 200
+
+
+async def test_counting_tokens_takes_no_slot_and_waits_behind_no_generation(make_fleet):
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
+    held = asyncio.create_task(f.client.post("/v1/messages", json=chat(delay=0.5)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
+    r = await f.client.post("/v1/messages/count_tokens?beta=true", json=chat())
+    assert r.status == 200 and not held.done()
+    assert f.state.upstreams["w1"].inflight == 1 and f.state.admissions["m"].waiting == 0
+    assert (await held).status == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/messages?beta=true", "/v1/messages/count_tokens"])
+async def test_messages_refusals_take_anthropics_shape(make_fleet, keys_file, path):
+    f = await make_fleet({"w1": {"gate": 1}, "old": {"gate": 1, "model": "b", "backend": "mlx-lm", "target": "/srv/b"}},
+                         proxy={"apiKeysFile": keys_file})
+    key = {"x-api-key": "sk-first-key", "anthropic-version": "2023-06-01"}
+    r = await f.client.post(path, json=chat())
+    error = anthropic_error(await r.json())
+    assert r.status == 401 and error["type"] == "authentication_error" and "x-api-key" in error["message"]
+    r = await f.client.post(path, json=chat(model="claude-opus-4"), headers=key)
+    assert r.status == 404 and "claude-opus-4" in anthropic_error(await r.json())["message"]
+    r = await f.client.post(path, json=chat(model="b"), headers=key)
+    assert r.status == 400 and "mlx-lm" in anthropic_error(await r.json())["message"]
+    assert (await f.client.post(path, json=chat(), headers=key)).status == 200
+    assert (await f.client.post(path, json=chat(), headers={"Authorization": "Bearer sk-second-key"})).status == 200
+
+
 # -- forwarding details -------------------------------------------------------------------
 async def test_mlx_lm_workers_get_the_model_they_loaded(make_fleet):
     f = await make_fleet(

@@ -81,13 +81,49 @@ def test_the_responses_api_is_keyed_by_instructions_and_input():
     assert not recorded_then_found(first, {**second, "instructions": "other"}, "/v1/responses")
 
 
+MESSAGES = "/v1/messages"
+
+
+def claude_code_turn(session: str, n: int, tag: str = "a") -> dict:
+    """Claude Code's request for turn n: its system blocks, its context as a message of role `system`
+    (blocks on the first turn, a string after), the `cache_control` mark on the newest message."""
+    context = {"role": "system", "content": [{"type": "text", "text": "<context>cwd</context>", "cache_control": {"type": "ephemeral"}}]}
+    messages = [{"role": "user", "content": [{"type": "text", "text": f"task {tag}"}]}, context]
+    for i in range(1, n):
+        messages[1] = {"role": "system", "content": "<context>cwd</context>"}
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": "ls"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"out {tag}{i}"}]}]
+    for m in messages[2:]:
+        for b in m["content"]:
+            b.pop("cache_control", None)
+    if isinstance(messages[-1]["content"], list):
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    user_id = f'{{"device_id": "d", "session_id": "{session}"}}' if session else None
+    return {"system": [{"type": "text", "text": "You are Claude Code. " * 40, "cache_control": {"type": "ephemeral"}}],
+            "messages": messages, **({"metadata": {"user_id": user_id}} if user_id else {})}
+
+
+def test_claude_codes_session_id_keys_its_conversation():
+    assert recorded_then_found(claude_code_turn("s-1", 1, "a"), claude_code_turn("s-1", 1, "b"), MESSAGES)
+    assert not recorded_then_found(claude_code_turn("s-1", 1), claude_code_turn("s-2", 2), MESSAGES)
+    plain = {"messages": [{"role": "user", "content": "q"}], "metadata": {"user_id": "user-7"}}
+    assert recorded_then_found(plain, {**plain, "messages": [{"role": "user", "content": "other"}]}, MESSAGES)
+
+
+def test_a_messages_conversation_without_a_session_finds_its_worker_though_its_cache_marks_moved():
+    assert recorded_then_found(claude_code_turn("", 1), claude_code_turn("", 2), MESSAGES)
+    assert recorded_then_found(claude_code_turn("", 2), claude_code_turn("", 3), MESSAGES)
+
+
 @pytest.mark.parametrize(
     "payload",
     [{}, {"messages": "x"}, {"messages": [None, 3, {"a": float("nan")}]}, {"prompt": 5}, {"prompt_cache_key": 3, "user": ["x"]},
-     {"prompt": [1, 2, 3]}, {"input": {"x": 1}}, {"messages": [{"content": "\ud800"}]}],
+     {"prompt": [1, 2, 3]}, {"input": {"x": 1}}, {"messages": [{"content": "\ud800"}]},
+     {"metadata": {"user_id": "{" + "[" * 5000}}, {"metadata": {"user_id": '{"session_id": 5}'}}, {"metadata": "x"},
+     {"system": [None, {"type": "text"}], "messages": [{"content": [None, 1]}]}, {"metadata": {"user_id": "[" * 4000}}],
 )
 def test_odd_bodies_give_keys_or_none_and_never_raise(payload):
-    for path in (CHAT, "/v1/completions", "/v1/responses"):
+    for path in (CHAT, "/v1/completions", "/v1/responses", MESSAGES):
         keys = affinity_keys(path, payload)
         assert len(keys.lookup) <= LOOKUP_BOUNDARIES + 1 and len(keys.record) <= 3
 
