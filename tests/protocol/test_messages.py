@@ -50,7 +50,8 @@ def test_claude_codes_first_turn_becomes_one_system_message_then_the_user_turn_w
     ]
     assert chat["tools"] == [{"type": "function", "function": {
         "name": "Bash", "description": "Runs a command.", "parameters": BASH["input_schema"]}}]
-    assert chat["max_tokens"] == 32000 and chat["stream"] is True and chat["reasoning_effort"] == "high"
+    # adaptive thinking is the template's own default, whatever the effort
+    assert chat["max_tokens"] == 32000 and chat["stream"] is True and "reasoning_effort" not in chat
     assert "max_reasoning_tokens" not in chat and answer["display"] == "omitted"
     for ignored in ("metadata", "context_management", "thinking", "output_config", "system"):
         assert ignored not in chat
@@ -91,7 +92,7 @@ def test_tool_choice_maps_onto_chats(choice, chat_choice, single):
 
 @pytest.mark.parametrize("thinking, effort, budget", [
     ({"type": "enabled", "budget_tokens": 64}, "high", 64), ({"type": "disabled"}, "none", None),
-    ({"type": "adaptive"}, "high", None), (None, None, None),
+    ({"type": "adaptive"}, None, None), (None, None, None),
 ])
 def test_thinking_maps_onto_the_reasoning_switch_and_its_budget(thinking, effort, budget):
     body = {"messages": [{"role": "user", "content": "x"}]}
@@ -106,6 +107,7 @@ def test_effort_alone_turns_thinking_on_or_leaves_it_to_thinking_when_both_are_s
     assert to_chat({"messages": ask, "output_config": {"effort": "max"}})["reasoning_effort"] == "xhigh"
     both = {"messages": ask, "output_config": {"effort": "low"}, "thinking": {"type": "disabled"}}
     assert to_chat(both)["reasoning_effort"] == "none"
+    assert "reasoning_effort" not in to_chat({**both, "thinking": {"type": "adaptive"}})
 
 
 def test_server_tools_are_dropped_and_a_choice_among_none_left_is_dropped_too():

@@ -295,13 +295,19 @@ def _tool_choice(choice) -> tuple[object, bool]:
 
 def _thinking(body: dict, chat: dict) -> str:
     """`thinking` and `output_config.effort` onto the template's thinking switch and its budget, as
-    `reasoning_effort` and `max_reasoning_tokens` are; returns how thinking is displayed."""
+    `reasoning_effort` and `max_reasoning_tokens` are; returns how thinking is displayed.
+
+    `enabled` turns thinking on (with `budget_tokens` as the budget), `disabled` off; `adaptive` lets
+    the model decide, which for an open model is its template's own default (Qwen3.5's thinks; the
+    shipped demo's does not: turned on, the toy never closes its block). `output_config.effort`
+    alone turns it on or off as `reasoning_effort` does; beside `thinking`, `thinking` decides."""
     thinking = body.get("thinking")
     display = "summarized"
     if thinking is not None:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive", "disabled"):
             raise ProtocolError("`thinking` must be `{\"type\": \"enabled\" | \"adaptive\" | \"disabled\", ...}`", "thinking")
-        chat["reasoning_effort"] = "none" if thinking["type"] == "disabled" else "high"
+        if thinking["type"] != "adaptive":
+            chat["reasoning_effort"] = "none" if thinking["type"] == "disabled" else "high"
         if thinking["type"] == "enabled":
             budget = thinking.get("budget_tokens")
             if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
@@ -321,7 +327,8 @@ def _thinking(body: dict, chat: dict) -> str:
             if effort not in EFFORTS:
                 raise ProtocolError(f"`output_config.effort` must be one of {', '.join(EFFORTS)}: {shown(effort)}",
                                     "output_config")
-            chat.setdefault("reasoning_effort", EFFORTS[effort])  # `thinking`, when sent, decides on or off
+            if thinking is None:  # `thinking`, when sent, decides on or off
+                chat["reasoning_effort"] = EFFORTS[effort]
         fmt = config.get("format")
         if fmt is not None:
             if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
