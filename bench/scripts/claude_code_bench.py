@@ -1,0 +1,239 @@
+"""Claude Code's turns against `mtpstack up`'s demo: time to first token and the prefix cache's reuse, per turn.
+
+Each round starts the demo fleet as `mtpstack up` ships it, puts a recording relay in front of its
+proxy, and runs Claude Code headless (`claude -p`) in a fresh home: a first turn (its system prompt,
+its context and its 12 tools: about 12k demo tokens, nothing cached), two next turns of the same
+conversation (`claude -c -p`), then the first turn of another conversation in another folder (whose
+system prompt and tools the worker has seen). The relay times each `/v1/messages` from its arrival to
+the stream's first content block and reads `usage` (`input_tokens`, `cache_read_input_tokens`) from
+`message_start`. Then the fleet stops, so every round's first turn is cold:
+
+    flock /work/bench.lock python bench/scripts/claude_code_bench.py --rounds 3 --out claude.json
+
+Needs Claude Code (`scripts/bootstrap-npm`, run by `scripts/test`: `.claude-code/`, or `--claude`).
+Prints per turn the median and min-max over rounds, and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout's root on sys.path)
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+from mtpstack.bench.stats import summarize
+from mtpstack.runtime import Process, free_port, http_status, url_of
+from mtpstack.up import DEMO_MODEL, default_fleet
+
+ROOT = _checkout.ROOT
+CLAUDE = ROOT / ".claude-code" / "node_modules" / ".bin" / "claude"
+#: The turns of a round, in order: (label, prompt, continue the conversation, folder).
+TURNS = [("first", "list the files", False, "a"), ("next 1", "and the tests?", True, "a"),
+         ("next 2", "thanks", True, "a"), ("new conversation", "list the files", False, "b")]
+#: A cold first turn prefills about 12k tokens: a few minutes on 2 busy cores.
+TURN_SECONDS = 900
+
+
+class Recorder:
+    """A relay in front of the proxy that records, per `/v1/messages`, its time to the first content
+    block and the usage `message_start` reports. Runs its own event loop in a thread."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream
+        self.records: list[dict] = []
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Recorder":
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return url_of("127.0.0.1", self.port)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_read=TURN_SECONDS))
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self._ready.set()
+        await self._stop.wait()
+        await self._session.close()
+        await runner.cleanup()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        record = {"path": request.path, "status": None, "ttft_s": None, "usage": None, "final_usage": None}
+        async with self._session.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as up:
+            record["status"] = up.status
+            resp = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items()
+                                                                 if k.lower() not in ("content-length", "transfer-encoding")})
+            await resp.prepare(request)
+            buffer = b""
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    observe(record, event, time.perf_counter() - arrived)
+            await resp.write_eof()
+        if request.path.startswith("/v1/messages") and not request.path.endswith("count_tokens"):
+            self.records.append(record)
+        return resp
+
+
+def observe(record: dict, event: bytes, elapsed: float) -> None:
+    """Fold one server-sent event into a request's record (pure: tested in tests/bench)."""
+    data = next((line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")), None)
+    if data is None:
+        return
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    if kind == "message_start":
+        record["usage"] = payload["message"]["usage"]
+    elif kind == "content_block_start" and record["ttft_s"] is None:
+        record["ttft_s"] = round(elapsed, 3)
+    elif kind == "message_delta":
+        record["final_usage"] = payload.get("usage")
+
+
+def main_request(records: list[dict]) -> dict | None:
+    """A turn's own request: the one with the longest prompt (Claude Code may send small side requests)."""
+    full = [r for r in records if r["usage"]]
+    return max(full, key=lambda r: r["usage"]["input_tokens"] + r["usage"].get("cache_read_input_tokens", 0), default=None)
+
+
+def turn_row(label: str, turns: list[dict]) -> str:
+    """One line of the report: a turn's TTFT and cache reuse over the rounds (pure)."""
+    ttft = summarize([t["ttft_s"] for t in turns])
+    read = summarize([t["cache_read_input_tokens"] for t in turns])
+    prompt = summarize([t["prompt_tokens"] for t in turns])
+    return (f"| {label} | {prompt.median:,.0f} | {ttft.median:.2f} ({min(t['ttft_s'] for t in turns):.2f}-"
+            f"{max(t['ttft_s'] for t in turns):.2f}) | {read.median:,.0f} ({min(t['cache_read_input_tokens'] for t in turns):,}-"
+            f"{max(t['cache_read_input_tokens'] for t in turns):,}) | {len(turns)} |")
+
+
+def report(result: dict) -> list[str]:
+    lines = ["| turn | prompt tokens | TTFT s, median (min-max) | cache_read_input_tokens, median (min-max) | n |",
+             "|---|---|---|---|---|"]
+    for label, *_ in TURNS:
+        turns = [r[label] for r in result["rounds"] if r.get(label)]
+        if turns:
+            lines.append(turn_row(label, turns))
+    lines.append(f"Claude Code {result['claude_version']}; load average before {result['loadavg_before']}, "
+                 f"after {result['loadavg_after']}.")
+    return lines
+
+
+def _fleet(work: Path) -> tuple[Path, dict]:
+    config = default_fleet()
+    config["proxy"]["port"] = free_port()
+    config["workers"]["demo"]["port"] = free_port()
+    path = work / "fleet.json"
+    path.write_text(json.dumps(config))
+    return path, config
+
+
+def one_round(claude: Path, work: Path) -> dict:
+    fleet, config = _fleet(work)
+    proxy = url_of("127.0.0.1", config["proxy"]["port"])
+    up = Process([sys.executable, "-m", "mtpstack", "up", str(fleet), "--run-dir", str(work / "run")],
+                 log_path=work / "up.log", name="demo", kind="up")
+    up.start()
+    try:
+        started = time.monotonic()
+        while http_status(proxy + "/readyz")[0] != 200:
+            if not up.alive() or time.monotonic() - started > 300:
+                raise SystemExit(f"error: `mtpstack up` was not ready:\n{up.log_text()}")
+            time.sleep(0.2)
+        out: dict = {}
+        with Recorder(proxy) as rec:
+            home = work / "home"
+            home.mkdir()
+            for label, prompt, again, folder in TURNS:
+                cwd = work / folder
+                cwd.mkdir(exist_ok=True)
+                (cwd / "a.txt").write_text("hello\n")
+                env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "NO_COLOR": "1",
+                       "ANTHROPIC_BASE_URL": rec.url, "ANTHROPIC_AUTH_TOKEN": "bench", "ANTHROPIC_MODEL": DEMO_MODEL,
+                       "ANTHROPIC_SMALL_FAST_MODEL": DEMO_MODEL, "DISABLE_TELEMETRY": "1",
+                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+                before = len(rec.records)
+                argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3", "--allowedTools", "Bash,Read"]
+                done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=TURN_SECONDS)
+                request = main_request(rec.records[before:])
+                if done.returncode != 0 or request is None:
+                    raise SystemExit(f"error: turn `{label}`: claude exited {done.returncode}, "
+                                     f"{len(rec.records) - before} requests\n{done.stderr[-2000:]}")
+                u = request["usage"]
+                out[label] = {"ttft_s": request["ttft_s"], "cache_read_input_tokens": u.get("cache_read_input_tokens", 0),
+                              "prompt_tokens": u["input_tokens"] + u.get("cache_read_input_tokens", 0),
+                              "output_tokens": (request["final_usage"] or {}).get("output_tokens"),
+                              "requests": len(rec.records) - before, "exit": done.returncode}
+                print(f"  {label}: {json.dumps(out[label])}", file=sys.stderr, flush=True)
+        return out
+    finally:
+        up.signal(signal.SIGINT)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds, each on a fresh fleet (default: 3)")
+    p.add_argument("--claude", type=Path, default=Path(os.environ.get("MTPSTACK_CLAUDE") or CLAUDE),
+                   help="the `claude` binary (default: .claude-code/, from scripts/bootstrap-npm)")
+    p.add_argument("--out", type=Path, help="where to write every turn (JSON)")
+    args = p.parse_args(argv)
+    if not args.claude.exists() and shutil.which(str(args.claude)) is None:
+        p.error(f"no Claude Code at {args.claude}; run scripts/bootstrap-npm or pass --claude")
+    version = subprocess.run([str(args.claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    result = {"claude_version": version, "loadavg_before": Path("/proc/loadavg").read_text().split()[:3], "rounds": []}
+    for i in range(args.rounds):
+        print(f"round {i + 1} of {args.rounds}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="claude-bench-") as tmp:
+            result["rounds"].append(one_round(args.claude, Path(tmp)))
+    result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    print("\n".join(report(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

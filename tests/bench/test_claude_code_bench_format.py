@@ -1,0 +1,43 @@
+"""`bench/scripts/claude_code_bench.py`'s pure parts: reading a turn off its stream, picking a turn's own
+request, and the report's rows."""
+
+from __future__ import annotations
+
+import json
+
+from devkit.scripts import load_script
+
+_script = load_script("claude_code_bench")
+
+
+def event(payload: dict) -> bytes:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload)}".encode()
+
+
+def test_a_stream_gives_the_usage_at_its_start_and_the_time_of_its_first_block():
+    record = {"ttft_s": None, "usage": None, "final_usage": None}
+    usage = {"input_tokens": 40, "cache_read_input_tokens": 11960, "output_tokens": 0}
+    _script.observe(record, b": keep-alive", 1.0)
+    _script.observe(record, event({"type": "ping"}), 2.0)
+    _script.observe(record, event({"type": "message_start", "message": {"usage": usage}}), 3.0)
+    _script.observe(record, event({"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}), 3.5)
+    _script.observe(record, event({"type": "content_block_start", "index": 1, "content_block": {"type": "text"}}), 9.0)
+    _script.observe(record, event({"type": "message_delta", "usage": {"output_tokens": 7}}), 9.5)
+    assert record == {"ttft_s": 3.5, "usage": usage, "final_usage": {"output_tokens": 7}}
+
+
+def test_a_turns_request_is_its_longest_prompt():
+    small = {"usage": {"input_tokens": 30}}
+    main = {"usage": {"input_tokens": 50, "cache_read_input_tokens": 12000}}
+    assert _script.main_request([small, main, {"usage": None}]) is main
+    assert _script.main_request([{"usage": None}]) is None
+
+
+def test_the_report_has_a_row_per_turn_with_median_and_range():
+    turn = lambda ttft, read: {"ttft_s": ttft, "cache_read_input_tokens": read, "prompt_tokens": 12000}  # noqa: E731
+    result = {"claude_version": "2.1.332", "loadavg_before": ["1", "2", "3"], "loadavg_after": ["2", "2", "2"],
+              "rounds": [{"first": turn(100.0, 0), "next 1": turn(4.0, 11900)}, {"first": turn(120.0, 0), "next 1": turn(6.0, 11950)}]}
+    lines = _script.report(result)
+    assert lines[2] == "| first | 12,000 | 110.00 (100.00-120.00) | 0 (0-0) | 2 |"
+    assert lines[3] == "| next 1 | 12,000 | 5.00 (4.00-6.00) | 11,925 (11,900-11,950) | 2 |"
+    assert "2.1.332" in lines[-1]
