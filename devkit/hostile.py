@@ -438,3 +438,88 @@ def agent_stream(i: int) -> tuple[str, dict]:
     return "/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "stream": True, "max_tokens": 400,
                                     "ignore_eos": True, "tools": [tool], "tool_choice": "required" if i % 3 == 2 else "auto",
                                     **no_think}
+
+
+# -- Anthropic's Messages API --------------------------------------------------------------
+
+MESSAGES_PATH = "/v1/messages"
+#: Odd content blocks, in a user turn or an assistant turn.
+ODD_BLOCKS = [5, None, "x", {}, {"type": 5}, {"type": "text"}, {"type": "text", "text": 5}, {"type": "image"},
+              {"type": "image", "source": {"type": "base64", "data": "AA=="}}, {"type": "document", "source": 5},
+              {"type": "frob_20990101"}, {"type": "redacted_thinking", "data": "x"},
+              {"type": "thinking", "thinking": 5}, {"type": "thinking", "thinking": "", "signature": "mtp1.!!"},
+              {"type": "thinking", "thinking": "", "signature": "mtp1." + "A" * 4000},
+              {"type": "tool_use", "id": 5, "name": "f", "input": {}}, {"type": "tool_use", "name": "", "input": {}},
+              {"type": "tool_use", "id": "t", "name": "f", "input": "[" * 5000 + "]" * 5000},
+              {"type": "tool_use", "id": "t", "name": "f", "input": [1]},
+              {"type": "tool_result", "tool_use_id": {"a": 1}, "content": "x"},
+              {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}, 5]},
+              {"type": "tool_result", "tool_use_id": "t", "content": "ok", "is_error": "yes"},
+              {"type": "text", "text": "\ud800"}, {"type": "text", "text": "hi", "cache_control": 5}]
+
+
+def _anthropic_tool(rng: random.Random):
+    if rng.random() < 0.15:
+        return rng.choice([5, "f", None, {}, {"type": "web_search_20250305", "name": "web_search"}, {"type": 5},
+                           {"type": "custom", "name": "f"}])
+    return {"name": rng.choice(["f", "get_weather", "", "a<b", "x" * 300, 5, None]),
+            "input_schema": rng.choice([hostile_schema(rng), {"type": "object", "properties": {"x": hostile_schema(rng)},
+                                                              "required": ["x"]}, 5, None])}
+
+
+def _messages_turns(rng: random.Random) -> list:
+    turns = []
+    for _ in range(rng.randint(1, 4)):
+        role = rng.choice(["user", "user", "assistant", "system", "robot", 5, None])
+        content = rng.choice(["hi", 5, None, [], {"a": 1}, [rng.choice(ODD_BLOCKS) for _ in range(rng.randint(1, 3))]])
+        turns.append({"role": role, "content": content} if rng.random() < 0.9 else rng.choice([5, "x", None, []]))
+    return turns
+
+
+def random_messages_request(rng: random.Random, model: str = "m") -> tuple[str, bytes]:
+    """(path, body): a `/v1/messages` (now and then `count_tokens`) request whose system, turns,
+    blocks, tools, `tool_choice`, thinking or other fields are hostile. Every request asks for 2
+    tokens, so one that is served is served quickly."""
+    body: dict = {"model": model, "max_tokens": 2, "thinking": {"type": "disabled"},
+                  "messages": _messages_turns(rng) if rng.random() < 0.6 else [{"role": "user", "content": "hi"}]}
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(10)
+        if kind == 0:
+            body["system"] = rng.choice([5, {"a": 1}, [5], [{"type": "image"}], [{"type": "text", "text": 5}], "\ud800",
+                                         [{"type": "text", "text": "x" * 50_000}]])
+        elif kind == 1:
+            body["tools"] = rng.choice([[_anthropic_tool(rng) for _ in range(rng.randint(1, 3))], 5, {}, "x"])
+        elif kind == 2:
+            body["tool_choice"] = rng.choice(["any", 5, {}, {"type": "frob"}, {"type": "tool"}, {"type": "tool", "name": 5},
+                                              {"type": "tool", "name": "missing"}, {"type": "any"},
+                                              {"type": "auto", "disable_parallel_tool_use": "yes"}])
+        elif kind == 3:
+            body["thinking"] = rng.choice([5, {}, {"type": "enabled"}, {"type": "enabled", "budget_tokens": -1},
+                                           {"type": "enabled", "budget_tokens": 2**70}, {"type": "adaptive", "display": 5},
+                                           {"type": "frob"}])
+        elif kind == 4:
+            body["output_config"] = rng.choice([5, {"effort": "extreme"}, {"effort": 5}, {"format": 5},
+                                                {"format": {"type": "json_schema", "schema": hostile_schema(rng)}}])
+        elif kind == 5:
+            body["stop_sequences"] = rng.choice(["END", [5], ["a"] * 5, [None], ["\ud800"], []])
+        elif kind == 6:
+            body["max_tokens"] = rng.choice([-1, 0, 2**31, 2**70, 1.5, "10", None, True])
+        elif kind == 7:
+            body[rng.choice(["temperature", "top_p", "top_k"])] = rng.choice([float("nan"), -1, 3, "0", [], 1e308, True])
+        elif kind == 8:
+            body["metadata"] = rng.choice([5, {"user_id": 5}, {"user_id": "{" + "[" * 5000}, {"user_id": '{"session_id": [1]}'}])
+        else:
+            body[rng.choice(["frobnicate", "container", "context_management", "mcp_servers"])] = rng.choice([5, {"a": [1]}, None])
+    path = MESSAGES_PATH + ("/count_tokens" if rng.random() < 0.15 else "") + ("?beta=true" if rng.random() < 0.5 else "")
+    return path, json.dumps(body, allow_nan=True).encode(errors="surrogatepass")
+
+
+def anthropic_refusal_names_a_field(payload) -> bool:
+    """A 400 in Anthropic's error shape whose message starts with the field it is about (`param: ...`)."""
+    if not isinstance(payload, dict) or payload.get("type") != "error":
+        return False
+    error = payload.get("error")
+    if not isinstance(error, dict) or error.get("type") != "invalid_request_error":
+        return False
+    field, sep, rest = str(error.get("message", "")).partition(": ")
+    return bool(sep and rest and field and " " not in field)

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from devkit.demo.agent import build_agent_pair
 from devkit.fake_fleet import proxy_before_fake
-from devkit.hostile import AGENT_SEEDS, agent_stream, random_agent_request, random_body, random_config, random_http, seed_request
+from devkit.hostile import (AGENT_SEEDS, agent_stream, anthropic_refusal_names_a_field, random_agent_request, random_body,
+                            random_config, random_http, random_messages_request, seed_request)
 from devkit.raw_http import SLOW_KINDS, json_answer, leave_streams, raw_exchange, request_bytes, slow_client
 from devkit.stall import measure, plain_stream, send_schemas
 from mtpstack.bench.stats import summarize
@@ -156,14 +157,17 @@ def unrouted(url: str) -> int:
 
 
 def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
-    """`n` generated hostile agent requests, one at a time: statuses, and refusals that are not
-    JSON in OpenAI's shape or (400s) name no field."""
+    """`n` generated hostile agent requests, one at a time (a third of them on `/v1/messages`):
+    statuses, and refusals that are not JSON in their API's shape or (400s) name no field."""
     rng = random.Random(seed)
-    counts = {"requests": n, "5xx": 0, "hangs": 0, "not_json": 0, "unnamed_400": 0}
+    counts = {"requests": n, "messages": 0, "5xx": 0, "hangs": 0, "not_json": 0, "unnamed_400": 0}
     statuses: dict[int, int] = {}
     started = time.monotonic()
-    for _ in range(n):
-        path, body = random_agent_request(rng, model)
+    for i in range(n):
+        # One in three on Anthropic's Messages API, whose refusals take its own shape.
+        anthropic = i % 3 == 2
+        path, body = random_messages_request(rng, model) if anthropic else random_agent_request(rng, model)
+        counts["messages"] += anthropic
         try:
             status, _, payload = json_answer(url + path, "POST", {"Content-Type": "application/json"}, body, timeout=HANG_SECONDS)
         except ValueError:
@@ -174,7 +178,8 @@ def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
             continue
         statuses[status] = statuses.get(status, 0) + 1
         counts["5xx"] += status >= 500
-        if status == 400 and not (isinstance(payload, dict) and payload.get("error", {}).get("param")):
+        if status == 400 and not (anthropic_refusal_names_a_field(payload) if anthropic
+                                  else isinstance(payload, dict) and payload.get("error", {}).get("param")):
             counts["unnamed_400"] += 1
     counts["statuses"] = dict(sorted(statuses.items()))
     counts["seconds"] = round(time.monotonic() - started, 1)
@@ -339,7 +344,8 @@ def report(r: dict) -> list[str]:
         f"proxy log: {p['log']['lines']} lines",
         f"worker: {w['malformed']['requests']} malformed requests in {w['malformed']['seconds']} s, statuses {w['malformed']['statuses']}, "
         f"{w['malformed']['closed_without_answer']} closed without an answer",
-        f"agent: {a['requests']['requests']} hostile requests to the worker in {a['requests']['seconds']} s, statuses "
+        f"agent: {a['requests']['requests']} hostile requests ({a['requests'].get('messages', 0)} on /v1/messages) to the "
+        f"worker in {a['requests']['seconds']} s, statuses "
         f"{a['requests']['statuses']}; to the proxy, statuses {p['agent']['statuses']}; {a['seeds']} seeds; "
         f"{a['cut_streams']} streams cut",
         f"agent: while {STALL_SCHEMAS} hostile schemas compile, {STALL_WIDTH} at a time ({st['repeats']} repeats, "

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from devkit.fake_fleet import proxy_before_fake
-from devkit.hostile import MALFORMED_HTTP, random_agent_request, random_body, random_http
+from devkit.hostile import MALFORMED_HTTP, random_agent_request, random_body, random_http, random_messages_request
 from devkit.raw_http import SLOW_KINDS, json_answer, raw_exchange, request_bytes, slow_client
 
 #: The deadline under test, short so that slow clients are cut off quickly.
@@ -112,6 +112,17 @@ def test_generated_hostile_agent_requests_get_no_5xx_and_no_hang(proxy):
     statuses = []
     for _ in range(FUZZ_COUNT // 3):
         path, body = random_agent_request(rng)
+        got = raw_exchange("127.0.0.1", proxy.port, request_bytes(path, body), timeout=HELD_AT_MOST)
+        assert not got.timed_out
+        statuses.append(got.status)
+    assert not [s for s in statuses if s is None or s >= 500], statuses
+
+
+def test_generated_hostile_messages_requests_get_no_5xx_and_no_hang(proxy):
+    rng = random.Random(FUZZ_SEED)
+    statuses = []
+    for _ in range(FUZZ_COUNT // 3):
+        path, body = random_messages_request(rng)
         got = raw_exchange("127.0.0.1", proxy.port, request_bytes(path, body), timeout=HELD_AT_MOST)
         assert not got.timed_out
         statuses.append(got.status)

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from devkit.demo.agent import build_agent_pair
-from devkit.hostile import AGENT_SEEDS, agent_stream, random_agent_request, seed_request
+from devkit.hostile import (AGENT_SEEDS, agent_stream, anthropic_refusal_names_a_field, random_agent_request,
+                            random_messages_request, seed_request)
 from devkit.raw_http import json_answer, leave_streams
 from devkit.stall import measure, plain_stream, send_schemas
 
@@ -73,6 +74,19 @@ def test_generated_hostile_agent_requests_get_no_5xx_and_each_400_names_a_field(
             error = payload["error"]
             assert error["param"] and error["message"] and error["type"] == "invalid_request_error", (error, body[:300])
     assert statuses.get(400, 0) > FUZZ_COUNT // 2, statuses  # the generator is hostile, not merely odd
+
+
+def test_generated_hostile_messages_requests_get_no_5xx_and_each_400_names_a_field_in_anthropics_shape(worker):
+    rng = random.Random(FUZZ_SEED)
+    statuses: dict[int, int] = {}
+    for _ in range(FUZZ_COUNT):
+        path, body = random_messages_request(rng, "tiny")
+        status, _, payload = json_answer(worker.url + path, "POST", {"Content-Type": "application/json"}, body, timeout=60)
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status in (200, 400), (status, payload, body[:300])
+        if status == 400:
+            assert anthropic_refusal_names_a_field(payload), (payload, body[:300])
+    assert statuses.get(400, 0) > FUZZ_COUNT // 3 and statuses.get(200, 0), statuses
 
 
 def test_compiling_hostile_schemas_delays_neither_health_nor_a_plain_stream(worker):
