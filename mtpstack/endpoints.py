@@ -18,8 +18,7 @@ class Endpoint:
     """One `POST` path that takes a prompt: answered by a worker, forwarded by the proxy."""
 
     path: str
-    #: The API its body and answer speak: the worker's handler (`chat`, `completions`, `responses`,
-    #: `messages`, `count_tokens`).
+    #: The API its body speaks: the worker's handler (`chat`, `completions`, `responses`, `messages`).
     api: str
     #: What it is called where the proxy refuses it for a backend that lacks it.
     title: str
@@ -44,7 +43,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/responses", "responses", "Responses API", units="responses", native_only=True, choices=False),
     Endpoint("/v1/messages", "messages", "Anthropic Messages API", units="anthropic", family="anthropic",
              native_only=True, choices=False),
-    Endpoint("/v1/messages/count_tokens", "count_tokens", "Anthropic Messages API", units="anthropic",
+    Endpoint("/v1/messages/count_tokens", "messages", "Anthropic Messages API", units="anthropic",
              family="anthropic", native_only=True, choices=False, generates=False),
 )
 #: The rows by path.

@@ -141,9 +141,9 @@ SURFACES: dict[str, Surface] = {
 def route(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of one row of the endpoint table: a completion in the row's API, or (a row that
     does not generate) the count of the prompt it would render."""
-    if not endpoint.generates:
-        return _counter(endpoint, SURFACES["messages"])
     surface = SURFACES[endpoint.api]
+    if not endpoint.generates:
+        return _counter(endpoint, surface)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         return await _completion(request, endpoint, surface)
