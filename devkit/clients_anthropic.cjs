@@ -71,7 +71,12 @@ async function main() {
   const baseURL = arg("--base-url").replace(/\/v1$/, "");
   const model = arg("--model");
   const Anthropic = require("@anthropic-ai/sdk").default;
-  const version = require("@anthropic-ai/sdk/package.json").version;
+  // The SDK exports no `./package.json`: read it beside its entry point.
+  const fs = require("fs");
+  const path = require("path");
+  let dir = path.dirname(require.resolve("@anthropic-ai/sdk"));
+  while (!fs.existsSync(path.join(dir, "package.json"))) dir = path.dirname(dir);
+  const version = JSON.parse(fs.readFileSync(path.join(dir, "package.json"), "utf8")).version;
   const client = new Anthropic({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 120000 });
   const out = [];
   for (const [feature, cell] of Object.entries(cells(client, model))) {
