@@ -237,7 +237,8 @@ def anthropic_cells(base: str, model: str) -> dict[str, Callable[[], str]]:
 
     # The Anthropic SDK's base URL has no `/v1`: it adds `/v1/messages` itself.
     client = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=120)
-    kw = dict(model=model, temperature=0)
+    # The 2.x SDK takes no `temperature` argument (Anthropic's newest models refuse sampling knobs); greedy is asked in the body.
+    kw = dict(model=model, extra_body={"temperature": 0})
     ask = [{"role": "user", "content": QUESTION}]
 
     def create():

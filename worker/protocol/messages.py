@@ -42,7 +42,7 @@ TRANSLATED = ("system", "messages", "tools", "tool_choice", "max_tokens", "stop_
 #: (`metadata.user_id` keys the proxy's routing; `cache_control` is the prefix cache's job, which
 #: needs no marks; `context_management` edits thinking the templates already drop).
 IGNORED = ("metadata", "cache_control", "context_management", "service_tier", "container", "betas", "mcp_servers",
-           "inference_geo")
+           "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id")
 #: Anthropic's stop reasons for the engine's finish reasons.
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 #: `output_config.effort` -> chat's `reasoning_effort` (Anthropic's `max` is OpenAI's `xhigh`).
