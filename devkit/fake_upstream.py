@@ -159,7 +159,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
             s.served += 1
             _leave(s)
             left = True
-            if status >= 400:  # a refusal in the worker's error shape, `code` chosen by the request
+            if status >= 400:  # a refusal in the worker's error shape (Anthropic's on its paths), `code` chosen by the request
+                if request.path.startswith("/v1/messages"):
+                    return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": "refused"}},
+                                             status=status)
                 error = {"message": "refused", "type": "invalid_request_error", "code": ctl.get("code"), "param": None}
                 return web.json_response({"error": error}, status=status)
             body = {

@@ -122,10 +122,12 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
 
 
 def _error_code(data: bytes) -> str | None:
-    """The `error.code` of a worker's refusal, for the request's log line and refusal count."""
+    """The `error.code` of a worker's refusal, for the request's log line; Anthropic's shape has no
+    code, so its `error.type` (`invalid_request_error`, ...)."""
     try:
-        code = json.loads(data)["error"]["code"]
-    except (ValueError, LookupError, TypeError):
+        error = json.loads(data)["error"]
+        code = error.get("code") or error.get("type")
+    except (ValueError, LookupError, TypeError, AttributeError):
         return None
     return code[:64] if isinstance(code, str) else None
 

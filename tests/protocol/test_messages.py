@@ -102,6 +102,13 @@ def test_thinking_maps_onto_the_reasoning_switch_and_its_budget(thinking, effort
     assert chat.get("reasoning_effort") == effort and chat.get("max_reasoning_tokens") == budget
 
 
+@pytest.mark.parametrize("display, shown", [("omitted", "omitted"), ("summarized", "summarized"), ("updates", "summarized")])
+def test_thinking_is_shown_unless_its_display_is_omitted(display, shown):
+    # Claude Code with `--verbose` asks `updates`: refused, it retried without `display` after two 400s.
+    body = {"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "adaptive", "display": display}}
+    assert answer_options(body)["display"] == shown
+
+
 def test_effort_alone_turns_thinking_on_or_leaves_it_to_thinking_when_both_are_sent():
     ask = [{"role": "user", "content": "x"}]
     assert to_chat({"messages": ask, "output_config": {"effort": "max"}})["reasoning_effort"] == "xhigh"

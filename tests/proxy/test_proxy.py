@@ -433,8 +433,10 @@ async def test_a_workers_refusal_is_logged_with_its_code_and_not_counted_as_the_
     f = await make_fleet({"w1": {"gate": 1}})
     r = await f.client.post("/v1/chat/completions", json=chat(status=400, code="context_length_exceeded"))
     assert r.status == 400
-    [line] = [json.loads(m) for r in caplog.records if (m := r.getMessage()).startswith('{"event": "request"')]
-    assert (line["status"], line["code"], line["worker"]) == (400, "context_length_exceeded", "w1")
+    await f.client.post("/v1/messages", json=chat(status=400))
+    chat_line, messages_line = [json.loads(m) for r in caplog.records if (m := r.getMessage()).startswith('{"event": "request"')]
+    assert (chat_line["status"], chat_line["code"], chat_line["worker"]) == (400, "context_length_exceeded", "w1")
+    assert (messages_line["status"], messages_line["code"]) == (400, "invalid_request_error")  # Anthropic's shape has a type, no code
     assert "mtpstack_proxy_refusals_total{" not in await (await f.client.get("/metrics")).text()
 
 

@@ -315,9 +315,11 @@ def _thinking(body: dict, chat: dict) -> str:
             chat["max_reasoning_tokens"] = budget
         shown_as = thinking.get("display")
         if shown_as is not None:
-            if shown_as not in ("summarized", "omitted"):
-                raise ProtocolError(f"`thinking.display` must be `summarized` or `omitted`: {shown(shown_as)}", "thinking")
-            display = shown_as
+            # Any display but `omitted` shows the reasoning: Claude Code asks `updates` with `--verbose`,
+            # and Anthropic adds modes faster than any server.
+            if not isinstance(shown_as, str):
+                raise ProtocolError(f"`thinking.display` must be a string: {shown(shown_as)}", "thinking")
+            display = "omitted" if shown_as == "omitted" else "summarized"
     config = body.get("output_config")
     if config is not None:
         if not isinstance(config, dict):
