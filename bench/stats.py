@@ -12,7 +12,8 @@ byte-identical output has measured anywhere from 17.4 to 27.3 tok/s), so:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -353,3 +354,44 @@ def neighbour_correlation(labels: Sequence[str], values: Sequence[float]) -> flo
     if var == 0.0:
         return None
     return float(np.mean(resid[1:] * resid[:-1]) / var)
+
+
+# -- percentiles and clustered samples ---------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (`q` in 0-100): a value that was measured, never an interpolation; NaN of no values."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = max(0, min(len(v) - 1, math.ceil(q / 100 * len(v)) - 1))
+    return v[k]
+
+
+def cluster_ratio_ci(
+    base: Sequence[Sequence[float]],
+    cand: Sequence[Sequence[float]],
+    statistic: Callable[[Sequence[float]], float],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int | None = 0,
+) -> tuple[float, float, float]:
+    """(statistic(cand) / statistic(base), interval low, interval high) over pooled values, the interval
+    from a percentile bootstrap that resamples whole clusters on each side (e.g. one agent session's
+    turns): values within a cluster share its load and its cache, so resampling them one by one would
+    claim more certainty than the run has. Empty clusters are dropped; each side needs one value."""
+    b = [list(c) for c in base if len(c)]
+    c = [list(x) for x in cand if len(x)]
+    if not b or not c:
+        raise ValueError("both sides need at least one value")
+    rng = np.random.default_rng(seed)
+    point = statistic([v for x in c for v in x]) / statistic([v for x in b for v in x])
+    ratios = np.empty(resamples)
+    for i in range(resamples):
+        rb = [v for k in rng.integers(0, len(b), len(b)) for v in b[k]]
+        rc = [v for k in rng.integers(0, len(c), len(c)) for v in c[k]]
+        ratios[i] = statistic(rc) / statistic(rb)
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return float(point), float(lo), float(hi)

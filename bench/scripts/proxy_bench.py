@@ -28,7 +28,6 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import re
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
+from mtpstack.bench.stats import percentile
 from mtpstack.runtime import Process, StartError, free_port, url_of
 
 ROOT = _checkout.ROOT
@@ -98,11 +98,15 @@ async def wait_ready(proc: Process, path: str, timeout: float = 30.0) -> None:
         raise SystemExit(f"error: {e}") from None
 
 
-def nginx_conf(workdir: Path, routes: dict[int, int]) -> str:
-    """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's."""
+def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s: int | None = None) -> str:
+    """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's.
+    `routes`: listening port -> upstream port, or several (nginx's default round-robin among them).
+    `read_timeout_s`: `proxy_read_timeout` (nginx's default, 60 s, cuts a model's longer prefill)."""
     upstreams, servers = [], []
+    read_timeout = f"\n      proxy_read_timeout {read_timeout_s}s;" if read_timeout_s else ""
     for listen, upstream in routes.items():
-        upstreams.append(f"  upstream u{listen} {{ server 127.0.0.1:{upstream}; keepalive 16; }}")
+        members = " ".join(f"server 127.0.0.1:{port};" for port in ([upstream] if isinstance(upstream, int) else upstream))
+        upstreams.append(f"  upstream u{listen} {{ {members} keepalive 16; }}")
         servers.append(
             f"""  server {{
     listen 127.0.0.1:{listen};
@@ -111,7 +115,7 @@ def nginx_conf(workdir: Path, routes: dict[int, int]) -> str:
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
-      proxy_request_buffering off;
+      proxy_request_buffering off;{read_timeout}
     }}
   }}"""
         )
@@ -208,15 +212,6 @@ async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients:
 
 
 # -- statistics and formatting (pure) --------------------------------------------------------
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0-100)."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = max(0, min(len(v) - 1, math.ceil(q / 100 * len(v)) - 1))
-    return v[k]
-
-
 def spread(values: list[float]) -> dict:
     v = [x for x in values if x == x]
     if not v:

@@ -1,0 +1,954 @@
+"""Fleet benchmark: the whole stack against the stacks people build instead, on an agent workload.
+
+An agent workload is replayed against any OpenAI-compatible base URL: N agent sessions (default 6)
+arrive over time, each a coding agent's conversation of several turns; every turn sends the whole
+conversation so far (a shared system prompt with its tool list, the task, then each tool call and
+its result: 200-2,000 tokens of file contents, test runs, searches and diffs), after a think time
+while the tool runs. A seed makes the workload repeatable: every stack and round gets the same one,
+byte for byte (the model's own answers are measured, not fed back, so the prompts never diverge).
+
+The stacks, each started fresh per round, their order rotating round by round, on loopback, on the
+same model (the demo target, widened as worker_bench.py does):
+  - `mtpstack`: `mtpstack proxy` (affinity routing) in front of two native workers of gate 2, each with
+    the MTP head at `--depth`;
+  - `litellm`: LiteLLM's proxy (its router, `least-busy`; PyPI, in .venv-litellm made by
+    scripts/bootstrap-litellm) in front of two `mlx_lm.server` processes with their prompt caches;
+  - `nginx`: Debian's nginx, round-robin over the same two `mlx_lm.server` processes.
+Both `mlx_lm.server` stacks run at the same batch width as the native workers (the validator's
+mlx-lm argv: decode and prompt concurrency 2, a 2 GiB prompt cache); no head (`mlx_lm.server`
+loads only draft models).
+
+Per stack: turn TTFT p50 and p95 (to the first generated token of any kind: text, reasoning or a
+tool call), turn completion time p50 and p95, aggregate output tok/s (output tokens over the span
+from the first request to the last answer), prompt tokens served from a cache (the stack's
+`usage.prompt_tokens_details.cached_tokens`), errors, 429s and timeouts: each the median of the
+per-round values with min-max over rounds. Then each stack against mtpstack, with a 95% bootstrap
+interval (resampling whole sessions for the latencies, rounds for throughput), and a plot of TTFT
+by turn per stack.
+
+    python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target (~35 min)
+    python bench/scripts/fleet_bench.py --quick                        # a few minutes: small and short
+    python bench/scripts/fleet_bench.py --url http://HOST:PORT/v1 --model NAME   # replay against any server
+
+The JSON (raw rows and summaries) and the plot go to `--out`; the readable table to stderr.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtpstack.bench import stats
+
+ROOT = _checkout.ROOT
+STACKS = ("mtpstack", "litellm", "nginx")
+BASE_STACK = "mtpstack"
+#: Two workers (or mlx_lm.server processes) per stack, each of this batch width (mtpstack's gate).
+BACKENDS = 2
+WIDTH = 2
+#: Bounds one turn; a turn still unanswered then counts as a timeout.
+REQUEST_TIMEOUT = 900
+#: The sizes of a full run and of `--quick`. Token counts are the served model's (the demo tokenizer).
+FULL = {"sessions": 6, "turns": (4, 6), "output_tokens": (200, 2000), "answer_tokens": 48, "arrival_s": 5.0,
+        "think_s": (1.0, 4.0), "rounds": 3, "mlp_multiplier": 2, "extra_layers": 2}
+QUICK = {"sessions": 3, "turns": (2, 3), "output_tokens": (200, 600), "answer_tokens": 16, "arrival_s": 1.0,
+         "think_s": (0.5, 1.0), "rounds": 1, "mlp_multiplier": 1, "extra_layers": 0}
+#: Characters per token of the tool outputs before `calibrate` measures the served tokenizer.
+CHARS_PER_TOKEN = 2.4
+#: The API key every request carries (LiteLLM's master key; the others ignore it).
+API_KEY = "sk-fleet-bench"
+STATUSES = ("ok", "error", "429", "timeout")
+#: Sent with every turn, so that every stack renders the same prompt: `mlx_lm.server` turns a template's
+#: thinking switch on unless told (its tokenizer wrapper's default), the native worker leaves the
+#: template's own default (off in the demo's); LiteLLM passes the field through.
+THINKING_OFF = {"enable_thinking": False}
+
+
+# -- the workload (pure) ------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file of the repository, with line numbers.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "path relative to the repository root"},
+            "start": {"type": "integer", "description": "first line (1-based)"},
+            "end": {"type": "integer", "description": "last line, inclusive"}}, "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "run", "description": "Run a shell command in the repository and return its output (stdout and stderr).",
+        "parameters": {"type": "object", "properties": {
+            "command": {"type": "string"}, "timeout_s": {"type": "integer", "description": "default 120"}},
+            "required": ["command"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the repository for a regular expression (ripgrep).",
+        "parameters": {"type": "object", "properties": {
+            "pattern": {"type": "string"}, "path": {"type": "string", "description": "a folder to search in"}},
+            "required": ["pattern"]}}},
+    {"type": "function", "function": {
+        "name": "apply_patch", "description": "Apply a unified diff to the repository.",
+        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
+]
+
+SYSTEM = """You are a coding agent working in a software repository on the user's machine. You help the user
+with software engineering tasks: fixing bugs, adding features, refactoring, explaining code.
+
+# How you work
+- Use the tools to look before you change anything: search for the code involved, read the files, run the
+  tests that cover it. Never guess what a file contains.
+- Keep changes small and focused on the task. Follow the conventions of the surrounding code: naming,
+  formatting, error handling, the libraries already in use. Do not add dependencies without asking.
+- After a change, run the relevant tests. If they fail, read the failure, fix the cause, and run them again.
+  Do not weaken or delete a test to make it pass.
+- When a command fails, read its output carefully before trying something else.
+- Prefer `search` over reading whole directories; read only the lines you need of a long file.
+- Apply edits with `apply_patch` as unified diffs with enough context lines to apply cleanly.
+
+# Communication
+- Be concise. Before a tool call, say in one short sentence what you are about to do and why.
+- When the task is done, summarise what changed, which files, and how you verified it.
+- If the task is ambiguous or a change would be risky (deleting data, rewriting history, touching
+  credentials), stop and ask the user.
+
+# Safety
+- Never print or commit secrets. Do not run commands that reach the network unless the user asked.
+- Do not run destructive commands (`rm -rf`, `git reset --hard`, `git push --force`) without the user's
+  explicit approval.
+
+# Repository notes
+- Python 3.12, the package lives under `src/`, tests under `tests/` and run with `pytest -q`.
+- Type hints everywhere; `ruff` for linting; docstrings in the imperative mood.
+- Errors the user can fix are raised as `UserError` with a hint naming the fix."""
+
+PACKAGES = ["buildkit", "ledger", "relay", "atlas", "quarry", "harbor"]
+MODULES = ["manifest", "resolver", "cache", "scheduler", "config", "auth", "storage", "http_client", "parser",
+           "metrics", "planner", "registry"]
+VERBS = ["parse", "load", "resolve", "build", "merge", "validate", "render", "fetch", "store", "emit", "normalize", "apply"]
+NOUNS = ["entry", "request", "manifest", "token", "record", "node", "header", "digest", "policy", "window", "batch", "target"]
+TYPES = ["str", "int", "dict[str, str]", "list[Entry]", "Path", "bytes", "Manifest", "float | None"]
+ERRORS = ["ValueError", "KeyError", "ManifestError", "ResolveError", "TimeoutError"]
+TASKS = [
+    "The test `{test}` fails since yesterday's merge. Find out why and fix it.",
+    "`{func}` in `{path}` is slow on large inputs. Make it linear and keep the tests green.",
+    "Add a `strict` flag to `{func}` in `{path}` that raises on unknown keys, with a test.",
+    "Users report a crash in `{func}` when the input is empty. Reproduce it with a test and fix it.",
+    "Rename `{func}` to `{func}_all` everywhere and update the callers and the docs.",
+    "`{path}` has grown too large. Split the parsing helpers into their own module without changing behaviour.",
+]
+
+
+@dataclass
+class Turn:
+    """One request of a session: the whole conversation so far, sent `think_s` after the previous answer."""
+
+    messages: list[dict]
+    think_s: float
+
+
+@dataclass
+class Session:
+    index: int
+    arrival_s: float
+    turns: list[Turn] = field(default_factory=list)
+
+
+def _until(rng: random.Random, chars: int, line) -> str:
+    """Lines from `line(rng, n)` (n counting from 0) until `chars` characters are reached."""
+    out, size, n = [], 0, 0
+    while size < chars:
+        text = line(rng, n)
+        out.append(text)
+        size += len(text) + 1
+        n += 1
+    return "\n".join(out)
+
+
+def _func(rng: random.Random) -> str:
+    return f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
+
+
+def _source_lines(rng: random.Random) -> list[str]:
+    """One function of plausible Python: signature, docstring, a loop, error handling, a return."""
+    name, arg, noun = _func(rng), rng.choice(NOUNS), rng.choice(NOUNS)
+    err, typ = rng.choice(ERRORS), rng.choice(TYPES)
+    body = [
+        f"def {name}({arg}: {typ}, *, strict: bool = False) -> {rng.choice(TYPES)}:",
+        f'    """{name.split("_")[0].capitalize()} the {noun} of `{arg}`; raise `{err}` when it is malformed."""',
+        f"    if not {arg}:",
+        f'        raise {err}(f"empty {noun}: {{{arg}!r}}")',
+        f"    result: dict[str, object] = {{}}",
+        f"    for key, value in _items({arg}):",
+        f"        if strict and key not in _KNOWN_{noun.upper()}S:",
+        f'            raise {err}(f"unknown key {{key!r}} in {noun}")',
+        f"        result[key] = _{rng.choice(VERBS)}_one(value, limit={rng.randint(2, 512)})",
+    ]
+    if rng.random() < 0.5:
+        body += [f"    log.debug(\"{name}: %d keys\", len(result))"]
+    return body + ["    return result", "", ""]
+
+
+def file_contents(rng: random.Random, chars: int, path: str) -> str:
+    """`read_file`: a Python module with line numbers, as `cat -n` prints it."""
+    head = [f'"""{path.rsplit("/", 1)[-1][:-3].replace("_", " ").capitalize()}: {rng.choice(VERBS)} and '
+            f'{rng.choice(VERBS)} {rng.choice(NOUNS)}s."""', "", "from __future__ import annotations", "",
+            "import logging", "from pathlib import Path", "", "from .errors import " + ", ".join(sorted(set(ERRORS[2:]))),
+            "", "log = logging.getLogger(__name__)", "", ""]
+    lines = list(head)
+    while sum(len(x) + 8 for x in lines) < chars:
+        lines += _source_lines(rng)
+    out, size = [], 0
+    for n, line in enumerate(lines, 1):
+        text = f"{n:6}\t{line}"
+        out.append(text)
+        size += len(text) + 1
+        if size >= chars:
+            break
+    return "\n".join(out)
+
+
+def pytest_output(rng: random.Random, chars: int, pkg: str) -> str:
+    """`run pytest`: the session header, progress lines, one failure's traceback, the summary."""
+    mod = rng.choice(MODULES)
+    test, func = f"test_{_func(rng)}", _func(rng)
+    failure = [
+        "=================================== FAILURES ===================================",
+        f"____________________________ {test} ____________________________", "",
+        f"    def {test}():", f"        entry = make_{rng.choice(NOUNS)}(size={rng.randint(1, 64)})",
+        f">       assert {func}(entry, strict=True) == EXPECTED", f"E       AssertionError: assert {{'a': 1, 'b': {rng.randint(2, 9)}}} == {{'a': 1, 'b': 2}}",
+        f"E         Differing items:", f"E         {{'b': {rng.randint(3, 9)}}} != {{'b': 2}}", "",
+        f"tests/test_{mod}.py:{rng.randint(20, 400)}: AssertionError",
+    ]
+    tail = ["=========================== short test summary info ============================",
+            f"FAILED tests/test_{mod}.py::{test} - AssertionError",
+            f"==================== 1 failed, {rng.randint(40, 400)} passed, {rng.randint(0, 5)} skipped in {rng.uniform(1, 30):.2f}s ===================="]
+    head = ["============================= test session starts ==============================",
+            "platform linux -- Python 3.12.3, pytest-8.3.2, pluggy-1.5.0",
+            f"rootdir: /home/dev/{pkg}", "configfile: pyproject.toml", f"collected {rng.randint(40, 400)} items", ""]
+    fixed = sum(len(x) + 1 for x in head + failure + tail)
+
+    def progress(r: random.Random, n: int) -> str:
+        dots = "".join(r.choice("......................sF") for _ in range(r.randint(8, 40)))
+        return f"tests/test_{r.choice(MODULES)}_{n}.py {dots:<44} [{min(99, 3 + n * 4):3}%]"
+
+    middle = _until(rng, max(0, chars - fixed), progress) if chars > fixed else ""
+    return "\n".join([*head, *([middle] if middle else []), "", *failure, *tail])
+
+
+def search_hits(rng: random.Random, chars: int, pkg: str, pattern: str) -> str:
+    """`search`: ripgrep's `path:line:text` lines."""
+    def hit(r: random.Random, n: int) -> str:
+        code = r.choice([f"    result = {pattern}({r.choice(NOUNS)}, strict={r.choice(['True', 'False'])})",
+                         f"from .{r.choice(MODULES)} import {pattern}, {_func(r)}",
+                         f"        return {pattern}(self.{r.choice(NOUNS)}s[key])",
+                         f"    # {pattern} is called once per {r.choice(NOUNS)}: keep it cheap",
+                         f"def test_{pattern}_{r.choice(NOUNS)}():"])
+        where = f"tests/test_{r.choice(MODULES)}.py" if code.startswith("def test") else f"src/{pkg}/{r.choice(MODULES)}.py"
+        return f"{where}:{r.randint(1, 900)}:{code}"
+    return _until(rng, chars, hit)
+
+
+def diff(rng: random.Random, chars: int, pkg: str) -> str:
+    """`run git diff`: unified hunks of a change in progress."""
+    def line(r: random.Random, n: int) -> str:
+        if n % 12 == 0:
+            mod = r.choice(MODULES)
+            return (f"diff --git a/src/{pkg}/{mod}.py b/src/{pkg}/{mod}.py\nindex {r.getrandbits(28):07x}..{r.getrandbits(28):07x} 100644\n"
+                    f"--- a/src/{pkg}/{mod}.py\n+++ b/src/{pkg}/{mod}.py")
+        if n % 12 == 1:
+            start = r.randint(1, 500)
+            return f"@@ -{start},9 +{start},10 @@ def {_func(r)}("
+        kind = r.choice("  -+")
+        return f"{kind.strip() or ' '}{_source_lines(r)[r.randint(0, 8)]}"
+    return _until(rng, chars, line)
+
+
+def tool_step(rng: random.Random, step: int, pkg: str, chars: int) -> tuple[str, dict, str]:
+    """(tool name, arguments, output of about `chars` characters) of a session's `step`-th tool call:
+    first a search, then a mix of reading files, running the tests and looking at the diff."""
+    kind = "search" if step == 0 else rng.choice(["read_file", "read_file", "test", "diff", "search"])
+    if kind == "search":
+        pattern = _func(rng)
+        return "search", {"pattern": pattern, "path": "src"}, search_hits(rng, chars, pkg, pattern)
+    if kind == "read_file":
+        path = f"src/{pkg}/{rng.choice(MODULES)}.py"
+        return "read_file", {"path": path}, file_contents(rng, chars, path)
+    if kind == "test":
+        return "run", {"command": f"pytest -q tests/test_{rng.choice(MODULES)}.py"}, pytest_output(rng, chars, pkg)
+    return "run", {"command": "git diff"}, diff(rng, chars, pkg)
+
+
+def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
+    """The sessions of one run, the same for every stack and round of a seed: arrivals (a Poisson
+    process of mean gap `arrival_s`, the first at 0), turns per session, tool outputs of
+    `output_tokens` tokens (uniform, sized at `chars_per_token`), think times between turns."""
+    rng = random.Random(f"fleet-{seed}")
+    arrival = 0.0
+    sessions = []
+    for s in range(sizes["sessions"]):
+        if s:
+            arrival += rng.expovariate(1.0 / sizes["arrival_s"]) if sizes["arrival_s"] > 0 else 0.0
+        srng = random.Random(f"fleet-{seed}-{s}")
+        pkg = PACKAGES[s % len(PACKAGES)]
+        path, func, test = f"src/{pkg}/{srng.choice(MODULES)}.py", _func(srng), f"test_{_func(srng)}"
+        task = srng.choice(TASKS).format(path=path, func=func, test=test)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Repository `{pkg}`. {task}"}]
+        session = Session(s, round(arrival, 3), [Turn(list(messages), 0.0)])
+        for step in range(srng.randint(*sizes["turns"]) - 1):
+            tokens = srng.randint(*sizes["output_tokens"])
+            name, arguments, output = tool_step(srng, step, pkg, round(tokens * chars_per_token))
+            call_id = f"call_{seed}_{s}_{step}"
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": output},
+            ]
+            session.turns.append(Turn(list(messages), round(srng.uniform(*sizes["think_s"]), 3)))
+        sessions.append(session)
+    return sessions
+
+
+def tool_outputs(sessions: list[Session]) -> list[str]:
+    """Every tool result of the workload (each once)."""
+    last = [s.turns[-1].messages for s in sessions]
+    return [m["content"] for messages in last for m in messages if m["role"] == "tool"]
+
+
+def calibrate(count_tokens, seed: int, sizes: dict) -> float:
+    """Characters per token of the workload's tool outputs under the served tokenizer (`count_tokens`),
+    so that outputs sized at that rate have the token counts asked for."""
+    outputs = tool_outputs(make_workload(seed, sizes))
+    chars = sum(map(len, outputs))
+    tokens = sum(count_tokens(text) for text in outputs)
+    return chars / tokens if tokens else CHARS_PER_TOKEN
+
+
+# -- summaries (pure) ---------------------------------------------------------------------------
+
+#: Per-round figures: name -> (what, unit, True when higher is better).
+METRICS = {
+    "ttft_p50": ("turn TTFT p50", "s", False),
+    "ttft_p95": ("turn TTFT p95", "s", False),
+    "turn_p50": ("turn time p50", "s", False),
+    "turn_p95": ("turn time p95", "s", False),
+    "tok_s": ("output tok/s", "tok/s", True),
+    "cached_share": ("prompt tokens from a cache", "", True),
+}
+COUNTS = ("error", "429", "timeout")
+
+
+def round_metrics(rows: list[dict]) -> dict:
+    """One run's figures from its turns: latencies over the answered turns, throughput over the span from
+    the first request to the last answer, the counts of each failure."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
+    total = [r["total_s"] for r in ok]
+    out = {
+        "ttft_p50": stats.percentile(ttft, 50) if ttft else None,
+        "ttft_p95": stats.percentile(ttft, 95) if ttft else None,
+        "turn_p50": stats.percentile(total, 50) if total else None,
+        "turn_p95": stats.percentile(total, 95) if total else None,
+        "tok_s": None, "cached_share": None, "turns": len(rows),
+    }
+    if rows:
+        span = max(r["sent_s"] + r["total_s"] for r in rows) - min(r["sent_s"] for r in rows)
+        tokens = sum(r.get("completion_tokens") or 0 for r in ok)
+        out["tok_s"] = tokens / span if span > 0 else None
+    reported = [r for r in ok if r.get("prompt_tokens") and r.get("cached_tokens") is not None]
+    if reported:
+        out["cached_share"] = sum(r["cached_tokens"] for r in reported) / sum(r["prompt_tokens"] for r in reported)
+    for status in COUNTS:
+        out[status] = sum(r["status"] == status for r in rows)
+    return out
+
+
+def spread(values: list) -> dict | None:
+    v = [x for x in values if x is not None]
+    if not v:
+        return None
+    return {"median": stats.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def summarize_stacks(rows: list[dict]) -> dict:
+    """Per stack: every figure of `round_metrics` as the median over rounds with min-max."""
+    out = {}
+    for stack in dict.fromkeys(r["stack"] for r in rows):
+        mine = [r for r in rows if r["stack"] == stack]
+        per_round = [round_metrics([r for r in mine if r["round"] == rnd]) for rnd in sorted({r["round"] for r in mine})]
+        out[stack] = {k: spread([m[k] for m in per_round]) for k in (*METRICS, *COUNTS)}
+        out[stack]["turns"] = sum(m["turns"] for m in per_round)
+        out[stack]["rounds"] = len(per_round)
+    return out
+
+
+def _clusters(rows: list[dict], key: str) -> list[list[float]]:
+    """The answered turns' `key` values, one list per session of each round."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["status"] == "ok" and r.get(key) is not None:
+            groups.setdefault((r["round"], r["session"]), []).append(r[key])
+    return list(groups.values())
+
+
+def compare(rows: list[dict], base: str = BASE_STACK, resamples: int = 2000) -> dict:
+    """Each other stack over `base`, per figure: the ratio and its 95% bootstrap interval. Latency
+    percentiles pool the turns and resample whole sessions; throughput is the ratio of the per-round
+    medians, resampling rounds (`stats.ratio_ci`; fewer than `stats.MIN_PASSES` rounds a side: no interval)."""
+    out: dict = {}
+    base_rows = [r for r in rows if r["stack"] == base]
+    for stack in dict.fromkeys(r["stack"] for r in rows):
+        if stack == base:
+            continue
+        mine = [r for r in rows if r["stack"] == stack]
+        cell = {}
+        for name, key, q in (("ttft_p50", "ttft_s", 50), ("ttft_p95", "ttft_s", 95), ("turn_p50", "total_s", 50), ("turn_p95", "total_s", 95)):
+            b, c = _clusters(base_rows, key), _clusters(mine, key)
+            if b and c:
+                ratio, lo, hi = stats.cluster_ratio_ci(b, c, lambda v, q=q: stats.percentile(v, q), resamples=resamples)
+                cell[name] = {"ratio": ratio, "lo": lo, "hi": hi, "n": [len(b), len(c)], "unit": "sessions"}
+        tb = [round_metrics([r for r in base_rows if r["round"] == k])["tok_s"] for k in sorted({r["round"] for r in base_rows})]
+        tc = [round_metrics([r for r in mine if r["round"] == k])["tok_s"] for k in sorted({r["round"] for r in mine})]
+        tb, tc = [x for x in tb if x], [x for x in tc if x]
+        if tb and tc:
+            if min(len(tb), len(tc)) >= stats.MIN_PASSES:
+                ratio, lo, hi = stats.ratio_ci(tb, tc, resamples=resamples)
+            else:
+                ratio, lo, hi = stats.median(tc) / stats.median(tb), None, None
+            cell["tok_s"] = {"ratio": ratio, "lo": lo, "hi": hi, "n": [len(tb), len(tc)], "unit": "rounds"}
+        out[stack] = cell
+    return out
+
+
+def ttft_by_turn(rows: list[dict]) -> dict:
+    """Per stack and turn number: median, p95 and count of the answered turns' TTFT (all sessions and rounds)."""
+    out: dict = {}
+    for stack in dict.fromkeys(r["stack"] for r in rows):
+        turns: dict[int, list[float]] = {}
+        for r in rows:
+            if r["stack"] == stack and r["status"] == "ok" and r.get("ttft_s") is not None:
+                turns.setdefault(r["turn"], []).append(r["ttft_s"])
+        out[stack] = [{"turn": t, "median": stats.median(v), "p95": stats.percentile(v, 95), "n": len(v)}
+                      for t, v in sorted(turns.items())]
+    return out
+
+
+def _fmt(s: dict | None, unit: str) -> str:
+    if not s:
+        return "-"
+    if unit == "":
+        return f"{s['median'] * 100:.0f}% ({s['min'] * 100:.0f}-{s['max'] * 100:.0f})"
+    digits = 1 if unit == "tok/s" else 2
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _count(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:g}" if s["min"] == s["max"] else f"{s['median']:g} ({s['min']:g}-{s['max']:g})"
+
+
+def format_lines(report: dict) -> list[str]:
+    """The table a person reads: a row per stack (median over rounds, min-max), then each stack against
+    mtpstack with its interval, then the goal, stated as met or not."""
+    m = report["meta"]
+    sz = m["sizes"]
+    lines = [f"{sz['sessions']} agent sessions x {sz['turns'][0]}-{sz['turns'][1]} turns (tool outputs "
+             f"{sz['output_tokens'][0]}-{sz['output_tokens'][1]} tokens, {sz['answer_tokens']} answer tokens at most), "
+             f"{m['rounds_run']} round(s), stacks alternated; model: {m.get('models', '?')}",
+             f"load average {m.get('loadavg_start', ['?'])[0]} at the start, {m.get('loadavg_end', ['?'])[0]} at the end; "
+             "figures: median over rounds (min-max)"]
+    head = f"{'stack':<10} {'TTFT p50 s':>18} {'TTFT p95 s':>18} {'turn p50 s':>18} {'turn p95 s':>18} {'out tok/s':>18} {'cached':>14} {'err':>4} {'429':>4} {'t/o':>4}"
+    lines += [head, "-" * len(head)]
+    for stack, s in report["summary"]["stacks"].items():
+        lines.append(f"{stack:<10} {_fmt(s['ttft_p50'], 's'):>18} {_fmt(s['ttft_p95'], 's'):>18} {_fmt(s['turn_p50'], 's'):>18} "
+                     f"{_fmt(s['turn_p95'], 's'):>18} {_fmt(s['tok_s'], 'tok/s'):>18} {_fmt(s['cached_share'], ''):>14} "
+                     f"{_count(s['error']):>4} {_count(s['429']):>4} {_count(s['timeout']):>4}")
+    for stack, cell in report["summary"]["compare"].items():
+        parts = []
+        for key, c in cell.items():
+            what = METRICS[key][0]
+            if c["lo"] is None:
+                parts.append(f"{what} {c['ratio']:.2f}x (too few rounds for an interval)")
+            else:
+                parts.append(f"{what} {c['ratio']:.2f}x [{c['lo']:.2f}, {c['hi']:.2f}]")
+        lines.append(f"{stack} / {BASE_STACK}: " + "; ".join(parts))
+    for note in report["summary"].get("goal", []):
+        lines.append(f"goal: {note}")
+    for note in report["summary"].get("notes", []):
+        lines.append(f"note: {note}")
+    return lines
+
+
+def goal_lines(summary: dict, base: str = BASE_STACK) -> list[str]:
+    """The issue's goal, figure by figure: is `base` best, with zero errors?"""
+    stacks = summary["stacks"]
+    if base not in stacks or len(stacks) < 2:
+        return []
+    out = []
+    for key in ("ttft_p95", "turn_p95", "tok_s"):
+        what, _, higher = METRICS[key]
+        values = {k: v[key]["median"] for k, v in stacks.items() if v.get(key)}
+        if base not in values:
+            continue
+        best = max(values, key=values.get) if higher else min(values, key=values.get)
+        out.append(f"{what}: {'met' if best == base else 'not met'}: best is {best} ({values[best]:.3g}), {base} {values[base]:.3g}")
+    failures = {k: sum((v[c] or {}).get("max", 0) or 0 for c in COUNTS) for k, v in stacks.items()}
+    out.append(f"zero errors, 429s and timeouts for {base}: {'met' if failures[base] == 0 else 'not met'}")
+    return out
+
+
+def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
+    """TTFT by turn number, one line per stack: the median (solid) and p95 (dashed), log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for i, (stack, points) in enumerate(by_turn.items()):
+        if not points:
+            continue
+        xs = [p["turn"] for p in points]
+        ax.plot(xs, [p["median"] for p in points], "o-", color=f"C{i}", label=f"{stack} median")
+        ax.plot(xs, [p["p95"] for p in points], "x--", color=f"C{i}", alpha=0.7, label=f"{stack} p95")
+    ax.set_yscale("log")
+    ax.set_xlabel("turn of the session")
+    ax.set_ylabel("time to first token, s")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", ncol=len(by_turn))
+    if title:
+        ax.set_title(title, fontsize="medium")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def stack_order(round_index: int, stacks: tuple[str, ...] = STACKS) -> tuple[str, ...]:
+    """The stacks of a round, rotated one place per round so that none always runs first or last."""
+    k = round_index % len(stacks)
+    return stacks[k:] + stacks[:k]
+
+
+# -- replaying the workload -----------------------------------------------------------------
+
+
+async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, timeout: float) -> dict:
+    """One turn, streamed: time to the first generated token (text, reasoning or a tool call), to the
+    end, the usage the server reports, and how it ended (`STATUSES`)."""
+    import aiohttp
+
+    body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": THINKING_OFF}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    start = time.perf_counter()
+    first = usage = error = None
+    status, done, http_status = "ok", False, None
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.post(base_url + "/chat/completions", json=body, headers=headers) as resp:
+                http_status = resp.status
+                if resp.status != 200:
+                    status = "429" if resp.status == 429 else "error"
+                    error = (await resp.text())[:300]
+                else:
+                    async for line in resp.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            continue
+                        payload = json.loads(data)
+                        if "error" in payload:
+                            status, error = "error", json.dumps(payload["error"])[:300]
+                            continue
+                        usage = payload.get("usage") or usage
+                        if first is None:
+                            for choice in payload.get("choices") or []:
+                                d = choice.get("delta") or {}
+                                if d.get("content") or d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls"):
+                                    first = time.perf_counter()
+                                    break
+                    if status == "ok" and not done:
+                        status, error = "error", "the stream ended without `data: [DONE]`"
+    except TimeoutError:
+        status, error = "timeout", f"no whole answer within {timeout:g} s"
+    except (aiohttp.ClientError, ValueError) as e:
+        status, error = "error", f"{type(e).__name__}: {e}"[:300]
+    end = time.perf_counter()
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return {"status": status, "http_status": http_status, "error": error, "start": start,
+            "ttft_s": None if first is None else first - start, "total_s": end - start,
+            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": details.get("cached_tokens")}
+
+
+async def replay(base_url: str, model: str, sessions: list[Session], max_tokens: int, *, stack: str, round_no: int,
+                 timeout: float = REQUEST_TIMEOUT) -> list[dict]:
+    """Every session as an agent runs it: it starts at its arrival, sends each turn after the previous
+    answer and its think time. Rows carry times relative to the replay's start."""
+    import aiohttp
+
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+
+        async def agent(s: Session) -> list[dict]:
+            await asyncio.sleep(max(0.0, t0 + s.arrival_s - time.perf_counter()))
+            rows = []
+            for k, turn in enumerate(s.turns, 1):
+                await asyncio.sleep(turn.think_s)
+                r = await one_turn(http, base_url, model, turn.messages, max_tokens, timeout)
+                r["sent_s"] = r.pop("start") - t0
+                rows.append({"stack": stack, "round": round_no, "session": s.index, "turn": k, **r})
+                ttft = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.2f}"
+                print(f"  {stack} round {round_no} session {s.index} turn {k}: {r['status']} ttft "
+                      f"{ttft} s, {r['total_s']:.2f} s, prompt "
+                      f"{r['prompt_tokens']} (cached {r['cached_tokens']}), out {r['completion_tokens']}", file=sys.stderr)
+            return rows
+
+        per_session = await asyncio.gather(*(agent(s) for s in sessions))
+    return [r for rows in per_session for r in rows]
+
+
+# -- the stacks -------------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    """One started stack: where agents send their turns, and its processes (the front one first)."""
+
+    name: str
+    base_url: str
+    model: str
+    procs: object  # mtpstack.runtime.Processes
+    front: object  # the Process agents talk to
+    backends: list
+    #: The model name each backend expects when warmed up directly.
+    backend_model: str
+
+    def stop(self) -> None:
+        self.procs.stop_all(timeout=30)
+
+
+def mlx_lm_servers(target: Path, procs, rundir: Path) -> list:
+    """`BACKENDS` mlx_lm.server processes at the validator's mlx-lm argv (batch width `WIDTH`, the default prompt cache)."""
+    from mtpstack.runtime import free_port, url_of
+    from mtpstack.validator import WorkerProfile, worker_argv
+    from mtpstack.worker.launcher import resolve_command, worker_env
+
+    env = worker_env()
+    hf_cache = rundir / "hf-cache"  # mlx_lm.server answers /v1/models with an empty body without one
+    hf_cache.mkdir(parents=True, exist_ok=True)
+    env.setdefault("HF_HUB_CACHE", str(hf_cache))
+    out = []
+    for i in range(BACKENDS):
+        port = free_port()
+        profile = WorkerProfile.model_validate({"model": "bench", "backend": "mlx-lm", "target": {"path": str(target), "bits": "fp32"},
+                                                "maxNumSeqs": WIDTH, "port": port})
+        out.append(procs.start(resolve_command(worker_argv(profile)), log_path=rundir / f"mlx_lm-{i}.log", name=f"mlx_lm.server {i}",
+                               kind="worker", url=url_of("127.0.0.1", port), env=env))
+    for p in out:
+        p.wait_ready("/health", 600, state="healthy")
+    return out
+
+
+def litellm_config(ports: list[int], target: Path) -> dict:
+    """Two deployments of one model name behind LiteLLM's router, `least-busy`, with the master key its proxy
+    wants; LiteLLM's other defaults stay (its retries included), save the timeouts, raised as for nginx."""
+    return {
+        "model_list": [{"model_name": "bench", "litellm_params": {
+            "model": f"openai/{target}", "api_base": f"http://127.0.0.1:{port}/v1", "api_key": "none",
+            "timeout": REQUEST_TIMEOUT, "stream_timeout": REQUEST_TIMEOUT}} for port in ports],
+        "router_settings": {"routing_strategy": "least-busy"},
+        "litellm_settings": {"request_timeout": REQUEST_TIMEOUT, "drop_params": True},
+        "general_settings": {"master_key": API_KEY},
+    }
+
+
+def litellm_program() -> str:
+    """The `litellm` executable of .venv-litellm, made (or found up to date) by scripts/bootstrap-litellm."""
+    done = subprocess.run([str(ROOT / "scripts" / "bootstrap-litellm")], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: scripts/bootstrap-litellm failed:\n{done.stderr[-2000:]}\n\n"
+                         "hint: it installs LiteLLM from PyPI into .venv-litellm; run it by hand to see why")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def nginx_program() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if not found:
+        raise SystemExit("error: nginx is not installed\n\nhint: apt-get install nginx-light (or pass --stacks without nginx)")
+    return found
+
+
+def start_stack(name: str, target: Path, head: Path, args, rundir: Path, programs: dict) -> Running:
+    from mtpstack.runtime import Processes, free_port, url_of
+
+    rundir.mkdir(parents=True, exist_ok=True)
+    if name == "mtpstack":
+        from routing_bench import fleet, start_fleet
+
+        ports = {f"w{i}": free_port() for i in range(BACKENDS)}
+        procs, proxy, workers = start_fleet(fleet("affinity", target, head, WIDTH, args.depth, ports, free_port()), rundir)
+        return Running(name, proxy.url + "/v1", "bench", procs, proxy, workers, "bench")
+    procs = Processes()
+    try:
+        backends = mlx_lm_servers(target, procs, rundir)
+        ports = [int(b.url.rsplit(":", 1)[1]) for b in backends]
+        port = free_port()
+        if name == "litellm":
+            import yaml
+
+            (rundir / "litellm.yaml").write_text(yaml.safe_dump(litellm_config(ports, target)))
+            env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+            front = procs.start([programs["litellm"], "--config", str(rundir / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port)],
+                                log_path=rundir / "litellm.log", name="litellm", kind="proxy", url=url_of("127.0.0.1", port), env=env)
+            front.wait_ready("/health/liveliness", 300)
+            return Running(name, front.url + "/v1", "bench", procs, front, backends, str(target))
+        from proxy_bench import nginx_conf
+
+        (rundir / "nginx.conf").write_text(nginx_conf(rundir, {port: ports}, read_timeout_s=REQUEST_TIMEOUT))
+        front = procs.start([programs["nginx"], "-c", str(rundir / "nginx.conf"), "-p", str(rundir)], log_path=rundir / "nginx.log",
+                            name="nginx", kind="proxy", url=url_of("127.0.0.1", port))
+        front.wait_ready("/health", 60)
+        return Running(name, front.url + "/v1", str(target), procs, front, backends, str(target))
+    except BaseException:
+        procs.stop_all()
+        raise
+
+
+async def warm_up(running: Running) -> None:
+    """The first forward of a fresh process compiles: one tiny request to each backend directly, then one
+    through the front (its own first request). Nothing of the workload: no cache is primed."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as http:
+        for b in running.backends:
+            r = await one_turn(http, b.url + "/v1", running.backend_model, [{"role": "user", "content": "warm up"}], 2, REQUEST_TIMEOUT)
+            if r["status"] != "ok":
+                raise RuntimeError(f"{running.name}: warm-up of {b.label} failed: {r['error']}")
+        r = await one_turn(http, running.base_url, running.model, [{"role": "user", "content": "warm up the front"}], 2, REQUEST_TIMEOUT)
+        if r["status"] != "ok":
+            raise RuntimeError(f"{running.name}: warm-up through {running.front.label} failed: {r['error']}")
+
+
+def cpu_of(procs: list) -> dict[str, float]:
+    from proxy_bench import cpu_seconds
+
+    out = {}
+    for p in procs:
+        try:
+            out[p.label] = cpu_seconds(p.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            out[p.label] = float("nan")
+    return out
+
+
+async def worker_counts(running: Running) -> dict:
+    """mtpstack only: the workers' prefix-cache and draft counters and the proxy's routing decisions."""
+    import aiohttp
+
+    from mtpstack import series
+    from mtpstack.proxy.prometheus import parse_samples, sample
+
+    out: dict = {"prefix_cache_hits": 0.0, "prefix_cache_lookups": 0.0, "drafted": 0.0, "accepted": 0.0, "routing": {}}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for w in running.backends:
+            async with http.get(w.url + "/metrics") as resp:
+                s = parse_samples(await resp.text())
+            out["prefix_cache_hits"] += sample(s, series.PREFIX_CACHE_HITS) or 0.0
+            out["prefix_cache_lookups"] += sample(s, series.PREFIX_CACHE_LOOKUPS) or 0.0
+            out["drafted"] += sample(s, series.TOKENS_DRAFTED) or 0.0
+            out["accepted"] += sample(s, series.TOKENS_ACCEPTED) or 0.0
+        async with http.get(running.front.url + "/metrics") as resp:
+            s = parse_samples(await resp.text())
+        for decision in ("affinity", "fallback_busy", "new"):
+            out["routing"][decision] = sample(s, "mtpstack_proxy_routing_total", model="bench", decision=decision) or 0.0
+    return out
+
+
+async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dict, target: Path, head: Path, workdir: Path,
+                  programs: dict) -> tuple[list[dict], dict]:
+    rundir = workdir / f"round{rnd}-{name}"
+    t_start = time.perf_counter()
+    running = await asyncio.to_thread(start_stack, name, target, head, args, rundir, programs)
+    try:
+        started_s = time.perf_counter() - t_start
+        await warm_up(running)
+        procs = [running.front, *running.backends]
+        cpu0, load0 = cpu_of(procs), os.getloadavg()
+        rows = await replay(running.base_url, running.model, sessions, sizes["answer_tokens"], stack=name, round_no=rnd)
+        cpu1, load1 = cpu_of(procs), os.getloadavg()
+        extra = await worker_counts(running) if name == "mtpstack" else None
+    finally:
+        await asyncio.to_thread(running.stop)
+    info = {"stack": name, "round": rnd, "startup_s": round(started_s, 1), "loadavg_start": list(load0), "loadavg_end": list(load1),
+            "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "metrics": round_metrics(rows), "workers": extra, "logs": str(rundir)}
+    return rows, info
+
+
+def prepare_models(workdir: Path, sizes: dict) -> tuple[Path, Path, str]:
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+
+    if sizes["mlp_multiplier"] == 1 and sizes["extra_layers"] == 0:
+        return Path(DEMO_TARGET), Path(DEMO_HEAD), "the shipped demo pair, as it is"
+    from devkit.demo.widen import widen
+
+    target = Path(widen(DEMO_TARGET, workdir / "target", mlp_multiplier=sizes["mlp_multiplier"], extra_layers=sizes["extra_layers"]))
+    return target, Path(DEMO_HEAD), (f"the demo pair, target widened by devkit.demo.widen (mlp x{sizes['mlp_multiplier']}, "
+                                     f"+{sizes['extra_layers']} zero layers; the head unchanged)")
+
+
+def token_counter(target: Path):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def summary_of(rows: list[dict], runs: list[dict], rounds: int) -> dict:
+    summary = {"stacks": summarize_stacks(rows), "compare": compare(rows), "ttft_by_turn": ttft_by_turn(rows)}
+    summary["goal"] = goal_lines(summary)
+    notes = []
+    if rounds < stats.MIN_PASSES:
+        notes.append(f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more")
+    summary["notes"] = notes
+    return summary
+
+
+async def run_all(args, sizes: dict, workdir: Path) -> dict:
+    target, head, source = await asyncio.to_thread(prepare_models, workdir, sizes)
+    cpt = calibrate(token_counter(target), args.seed, sizes)
+    sessions = make_workload(args.seed, sizes, cpt)
+    print(f"models: {source}\n  target {target}\n  head {head}\n  tool outputs at {cpt:.2f} characters per token", file=sys.stderr)
+    programs = {}
+    if "litellm" in args.stacks:
+        programs["litellm"] = await asyncio.to_thread(litellm_program)
+    if "nginx" in args.stacks:
+        programs["nginx"] = nginx_program()
+    rows: list[dict] = []
+    runs: list[dict] = []
+    load_start = list(os.getloadavg())
+    started = time.monotonic()
+    for rnd in range(sizes["rounds"]):
+        for name in stack_order(rnd, tuple(args.stacks)):
+            r, info = await one_run(name, rnd, sessions, args, sizes, target, head, workdir, programs)
+            rows += r
+            runs.append(info)
+            m = info["metrics"]
+            print(f"round {rnd + 1}/{sizes['rounds']}: {name}: TTFT p95 {m['ttft_p95']}, turn p95 {m['turn_p95']}, "
+                  f"{m['tok_s']} tok/s, errors {m['error']}, 429 {m['429']}, timeouts {m['timeout']} "
+                  f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
+    return {
+        "meta": {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "target": str(target), "head": str(head),
+            "sizes": sizes, "seed": args.seed, "depth": args.depth, "width": WIDTH, "backends": BACKENDS, "stacks": list(args.stacks),
+            "chars_per_token": cpt, "rounds_run": sizes["rounds"], "machine": platform.machine(), "cpus": os.cpu_count(),
+            "loadavg_start": load_start, "loadavg_end": list(os.getloadavg()), "seconds": round(time.monotonic() - started),
+            "versions": versions(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        "summary": summary_of(rows, runs, sizes["rounds"]),
+        "runs": runs,
+        "rows": rows,
+    }
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("mlx", "mlx-lm", "aiohttp"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    lite = ROOT / ".venv-litellm"
+    found = sorted(lite.glob("lib/python*/site-packages/litellm-*.dist-info"))
+    out["litellm"] = found[-1].name.split("-")[1] if found else None
+    try:
+        out["nginx"] = subprocess.run([nginx_program(), "-v"], capture_output=True, text=True).stderr.strip()
+    except SystemExit:
+        out["nginx"] = None
+    return out
+
+
+async def replay_only(args, sizes: dict) -> dict:
+    """`--url`: the workload against a server already running (sized at the default characters per token)."""
+    sessions = make_workload(args.seed, sizes)
+    load_start = list(os.getloadavg())
+    rows = await replay(args.url.rstrip("/"), args.model, sessions, sizes["answer_tokens"], stack=args.label, round_no=0)
+    return {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": args.model, "sizes": sizes, "seed": args.seed,
+                     "rounds_run": 1, "loadavg_start": load_start, "loadavg_end": list(os.getloadavg())},
+            "summary": summary_of(rows, [], 1), "runs": [], "rows": rows}
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    a, b = int(lo), int(hi or lo)
+    if a < 1 or b < a:
+        raise argparse.ArgumentTypeError(f"expected N or N-M with 1 <= N <= M: {text}")
+    return a, b
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mtpstack.validator import DEPTH_DEFAULT
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few minutes: the demo pair as it is, 3 sessions of 2-3 turns, 1 round")
+    p.add_argument("--rounds", type=int, help=f"rounds, each stack once per round (default: {FULL['rounds']})")
+    p.add_argument("--sessions", type=int, help=f"agent sessions (default: {FULL['sessions']})")
+    p.add_argument("--turns", type=parse_range, help="turns per session, N or N-M (default: 4-6)")
+    p.add_argument("--output-tokens", type=parse_range, help="tokens of each tool output, N-M (default: 200-2000)")
+    p.add_argument("--answer-tokens", type=int, help=f"max_tokens of each turn (default: {FULL['answer_tokens']})")
+    p.add_argument("--arrival", type=float, dest="arrival_s", help=f"mean seconds between session arrivals (default: {FULL['arrival_s']})")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default: 0)")
+    p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"the MTP head's draft depth in mtpstack's workers (default: {DEPTH_DEFAULT})")
+    p.add_argument("--mlp-multiplier", type=int, help=f"widen the target's MLPs (default: {FULL['mlp_multiplier']})")
+    p.add_argument("--extra-layers", type=int, help=f"zero layers appended to the target (default: {FULL['extra_layers']})")
+    p.add_argument("--stacks", nargs="+", choices=STACKS, default=list(STACKS), help="stacks to run (default: all three)")
+    p.add_argument("--url", help="replay against this OpenAI-compatible base URL (e.g. http://127.0.0.1:8080/v1) instead of starting stacks")
+    p.add_argument("--model", default="mtpstack-demo", help="with --url: the model name to send (default: mtpstack-demo)")
+    p.add_argument("--label", default="server", help="with --url: the name its rows carry (default: server)")
+    p.add_argument("--out", help="a folder for fleet.json and ttft-by-turn.png (default: a new folder under bench/out/)")
+    args = p.parse_args(argv)
+    sizes = dict(QUICK if args.quick else FULL)
+    for key in ("rounds", "sessions", "turns", "output_tokens", "answer_tokens", "arrival_s", "mlp_multiplier", "extra_layers"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    if min(sizes["rounds"], sizes["sessions"], sizes["answer_tokens"], sizes["mlp_multiplier"]) < 1 or min(sizes["extra_layers"], sizes["arrival_s"]) < 0:
+        p.error("--rounds, --sessions, --answer-tokens and --mlp-multiplier must be at least 1, --extra-layers and --arrival at least 0")
+    sizes["answer_tokens"] = int(sizes["answer_tokens"])
+    out = Path(args.out) if args.out else ROOT / "bench" / "out" / time.strftime("fleet-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.url:
+        report = asyncio.run(replay_only(args, sizes))
+    else:
+        from worker_bench import ensure_preload
+
+        ensure_preload()
+        workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+        report = asyncio.run(run_all(args, sizes, workdir))
+    (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot_ttft_by_turn(report["summary"]["ttft_by_turn"], out / "ttft-by-turn.png",
+                      f"{report['meta']['sizes']['sessions']} agent sessions, TTFT by turn")
+    print("\n".join(format_lines(report)), file=sys.stderr)
+    print(f"figures: {out / 'fleet.json'}, plot: {out / 'ttft-by-turn.png'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
