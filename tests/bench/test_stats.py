@@ -132,3 +132,34 @@ def test_settling_names_the_comparison_the_recommendation_rests_on():
     alone = settling(base, [d1])
     assert alone.recommended is alone.best is d1 and alone.verdict is None and alone.decided
     assert settling(base, [Candidate("depth 3", 3, (1.0, 2.0))]) is None
+
+
+def test_percentile_is_a_measured_value_by_nearest_rank():
+    from mtpstack.bench.stats import percentile
+
+    v = [float(i) for i in range(1, 21)]
+    assert percentile(v, 95) == 19.0 and percentile(v, 50) == 10.0 and percentile([7.0], 95) == 7.0
+    assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+def test_a_clustered_bootstrap_is_wider_than_one_that_treats_correlated_values_as_independent():
+    from mtpstack.bench.stats import cluster_ratio_ci, median
+
+    rng = np.random.default_rng(1)
+    # 8 sessions a side, each with its own level (shared load, a cache), 10 turns each
+    base = [list(rng.lognormal(np.log(level), 0.05, 10)) for level in rng.lognormal(0, 0.5, 8)]
+    cand = [list(rng.lognormal(np.log(level), 0.05, 10)) for level in rng.lognormal(np.log(1.5), 0.5, 8)]
+    ratio, lo, hi = cluster_ratio_ci(base, cand, median, resamples=500)
+    flat_ratio, flat_lo, flat_hi = cluster_ratio_ci([[v] for c in base for v in c], [[v] for c in cand for v in c], median, resamples=500)
+    assert ratio == flat_ratio and lo <= ratio <= hi
+    assert hi - lo > 1.3 * (flat_hi - flat_lo)
+
+
+def test_a_clustered_bootstrap_of_identical_sides_straddles_one_and_drops_empty_clusters():
+    from mtpstack.bench.stats import cluster_ratio_ci, median
+
+    side = [[1.0, 2.0], [3.0], [], [2.5, 0.5]]
+    ratio, lo, hi = cluster_ratio_ci(side, side, median, resamples=300)
+    assert ratio == 1.0 and lo < 1.0 < hi
+    with pytest.raises(ValueError):
+        cluster_ratio_ci([[]], side, median)

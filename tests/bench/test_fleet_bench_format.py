@@ -1,0 +1,172 @@
+"""The fleet bench's pure parts: the agent workload it replays, the figures per round and per stack, the
+comparison against mtpstack, the table and the plot."""
+
+from __future__ import annotations
+
+import json
+
+from devkit.scripts import load_script
+
+fb = load_script("fleet_bench")
+
+SIZES = {**fb.FULL, "sessions": 4, "turns": (3, 5), "output_tokens": (200, 2000)}
+
+
+def chars_per_4(text: str) -> int:
+    """A stand-in tokenizer: a token every 4 characters."""
+    return max(1, len(text) // 4)
+
+
+def test_one_seed_makes_the_same_workload_and_another_seed_another():
+    a, b, c = fb.make_workload(7, SIZES), fb.make_workload(7, SIZES), fb.make_workload(8, SIZES)
+    dump = lambda w: json.dumps([(s.arrival_s, [(t.think_s, t.messages) for t in s.turns]) for s in w])  # noqa: E731
+    assert dump(a) == dump(b)
+    assert dump(a) != dump(c)
+
+
+def test_sessions_arrive_over_time_with_several_turns_each_and_think_time_between_turns():
+    sessions = fb.make_workload(0, SIZES)
+    assert len(sessions) == 4
+    arrivals = [s.arrival_s for s in sessions]
+    assert arrivals[0] == 0 and arrivals == sorted(arrivals) and arrivals[-1] > 0
+    for s in sessions:
+        assert 3 <= len(s.turns) <= 5
+        assert s.turns[0].think_s == 0
+        assert all(SIZES["think_s"][0] <= t.think_s <= SIZES["think_s"][1] for t in s.turns[1:])
+
+
+def test_each_turn_resends_the_whole_conversation_with_a_tool_call_and_its_result_appended():
+    session = fb.make_workload(0, SIZES)[1]
+    for before, after in zip(session.turns, session.turns[1:]):
+        assert after.messages[: len(before.messages)] == before.messages  # a prefix to reuse
+        call, result = after.messages[len(before.messages):]
+        assert call["role"] == "assistant" and call["content"] is None
+        (tool_call,) = call["tool_calls"]
+        assert tool_call["function"]["name"] in {t["function"]["name"] for t in fb.TOOLS}
+        json.loads(tool_call["function"]["arguments"])  # arguments as the API sends them: a JSON string
+        assert result == {"role": "tool", "tool_call_id": tool_call["id"], "content": result["content"]}
+    first = session.turns[0].messages
+    assert [m["role"] for m in first] == ["system", "user"]
+
+
+def test_sessions_share_the_system_prompt_and_differ_right_after_it():
+    sessions = fb.make_workload(0, SIZES)
+    systems = {s.turns[0].messages[0]["content"] for s in sessions}
+    tasks = {s.turns[0].messages[1]["content"] for s in sessions}
+    assert systems == {fb.SYSTEM} and len(tasks) == len(sessions)
+
+
+def test_tool_outputs_have_the_token_counts_asked_for_at_the_calibrated_rate():
+    small = {**SIZES, "output_tokens": (200, 300), "sessions": 6}
+    rate = fb.calibrate(chars_per_4, 0, small)
+    assert 3.9 < rate < 4.1
+    outputs = fb.tool_outputs(fb.make_workload(0, small, rate))
+    tokens = [chars_per_4(o) for o in outputs]
+    assert len(outputs) >= 6 and min(tokens) >= 195 and max(tokens) <= 330
+
+
+def test_tool_outputs_look_like_file_contents_test_runs_searches_and_diffs():
+    outputs = "\n".join(fb.tool_outputs(fb.make_workload(0, {**SIZES, "sessions": 6})))
+    assert "     1\t\"\"\"" in outputs  # a numbered file
+    assert "test session starts" in outputs and "short test summary info" in outputs
+    assert "diff --git a/src/" in outputs and "\n@@ -" in outputs
+    assert ".py:" in outputs  # search hits
+
+
+def row(stack, rnd, session, turn, ttft, total, *, status="ok", sent=0.0, out=10, prompt=100, cached=None):
+    return {"stack": stack, "round": rnd, "session": session, "turn": turn, "status": status, "ttft_s": ttft, "total_s": total,
+            "sent_s": sent, "completion_tokens": out, "prompt_tokens": prompt, "cached_tokens": cached}
+
+
+def test_a_round_counts_failures_apart_and_measures_latency_and_throughput_on_answered_turns():
+    rows = [row("m", 0, 0, 1, 1.0, 2.0, sent=0.0, out=20, cached=50), row("m", 0, 0, 2, 3.0, 4.0, sent=2.0, out=20, cached=100),
+            row("m", 0, 1, 1, None, 9.0, status="429", sent=1.0), row("m", 0, 1, 2, None, 1.0, status="timeout", sent=9.0),
+            row("m", 0, 2, 1, None, 0.1, status="error", sent=1.0)]
+    m = fb.round_metrics(rows)
+    assert (m["ttft_p50"], m["ttft_p95"], m["turn_p50"], m["turn_p95"]) == (1.0, 3.0, 2.0, 4.0)
+    assert m["tok_s"] == 40 / 10.0  # answered turns' tokens over the first send to the last end (9 + 1)
+    assert m["cached_share"] == 150 / 200
+    assert (m["error"], m["429"], m["timeout"], m["turns"]) == (1, 1, 1, 5)
+
+
+def test_a_stack_that_reports_no_cached_tokens_has_no_cache_figure():
+    assert fb.round_metrics([row("n", 0, 0, 1, 1.0, 2.0)])["cached_share"] is None
+
+
+def test_per_stack_figures_are_medians_over_rounds_with_min_max():
+    rows = [row("m", r, 0, 1, t, t + 1, sent=0) for r, t in enumerate([1.0, 2.0, 4.0])]
+    s = fb.summarize_stacks(rows)["m"]
+    assert s["ttft_p50"] == {"median": 2.0, "min": 1.0, "max": 4.0, "n": 3}
+    assert s["error"] == {"median": 0, "min": 0, "max": 0, "n": 3} and s["rounds"] == 3
+
+
+def workload_rows(stack, scale, rounds=3, sessions=4):
+    return [row(stack, r, s, t, scale * (1 + 0.1 * t + 0.05 * s), scale * (2 + 0.1 * t), sent=10.0 * t + s, out=10)
+            for r in range(rounds) for s in range(sessions) for t in range(1, 4)]
+
+
+def test_other_stacks_are_compared_with_mtpstack_with_an_interval_around_the_ratio():
+    rows = workload_rows("mtpstack", 1.0) + workload_rows("nginx", 2.0)
+    c = fb.compare(rows, resamples=300)["nginx"]
+    for key in ("ttft_p50", "ttft_p95", "turn_p50", "turn_p95"):
+        assert abs(c[key]["ratio"] - 2.0) < 1e-9 and c[key]["lo"] <= 2.0 <= c[key]["hi"] and c[key]["n"] == [12, 12]
+    assert c["tok_s"]["n"] == [3, 3] and c["tok_s"]["lo"] is not None
+    assert "mtpstack" not in fb.compare(rows, resamples=50)
+
+
+def test_throughput_with_too_few_rounds_gets_a_ratio_and_no_interval():
+    rows = workload_rows("mtpstack", 1.0, rounds=2) + workload_rows("litellm", 1.5, rounds=2)
+    c = fb.compare(rows, resamples=50)["litellm"]["tok_s"]
+    assert c["lo"] is None and c["hi"] is None and c["ratio"] > 0
+
+
+def test_ttft_by_turn_pools_sessions_and_rounds_per_turn_number():
+    rows = [row("m", 0, 0, 1, 4.0, 5), row("m", 1, 1, 1, 6.0, 7), row("m", 0, 0, 2, 1.0, 2), row("m", 0, 0, 3, None, 1, status="error")]
+    by = fb.ttft_by_turn(rows)["m"]
+    assert by == [{"turn": 1, "median": 5.0, "p95": 6.0, "n": 2}, {"turn": 2, "median": 1.0, "p95": 1.0, "n": 1}]
+
+
+def report_of(rows):
+    meta = {"sizes": SIZES, "rounds_run": 3, "models": "tiny", "loadavg_start": [2.5, 2, 2], "loadavg_end": [3.0, 2, 2]}
+    return {"meta": meta, "summary": fb.summary_of(rows, [], 3)}
+
+
+def test_the_table_has_a_row_per_stack_the_ratios_with_intervals_and_the_goal():
+    rows = workload_rows("mtpstack", 1.0) + workload_rows("litellm", 2.0) + workload_rows("nginx", 3.0)
+    rows.append(row("nginx", 0, 9, 1, None, 1.0, status="429"))
+    lines = fb.format_lines(report_of(rows))
+    text = "\n".join(lines)
+    assert any(line.startswith("mtpstack ") for line in lines) and any(line.startswith("nginx ") for line in lines)
+    assert "litellm / mtpstack: turn TTFT p50 2.00x [" in text
+    assert "load average 2.5 at the start, 3.0 at the end" in text
+    assert "goal: turn TTFT p95: met: best is mtpstack" in text
+    assert "goal: zero errors, 429s and timeouts for mtpstack: met" in text
+    nginx = next(line for line in lines if line.startswith("nginx "))
+    assert "0 (0-1)" in nginx  # the 429 of one round: median 0, min 0, max 1
+
+
+def test_the_goal_names_the_stack_that_beat_mtpstack():
+    rows = workload_rows("mtpstack", 2.0) + workload_rows("litellm", 1.0)
+    goal = fb.goal_lines(fb.summary_of(rows, [], 3))
+    assert goal[0].startswith("turn TTFT p95: not met: best is litellm")
+
+
+def test_stacks_rotate_so_that_none_always_runs_first():
+    firsts = {fb.stack_order(r)[0] for r in range(3)}
+    assert firsts == set(fb.STACKS)
+    assert sorted(fb.stack_order(1)) == sorted(fb.STACKS)
+
+
+def test_the_ttft_by_turn_plot_is_written(tmp_path):
+    rows = workload_rows("mtpstack", 1.0) + workload_rows("nginx", 2.0)
+    path = fb.plot_ttft_by_turn(fb.ttft_by_turn(rows), tmp_path / "ttft.png", "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_litellm_routes_one_model_name_over_both_servers_least_busy_with_a_master_key():
+    config = fb.litellm_config([8001, 8002], "/models/t")
+    assert [d["litellm_params"]["api_base"] for d in config["model_list"]] == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1"]
+    assert {d["model_name"] for d in config["model_list"]} == {"bench"}
+    assert config["model_list"][0]["litellm_params"]["model"] == "openai//models/t"  # mlx_lm.server wants the path it loaded
+    assert config["router_settings"]["routing_strategy"] == "least-busy"
+    assert config["general_settings"]["master_key"] == fb.API_KEY
