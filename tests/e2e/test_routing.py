@@ -206,3 +206,42 @@ async def test_a_restarted_worker_loses_its_affinities(proxy, workers, caplog):
     await turn(proxy, 2, "r", "r-2", prompt_cache_key="conv-r")
     # Nothing of the conversation is cached anywhere now: it is new, and both being free, goes to w0.
     assert served(caplog, "r-2") == ("w0", "new")
+
+
+#: A file's first 540 characters, as a code-completion client sends it, then each request its own end.
+BEGINNING = ('"""Helpers shared by the parser and the scheduler: paths, retries and small text utilities."""\n\n'
+             "from __future__ import annotations\n\nimport os\nimport sys\nimport time\nfrom pathlib import Path\n\n"
+             "RETRIES = 3\nBACKOFF_SECONDS = 0.5\n\n\ndef read_text(path: Path) -> str:\n"
+             '    """The file at `path` as text, retried a few times when it is being written."""\n'
+             "    for attempt in range(RETRIES):\n        try:\n            return path.read_text()\n"
+             "        except OSError:\n            time.sleep(BACKOFF_SECONDS * (attempt + 1))\n"
+             "    return path.read_text()\n\n\ndef ")
+
+
+async def complete(server, prompt: str, rid: str) -> None:
+    reply = await client(server).completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                                    extra_headers={"X-Request-Id": rid})
+    assert reply.choices[0].text is not None
+
+
+async def test_completion_prompts_that_share_a_beginning_go_to_the_worker_holding_it(proxy, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    assert 450 <= len(BEGINNING) <= 600  # about 500 characters, the case issue 39 names
+    async with FirstWorkerHeld(proxy):
+        await complete(proxy, BEGINNING + "split_lines(text: str) -> list[str]:\n", "b-1")
+    assert served(caplog, "b-1") == ("w1", "new")
+    for n, end in enumerate(["join_paths(*parts: str) -> str:\n", "env_flag(name: str) -> bool:\n", "main() -> int:\n"], 2):
+        await complete(proxy, BEGINNING + end, f"b-{n}")
+        assert served(caplog, f"b-{n}") == ("w1", "affinity")  # without a key: by the beginning it shares
+
+
+async def test_token_id_prompts_that_share_a_beginning_go_to_the_worker_holding_it(proxy, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    beginning = [(7 * i) % 200 + 3 for i in range(60)]  # 480 bytes packed: past the first boundary
+    async with FirstWorkerHeld(proxy):
+        reply = await client(proxy).completions.create(model="tiny", prompt=[*beginning, 11, 12], max_tokens=4, temperature=0,
+                                                       extra_headers={"X-Request-Id": "i-1"})
+    assert served(caplog, "i-1") == ("w1", "new") and reply.choices
+    await client(proxy).completions.create(model="tiny", prompt=[*beginning, 40, 41, 42], max_tokens=4, temperature=0,
+                                           extra_headers={"X-Request-Id": "i-2"})
+    assert served(caplog, "i-2") == ("w1", "affinity")

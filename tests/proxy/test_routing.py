@@ -14,7 +14,9 @@ from mtpstack.proxy.routing import (
     AFFINITY_ENTRIES,
     DECISIONS,
     LOOKUP_BOUNDARIES,
+    MAX_TEXT_BYTES,
     MAX_UNITS,
+    TEXT_BEGINNING_BYTES,
     TEXT_BLOCK_BYTES,
     Affinity,
     affinity_keys,
@@ -148,6 +150,26 @@ def test_a_long_completion_prompt_is_hashed_to_its_end_in_blocks_up_to_the_bound
     # Past `MAX_UNITS` blocks the rest is not read: two prompts alike that far are one prefix.
     bound = MAX_UNITS * TEXT_BLOCK_BYTES
     assert recorded_then_found({"prompt": "x" * bound + "a"}, {"prompt": "x" * bound + "b"}, "/v1/completions")
+
+
+def test_completion_prompts_that_share_only_a_beginning_find_the_worker_holding_it():
+    beginning = "# one file's first lines, the same in every request\n" * 10  # 530 bytes
+    assert recorded_then_found({"prompt": beginning + "def a():"}, {"prompt": beginning + "class B:"}, "/v1/completions")
+    ids = list(range(40))  # 320 bytes packed
+    assert recorded_then_found({"prompt": [*ids, 1]}, {"prompt": [*ids, 2, 3]}, "/v1/completions")
+    # A shared beginning shorter than the first boundary is no shared prefix.
+    short = "x" * (TEXT_BEGINNING_BYTES - 1)
+    assert not recorded_then_found({"prompt": short + "a" * 300}, {"prompt": short + "b" * 300}, "/v1/completions")
+    # A Responses input string is keyed the same way, after its instructions.
+    first = {"instructions": "be brief", "input": beginning + "first"}
+    assert recorded_then_found(first, {**first, "input": beginning + "second"}, "/v1/responses")
+    assert not recorded_then_found(first, {"instructions": "be long", "input": beginning + "second"}, "/v1/responses")
+
+
+def test_a_megabyte_of_prompt_text_or_token_ids_costs_a_bounded_number_of_keys():
+    for payload in ({"prompt": "é" * MAX_TEXT_BYTES}, {"prompt": list(range(MAX_TEXT_BYTES))}, {"prompt": "x" * (3 * MAX_TEXT_BYTES)}):
+        keys = affinity_keys("/v1/completions", payload)
+        assert len(keys.record) == 3 and len(keys.lookup) == LOOKUP_BOUNDARIES + 1
 
 
 def test_a_token_id_prompt_that_grows_finds_its_worker():
