@@ -544,14 +544,14 @@ def stack_order(round_index: int, stacks: tuple[str, ...] = STACKS) -> tuple[str
 # -- replaying the workload -----------------------------------------------------------------
 
 
-async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, timeout: float) -> dict:
+async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, timeout: float, rid: str | None = None) -> dict:
     """One turn, streamed: time to the first generated token (text, reasoning or a tool call), to the
     end, the usage the server reports, and how it ended (`STATUSES`)."""
     import aiohttp
 
     body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": THINKING_OFF}
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {API_KEY}", **({"X-Request-Id": rid} if rid else {})}
     start = time.perf_counter()
     first = usage = error = None
     status, done, http_status = "ok", False, None
@@ -611,9 +611,10 @@ async def replay(base_url: str, model: str, sessions: list[Session], max_tokens:
             rows = []
             for k, turn in enumerate(s.turns, 1):
                 await asyncio.sleep(turn.think_s)
-                r = await one_turn(http, base_url, model, turn.messages, max_tokens, timeout)
+                rid = f"fleet-{stack}-{round_no}-{s.index}-{k}"
+                r = await one_turn(http, base_url, model, turn.messages, max_tokens, timeout, rid)
                 r["sent_s"] = r.pop("start") - t0
-                rows.append({"stack": stack, "round": round_no, "session": s.index, "turn": k, **r})
+                rows.append({"stack": stack, "round": round_no, "session": s.index, "turn": k, "request_id": rid, **r})
                 ttft = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.2f}"
                 print(f"  {stack} round {round_no} session {s.index} turn {k}: {r['status']} ttft "
                       f"{ttft} s, {r['total_s']:.2f} s, prompt "
@@ -796,6 +797,13 @@ async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dic
         extra = await worker_counts(running) if name == "mtpstack" else None
     finally:
         await asyncio.to_thread(running.stop)
+    if name == "mtpstack":  # which worker served each turn, and why: the proxy's request log
+        from routing_bench import request_lines
+
+        logged = request_lines((rundir / "proxy.log").read_text(errors="replace"))
+        for r in rows:
+            line = logged.get(r["request_id"], {})
+            r["worker"], r["routing"] = line.get("worker"), line.get("routing")
     info = {"stack": name, "round": rnd, "startup_s": round(started_s, 1), "loadavg_start": list(load0), "loadavg_end": list(load1),
             "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "metrics": round_metrics(rows), "workers": extra, "logs": str(rundir)}
     return rows, info
