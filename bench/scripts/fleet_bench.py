@@ -522,6 +522,9 @@ def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
         ax.plot(xs, [p["median"] for p in points], "o-", color=f"C{i}", label=f"{stack} median")
         ax.plot(xs, [p["p95"] for p in points], "x--", color=f"C{i}", alpha=0.7, label=f"{stack} p95")
     ax.set_yscale("log")
+    turns = sorted({p["turn"] for points in by_turn.values() for p in points})
+    if turns:
+        ax.set_xticks(turns)
     ax.set_xlabel("turn of the session")
     ax.set_ylabel("time to first token, s")
     ax.grid(alpha=0.3, which="both")
