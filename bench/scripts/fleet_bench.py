@@ -26,7 +26,7 @@ per-round values with min-max over rounds. Then each stack against mtpstack, wit
 interval (resampling whole sessions for the latencies, rounds for throughput), and a plot of TTFT
 by turn per stack.
 
-    python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target (~35 min)
+    python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target (not yet timed here)
     python bench/scripts/fleet_bench.py --quick                        # a few minutes: small and short
     python bench/scripts/fleet_bench.py --url http://HOST:PORT/v1 --model NAME   # replay against any server
 
