@@ -168,10 +168,11 @@ def join_group(setting: RankSetting):
     """`mx.distributed.init` on the configured backend; refuses a backend this machine lacks."""
     import mlx.core as mx
 
-    check_mlx(mx.__version__)
+    # A backend this machine lacks is refused first: no mlx version would make it run here.
     if not mx.distributed.is_available(setting.backend):
         why, hint = jaccl_unavailable(platform.system(), metal_wheel_tag()) if setting.backend == "jaccl" else ("", None)
         raise UserError(f"mlx's `{setting.backend}` backend is not available on this machine{why}", hint)
+    check_mlx(mx.__version__)
     group = mx.distributed.init(strict=True, backend=setting.backend)
     if group.size() != setting.size or group.rank() != setting.rank:
         raise UserError(f"the group has rank {group.rank()} of {group.size()}, the environment said {setting.rank} of {setting.size}")
