@@ -62,8 +62,13 @@ class Snapshots:
         target = [c.segment(r, start, end) if kind == "kv" else None for c, kind in zip(caches, self.kinds)]
         draft = [c.segment(r, *drafter.span(start, end)) for c in draft_caches] if drafter is not None else []
         states = [None if kind == "kv" else c.row(r) for c, kind in zip(caches, self.kinds)]
-        row.stretches.append(Stretch(tokens=tuple(seq.prompt[start:end]), segment=(target, draft),
-                                     end_state=(states, mx.contiguous(seq.carry))))
+        stretch = Stretch(tokens=tuple(seq.prompt[start:end]), segment=(target, draft),
+                          end_state=(states, mx.contiguous(seq.carry)))
+        # Copied now: left lazy, each slice would keep this step's whole buffers alive (the batch's
+        # KV over every row and position, the chunk's hidden states) until a hit evaluated it, and the
+        # cache would hold several times what it counts.
+        mx.eval(stretch.segment, stretch.end_state)
+        row.stretches.append(stretch)
 
     def store(self, seq: Sequence) -> None:
         """`seq`'s whole prompt is in: its snapshots go into the prefix cache, below where it resumed."""

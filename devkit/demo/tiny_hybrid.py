@@ -51,10 +51,11 @@ HEAD_HIDDEN_GAIN = 0.1
 HEAD_LAYER_GAIN = 0.1
 
 
-def build_tiny_hybrid_target(seed: int = 0):
-    """The tiny random qwen3_5 target (untied LM head) and its config.json dict."""
+def build_tiny_hybrid_target(seed: int = 0, **dims):
+    """The tiny random qwen3_5 target (untied LM head) and its config.json dict; `dims` override
+    `TINY_HYBRID`'s (a wider KV, a longer context) for tests that need another shape."""
     mx.random.seed(seed)
-    config = qwen3_5_config(qwen3_5_text_config(**TINY_HYBRID))
+    config = qwen3_5_config(qwen3_5_text_config(**{**TINY_HYBRID, **dims}))
     config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = False
     model = build_qwen3_5(config)
     text = model.language_model.model
@@ -75,7 +76,7 @@ def build_tiny_hybrid_head(target, target_config: dict, seed: int = 0):
     mx.random.seed(seed + 1)
     config = head_config(target_config["text_config"])
     head = build_head(config)
-    hidden = TINY_HYBRID["hidden_size"]
+    hidden = target_config["text_config"]["hidden_size"]
     head.fc.weight = mx.concatenate(
         [mx.eye(hidden) * HEAD_EMBEDDING_GAIN, head.fc.weight[:, hidden:] * HEAD_HIDDEN_GAIN], axis=1
     )
@@ -87,10 +88,10 @@ def build_tiny_hybrid_head(target, target_config: dict, seed: int = 0):
     return head, config
 
 
-def build_tiny_hybrid_pair(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+def build_tiny_hybrid_pair(out_dir: Path, seed: int = 0, **dims) -> tuple[Path, Path]:
     """Write `out_dir/target` (a qwen3_5 model directory) and `out_dir/mtp` (its head folder); return both."""
     out_dir = Path(out_dir)
-    target, config = build_tiny_hybrid_target(seed)
+    target, config = build_tiny_hybrid_target(seed, **dims)
     head, hconfig = build_tiny_hybrid_head(target, config, seed)
     return save_model_dir(target, config, out_dir / "target"), save_head_dir(head, hconfig, out_dir / "mtp")
 
