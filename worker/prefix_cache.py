@@ -56,6 +56,10 @@ class Stretch:
     tokens: tuple[int, ...]
     segment: object  # per layer (keys, values) over the stretch, for layers that keep every position
     end_state: object | None  # what resuming at the end needs besides the segments (None: dropped)
+    #: It ends at a message boundary (the chat template's: where the system messages or the
+    #: conversation end), where later prompts resume: kept resumable longer than the prompt's other
+    #: snapshots (`PrefixCache.insert`).
+    boundary: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -186,6 +190,7 @@ class PrefixCache:
         if node is None and parent is not None:
             return  # what it resumed from was evicted meanwhile: its stretches have no place to hang
         node = node or self.root
+        boundaries = []
         for stretch in stretches:
             if not stretch.tokens:
                 continue
@@ -199,7 +204,11 @@ class PrefixCache:
                 same.stretch.end_state = stretch.end_state  # a dropped snapshot comes back
                 self.stats.bytes += nbytes(stretch.end_state)
             self._touch(same)
+            if stretch.boundary:
+                boundaries.append(same)
             node = same
+        for same in boundaries:  # most recent: the next turn resumes at the conversation's end, not one token before the prompt's
+            self._touch(same)
         self._evict()
 
     def _touch(self, node: Node) -> None:

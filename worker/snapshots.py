@@ -63,7 +63,7 @@ class Snapshots:
         draft = [c.segment(r, *drafter.span(start, end)) for c in draft_caches] if drafter is not None else []
         states = [None if kind == "kv" else c.row(r) for c, kind in zip(caches, self.kinds)]
         stretch = Stretch(tokens=tuple(seq.prompt[start:end]), segment=(target, draft),
-                          end_state=(states, mx.contiguous(seq.carry)))
+                          end_state=(states, mx.contiguous(seq.carry)), boundary=end in seq.snapshot_at)
         # Copied now: left lazy, each slice would keep this step's whole buffers alive (the batch's
         # KV over every row and position, the chunk's hidden states) until a hit evaluated it, and the
         # cache would hold several times what it counts.

@@ -249,3 +249,14 @@ def test_a_flood_of_one_token_prompts_keeps_the_newest_within_the_budget():
         cache.insert(None, [stretch([i])])
     assert cache.stats.entries == 10 and cache.stats.bytes <= per_entry * 10
     assert cache.lookup([4999]).length == 1 and cache.lookup([4989]) is None
+
+
+def test_a_conversations_end_stays_resumable_longer_than_the_prompts_last_token():
+    cache = PrefixCache(1 << 20)
+    turn = Stretch(tokens=(1, 2, 3), segment=[mx.zeros((100,), mx.uint8)], end_state=[mx.zeros((100,), mx.uint8)], boundary=True)
+    cache.insert(None, [turn, stretch([4, 5])])  # where the messages end, then one token before the prompt's end
+    cache.max_bytes = cache.stats.bytes - 1
+    cache._evict()
+    # the next turn diverges inside the generation prompt: it still resumes where the conversation ended
+    assert cache.lookup([1, 2, 3, 9]).length == 3
+    assert cache.lookup([1, 2, 3, 4, 5]).length == 3

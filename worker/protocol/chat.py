@@ -71,8 +71,8 @@ class AgentRequest:
     output: OutputSpec | None
     hook: RowHook | None
     logprobs_shape: str | None  # "chat", "completion" or None
-    #: Prompt positions worth a prefix-cache snapshot: where the leading system messages end
-    #: (a system prompt with its tools, which other conversations share).
+    #: Prompt positions worth a prefix-cache snapshot (`conversation_boundaries`): where the leading
+    #: system messages end, and where the conversation's last message ends.
     boundaries: tuple[int, ...] = ()
     grammar: PendingGrammar | None = None
     #: The prompt opened a think block this id ends (None: no reasoning to budget).
@@ -349,7 +349,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
             markers, fmt, shown_tools = generic.markers(tok), generic.GENERIC, None
             messages = generic.rewrite(messages, tools if choice != "none" else None)
         prompt = template_prompt(tok, messages, shown_tools, kwargs)
-        boundaries = system_boundary(tok, messages, shown_tools, kwargs, prompt)
+        boundaries = conversation_boundaries(tok, messages, shown_tools, kwargs, prompt)
         if getattr(tok, "has_thinking", False) and tok.think_end_tokens:
             reasoning = tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt)
         output = OutputSpec(markers, reasoning, tools, parse_tools=choice != "none" and tools is not None)
@@ -370,22 +370,38 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
     return AgentRequest(prompt, output, hook, shape, boundaries, pending, think_end, budget)
 
 
-def system_boundary(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[int, ...]:
-    """Where the leading system (or developer) messages end in `prompt`, when the template renders
-    them alone as the prompt's own beginning; else nothing. One more render, of those messages only."""
+def conversation_boundaries(tok, messages, tools, kwargs, prompt: list[int]) -> tuple[int, ...]:
+    """Where a rendered conversation is worth a prefix-cache snapshot: the one way every endpoint that
+    renders messages with the chat template (chat, Responses, any other) finds them.
+
+    - Where the leading system (or developer) messages end: a system prompt with its tools, which
+      other conversations share.
+    - Where the last message ends, before the generation prompt: the next turn's prompt is this
+      conversation with the answer and new messages appended, and the generation prompt is where it
+      diverges (the Qwen3.5 family's ends `<|im_start|>assistant\n<think>\n\n</think>\n\n`, the
+      history renders that turn without the empty think block), so the next turn resumes here and
+      prefills only what is new.
+
+    Each is found by rendering those messages alone (`add_generation_prompt=False`) and kept only
+    when it is a strict prefix of `prompt`'s tokens; a template that refuses the shorter render
+    gives no boundary there, nothing else is lost."""
+    if not tok.has_chat_template:
+        return ()
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
         lead += 1
-    if not lead or lead == len(messages) or not tok.has_chat_template:
-        return ()
-    try:
-        head = render_template(tok, messages[:lead], tools, kwargs, add_generation_prompt=False)
-    except Exception:  # a template may refuse a conversation without a user turn: no boundary, nothing else lost
-        return ()
-    if isinstance(head, dict):
-        head = head["input_ids"]
-    n = len(head)
-    return (n,) if 0 < n < len(prompt) and [int(t) for t in head] == prompt[:n] else ()
+    found = []
+    for upto in sorted({lead, len(messages)} - {0}):
+        try:
+            head = render_template(tok, messages[:upto], tools, kwargs, add_generation_prompt=False)
+        except Exception:  # a template may refuse a conversation without a user turn
+            continue
+        if isinstance(head, dict):
+            head = head["input_ids"]
+        n = len(head)
+        if 0 < n < len(prompt) and [int(t) for t in head] == prompt[:n]:
+            found.append(n)
+    return tuple(found)
 
 
 async def compile_constraint(agent: AgentRequest, engine) -> None:
