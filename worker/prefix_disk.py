@@ -59,7 +59,9 @@ log = logging.getLogger("mtpstack.worker")
 #: The file layout's version: part of every entry's validity, so a change of format never reads old files.
 LAYOUT = 1
 MAGIC = b"MTPSNAP\x01"
-SUFFIX = ".snap"
+#: A node's stretch (its tokens, the attention and drafter entries over them) and its end state.
+KV_SUFFIX = ".kv"
+STATE_SUFFIX = ".st"
 TMP_SUFFIX = ".tmp"
 #: The folder of one validity: `v<LAYOUT>-` and 16 hex digits of the facts' hash.
 FOLDER_PREFIX = "v"
@@ -146,17 +148,23 @@ def to_mlx(tree):
 
 @dataclass
 class Entry:
+    """One node on disk: its stretch (`<key>.kv`) and, while it is a resumable point, its end state (`<key>.st`)."""
+
     key: bytes
     parent: bytes | None
     start: int
     length: int
-    has_state: bool
-    size: int
-    path: Path
+    kv_size: int
+    state_size: int = 0  # 0: no end state on disk
+    boundary: bool = False  # it ends at a message boundary (`prefix_cache.Stretch.boundary`)
 
     @property
     def end(self) -> int:
         return self.start + self.length
+
+    @property
+    def resumable(self) -> bool:
+        return self.state_size > 0
 
 
 @dataclass
@@ -169,7 +177,7 @@ class DiskHit:
 
 @dataclass
 class Loaded:
-    """A read chain: per entry its tokens and stretch arrays, and the last one's end state."""
+    """A chain read back: each entry's tokens and stretch (None where the caller holds it), the last one's end state."""
 
     tokens: list[tuple[int, ...]]
     segments: list[object]
@@ -184,7 +192,7 @@ class DiskStats:
     errors: int = 0
     bytes: int = 0
     entries: int = 0
-    dropped: int = 0  # writes dropped: the backlog was full or the directory not writable
+    dropped: int = 0  # writes not made: the backlog was full or the directory not writable
     restore_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
@@ -206,7 +214,7 @@ class DiskTier:
         self.folder = self.root / validity_folder(self.facts)
         self.pending_bytes = pending_bytes
         self.stats = DiskStats()
-        #: A name for this cache that outlives the process: kept in the folder, new when the folder is.
+        #: A name for this cache that outlives the process: kept in its folder, new with the folder.
         self.cache_id: str | None = None
         self.enabled = False
         self.writable = False
@@ -215,10 +223,10 @@ class DiskTier:
         self._entries: dict[bytes, Entry] = {}
         self._lengths: dict[bytes | None, dict[int, int]] = {}  # parent -> child lengths -> how many
         self._children: dict[bytes | None, set[bytes]] = {}
-        self._lru: OrderedDict[bytes, None] = OrderedDict()
+        self._lru: OrderedDict[bytes, None] = OrderedDict()  # resumable entries, least recently used first
         self._foreign: list[tuple[float, Path, int]] = []  # (mtime, path, size), oldest first
         self._foreign_bytes = 0
-        self._queued: dict[bytes, int] = {}  # key -> bytes of a write not done yet
+        self._queued: dict[tuple[bytes, bool], int] = {}  # (key, has state) -> bytes of a write not done yet
         self._queued_bytes = 0
         self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
@@ -249,10 +257,11 @@ class DiskTier:
             self._warn("open", f"prefix cache: the disk tier is off: `{self.folder}` cannot be read: {e.strerror or e}")
             return self
         if not self.writable:
-            self._warn("readonly", f"prefix cache: `{self.folder}` is read-only: snapshots on it are served, none are added")
+            self._warn("readonly", f"prefix cache: `{self.folder}` is read-only: the snapshots on it are served, none are added")
         self._load_id()
         self.enabled = True
-        self._make_room(0)
+        for path in self._room(0):
+            self._remove_file(path)
         self._thread = threading.Thread(target=self._run, name="prefix-disk", daemon=True)
         self._thread.start()
         return self
@@ -278,7 +287,7 @@ class DiskTier:
             if child == self.folder or not child.is_dir() or not _is_folder_name(child.name):
                 continue
             for f in child.iterdir():
-                if f.suffix in (SUFFIX, TMP_SUFFIX) or f.name in ("id", "validity.json"):
+                if f.suffix in (KV_SUFFIX, STATE_SUFFIX) or f.name.endswith(TMP_SUFFIX) or f.name in ("id", "validity.json"):
                     try:
                         st = f.stat()
                     except OSError:
@@ -286,76 +295,120 @@ class DiskTier:
                     self._foreign.append((st.st_mtime, f, st.st_size))
                     self._foreign_bytes += st.st_size
         self._foreign.sort(key=lambda t: t[0])
-        found = []
+        kvs, states = [], []
         for f in self.folder.iterdir():
             if f.name.endswith(TMP_SUFFIX):
-                self._unlink(f)  # a write that never finished (a kill -9 mid-write)
-            elif f.suffix == SUFFIX:
+                self._remove_file(f)  # a write that never finished (a kill -9 mid-write)
+            elif f.suffix in (KV_SUFFIX, STATE_SUFFIX):
                 try:
-                    entry, _ = _read_header(f)
-                    if entry.key.hex() != f.stem:
+                    header, size = _read_header(f)
+                    if header["key"] != f.stem:
                         raise BadEntry("its name is not its key")
-                    found.append((f.stat().st_mtime_ns, entry))
-                except (OSError, BadEntry, ValueError) as e:
+                    (kvs if f.suffix == KV_SUFFIX else states).append((f.stat().st_mtime_ns, header, size, f))
+                except (OSError, BadEntry, ValueError, KeyError, TypeError) as e:
                     self._bad(f, e)
-        found.sort(key=lambda t: t[0])
-        for _, entry in found:
-            self._add(entry)
-        # Entries whose parent is missing can never be restored: the chain is broken.
-        orphans = [e.key for e in list(self._entries.values()) if e.parent is not None and e.parent not in self._entries]
-        for key in orphans:
-            for path in self._drop(key, count=False):
-                self._unlink(path)
+        for _, header, size, _ in kvs:
+            self._add_kv(bytes.fromhex(header["key"]), _parent(header), int(header["start"]), len(header["tokens"]), size,
+                         bool(header.get("boundary")))
+        for _, header, size, f in sorted(states, key=lambda t: t[0]):  # the recency a restart orders by
+            key = bytes.fromhex(header["key"])
+            if key in self._entries:
+                self._add_state(key, size)
+            else:
+                self._remove_file(f)
+        # What can never be restored goes: entries below a missing parent, stretches with nothing below or at their end.
+        doomed = [e.key for e in self._entries.values() if e.parent is not None and e.parent not in self._entries]
+        paths = [p for key in doomed for p in self._drop_subtree(key)]
+        for e in list(self._entries.values()):
+            if e.key in self._entries and not e.resumable and not self._children.get(e.key):
+                paths += self._prune(e.key)
+        for path in paths:
+            self._remove_file(path)
 
-    # -- the index (under the lock) ----------------------------------------------------------
+    # -- the index (callers hold the lock, or own the tier alone) ------------------------------
 
-    def _add(self, entry: Entry) -> None:
-        old = self._entries.get(entry.key)
-        if old is not None:
-            self.stats.bytes -= old.size
-            self.stats.entries -= 1
-        else:
-            lengths = self._lengths.setdefault(entry.parent, {})
-            lengths[entry.length] = lengths.get(entry.length, 0) + 1
-            self._children.setdefault(entry.parent, set()).add(entry.key)
-        self._entries[entry.key] = entry
-        self._lru[entry.key] = None
-        self._lru.move_to_end(entry.key)
-        self.stats.bytes += entry.size
+    def _path(self, key: bytes, suffix: str) -> Path:
+        return self.folder / (key.hex() + suffix)
+
+    def _add_kv(self, key: bytes, parent: bytes | None, start: int, length: int, size: int, boundary: bool) -> None:
+        if key in self._entries:
+            return
+        self._entries[key] = Entry(key, parent, start, length, size, boundary=boundary)
+        lengths = self._lengths.setdefault(parent, {})
+        lengths[length] = lengths.get(length, 0) + 1
+        self._children.setdefault(parent, set()).add(key)
+        self.stats.bytes += size
         self.stats.entries += 1
 
-    def _drop(self, key: bytes, count: bool) -> list[Path]:
-        """Forget `key` and every entry below it; the files to remove (by the caller, off the lock)."""
-        paths = []
-        stack = [key]
+    def _add_state(self, key: bytes, size: int) -> None:
+        entry = self._entries[key]
+        self.stats.bytes += size - entry.state_size
+        entry.state_size = size
+        self._lru[key] = None
+        self._lru.move_to_end(key)
+
+    def _forget(self, key: bytes) -> list[Path]:
+        entry = self._entries.pop(key)
+        siblings = self._children.get(entry.parent)
+        if siblings is not None:
+            siblings.discard(key)
+        lengths = self._lengths.get(entry.parent, {})
+        lengths[entry.length] = lengths.get(entry.length, 1) - 1
+        if lengths[entry.length] <= 0:
+            lengths.pop(entry.length, None)
+        self._lru.pop(key, None)
+        self.stats.bytes -= entry.kv_size + entry.state_size
+        self.stats.entries -= 1
+        return [self._path(key, KV_SUFFIX)] + ([self._path(key, STATE_SUFFIX)] if entry.resumable else [])
+
+    def _drop_subtree(self, key: bytes) -> list[Path]:
+        """Forget `key` and every entry below it (nothing below can be restored without it)."""
+        paths, stack = [], [key]
         while stack:
             k = stack.pop()
-            entry = self._entries.pop(k, None)
-            if entry is None:
-                continue
-            stack.extend(self._children.pop(k, ()))
-            siblings = self._children.get(entry.parent)
-            if siblings is not None:
-                siblings.discard(k)
-            lengths = self._lengths.get(entry.parent, {})
-            lengths[entry.length] = lengths.get(entry.length, 1) - 1
-            if lengths[entry.length] <= 0:
-                lengths.pop(entry.length, None)
-            self._lengths.pop(k, None)
-            self._lru.pop(k, None)
-            self.stats.bytes -= entry.size
-            self.stats.entries -= 1
-            if count:
-                self.stats.evictions += 1
-            paths.append(entry.path)
+            if k in self._entries:
+                stack.extend(self._children.pop(k, ()))
+                self._lengths.pop(k, None)
+                paths += self._forget(k)
         return paths
 
+    def _prune(self, key: bytes | None) -> list[Path]:
+        """Forget `key` if it can no longer be resumed from or lead anywhere, then each ancestor left so."""
+        paths = []
+        while key is not None and key in self._entries:
+            entry = self._entries[key]
+            if entry.resumable or self._children.get(key):
+                break
+            self._children.pop(key, None)
+            self._lengths.pop(key, None)
+            paths += self._forget(key)
+            key = entry.parent
+        return paths
+
+    def _evict_one(self, protected: set[bytes]) -> list[Path] | None:
+        """The least recently used resumable point: an inner one (or one in `protected`, the chain a
+        write hangs below) loses only its end state, its stretch serving what is below it; a leaf goes
+        whole, with the ancestors it leaves useless. The files to remove; None when nothing is left."""
+        if not self._lru:
+            return None
+        key, _ = self._lru.popitem(last=False)
+        entry = self._entries[key]
+        self.stats.evictions += 1
+        self.stats.bytes -= entry.state_size
+        entry.state_size = 0
+        paths = [self._path(key, STATE_SUFFIX)]
+        if self._children.get(key) or key in protected:
+            return paths
+        return paths + self._prune(key)
+
     def _touch_chain(self, chain: list[Entry]) -> None:
-        """Used now: the deepest first, so every entry is more recent than the ones below it (least
-        recently used out first then always takes a leaf)."""
-        for entry in reversed(chain):
-            if entry.key in self._lru:
-                self._lru.move_to_end(entry.key)
+        """Used now, as the memory tier orders an insert: from the root down, so a conversation's inner
+        points lose their end states before its deepest one, and its message boundaries last of all
+        (the snapshot one token before a prompt's end serves only an exact repeat)."""
+        for boundary in (False, True):
+            for entry in chain:
+                if entry.boundary == boundary and entry.key in self._lru:
+                    self._lru.move_to_end(entry.key)
 
     def _chain(self, key: bytes | None) -> list[Entry]:
         chain = []
@@ -364,16 +417,36 @@ class DiskTier:
             key = self._entries[key].parent
         return chain[::-1]
 
+    def _room(self, size: int, keep: bytes | None = None) -> list[Path]:
+        """Other validities' files first, then this one's least recently used points (never `keep`
+        or what is above it), until `size` more bytes fit the budget: the files to remove."""
+        doomed: list[Path] = []
+        while self.total_bytes + size > self.max_bytes and self._foreign:
+            _, path, n = self._foreign.pop(0)
+            self._foreign_bytes -= n
+            self.stats.evictions += 1
+            doomed.append(path)
+        protected = {e.key for e in self._chain(keep)}
+        if self.total_bytes + size > self.max_bytes:
+            # Stretches with neither an end state nor anything below (their state's write was dropped)
+            # lead nowhere: they go before any snapshot does.
+            queued = {k for k, _ in self._queued}
+            for key in [k for k, e in self._entries.items() if not e.resumable and not self._children.get(k)
+                        and k not in protected and k not in queued]:
+                doomed += self._prune(key)
+        while self.total_bytes + size > self.max_bytes:
+            paths = self._evict_one(protected)
+            if paths is None:
+                break
+            doomed += paths
+        return doomed
+
     # -- what the generation thread calls --------------------------------------------------
 
     @property
     def total_bytes(self) -> int:
         """Bytes counted against the budget: this validity's entries and every other's."""
         return self.stats.bytes + self._foreign_bytes
-
-    def contains(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._entries or key in self._queued
 
     def find(self, prompt: list[int], min_length: int = 0) -> DiskHit | None:
         """The deepest snapshot (an entry with its end state) whose tokens begin `prompt` and that
@@ -392,7 +465,7 @@ class DiskTier:
                     break
                 chain.append(step)
                 key, pos = step.key, step.end
-            while chain and not chain[-1].has_state:
+            while chain and not chain[-1].resumable:
                 chain.pop()
             if not chain or chain[-1].end <= min_length:
                 return None
@@ -400,42 +473,47 @@ class DiskTier:
             return DiskHit(chain[-1].end, chain)
 
     def load(self, hit: DiskHit, prompt: list[int], skip: int = 0) -> Future:
-        """Read `hit`'s chain (the stretches of all but its first `skip` entries, which the caller
-        holds, and the last one's end state) on the tier's thread. The future's result is a `Loaded`
-        (the skipped entries as None), or None when an entry was bad (it is removed)."""
+        """Read `hit`'s chain on the tier's thread: the stretches of all but its first `skip` entries
+        (which the caller holds) and the last one's end state. The future's result is a `Loaded`, or
+        None when an entry was gone or bad (a bad one is counted, logged and removed)."""
         future: Future = Future()
-        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future, time.monotonic()))
+        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future))
         return future
 
-    def store(self, key: bytes, parent: bytes | None, start: int, tokens, segment, end_state) -> bool:
-        """Queue one node for writing; False when it is not (already there or queued, the backlog full,
-        the directory not writable). `segment` and `end_state` are trees of evaluated, contiguous mlx
-        arrays; their buffers are written as they are, nothing is copied."""
+    def has(self, key: bytes, state: bool = False) -> bool:
+        """Whether the node `key` is on disk or queued (with its end state, when `state`)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            on_disk = entry is not None and (entry.resumable or not state)
+            return on_disk or (key, True) in self._queued or (not state and (key, False) in self._queued)
+
+    def store(self, key: bytes, parent: bytes | None, start: int, tokens, segment, end_state, boundary: bool = False) -> bool:
+        """Queue what the disk lacks of one node (its stretch, its end state: None for none) for writing;
+        False when nothing is queued (all there already, the backlog full, the directory not writable).
+        The trees hold evaluated, contiguous mlx arrays, whose buffers are written as they are."""
         if not self.enabled:
             return False
         with self._lock:
-            if key in self._entries or key in self._queued:
-                if key in self._entries:
-                    self._lru.move_to_end(key)
+            entry = self._entries.get(key)
+            need_kv = entry is None and (key, False) not in self._queued and (key, True) not in self._queued
+            need_state = end_state is not None and not (entry is not None and entry.resumable) and (key, True) not in self._queued
+            if entry is not None and entry.resumable:
+                self._lru.move_to_end(key)
+            if not need_kv and not need_state:
                 return False
             if not self.writable and (not self._retry_at or time.monotonic() < self._retry_at):
                 self.stats.dropped += 1
                 return False
-            leaves: list = []
-            skeleton = [flatten(segment, leaves), flatten(end_state, leaves)]
-            stretch_leaves = len(_leaves(skeleton[0]))
-            views = [memoryview(a) for a in leaves]
-            size = sum(v.nbytes for v in views)
-            if self._queued_bytes + size > self.pending_bytes and self._queued:
+            kv = _Payload.of(segment) if need_kv else None
+            state = _Payload.of(end_state) if need_state else None
+            size = (kv.nbytes if kv else 0) + (state.nbytes if state else 0)
+            if self._queued and self._queued_bytes + size > self.pending_bytes:
                 self.stats.dropped += 1
-                self._warn("backlog", "prefix cache: the disk cannot keep up with the snapshots made; "
-                                      "some stay in memory only")
+                self._warn("backlog", "prefix cache: the disk cannot keep up with the snapshots made; some stay in memory only")
                 return False
-            self._queued[key] = size
+            self._queued[(key, need_state)] = size
             self._queued_bytes += size
-        dtypes = [_dtype_name(a) for a in leaves]
-        shapes = [list(a.shape) for a in leaves]
-        self._put(1, "write", (key, parent, start, tuple(int(t) for t in tokens), skeleton, stretch_leaves, views, dtypes, shapes))
+        self._put(1, "write", (key, parent, start, tuple(int(t) for t in tokens), kv, state, boundary))
         return True
 
     def touch(self, keys: list[bytes]) -> None:
@@ -452,7 +530,7 @@ class DiskTier:
             return out
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued job is done (tests, a clean stop); False on timeout."""
+        """Wait until every job queued so far is done (tests, a clean stop); False on timeout."""
         if self._thread is None:
             return True
         done = threading.Event()
@@ -460,6 +538,7 @@ class DiskTier:
         return done.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
+        """Finish the queued writes (within `timeout`) and stop the thread."""
         if self._thread is None:
             return
         self.flush(timeout)
@@ -484,50 +563,63 @@ class DiskTier:
                     self._read(*job.payload)
                 elif job.kind == "flush":
                     job.payload.set()
-            except Exception as e:  # never the thread's end: a bug here costs the tier, not the worker
+            except Exception:  # never the thread's end: a bug here costs the tier a job, not the worker
                 log.exception("prefix cache: the disk tier's %s failed", job.kind)
                 self.stats.errors += 1
-                if job.kind == "read":
+                if job.kind == "read" and not job.payload[3].done():
                     job.payload[3].set_result(None)
 
-    def _write(self, key, parent, start, tokens, skeleton, stretch_leaves, views, dtypes, shapes) -> None:
-        size = sum(v.nbytes for v in views)
+    def _write(self, key: bytes, parent: bytes | None, start: int, tokens: tuple, kv: "_Payload | None",
+               state: "_Payload | None", boundary: bool) -> None:
         try:
-            with self._lock:
-                parent_gone = parent is not None and parent not in self._entries
-            if parent_gone or not self._writable_now():
+            if not self._writable_now():
                 self.stats.dropped += 1
                 return
-            arrays, offset = [], 0
-            for v, dtype, shape in zip(views, dtypes, shapes):
-                arrays.append([dtype, shape, offset, v.nbytes])
-                offset += v.nbytes
-            header = json.dumps({
-                "layout": LAYOUT, "folder": self.folder.name, "key": key.hex(), "parent": parent.hex() if parent else None,
-                "start": start, "tokens": tokens, "skeleton": skeleton, "arrays": arrays, "stretch_arrays": stretch_leaves,
-                "crc": [_crc(views[:stretch_leaves]), _crc(views[stretch_leaves:])],
-            }, separators=(",", ":")).encode()
-            total = len(MAGIC) + _PREFIX.size + len(header) + size
-            if total > self.max_bytes or not self._make_room(total, keep=parent):
-                self.stats.dropped += 1
-                return
-            path = self.folder / (key.hex() + SUFFIX)
-            try:
-                self._atomic_write(path, [MAGIC, _PREFIX.pack(len(header), zlib.crc32(header)), header, *views])
-            except OSError as e:
-                self._write_failed(e)
-                return
-            entry = Entry(key, parent, start, len(tokens), skeleton[1] is not None, total, path)
-            with self._lock:
-                if parent is not None and parent not in self._entries:  # evicted meanwhile: an orphan
-                    self._unlink(path)
+            common = {"layout": LAYOUT, "folder": self.folder.name, "key": key.hex()}
+            files = []
+            if kv is not None:
+                files.append((KV_SUFFIX, kv.encode({**common, "parent": parent.hex() if parent else None,
+                                                     "start": start, "tokens": list(tokens), "boundary": boundary})))
+            if state is not None:
+                files.append((STATE_SUFFIX, state.encode(common)))
+            for suffix, parts in files:
+                size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+                with self._lock:
+                    if suffix == KV_SUFFIX and parent is not None and parent not in self._entries:
+                        self.stats.dropped += 1  # its parent went meanwhile: it could never be restored
+                        return
+                    if suffix == STATE_SUFFIX and key not in self._entries:
+                        self.stats.dropped += 1
+                        return
+                    doomed = self._room(size, keep=key if key in self._entries else parent)
+                    fits = self.total_bytes + size <= self.max_bytes
+                for path in doomed:
+                    self._remove_file(path)
+                if not fits:
+                    self.stats.dropped += 1
                     return
-                self._add(entry)
-                self._touch_chain(self._chain(key))
-                self.stats.writes += 1
+                path = self._path(key, suffix)
+                try:
+                    self._atomic_write(path, parts)
+                except OSError as e:
+                    self._write_failed(e)
+                    return
+                with self._lock:
+                    if suffix == KV_SUFFIX:
+                        if parent is not None and parent not in self._entries:  # evicted meanwhile: an orphan
+                            self._remove_file(path)
+                            return
+                        self._add_kv(key, parent, start, len(tokens), size, boundary)
+                    elif key in self._entries:
+                        self._add_state(key, size)
+                    else:
+                        self._remove_file(path)
+                        return
+                    self._touch_chain(self._chain(key))
+            self.stats.writes += 1
         finally:
             with self._lock:
-                self._queued_bytes -= self._queued.pop(key, 0)
+                self._queued_bytes -= self._queued.pop((key, state is not None), 0)
 
     def _atomic_write(self, path: Path, parts: list) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
@@ -537,7 +629,7 @@ class DiskTier:
                     f.write(part)
             os.replace(tmp, path)
         except BaseException:
-            self._unlink(tmp)
+            self._remove_file(tmp)
             raise
 
     def _writable_now(self) -> bool:
@@ -561,154 +653,147 @@ class DiskTier:
         else:
             self._warn(f"write:{e.errno}", f"prefix cache: a snapshot could not be written to `{self.folder}`: {e}")
 
-    def _make_room(self, size: int, keep: bytes | None = None) -> bool:
-        """Remove other validities' files, then this one's least recently used entries (never `keep`
-        or what is above it), until `size` more bytes fit the budget; False when they cannot."""
-        doomed: list[Path] = []
-        with self._lock:
-            while self.total_bytes + size > self.max_bytes and self._foreign:
-                _, path, n = self._foreign.pop(0)
-                self._foreign_bytes -= n
-                self.stats.evictions += 1
-                doomed.append(path)
-            protected = {e.key for e in self._chain(keep)}
-            for key in list(self._lru):
-                if self.total_bytes + size <= self.max_bytes:
-                    break
-                if key not in protected and key in self._entries:
-                    doomed.extend(self._drop(key, count=True))
-            fits = self.total_bytes + size <= self.max_bytes
-        for path in doomed:
-            self._unlink(path)
-            try:
-                path.parent.rmdir() if path.parent != self.folder else None
-            except OSError:
-                pass  # not empty yet
-        return fits
-
-    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future, asked: float) -> None:
+    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future) -> None:
         tokens, segments, end_state = [], [], None
         for i, entry in enumerate(hit.chain):
-            last = i == len(hit.chain) - 1
+            path = self._path(entry.key, KV_SUFFIX)
             try:
-                got_tokens, segment, state = _read_entry(entry, stretch=i >= skip, state=last)
-                if list(got_tokens) != prompt[entry.start: entry.end]:
+                header, data = _read_file(path, entry.key, payload=i >= skip)
+                if header["tokens"] != prompt[entry.start: entry.end]:
                     raise BadEntry("its tokens are not the ones its key stands for")
-            except FileNotFoundError:
+                tokens.append(tuple(header["tokens"]))
+                segments.append(data)
+                if i == len(hit.chain) - 1:
+                    path = self._path(entry.key, STATE_SUFFIX)
+                    _, end_state = _read_file(path, entry.key, payload=True)
+            except FileNotFoundError:  # evicted since it was found: a plain miss
                 with self._lock:
-                    doomed = self._drop(entry.key, count=False)
+                    doomed = self._drop_subtree(entry.key) if entry.key in self._entries else []
                 for path in doomed:
-                    self._unlink(path)
+                    self._remove_file(path)
                 future.set_result(None)
                 return
-            except (OSError, BadEntry, ValueError) as e:
+            except (OSError, BadEntry, ValueError, KeyError, TypeError) as e:
                 with self._lock:
-                    doomed = self._drop(entry.key, count=False)
-                self._bad(entry.path, e)
-                for path in doomed:
-                    self._unlink(path)
+                    doomed = self._drop_subtree(entry.key) if entry.key in self._entries else []
+                self._bad(path, e, doomed)
                 future.set_result(None)
                 return
-            tokens.append(got_tokens)
-            segments.append(segment)
-            end_state = state
         with self._lock:
             self.stats.hits += 1
         for entry in hit.chain:
             try:
-                os.utime(entry.path)  # the recency a restart orders by
+                os.utime(self._path(entry.key, STATE_SUFFIX if entry.resumable else KV_SUFFIX))
             except OSError:
-                pass
+                pass  # the recency a restart orders by; nothing lost without it
         future.set_result(Loaded(tokens, segments, end_state))
 
     # -- small things --------------------------------------------------------------------
 
-    def _bad(self, path: Path, e: Exception) -> None:
+    def _bad(self, path: Path, e: Exception, doomed: list[Path] = ()) -> None:
         self.stats.errors += 1
         if self._bad_logged < LOGGED_BAD_ENTRIES:
             self._bad_logged += 1
             more = "" if self._bad_logged < LOGGED_BAD_ENTRIES else " (further bad entries are counted, not logged)"
             log.warning("prefix cache: `%s` is not a valid snapshot (%s): removed, treated as a miss%s", path, e, more)
-        self._unlink(path)
+        for p in {path, *doomed}:
+            self._remove_file(p)
 
     def _warn(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning("%s", message)
 
-    @staticmethod
-    def _unlink(path: Path) -> None:
+    def _remove_file(self, path: Path) -> None:
         try:
             path.unlink()
         except OSError:
-            pass
+            return
+        if path.parent != self.folder:  # another validity's: its folder goes with its last file
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass
 
 
-def _leaves(skeleton) -> list[int]:
-    if skeleton is None:
-        return []
-    if isinstance(skeleton, list):
-        return [i for s in skeleton for i in _leaves(s)]
-    return [skeleton]
+@dataclass
+class _Payload:
+    """A tree's arrays as the buffers to write: its skeleton, each array's dtype and shape, their bytes."""
+
+    skeleton: object
+    views: list[memoryview]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+    @classmethod
+    def of(cls, tree) -> "_Payload":
+        leaves: list = []
+        skeleton = flatten(tree, leaves)
+        return cls(skeleton, [memoryview(a) for a in leaves], [_dtype_name(a) for a in leaves], [list(a.shape) for a in leaves])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.views)
+
+    def encode(self, fields: dict) -> list:
+        """The file's parts: `MAGIC`, the header's length and CRC, the header, the arrays."""
+        arrays, offset = [], 0
+        for v, dtype, shape in zip(self.views, self.dtypes, self.shapes):
+            arrays.append([dtype, shape, offset, v.nbytes])
+            offset += v.nbytes
+        crc = 0
+        for v in self.views:
+            crc = zlib.crc32(v, crc)
+        header = json.dumps({**fields, "skeleton": self.skeleton, "arrays": arrays, "crc": crc}, separators=(",", ":")).encode()
+        return [MAGIC, _PREFIX.pack(len(header), zlib.crc32(header)), header, *self.views]
 
 
-def _crc(views) -> int:
-    crc = 0
-    for v in views:
-        crc = zlib.crc32(v, crc)
-    return crc
+def _parent(header: dict) -> bytes | None:
+    return bytes.fromhex(header["parent"]) if header.get("parent") else None
 
 
-def _read_header(path: Path) -> tuple[Entry, dict]:
+def _read_header(path: Path) -> tuple[dict, int]:
+    """A file's header, checked (magic, CRC, layout, folder, size), and the file's size."""
     with open(path, "rb") as f:
-        head = f.read(len(MAGIC) + _PREFIX.size)
-        if len(head) < len(MAGIC) + _PREFIX.size or head[: len(MAGIC)] != MAGIC:
-            raise BadEntry("not a snapshot file of this layout")
-        n, crc = _PREFIX.unpack(head[len(MAGIC):])
-        raw = f.read(n)
-        size = os.fstat(f.fileno()).st_size
+        return _header(f, path)
+
+
+def _header(f, path: Path) -> tuple[dict, int]:
+    head = f.read(len(MAGIC) + _PREFIX.size)
+    if len(head) < len(MAGIC) + _PREFIX.size or head[: len(MAGIC)] != MAGIC:
+        raise BadEntry("not a snapshot file of this layout")
+    n, crc = _PREFIX.unpack(head[len(MAGIC):])
+    raw = f.read(n)
     if len(raw) != n or zlib.crc32(raw) != crc:
         raise BadEntry("its header is cut short or corrupt")
     header = json.loads(raw)
     if header.get("layout") != LAYOUT or header.get("folder") != path.parent.name:
         raise BadEntry("it was written for another model or version")
-    payload = sum(a[3] for a in header["arrays"])
-    total = len(MAGIC) + _PREFIX.size + n + payload
+    size = os.fstat(f.fileno()).st_size
+    total = len(head) + n + sum(a[3] for a in header["arrays"])
     if size != total:
         raise BadEntry(f"it is {size} bytes, its header says {total}")
-    parent = bytes.fromhex(header["parent"]) if header["parent"] else None
-    entry = Entry(bytes.fromhex(header["key"]), parent, int(header["start"]), len(header["tokens"]),
-                  header["skeleton"][1] is not None, size, path)
-    header["_data_offset"] = len(MAGIC) + _PREFIX.size + n
-    return entry, header
+    return header, size
 
 
-def _read_entry(entry: Entry, stretch: bool, state: bool) -> tuple[tuple[int, ...], object, object]:
-    """An entry's tokens, its stretch's arrays (`stretch`) and its end state's (`state`), each checked."""
-    _, header = _read_header(entry.path)
-    if header["key"] != entry.key.hex():
-        raise BadEntry("its key changed")
-    base, arrays, cut = header["_data_offset"], header["arrays"], header["stretch_arrays"]
-    leaves: list = [None] * len(arrays)
-    with open(entry.path, "rb") as f:
-        for part, members, crc in ((stretch, range(0, cut), header["crc"][0]), (state, range(cut, len(arrays)), header["crc"][1])):
-            if not part or not members:
-                continue
-            lo = arrays[members[0]][2]
-            hi = arrays[members[-1]][2] + arrays[members[-1]][3]
-            buf = bytearray(hi - lo)
-            f.seek(base + lo)
-            if f.readinto(buf) != len(buf):
-                raise BadEntry("it is cut short")
-            if zlib.crc32(buf) != crc:
-                raise BadEntry("its data does not match its checksum")
-            for i in members:
-                dtype, shape, offset, nbytes = arrays[i]
-                if dtype not in _NUMPY:
-                    raise BadEntry(f"unknown dtype {dtype}")
-                data = np.frombuffer(buf, dtype=_NUMPY[dtype], count=nbytes // np.dtype(_NUMPY[dtype]).itemsize,
-                                     offset=offset - lo).reshape(shape)
-                leaves[i] = RawArray(data, dtype)
-    segment, end_state = header["skeleton"]
-    return (tuple(header["tokens"]), unflatten(segment, leaves) if stretch else None,
-            unflatten(end_state, leaves) if state else None)
+def _read_file(path: Path, key: bytes, payload: bool) -> tuple[dict, object]:
+    """A file's header and (`payload`) its tree of arrays, each check passed, else `BadEntry`."""
+    with open(path, "rb") as f:
+        header, _ = _header(f, path)
+        if header["key"] != key.hex():
+            raise BadEntry("its key is not its name")
+        if not payload:
+            return header, None
+        arrays = header["arrays"]
+        buf = bytearray(sum(a[3] for a in arrays))
+        if f.readinto(buf) != len(buf):
+            raise BadEntry("it is cut short")
+    if zlib.crc32(buf) != header["crc"]:
+        raise BadEntry("its data does not match its checksum")
+    leaves = []
+    for dtype, shape, offset, nbytes in arrays:
+        if dtype not in _NUMPY:
+            raise BadEntry(f"an unknown dtype: {dtype}")
+        kind = np.dtype(_NUMPY[dtype])
+        leaves.append(RawArray(np.frombuffer(buf, dtype=kind, count=nbytes // kind.itemsize, offset=offset).reshape(shape), dtype))
+    return header, unflatten(header["skeleton"], leaves)

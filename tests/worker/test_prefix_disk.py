@@ -113,18 +113,18 @@ def test_a_memory_hit_as_deep_is_not_found_again_on_disk(tier):
 def test_a_damaged_entry_is_a_miss_counted_logged_once_and_removed_with_what_is_below_it(tmp_path, caplog, damage):
     tier = open_tier(tmp_path)
     stored = store_prompt(tier)
-    middle = tier.folder / (stored[1][0].hex() + ".snap")
+    middle = tier.folder / (stored[1][0].hex() + ".kv")  # its stretch: an inner entry's end state is not read
     data = bytearray(middle.read_bytes())
     if damage == "cut short":
         data = data[: len(data) - 5]
-    else:  # the data read: its stretch (an inner entry's end state is not read)
-        data[prefix_disk._read_header(middle)[1]["_data_offset"] + 3 if "data" in damage else 30] ^= 0xFF
+    else:
+        data[-3 if "data" in damage else 30] ^= 0xFF
     middle.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="mtpstack.worker"):
         hit, loaded = load(tier, PROMPT)
     assert hit.length == 29 and loaded is None
     assert tier.stats.errors == 1 and sum("not a valid snapshot" in r.message for r in caplog.records) == 1
-    assert not middle.exists() and not (tier.folder / (stored[2][0].hex() + ".snap")).exists()
+    assert not middle.exists() and not (tier.folder / (stored[2][0].hex() + ".kv")).exists()
     assert tier.find(PROMPT).length == 8  # what is above the damage still serves
     tier.close()
 
@@ -134,10 +134,11 @@ def test_a_damaged_entry_found_at_start_is_removed_and_the_rest_serve(tmp_path):
     stored = store_prompt(tier)
     store_prompt(tier, prompt=[5] * 30, seed=9)
     tier.close()
-    leaf = tier.folder / (stored[2][0].hex() + ".snap")
+    leaf = tier.folder / (stored[2][0].hex() + ".kv")
     leaf.write_bytes(leaf.read_bytes()[:40])
     again = open_tier(tmp_path)
     assert again.stats.errors == 1 and not leaf.exists()
+    assert not (tier.folder / (stored[2][0].hex() + ".st")).exists()  # its end state went with it
     assert again.find(PROMPT).length == 16 and again.find([5] * 30).length == 29
     again.close()
 
@@ -176,7 +177,7 @@ def test_a_flood_stays_within_the_disk_budget_and_the_newest_stay(tmp_path):
     for i in range(12):
         prompt = [i] + PROMPT[1:]
         store_prompt(tier, prompt=prompt, seed=i)
-        on_disk = sum(f.stat().st_size for f in tier.folder.glob("*.snap"))
+        on_disk = sum(f.stat().st_size for f in tier.folder.glob("*.kv")) + sum(f.stat().st_size for f in tier.folder.glob("*.st"))
         assert on_disk == tier.stats.bytes <= budget
     assert tier.stats.evictions > 0
     assert tier.find([11] + PROMPT[1:]).length == 29 and tier.find([10] + PROMPT[1:]).length == 29
@@ -249,7 +250,7 @@ def test_a_directory_that_cannot_be_made_turns_the_tier_off_without_an_error(tmp
     with caplog.at_level(logging.WARNING, logger="mtpstack.worker"):
         tier = open_tier(blocker / "cache")
     assert not tier.enabled and "disk tier is off" in caplog.text
-    assert tier.store(b"k" * 16, None, 0, [1], None, None) is False and tier.find([1]) is None
+    assert tier.store(b"k" * 16, None, 0, [1], [], None) is False and tier.find([1]) is None
 
 
 def test_a_full_backlog_drops_writes_instead_of_waiting(tmp_path, monkeypatch):
@@ -307,4 +308,28 @@ def test_a_kill_9_mid_write_leaves_a_directory_the_next_start_uses(tmp_path):
     assert tier.stats.errors == 0 and tier.stats.entries == 3
     hit, loaded = load(tier, PROMPT)
     assert hit.length == 29 and loaded is not None
+    tier.close()
+
+
+def test_on_disk_inner_snapshots_lose_their_state_before_the_deepest_and_a_boundary_outlives_the_last_token(tmp_path):
+    probe = open_tier(tmp_path / "probe")
+    stored = store_prompt(probe)
+    states = [probe._entries[k].state_size for k, _, _ in stored]
+    total = probe.total_bytes
+    probe.close()
+    tier = open_tier(tmp_path / "cache", max_bytes=total - 16)  # a little less than all of it
+    parent = None
+    for i, (a, b) in enumerate(CUTS):  # the middle one ends where the conversation's messages end
+        key = chain_key(parent, PROMPT[a:b])
+        tier.store(key, parent, a, PROMPT[a:b], *arrays(i, b - a), boundary=i == 1)
+        parent = key
+    assert tier.flush(30)
+    assert tier.total_bytes <= total - 16 and tier.stats.evictions == 1
+    assert tier.find(PROMPT[:12]) is None  # the first point's state went first: its stretch stays
+    assert tier.find(PROMPT).length == 29
+    tier.max_bytes = tier.total_bytes - 1  # one more: the snapshot one token before the end goes, the boundary stays
+    for path in tier._room(0):
+        tier._remove_file(path)
+    assert tier.find(PROMPT).length == 16 and tier.stats.entries == 2
+    assert sorted(states)[0] > 0
     tier.close()
