@@ -28,12 +28,19 @@ tokens.
 Only the generation thread touches it (no lock): it looks up when a sequence
 starts prefilling and inserts the sequence's snapshots once its whole prompt
 is in, so a cancelled or failed prefill never leaves anything behind.
+
+With a disk tier (`mtpstack.worker.prefix_disk`), every node inserted is also
+written there, behind the generation thread's back: what memory evicts stays
+on disk under its own budget, and a lookup that memory cannot answer as deeply
+is read back (`mtpstack.worker.snapshots`), here or after a restart.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from mtpstack.worker.prefix_disk import DiskTier, chain_key
 
 #: Bytes counted per token a node keeps (a Python int in a tuple): the tokens of a
 #: hostile flood of distinct prompts count against the budget too.
@@ -74,6 +81,8 @@ class Node:
     #: Children by their stretch's length, then by its tokens: a lookup slices the prompt once per
     #: distinct length (at most PREFILL_CHUNK of them) instead of comparing every child.
     children: dict[int, dict[tuple[int, ...], "Node"]] = field(default_factory=dict)
+    #: Its name on the disk tier (`prefix_disk.chain_key`); None at the root and without a disk tier.
+    key: bytes | None = None
 
     @property
     def end(self) -> int:
@@ -130,8 +139,11 @@ class Stats:
 class PrefixCache:
     """Snapshots of prompts in a tree of stretches, bounded by bytes, least recently used out first."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, disk: DiskTier | None = None):
         self.max_bytes = max(0, int(max_bytes))
+        #: Where every snapshot also goes, written behind (`prefix_disk`): what memory evicts stays
+        #: there, and a restarted worker finds it. None: memory only.
+        self.disk = disk if disk is not None and disk.enabled and self.max_bytes > 0 else None
         self.root = Node(parent=None, start=0, stretch=None)
         self.stats = Stats()
         #: The resumable nodes, least recently used first: eviction takes the first, in O(1)
@@ -156,10 +168,16 @@ class PrefixCache:
             return None
         for node in path:
             self._touch(node)
+        if self.disk is not None:
+            self.disk.touch([node.key for node in path])
         hit = Hit(path[-1].end, path)
         self.stats.hits += 1
         self.stats.tokens_reused += hit.length
         return hit
+
+    def walk(self, prompt: list[int]) -> list[Node]:
+        """The nodes whose stretches begin `prompt`, resumable or not, counting and touching nothing."""
+        return self._walk(prompt) if self.enabled else []
 
     def _walk(self, prompt: list[int]) -> list[Node]:
         """The nodes whose stretches, one after the other, begin `prompt`: at each level the longest."""
@@ -196,13 +214,16 @@ class PrefixCache:
                 continue
             same = node.child(stretch.tokens)
             if same is None:
-                same = Node(parent=node, start=node.end, stretch=stretch)
+                key = chain_key(node.key, stretch.tokens) if self.disk is not None else None
+                same = Node(parent=node, start=node.end, stretch=stretch, key=key)
                 node.adopt(same)
                 self.stats.bytes += stretch.nbytes
                 self.stats.entries += 1
+                self._to_disk(same)
             elif same.stretch.end_state is None and stretch.end_state is not None:
                 same.stretch.end_state = stretch.end_state  # a dropped snapshot comes back
                 self.stats.bytes += nbytes(stretch.end_state)
+                self._to_disk(same)
             self._touch(same)
             if stretch.boundary:
                 boundaries.append(same)
@@ -210,6 +231,12 @@ class PrefixCache:
         for same in boundaries:  # most recent: the next turn resumes at the conversation's end, not one token before the prompt's
             self._touch(same)
         self._evict()
+
+    def _to_disk(self, node: Node) -> None:
+        """Queue what the disk tier lacks of `node` (it is written behind; nothing waits for it)."""
+        if self.disk is not None:
+            st = node.stretch
+            self.disk.store(node.key, node.parent.key, node.start, st.tokens, st.segment, st.end_state, st.boundary)
 
     def _touch(self, node: Node) -> None:
         if node.resumable:
@@ -229,6 +256,7 @@ class PrefixCache:
         while self.stats.bytes > self.max_bytes and self._lru:
             victim, _ = self._lru.popitem(last=False)
             self.stats.evictions += 1
+            self._to_disk(victim)  # already there, unless its write was dropped: then now
             if victim.children:
                 self.stats.bytes -= nbytes(victim.stretch.end_state)
                 victim.stretch.end_state = None

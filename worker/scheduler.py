@@ -25,6 +25,8 @@ log = logging.getLogger("mtpstack.worker")
 STEP_TOKENS = 2048
 #: The fewest prompt tokens a prefilling row gets per step however busy the batch.
 MIN_PREFILL_SHARE = 16
+#: How long an idle step waits for a read from the prefix cache's disk tier before returning.
+READ_POLL = 0.05
 
 #: One sequence's outcome of a step: its result, or the error that ended it (both None: it had ended).
 Outcome = tuple[Sequence, StepResult | None, BaseException | None]
@@ -66,6 +68,8 @@ class Scheduler:
         for seq in dropped:
             seq.cancel()
             self.active.remove(seq)
+            if self.prefilling is not None and not seq.prefilling:
+                self.prefilling.snapshots.forget(seq)  # it may have waited for a read from disk
         if dropped and self.batch is not None:
             self.batch.remove_finished()
             self.prefilling.remove_finished()
@@ -80,6 +84,8 @@ class Scheduler:
             if seq.finished:
                 self.active.remove(seq)
                 results.append((seq, None, None))
+                if self.prefilling is not None and not seq.prefilling:
+                    self.prefilling.snapshots.forget(seq)
         if self.batch is None:
             return results
         batch, prefilling = self.batch, self.prefilling
@@ -98,7 +104,8 @@ class Scheduler:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
         for seq in self.active:
-            if not seq.in_batch and not seq.prefilling and not seq.finished:
+            # A sequence whose snapshot is being read from disk waits; the others go on meanwhile.
+            if not seq.in_batch and not seq.prefilling and not seq.finished and prefilling.snapshots.ready(seq):
                 prefilling.admit(seq)
         if prefilling.rows:
             try:
@@ -113,6 +120,8 @@ class Scheduler:
         for seq, _, _ in results:
             if seq.finished and seq in self.active:
                 self.active.remove(seq)
+        if not decoding and not prefilling.rows and prefilling.snapshots.waiting():
+            prefilling.snapshots.wait(READ_POLL)  # nothing else to run: no spinning while the disk reads
         return results
 
     @staticmethod

@@ -7,15 +7,22 @@ state at its end) or out of it (`resume`: the stretches from the root joined, th
 end). A row's snapshots wait here until its whole prompt is in (`store`); a prefill that does not
 complete leaves nothing behind (`forget`). The prefix cache itself (`mtpstack.worker.prefix_cache`)
 keeps the tree and the budget and knows nothing of caches or rows.
+
+With a disk tier, a prompt whose deepest snapshot is on disk and not in memory waits (`ready`)
+while the tier's thread reads it; every other row goes on meanwhile. The chain read back goes into
+memory (the next turn finds it there) and the row resumes from it.
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from mtpstack.worker.prefix_cache import Hit, Node, PrefixCache, Stretch
+from mtpstack.worker.prefix_disk import DiskHit, to_mlx
 from mtpstack.worker.sequence import Sequence
 
 
@@ -28,6 +35,16 @@ class _Row:
     stretches: list[Stretch] = field(default_factory=list)
 
 
+@dataclass
+class _Fetch:
+    """A read from the disk tier a sequence waits for: the chain found, the stretches memory holds of it."""
+
+    hit: DiskHit
+    held: list[Stretch]
+    future: Future
+    asked: float
+
+
 class Snapshots:
     """Snapshots of the prefilling rows of one batch, for one prefix cache (None, or a budget of 0: off)."""
 
@@ -35,6 +52,41 @@ class Snapshots:
         self.cache = cache
         self.kinds = kinds  # the target's cache kinds, layer by layer
         self._rows: dict[Sequence, _Row] = {}
+        self._fetching: dict[Sequence, _Fetch] = {}
+
+    def ready(self, seq: Sequence) -> bool:
+        """Whether `seq` may start its prefill: not while a snapshot deeper than memory's is read from
+        disk for it (the first call starts that read)."""
+        disk = self.cache.disk if self.cache is not None else None
+        if disk is None:
+            return True
+        fetch = self._fetching.get(seq)
+        if fetch is not None:
+            return fetch.future.done()
+        path = self.cache.walk(seq.prompt)
+        in_memory = max((n.end for n in path if n.resumable), default=0)
+        hit = disk.find(seq.prompt, min_length=in_memory)
+        if hit is None:
+            return True
+        held = []
+        for node, entry in zip(path, hit.chain):
+            if node.key != entry.key:
+                break
+            held.append(node.stretch)  # kept alive here, even if memory evicts it before the read ends
+        self._fetching[seq] = _Fetch(hit, held, disk.load(hit, seq.prompt, skip=len(held)), time.monotonic())
+        return False
+
+    def waiting(self) -> bool:
+        return bool(self._fetching)
+
+    def wait(self, timeout: float) -> None:
+        """Block up to `timeout` for any read a sequence waits for (when no row has anything else to do)."""
+        for fetch in list(self._fetching.values()):
+            try:
+                fetch.future.result(timeout)
+            except Exception:
+                pass
+            return
 
     @property
     def enabled(self) -> bool:
@@ -43,7 +95,10 @@ class Snapshots:
     def resume(self, seq: Sequence) -> tuple[list | None, list | None]:
         """`seq` resumed from the deepest snapshot its prompt begins with: its rows of the target's and
         the drafter's caches there (`caches.add_row` takes them), or (None, None) without a hit."""
-        hit = self.cache.lookup(seq.prompt) if self.cache is not None else None
+        fetch = self._fetching.pop(seq, None)
+        hit = self._from_disk(seq, fetch) if fetch is not None and fetch.future.done() else None
+        if hit is None and self.cache is not None:
+            hit = self.cache.lookup(seq.prompt)
         self._rows[seq] = _Row(resumed=hit.node if hit is not None else None, since=hit.length if hit is not None else 0)
         if hit is None:
             return None, None
@@ -77,8 +132,39 @@ class Snapshots:
             self.cache.insert(row.resumed, row.stretches)
 
     def forget(self, seq: Sequence) -> None:
-        """`seq` left before its prompt was in: its snapshots go with it."""
+        """`seq` left before its prompt was in: its snapshots go with it (a read it waited for is left to finish)."""
         self._rows.pop(seq, None)
+        self._fetching.pop(seq, None)
+
+    def _from_disk(self, seq: Sequence, fetch: _Fetch) -> Hit | None:
+        """The hit a read from disk gives, its chain put into memory (None: the read found a bad or
+        missing entry; the row then resumes from what memory has)."""
+        loaded = fetch.future.result()
+        if loaded is None:
+            return None
+        chain, held = fetch.hit.chain, fetch.held
+        stretches = []
+        for i, entry in enumerate(chain):
+            last = i == len(chain) - 1
+            segment = held[i].segment if i < len(held) else to_mlx(loaded.segments[i])
+            end_state = to_mlx(loaded.end_state) if last else None
+            if i < len(held) and not last:
+                stretches.append(held[i])
+            else:
+                stretches.append(Stretch(tokens=loaded.tokens[i], segment=segment, end_state=end_state, boundary=entry.boundary))
+        mx.eval([s.segment for s in stretches[len(held):]], stretches[-1].end_state)  # on this thread: mlx's only
+        self.cache.insert(None, stretches)  # the next turn finds it in memory
+        hit = self.cache.lookup(seq.prompt)
+        if hit is None or hit.length < fetch.hit.length:
+            # Memory could not keep it (a chain larger than its budget): resume from the chain as read.
+            # Its node belongs to no tree, so the row's own snapshots will not be kept below it.
+            nodes, parent = [], None
+            for st, entry in zip(stretches, chain):
+                parent = Node(parent=parent, start=entry.start, stretch=st, key=entry.key)
+                nodes.append(parent)
+            hit = Hit(fetch.hit.length, nodes)
+        self.cache.disk.observe_restore(time.monotonic() - fetch.asked)
+        return hit
 
 
 def _restore(hit: Hit, kinds: list[str]) -> tuple[list[tuple], list[tuple], mx.array]:

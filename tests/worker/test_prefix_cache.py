@@ -260,3 +260,64 @@ def test_a_conversations_end_stays_resumable_longer_than_the_prompts_last_token(
     # the next turn diverges inside the generation prompt: it still resumes where the conversation ended
     assert cache.lookup([1, 2, 3, 9]).length == 3
     assert cache.lookup([1, 2, 3, 4, 5]).length == 3
+
+
+# -- with a disk tier ----------------------------------------------------------------------
+
+
+def disk_tier(path, facts=None):
+    from mtpstack.worker.prefix_disk import DiskTier
+
+    return DiskTier(path, 1 << 30, facts or {"test": "prefix-cache"}).open()
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_a_restarted_worker_resumes_from_disk_with_the_targets_own_greedy_text(engine, reference, tmp_path, depth):
+    first = disk_tier(tmp_path)
+    run(Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=first)), engine, [TURN_1], depth)
+    first.close()  # the process ends: its memory is gone, its directory stays
+    disk = disk_tier(tmp_path)
+    sched = Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=disk))
+    (second,) = run(sched, engine, [TURN_2], depth)
+    assert second.cached_tokens == len(engine.text_prompt(TURN_1)) - 1
+    assert second.tokens == reference[TURN_2]
+    assert disk.stats.hits == 1 and disk.stats.errors == 0 and len(disk.drain_restores()) == 1
+    (again,) = run(sched, engine, [TURN_2], depth)  # the chain read back is in memory now
+    assert again.cached_tokens == len(engine.text_prompt(TURN_2)) - 1 and disk.stats.hits == 1
+    disk.close()
+
+
+def test_what_memory_evicts_is_resumed_from_disk(engine, reference, tmp_path):
+    disk = disk_tier(tmp_path)
+    cache = PrefixCache(1, disk=disk)  # nothing stays in memory
+    sched = Scheduler(2, prefix_cache=cache)
+    run(sched, engine, [TURN_1])
+    assert cache.stats.bytes <= 1 and cache.stats.evictions > 0
+    disk.flush(30)
+    (second, other) = run(sched, engine, [TURN_2, OTHER])
+    assert second.cached_tokens == len(engine.text_prompt(TURN_1)) - 1 and other.cached_tokens > 0
+    assert second.tokens == reference[TURN_2] and other.tokens == reference[OTHER]
+    disk.close()
+
+
+def test_a_damaged_snapshot_on_disk_is_a_miss_and_the_text_is_unchanged(engine, reference, tmp_path):
+    first = disk_tier(tmp_path)
+    run(Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=first)), engine, [TURN_1])
+    first.close()
+    for f in first.folder.glob("*.st"):
+        f.write_bytes(f.read_bytes()[:-1] + b"\0")  # every end state's last byte
+    disk = disk_tier(tmp_path)
+    (second,) = run(Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=disk)), engine, [TURN_2])
+    assert second.tokens == reference[TURN_2] and second.finish_reason == "length"
+    assert disk.stats.errors >= 1 and disk.stats.hits == 0
+    disk.close()
+
+
+def test_another_models_snapshots_are_not_read(engine, reference, tmp_path):
+    first = disk_tier(tmp_path, {"target": "one"})
+    run(Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=first)), engine, [TURN_1])
+    first.close()
+    disk = disk_tier(tmp_path, {"target": "another"})
+    (second,) = run(Scheduler(1, prefix_cache=PrefixCache(64 << 20, disk=disk)), engine, [TURN_2])
+    assert second.cached_tokens == 0 and second.tokens == reference[TURN_2] and disk.stats.hits == 0
+    disk.close()
