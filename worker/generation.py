@@ -100,6 +100,9 @@ class GenerationLoop:
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         self._thread.join(timeout)
+        disk = self.scheduler.prefix_cache.disk if self.scheduler is not None else None
+        if disk is not None:
+            disk.close(timeout)  # the writes queued so far, within the grace: a restart finds them
 
     @property
     def alive(self) -> bool:
@@ -117,7 +120,7 @@ class GenerationLoop:
         c = self.config
         started = time.monotonic()
         self.engine, self.scheduler = build_engine(c)
-        self.identity = build_identity(c, self.engine)
+        self.identity = build_identity(c, self.engine, self.scheduler.prefix_cache)
         self.metrics.drafter_info(self.engine)
         log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %d, layers: %s)", c.model,
                  time.monotonic() - started, c.draft_model or "none", self.engine.draft_kind or "-",
@@ -167,7 +170,7 @@ class GenerationLoop:
             self.last_progress = time.monotonic()
             if sched.decode_steps > steps:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
-            self.metrics.prefix_cache(sched.prefix_cache.stats)
+            self.metrics.prefix_cache(sched.prefix_cache.stats, sched.prefix_cache.disk)
             for seq, result, error in results:
                 if result is not None:
                     handle = getattr(seq, "handle", None)

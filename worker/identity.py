@@ -36,7 +36,7 @@ def blas_in_use() -> str:
     return "bundled (reference BLAS, slow)"
 
 
-def build_identity(config: WorkerConfig, engine) -> dict:
+def build_identity(config: WorkerConfig, engine, prefix_cache=None) -> dict:
     import mlx.core as mx
     import mlx_lm
 
@@ -62,6 +62,9 @@ def build_identity(config: WorkerConfig, engine) -> dict:
             "dir": config.prefix_cache_dir,
             "disk_gib": config.prefix_cache_disk_gib,
             "disk_max_bytes": config.prefix_cache_disk_bytes,
+            # What the cache holds outlives the process while this stays the same (the disk tier's
+            # own id, kept in its directory); None: it does not (no disk tier, or it is off).
+            "id": disk.cache_id if (disk := getattr(prefix_cache, "disk", None)) is not None else None,
         },
         "device": "gpu" if device.type == mx.gpu else "cpu",
         "blas": blas_in_use(),

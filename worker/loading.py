@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 
 from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
@@ -24,6 +25,7 @@ from mtpstack.worker.mtp.families import target_hooks
 from mtpstack.worker.mtp.interface import TargetHooks
 from mtpstack.worker.mtp.load import HeadLoadError, load_head
 from mtpstack.worker.prefix_cache import PrefixCache
+from mtpstack.worker.prefix_disk import DiskTier
 from mtpstack.worker.proof import hash_weights, resolve_model_path
 from mtpstack.worker.scheduler import Scheduler
 from mtpstack.worker.sequence import SamplingParams, Sequence
@@ -246,5 +248,30 @@ def build_engine(config: WorkerConfig, *, prepare_target=None, prefix_cache: boo
         prepare_target=prepare_target,
     )
     engine.context_length = effective_context(engine.context_length, config.max_context_tokens)
-    cache = PrefixCache(config.prefix_cache_bytes if prefix_cache else 0)
+    budget = config.prefix_cache_bytes if prefix_cache else 0
+    disk = None
+    if budget and config.prefix_cache_dir and config.prefix_cache_disk_bytes:
+        disk = DiskTier(config.prefix_cache_dir, config.prefix_cache_disk_bytes, cache_validity(engine)).open()
+        if disk.enabled:
+            log.info("prefix cache: disk tier at `%s`: %d entries, %.2f GiB of %.2f GiB", disk.folder, disk.stats.entries,
+                     disk.total_bytes / 2**30, config.prefix_cache_disk_gib)
+    cache = PrefixCache(budget, disk=disk)
     return engine, Scheduler(config.max_num_seqs, prefix_cache=cache)
+
+
+def cache_validity(engine: Engine) -> dict:
+    """What a prefix-cache snapshot on disk is valid for: the weights this worker proves (their
+    content digests, as `/identity` reports them), their dtypes and quantization, the drafter's
+    kind, and the versions that computed it (`prefix_disk.LAYOUT` is added by the tier)."""
+    import mlx_lm
+
+    from mtpstack import __version__
+
+    def facts(m: LoadedModel | None) -> dict | None:
+        if m is None:
+            return None
+        dtypes = sorted({str(v.dtype) for _, v in tree_flatten(m.model.parameters())})
+        return {"sha256": m.sha256, "quantization": m.quantization, "dtypes": dtypes, "kind": m.kind}
+
+    return {"target": facts(engine.target), "drafter": facts(engine.drafter), "mlx": mx.__version__,
+            "mlx_lm": mlx_lm.__version__, "mtpstack": __version__}

@@ -65,6 +65,20 @@ class Metrics:
                                        "Snapshots dropped to keep the prefix cache within its budget.", registry=r)
         self.cache_bytes = Gauge(series.PREFIX_CACHE_BYTES, "Bytes the prefix cache holds.", registry=r)
         self._cache_seen = (0, 0, 0, 0)
+        self.disk = [
+            Counter(series.PREFIX_CACHE_DISK_HITS, "Prompts resumed from a snapshot read from the prefix cache's disk tier.", registry=r),
+            Counter(series.PREFIX_CACHE_DISK_WRITES, "Snapshot stretches written to the disk tier.", registry=r),
+            Counter(series.PREFIX_CACHE_DISK_EVICTIONS,
+                    "Snapshots (and other models' files) removed from the disk tier to keep it within its budget.", registry=r),
+            Counter(series.PREFIX_CACHE_DISK_ERRORS, "Bad files found (each a miss, removed) and failed writes on the disk tier.",
+                    registry=r),
+        ]
+        self.disk_bytes = Gauge(series.PREFIX_CACHE_DISK_BYTES,
+                                "Bytes in the disk tier's directory its budget counts (other models' included).", registry=r)
+        self.disk_restore = Histogram(series.PREFIX_CACHE_DISK_RESTORE_SECONDS,
+                                      "Seconds from a lookup to a row's caches restored from the disk tier.",
+                                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self._disk_seen = (0, 0, 0, 0)
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
             self.drafted_by_position.labels(position=str(position))
@@ -75,14 +89,25 @@ class Metrics:
             self.drafter.labels(kind=engine.draft_kind, bundled=str(engine.drafter.bundled).lower(),
                                 depth=str(engine.draft_depth)).set(1)
 
-    def prefix_cache(self, stats) -> None:
-        """Bring the prefix-cache series up to the cache's own counts (the generation thread keeps those)."""
+    def prefix_cache(self, stats, disk=None) -> None:
+        """Bring the prefix-cache series up to the cache's own counts (the generation thread keeps
+        those), and its disk tier's (`disk`: a `prefix_disk.DiskTier`, whose thread counts too)."""
         now = (stats.lookups, stats.hits, stats.tokens_reused, stats.evictions)
         for counter, new, old in zip((self.cache_lookups, self.cache_hits, self.cache_tokens, self.cache_evictions), now, self._cache_seen):
             if new > old:
                 counter.inc(new - old)
         self._cache_seen = now
         self.cache_bytes.set(stats.bytes)
+        if disk is not None:
+            d = disk.stats
+            now = (d.hits, d.writes, d.evictions, d.errors)
+            for counter, new, old in zip(self.disk, now, self._disk_seen):
+                if new > old:
+                    counter.inc(new - old)
+            self._disk_seen = now
+            self.disk_bytes.set(disk.total_bytes)
+            for seconds in disk.drain_restores():
+                self.disk_restore.observe(seconds)
 
     def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None) -> None:
         if drafted and cls is not None:

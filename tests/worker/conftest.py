@@ -38,7 +38,8 @@ class LiveWorker:
 
     def __init__(self, tmp: Path, target: Path, drafter: Path | None, *, depth: int = 3, width: int = 3,
                  extra: list[str] = (), env: dict | None = None, name: str = "tiny", max_context_tokens: int | None = None,
-                 prefix_cache_gib: float | None = None):
+                 prefix_cache_gib: float | None = None, prefix_cache_dir: Path | None = None,
+                 prefix_cache_disk_gib: float | None = None):
         self.port = free_port()
         spec = {
             "model": name,
@@ -51,8 +52,10 @@ class LiveWorker:
             "extraArgs": list(extra),
             "maxContextTokens": max_context_tokens,
         }
-        if prefix_cache_gib is not None:
-            spec["prefixCache"] = {"maxGiB": prefix_cache_gib}
+        cache = {"maxGiB": prefix_cache_gib, "dir": str(prefix_cache_dir) if prefix_cache_dir else None,
+                 "diskGiB": prefix_cache_disk_gib}
+        if any(v is not None for v in cache.values()):
+            spec["prefixCache"] = {k: v for k, v in cache.items() if v is not None}
         self.profile = WorkerProfile.model_validate(spec)
         self.argv = resolve_command(worker_argv(self.profile))
         self.proc = Process(self.argv, log_path=tmp / f"worker-{self.port}.log", name=name, kind="worker",

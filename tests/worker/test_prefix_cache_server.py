@@ -56,7 +56,7 @@ def test_each_turn_reuses_the_previous_prompt_and_says_so_in_usage_and_metrics(l
             a.usage.prompt_tokens_details.cached_tokens for a in later)
         assert 0 < metrics["mtpstack_worker_prefix_cache_bytes"] <= 2 * 2**30
         assert cached.get_json("/identity")["prefix_cache"] == {"max_gib": 2, "max_bytes": 2 * 2**30, "dir": None,
-                                                                "disk_gib": 32, "disk_max_bytes": 32 * 2**30}
+                                                                "disk_gib": 32, "disk_max_bytes": 32 * 2**30, "id": None}
         assert plain.get_json("/identity")["prefix_cache"]["max_bytes"] == 0
         assert parse_counters(plain.get_text("/metrics"))["mtpstack_worker_prefix_cache_lookups_total"] == 0
 
@@ -65,8 +65,10 @@ def test_identity_shows_the_disk_tiers_directory_and_both_budgets(live_worker, p
     folder = str(tmp_path / "cache")
     with live_worker(*pair, depth=2, width=1, prefix_cache_gib=0.5,
                      extra=["--prefix-cache-dir", folder, "--prefix-cache-disk-gib", "1.5"]) as w:
-        assert w.get_json("/identity")["prefix_cache"] == {
-            "max_gib": 0.5, "max_bytes": 2**29, "dir": folder, "disk_gib": 1.5, "disk_max_bytes": 3 * 2**29}
+        shown = w.get_json("/identity")["prefix_cache"]
+        # `id`: the disk tier's own, kept in its directory (a restart with the directory keeps it)
+        assert shown == {"max_gib": 0.5, "max_bytes": 2**29, "dir": folder, "disk_gib": 1.5, "disk_max_bytes": 3 * 2**29,
+                         "id": shown["id"]} and len(shown["id"]) == 16
 
 
 def test_another_conversation_resumes_at_the_end_of_the_shared_system_prompt(live_worker, pair):
