@@ -57,6 +57,10 @@ class Upstream:
     healthy: bool = False
     #: Free-form reason of the last health change, for logs and /readyz.
     health_detail: str = "not checked yet"
+    #: Its prefix cache's id (`/identity`'s `prefix_cache.id`): set, what the cache holds outlives the
+    #: process (a disk tier), so an outage or a restart that keeps the id keeps its conversations'
+    #: affinities; None: its cache dies with the process.
+    cache_id: str | None = None
 
     @property
     def free(self) -> int:

@@ -7,7 +7,9 @@ load, and a minute of per-worker throughput and time to first token. Readers get
 snapshot, serialized once per collection, so a page polling costs the proxy one cached write.
 
 A restart is seen as a change of the pid or start time `/identity` reports, so it is counted the
-same under `mtpstack up`, systemd and launchd. The weights a worker reports are checked against
+same under `mtpstack up`, systemd and launchd. Whether it took the worker's prefix cache with it is
+the cache's own id's to say (`prefix_cache.id`, its disk tier's): the same id, and the conversations
+routed to it stay routed to it (`proxy.routing`). The weights a worker reports are checked against
 the command line its config implies (`validator.worker_argv`), and its batch width against the
 proxy's gate: a worker restarted by hand with another `--max-num-seqs` is flagged on both.
 """
@@ -96,17 +98,22 @@ PREFIX_CACHE_SERIES = {
     "tokens_reused": series.PREFIX_CACHE_TOKENS_REUSED,
     "evictions": series.PREFIX_CACHE_EVICTIONS,
     "bytes": series.PREFIX_CACHE_BYTES,
+    "disk_hits": series.PREFIX_CACHE_DISK_HITS,
+    "disk_errors": series.PREFIX_CACHE_DISK_ERRORS,
+    "disk_bytes": series.PREFIX_CACHE_DISK_BYTES,
 }
 
 
 def prefix_cache(samples: Samples) -> dict | None:
-    """The worker's prefix cache from its counters, with its hit rate (hits over lookups); None
+    """The worker's prefix cache from its counters, with its hit rate (hits over lookups) and its
+    disk tier's (lookups resumed from disk; the disk fields are None without a disk tier); None
     when the worker exports no prefix cache (mlx_lm.server, or one without it)."""
     values = {key: sample(samples, name) for key, name in PREFIX_CACHE_SERIES.items()}
     if values["lookups"] is None:
         return None
-    hits, lookups = values["hits"], values["lookups"]
-    return {**values, "hit_rate": (hits / lookups) if lookups and hits is not None else None}
+    hits, lookups, disk = values["hits"], values["lookups"], values["disk_hits"]
+    return {**values, "hit_rate": (hits / lookups) if lookups and hits is not None else None,
+            "disk_hit_rate": (disk / lookups) if lookups and disk is not None else None}
 
 
 def draft_depth(samples: Samples) -> int | None:
@@ -154,6 +161,13 @@ def weights_check(profile: WorkerProfile, identity: dict) -> list[str]:
                 if a != b:
                     found.append(f"{what}: config `{a}`, its own command line `{b}`")
     return found
+
+
+def cache_id_of(identity: dict) -> str | None:
+    """The id of a worker's prefix cache that outlives the process (its disk tier's), from `/identity`."""
+    cache = identity.get("prefix_cache")
+    value = cache.get("id") if isinstance(cache, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass
@@ -231,9 +245,17 @@ class FleetCollector:
         try:
             status, body = await _get(client, "/identity")
             if status == 200:
-                if track.saw_identity(json.loads(body)):
-                    forget_worker(self.state, upstream)
-                    log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid}))
+                identity = json.loads(body)
+                cache_id = cache_id_of(identity)
+                if track.saw_identity(identity):
+                    kept = upstream.cache_id is not None and cache_id == upstream.cache_id
+                    if not kept:
+                        forget_worker(self.state, upstream)
+                    log.info(json.dumps({"event": "worker_restarted", "worker": upstream.name, "pid": track.pid,
+                                         "prefix_cache_kept": kept}))
+                elif upstream.cache_id is not None and cache_id != upstream.cache_id:
+                    forget_worker(self.state, upstream)  # the same process, another cache: never the old one's
+                upstream.cache_id = cache_id
             else:
                 track.identity_error = f"/identity answered {status}"
         except (UpstreamError, TimeoutError, ValueError) as e:

@@ -50,15 +50,15 @@ async def probe(client: UpstreamClient, timeout: float) -> tuple[bool, str]:
 def set_health(state: ProxyState, upstream: Upstream, healthy: bool, detail: str) -> None:
     changed = state.admissions[upstream.model].set_healthy(upstream, healthy, detail)
     state.metrics.set_healthy(upstream.name, healthy)
-    if changed and not healthy:
-        forget_worker(state, upstream)
+    if changed and not healthy and upstream.cache_id is None:
+        forget_worker(state, upstream)  # with a lasting cache, its next identity decides (`fleet`)
     if changed:
         log.info(json.dumps({"event": "worker_health", "worker": upstream.name, "healthy": healthy, "detail": detail}))
 
 
 def forget_worker(state: ProxyState, upstream: Upstream) -> None:
-    """The worker's prefix cache is gone or unknown (it went unhealthy, or restarted): no request
-    is routed to it for what it served before."""
+    """The worker's prefix cache is gone or unknown (it went unhealthy, or restarted, without a cache
+    that outlives it): no request is routed to it for what it served before."""
     affinity = state.affinities.get(upstream.model)
     if affinity is not None:
         affinity.forget(upstream.name)

@@ -23,7 +23,8 @@ What identifies a conversation (`affinity_keys`), first found wins:
 
 Bounded: `AFFINITY_ENTRIES` per model, least recently used out first; keys are stored as
 16-byte digests, so a client's long key or prompt costs no more than a short one. Forgotten
-per worker (`forget`) when it restarts or goes unhealthy: its cache is gone.
+per worker (`forget`) when it restarts or goes unhealthy and its cache is gone: not when its
+cache outlives it (a disk tier: the same `prefix_cache.id` on `/identity` after the restart).
 """
 
 from __future__ import annotations

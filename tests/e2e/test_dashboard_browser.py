@@ -149,6 +149,10 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
     page_shows(browser, "[data-worker=w0] [data-field=prefix-cache]", lambda t: (t == "–") == (lookups is None), "the prefix cache")
     page_shows(browser, "[data-model=tiny] [data-prefix-cache=w0]", lambda t: t.startswith("w0: ") and (t == "w0: –") == (lookups is None),
                "the worker's prefix-cache hit rate beside the model's routing")
+    # Its disk tier's share of the lookups (`mtpstack up` gives every native worker one in its run directory).
+    disk = metric(worker, "mtpstack_worker_prefix_cache_disk_bytes")
+    page_shows(browser, "[data-worker=w0] [data-field=prefix-cache]", lambda t: ("from disk" in t) == (disk is not None),
+               "the disk tier's hit rate")
     assert screenshot(browser, "dashboard.png", tmp_path).stat().st_size > 10_000
 
 

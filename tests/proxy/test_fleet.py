@@ -95,8 +95,23 @@ mtpstack_worker_prefix_cache_bytes 1048576.0
 
 def test_the_prefix_cache_hit_rate_is_hits_over_lookups_and_absent_without_the_series():
     c = prefix_cache(parse_samples(WORKER_METRICS + PREFIX_CACHE_METRICS))
-    assert c == {"lookups": 8.0, "hits": 6.0, "tokens_reused": 12000.0, "evictions": 1.0, "bytes": 1048576.0, "hit_rate": 0.75}
+    assert c == {"lookups": 8.0, "hits": 6.0, "tokens_reused": 12000.0, "evictions": 1.0, "bytes": 1048576.0, "hit_rate": 0.75,
+                 "disk_hits": None, "disk_errors": None, "disk_bytes": None, "disk_hit_rate": None}  # no disk tier
     assert prefix_cache(parse_samples(WORKER_METRICS)) is None
+
+
+DISK_METRICS = """# TYPE mtpstack_worker_prefix_cache_disk_hits counter
+mtpstack_worker_prefix_cache_disk_hits_total 2.0
+# TYPE mtpstack_worker_prefix_cache_disk_errors counter
+mtpstack_worker_prefix_cache_disk_errors_total 0.0
+# TYPE mtpstack_worker_prefix_cache_disk_bytes gauge
+mtpstack_worker_prefix_cache_disk_bytes 3221225472.0
+"""
+
+
+def test_the_disk_hit_rate_is_the_lookups_resumed_from_disk():
+    c = prefix_cache(parse_samples(WORKER_METRICS + PREFIX_CACHE_METRICS + DISK_METRICS))
+    assert (c["disk_hits"], c["disk_hit_rate"], c["disk_bytes"], c["disk_errors"]) == (2.0, 0.25, 3 * 2**30, 0.0)
     assert prefix_cache(parse_samples("mtpstack_worker_prefix_cache_lookups_total 0\n"))["hit_rate"] is None
 
 

@@ -374,3 +374,24 @@ async def test_the_gate_holds_and_every_request_is_answered_under_1000_mixed_req
     assert counts["affinity"] > 0 and counts["fallback_busy"] > 0 and counts["new"] > 0, counts
     assert len(answered) <= sum(counts.values()) <= 1000  # one decision per admitted request
     assert f.state.admissions["m"].waiting == 0
+
+
+def with_cache(identity: dict, cache_id: str | None) -> dict:
+    return {**identity, "prefix_cache": {"id": cache_id}}
+
+
+@pytest.mark.parametrize("after", ["same", "another", "none"])
+async def test_a_worker_restarted_with_its_disk_cache_keeps_its_conversations_and_only_then(make_fleet, after):
+    ids = {"same": "c1", "another": "c2", "none": None}
+    f = await make_fleet({"w0": {"gate": 1, "identity": identity_of(1, pid=10)},
+                          "w1": {"gate": 1, "identity": with_cache(identity_of(1, pid=11), "c1")}})
+    await wait_for(lambda: f.state.upstreams["w1"].cache_id == "c1", "the first identity")
+    await first_turn_on_the_second_worker(f, prompt_cache_key="c")
+    f.fakes["w1"].health_status = 503  # down for its restart
+    await eventually(lambda: not f.state.upstreams["w1"].healthy, what="w1 unhealthy")
+    f.fakes["w1"].identity = with_cache(identity_of(1, pid=12), ids[after])
+    f.fakes["w1"].health_status = 200
+    await eventually(lambda: f.state.upstreams["w1"].healthy, what="w1 back")
+    await wait_for(lambda: f.collector.tracks["w1"].pid == 12, "the new pid")
+    assert (await f.client.post(CHAT, json=chat(turns(2), "t2", prompt_cache_key="c"))).status == 200
+    assert served_by(f, "t2") == ("w1" if after == "same" else "w0")
