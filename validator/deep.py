@@ -6,13 +6,14 @@ Model directories are read through `mtpstack.validator.modeldir` only, so settin
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from mtpstack.validator.config import FleetConfig, WorkerProfile
 from mtpstack.validator.findings import Finding
 from mtpstack.validator.families import served_target_types, target_cache_kinds
 from mtpstack.validator.modeldir import bits_disagreement, config_value, detect_drafter_kind, head_layout, head_mismatch, model_facts, read_config
-from mtpstack.validator.rules import mlx_lm_cannot_load_mtp
+from mtpstack.validator.rules import disk_tier_dir, mlx_lm_cannot_load_mtp
 
 def local_dir(path: str, base: Path) -> Path | None:
     """The local model directory `path` names (as given, or relative to the config's folder), if any."""
@@ -27,7 +28,36 @@ def check_deep(config: FleetConfig, base: Path) -> list[Finding]:
     findings: list[Finding] = []
     for name, worker in config.workers.items():
         findings += check_worker(name, worker, base)
+        findings += check_disk_space(name, worker, base)
     return findings
+
+
+def check_disk_space(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
+    """A disk tier's budget beyond what its filesystem has free on this machine (what its snapshots
+    already take counted as free): the worker would serve from memory once the disk is full."""
+    folder = disk_tier_dir(worker)
+    if folder is None:
+        return []
+    path = Path(folder) if Path(folder).is_absolute() else base / folder
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is None:
+        return []
+    try:
+        free = shutil.disk_usage(existing).free
+        held = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+    except OSError:
+        return []
+    budget = worker.prefix_cache.disk_gib * 2**30
+    if budget <= free + held:
+        return []
+    return [Finding(
+        code="prefix-cache-disk-space",
+        severity="warning",
+        path=("workers", name, "prefixCache", "diskGiB"),
+        message=(f"the disk tier may use {worker.prefix_cache.disk_gib:g} GiB but the filesystem of `{existing}` has "
+                 f"{(free + held) / 2**30:.1f} GiB free on this machine (its snapshots already there counted)"),
+        hint="lower `prefixCache.diskGiB` or free space there: once the disk is full the worker serves from memory only",
+    )]
 
 
 def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import os
 from collections.abc import Iterator
 
 import re
@@ -42,6 +43,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_hosts,
         check_distributed,
         check_ports,
+        check_prefix_cache_dirs,
     ):
         findings.extend(rule(config))
     return findings
@@ -549,3 +551,40 @@ def is_ipv4(address: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def disk_tier_dir(worker) -> str | None:
+    """The directory of a worker's prefix-cache disk tier as configured (normalised), or None when it
+    keeps none: no `dir`, a budget of 0, no prefix cache, another backend, or a distributed worker."""
+    c = worker.prefix_cache
+    if worker.backend != "native" or worker.distributed is not None or not c.max_gib or not c.disk_gib or c.dir is None:
+        return None
+    return os.path.normpath(os.path.expanduser(c.dir))
+
+
+def check_prefix_cache_dirs(config: FleetConfig) -> Iterator[Finding]:
+    """Two workers on one host never share a prefix-cache directory: each would remove the other's
+    snapshots as another model's, or both would write one index. Checked host by host, as ports are."""
+    hosts: list[str | None] = [None]
+    if is_placed(config):
+        hosts = list(dict.fromkeys([*config.hosts, *(w.deploy_on for w in config.workers.values() if w.deploy_on)]))
+    seen: set[tuple[str, str]] = set()
+    for host in hosts:
+        first: dict[str, str] = {}
+        for name in parts_on(config, host)[1]:
+            folder = disk_tier_dir(config.workers[name])
+            if folder is None:
+                continue
+            other = first.setdefault(folder, name)
+            if other == name or (other, name) in seen:
+                continue
+            seen.add((other, name))
+            on = f" on host `{display_name(host)}`" if host is not None else ""
+            yield Finding(
+                code="prefix-cache-dir-shared",
+                severity="error",
+                path=("workers", name, "prefixCache", "dir"),
+                message=f"workers `{display_name(other)}` and `{display_name(name)}` would share the prefix-cache directory `{folder}`{on}",
+                hint=f"give each worker its own `prefixCache.dir` (or set it to null: the Nix modules and `mtpstack up` then give each its own)",
+                related=(("workers", other, "prefixCache", "dir"),),
+            )

@@ -292,3 +292,21 @@ def test_a_mamba2_hybrid_as_a_separate_draft_model_is_refused_naming_its_layers(
     nemotron = model_dir(tmp_path, "small", config={"model_type": "nemotron_h", "vocab_size": 1024}, tensors=TARGET_TENSORS)
     [f] = deep_findings(fleet(tmp_path, qwen35(tmp_path), nemotron, "bf16", "bf16"))
     assert f.code == "recurrent-draft-model" and "a `nemotron_h` model with mamba2 layers" in f.message
+
+
+def test_a_disk_budget_beyond_the_free_space_is_a_warning(tmp_path):
+    import shutil as sh
+
+    target, head = qwen35(tmp_path), mtp_head(tmp_path)
+    cfg = fleet(tmp_path, target, head, "fp32", "fp32")
+    data = yaml.safe_load(cfg.read_text())
+    free_gib = sh.disk_usage(tmp_path).free / 2**30
+    data["workers"]["w"]["prefixCache"] = {"dir": str(tmp_path / "cache" / "w"), "diskGiB": round(free_gib * 2 + 1)}
+    cfg.write_text(yaml.safe_dump(data))
+    [f] = [f for f in deep_findings(cfg) if f.code == "prefix-cache-disk-space"]
+    assert f.severity == "warning" and f.path == ("workers", "w", "prefixCache", "diskGiB") and "free" in f.message
+    data["workers"]["w"]["prefixCache"]["diskGiB"] = 0.001
+    cfg.write_text(yaml.safe_dump(data))
+    assert "prefix-cache-disk-space" not in [f.code for f in deep_findings(cfg)]
+    _, report = load_config(cfg, deep=False)
+    assert "prefix-cache-disk-space" not in [f.code for f in report.findings]

@@ -333,3 +333,29 @@ def test_a_depth_that_is_neither_an_integer_nor_a_map_of_integers_is_one_type_er
     # pydantic's branch tags (`int`, `dict[str,int]`) stay out of the path.
     assert report.findings[0].path[:5] == ("workers", "qwen-mtp", "drafter", "depth", *(["code"] if isinstance(depth, dict) else []))
     assert not set(report.findings[0].path) & {"int", "dict[str,int]"}
+
+
+def test_two_workers_sharing_a_prefix_cache_directory_on_one_host_are_an_error_naming_both(fleet):
+    fleet["workers"]["qwen-mtp"]["prefixCache"] = {"dir": "/var/lib/cache"}
+    fleet["workers"]["b"] = dict(fleet["workers"]["qwen-mtp"], port=8102, prefixCache={"dir": "/var/lib/cache/"})
+    [f] = only(fleet, "prefix-cache-dir-shared")
+    assert f.path == ("workers", "b", "prefixCache", "dir") and f.related == (("workers", "qwen-mtp", "prefixCache", "dir"),)
+    assert "`qwen-mtp`" in f.message and "`b`" in f.message and f.severity == "error"
+
+
+@pytest.mark.parametrize("other", [{"dir": "/var/lib/other"}, {"dir": "/var/lib/cache", "diskGiB": 0}, {"dir": None},
+                                   {"dir": "/var/lib/cache", "maxGiB": 0}])
+def test_workers_with_their_own_directories_or_no_disk_tier_share_nothing(fleet, other):
+    fleet["workers"]["qwen-mtp"]["prefixCache"] = {"dir": "/var/lib/cache"}
+    fleet["workers"]["b"] = dict(fleet["workers"]["qwen-mtp"], port=8102, prefixCache=other)
+    assert "prefix-cache-dir-shared" not in codes(fleet)
+
+
+def test_one_directory_on_two_hosts_is_two_directories(fleet):
+    fleet["hosts"] = {"h1": {"address": "10.0.0.1"}, "h2": {"address": "10.0.0.2"}}
+    fleet["proxy"]["deployOn"] = "h1"
+    fleet["workers"]["qwen-mtp"].update(prefixCache={"dir": "/var/lib/cache"}, deployOn="h1", host="0.0.0.0")
+    fleet["workers"]["b"] = dict(fleet["workers"]["qwen-mtp"], port=8102, deployOn="h2")
+    assert "prefix-cache-dir-shared" not in codes(fleet)
+    fleet["workers"]["b"]["deployOn"] = "h1"
+    assert "prefix-cache-dir-shared" in codes(fleet)
