@@ -25,6 +25,9 @@ TARGET_STEPS = "mtpstack_worker_target_steps_total"
 REQUESTS_BY_CLASS = "mtpstack_worker_requests_by_class_total"
 TOKENS_DRAFTED_BY_CLASS = "mtpstack_worker_tokens_drafted_by_class_total"
 TOKENS_ACCEPTED_BY_CLASS = "mtpstack_worker_tokens_accepted_by_class_total"
+#: Prompt tokens run through the target's prefill (those taken from the prefix cache or from another
+#: row's prefill are not).
+PREFILL_TOKENS = "mtpstack_worker_prefill_tokens_total"
 PREFIX_CACHE_LOOKUPS = "mtpstack_worker_prefix_cache_lookups_total"
 PREFIX_CACHE_HITS = "mtpstack_worker_prefix_cache_hits_total"
 PREFIX_CACHE_TOKENS_REUSED = "mtpstack_worker_prefix_cache_tokens_reused_total"

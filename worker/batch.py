@@ -174,7 +174,7 @@ class PrefillBatch:
     def step(self, share: int, batch: Batch) -> list[tuple[Sequence, StepResult | None, BaseException | None]]:
         """One chunk of every row (at most `share` tokens each); rows whose prompt is in join `batch`."""
         engine, rows = self.engine, self.rows
-        chunks = [seq.next_chunk(share, self.snapshots.enabled) for seq in rows]
+        chunks = [seq.next_chunk(share, self.snapshots.taking(seq)) for seq in rows]
         lengths = [len(c) for c in chunks]
         width = max(lengths)
         hidden = None

@@ -62,15 +62,12 @@ class RequestHandle:
     cls: str | None = None  # the workload class, for the metrics by class
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     done: bool = False
-    #: Set at the first event: the prompt is prefilled (and in the prefix cache, when there is one).
-    started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def deliver(self, event: Event) -> None:
         """Runs on the loop. The slot is released before the final event is seen by the writer."""
         if event.finish_reason is not None and not self.done:
             self.done = True
             self.release()
-        self.started.set()
         self.events.put_nowait(event)
 
 
@@ -174,7 +171,8 @@ class GenerationLoop:
             for seq, result, error in results:
                 if result is not None:
                     handle = getattr(seq, "handle", None)
-                    self.metrics.record_step(result.drafted, result.accepted, result.tokens, getattr(handle, "cls", None))
+                    self.metrics.record_step(result.drafted, result.accepted, result.tokens, getattr(handle, "cls", None),
+                                             result.prefill)
                 self._publish(seq, error)
             self.active_count = len(sched.active)
             self.metrics.active.set(self.active_count)

@@ -240,16 +240,11 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
     app[METRICS].requests_by_class.labels(parsed.cls).inc()
     submitted = 0
     try:
-        gen.submit(handles[0])
-        submitted = 1
-        if parsed.n > 1:
-            # The other choices start once the first has prefilled the prompt, whether or not the
-            # prefix cache is on (the worker always has one, `PrefixCache(0)` when off): with the
-            # cache on they resume from the first's snapshots instead of prefilling it again.
-            await handles[0].started.wait()
-            for h in handles[1:]:
-                gen.submit(h)
-                submitted += 1
+        # All at once: the choices share one prefill (the scheduler lets the others resume from the
+        # first's snapshot a token before the prompt's end, cache or no cache) and start together.
+        for h in handles:
+            gen.submit(h)
+            submitted += 1
         return await (surface.respond or _chat_answer)(request, parsed, handles, config.served_model_name)
     finally:
         for _ in handles[submitted:]:

@@ -57,6 +57,8 @@ class Metrics:
         self.accepted_by_class = Counter(
             series.TOKENS_ACCEPTED_BY_CLASS, "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
         )
+        self.prefilled = Counter(series.PREFILL_TOKENS, "Prompt tokens run through the target's prefill "
+                                 "(not those resumed from the prefix cache or another row's prefill).", registry=r)
         self.cache_lookups = Counter(series.PREFIX_CACHE_LOOKUPS, "Prompts looked up in the prefix cache.", registry=r)
         self.cache_hits = Counter(series.PREFIX_CACHE_HITS, "Prompts that resumed from a prefix-cache snapshot.", registry=r)
         self.cache_tokens = Counter(series.PREFIX_CACHE_TOKENS_REUSED,
@@ -109,7 +111,9 @@ class Metrics:
             for seconds in disk.drain_restores():
                 self.disk_restore.observe(seconds)
 
-    def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None) -> None:
+    def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None, prefill: int = 0) -> None:
+        if prefill:
+            self.prefilled.inc(prefill)
         if drafted and cls is not None:
             self.drafted_by_class.labels(cls).inc(drafted)
             self.accepted_by_class.labels(cls).inc(accepted)

@@ -175,6 +175,13 @@ class PrefixCache:
         self.stats.tokens_reused += hit.length
         return hit
 
+    def joined(self, found: int | None, length: int) -> None:
+        """Count a prompt that resumed `length` tokens in from a row still being prefilled, after
+        `lookup` found `found` tokens here (None: nothing)."""
+        if self.enabled:
+            self.stats.hits += found is None
+            self.stats.tokens_reused += length - (found or 0)
+
     def walk(self, prompt: list[int]) -> list[Node]:
         """The nodes whose stretches begin `prompt`, resumable or not, counting and touching nothing."""
         return self._walk(prompt) if self.enabled else []

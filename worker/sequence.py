@@ -136,6 +136,11 @@ class Sequence:
         a one-token prefill on an exact repeat."""
         return self.snapshot_at | ({len(self.prompt) - 1} if len(self.prompt) > 1 else set())
 
+    def snapshot_points(self, after: int, upto: int) -> list[int]:
+        """The positions in (after, upto] where this prompt is snapshotted, in order."""
+        chunks = range((after // PREFILL_CHUNK + 1) * PREFILL_CHUNK, upto + 1, PREFILL_CHUNK)
+        return sorted({*chunks, *(p for p in self._points() if after < p <= upto)})
+
     def snapshot_due(self, since: int) -> bool:
         """Whether the prompt is in up to a snapshot point past `since` (where the last snapshot ended)."""
         pos = self._prefilled

@@ -70,3 +70,36 @@ def test_more_choices_than_the_batch_width_is_a_400_naming_n(worker):
     status, _, payload = worker.post_json("/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "n": 4})
     assert (status, payload["error"]["param"]) == (400, "n")
     assert "batch width (3)" in payload["error"]["message"]
+
+
+LONG = [{"role": "user", "content": "Summarize the design of a prefix cache for an agent, step by step. " * 12}]
+
+
+@pytest.mark.parametrize("cache_gib", [2, 0], ids=["a cache", "no cache"])
+def test_the_choices_share_one_prefill_with_or_without_a_cache(hybrid_pair, live_worker, cache_gib):
+    with live_worker(*hybrid_pair, depth=2, width=3, prefix_cache_gib=cache_gib) as w:
+        client = openai.OpenAI(base_url=w.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        before = counter(w, "mtpstack_worker_prefill_tokens_total")
+        # a long stop string that never matches: the first choice's first event comes only at its end
+        r = client.chat.completions.create(model="tiny", messages=LONG, max_tokens=16, temperature=0, n=3, stop=["z" * 40])
+        prefilled = counter(w, "mtpstack_worker_prefill_tokens_total") - before
+        single = client.chat.completions.create(model="tiny", messages=LONG, max_tokens=16, temperature=0)
+    n = r.usage.prompt_tokens
+    assert prefilled == n + 2  # the prompt once, then one token for each other choice
+    assert [c.message.content for c in r.choices] == [single.choices[0].message.content] * 3
+
+
+def test_one_prompt_sent_twice_at_once_is_prefilled_once(hybrid_pair, live_worker):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompt = [{"role": "user", "content": "Two clients ask the same long question at the same time. " * 12}]
+    with live_worker(*hybrid_pair, depth=2, width=2) as w:
+        client = openai.OpenAI(base_url=w.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        before = counter(w, "mtpstack_worker_prefill_tokens_total")
+        ask = lambda _: client.chat.completions.create(model="tiny", messages=prompt, max_tokens=12, temperature=0)  # noqa: E731
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.map(ask, range(2))
+        prefilled = counter(w, "mtpstack_worker_prefill_tokens_total") - before
+    assert prefilled == a.usage.prompt_tokens + 1
+    assert sorted([a.usage.prompt_tokens_details.cached_tokens, b.usage.prompt_tokens_details.cached_tokens]) == [0, a.usage.prompt_tokens - 1]
+    assert a.choices[0].message.content == b.choices[0].message.content

@@ -107,16 +107,44 @@ def test_a_row_joining_a_decoding_batch_from_a_hit_leaves_the_other_rows_text_al
     assert a.tokens == reference[OTHER] and b.tokens == reference[TURN_2]
 
 
-def test_two_rows_prefilling_the_same_new_prompt_at_once_store_it_once(engine, reference):
-    cache = PrefixCache(64 << 20)
+def prefilled(sched: Scheduler, engine, prompts: list[str], depth: int = 3) -> tuple[list, int]:
+    """Every prompt as a row at once, as `run`; also the prompt tokens the steps prefilled in all."""
+    seqs = [engine.new_sequence(engine.text_prompt(p), params(depth)) for p in prompts]
+    for seq in seqs:
+        sched.add(seq)
+    total = 0
+    while sched.active:
+        total += sum(r.prefill for _, r, _ in sched.step() if r is not None)
+    return seqs, total
+
+
+@pytest.mark.parametrize("cache_bytes", [64 << 20, 0], ids=["a cache", "no cache"])
+def test_one_new_prompt_arriving_twice_at_once_is_prefilled_once_and_stored_once(engine, reference, cache_bytes):
+    cache = PrefixCache(cache_bytes)
     sched = Scheduler(2, prefix_cache=cache)
-    seqs = run(sched, engine, [TURN_1, TURN_1])
-    assert [s.cached_tokens for s in seqs] == [0, 0]
+    n = len(engine.text_prompt(TURN_1))
+    seqs, total = prefilled(sched, engine, [TURN_1, TURN_1])
+    # the second waits for the first's snapshot a token before the end, then prefills that token
+    assert [s.cached_tokens for s in seqs] == [0, n - 1] and total == n + 1
+    assert [s.tokens for s in seqs] == [reference[TURN_1]] * 2
+    if not cache_bytes:
+        assert cache.stats.entries == 0
+        return
     entries, size = cache.stats.entries, cache.stats.bytes
     run(sched, engine, [TURN_1])
     assert (cache.stats.entries, cache.stats.bytes) == (entries, size)
     # one node per chunk, the last ending a token before the prompt's end
     assert -(-(len(engine.text_prompt(TURN_1)) - 1) // CHUNK) == entries
+
+
+def test_a_prompt_sharing_a_beginning_with_one_being_prefilled_resumes_from_its_snapshots(engine, reference):
+    sched = Scheduler(2, prefix_cache=PrefixCache(64 << 20))
+    a, b = engine.text_prompt(TURN_2), engine.text_prompt(OTHER)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    (first, other), total = prefilled(sched, engine, [TURN_2, OTHER])
+    assert other.cached_tokens == shared // CHUNK * CHUNK > 0
+    assert total == len(a) + len(b) - other.cached_tokens
+    assert first.tokens == reference[TURN_2] and other.tokens == reference[OTHER]
 
 
 def test_a_cancelled_prefill_leaves_nothing_in_the_cache(engine, reference):
