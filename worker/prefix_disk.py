@@ -193,6 +193,7 @@ class DiskStats:
     bytes: int = 0
     entries: int = 0
     dropped: int = 0  # writes not made: the backlog was full or the directory not writable
+    read_bytes: int = 0  # bytes of snapshots read back (a restore's throughput: over its seconds)
     restore_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
@@ -654,18 +655,20 @@ class DiskTier:
             self._warn(f"write:{e.errno}", f"prefix cache: a snapshot could not be written to `{self.folder}`: {e}")
 
     def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future) -> None:
-        tokens, segments, end_state = [], [], None
+        tokens, segments, end_state, read = [], [], None, 0
         for i, entry in enumerate(hit.chain):
             path = self._path(entry.key, KV_SUFFIX)
             try:
-                header, data = _read_file(path, entry.key, payload=i >= skip)
+                header, data, n = _read_file(path, entry.key, payload=i >= skip)
+                read += n
                 if header["tokens"] != prompt[entry.start: entry.end]:
                     raise BadEntry("its tokens are not the ones its key stands for")
                 tokens.append(tuple(header["tokens"]))
                 segments.append(data)
                 if i == len(hit.chain) - 1:
                     path = self._path(entry.key, STATE_SUFFIX)
-                    _, end_state = _read_file(path, entry.key, payload=True)
+                    _, end_state, n = _read_file(path, entry.key, payload=True)
+                    read += n
             except FileNotFoundError:  # evicted since it was found: a plain miss
                 with self._lock:
                     doomed = self._drop_subtree(entry.key) if entry.key in self._entries else []
@@ -681,6 +684,7 @@ class DiskTier:
                 return
         with self._lock:
             self.stats.hits += 1
+            self.stats.read_bytes += read
         for entry in hit.chain:
             try:
                 os.utime(self._path(entry.key, STATE_SUFFIX if entry.resumable else KV_SUFFIX))
@@ -776,14 +780,14 @@ def _header(f, path: Path) -> tuple[dict, int]:
     return header, size
 
 
-def _read_file(path: Path, key: bytes, payload: bool) -> tuple[dict, object]:
+def _read_file(path: Path, key: bytes, payload: bool) -> tuple[dict, object, int]:
     """A file's header and (`payload`) its tree of arrays, each check passed, else `BadEntry`."""
     with open(path, "rb") as f:
         header, _ = _header(f, path)
         if header["key"] != key.hex():
             raise BadEntry("its key is not its name")
         if not payload:
-            return header, None
+            return header, None, 0
         arrays = header["arrays"]
         buf = bytearray(sum(a[3] for a in arrays))
         if f.readinto(buf) != len(buf):
@@ -796,4 +800,4 @@ def _read_file(path: Path, key: bytes, payload: bool) -> tuple[dict, object]:
             raise BadEntry(f"an unknown dtype: {dtype}")
         kind = np.dtype(_NUMPY[dtype])
         leaves.append(RawArray(np.frombuffer(buf, dtype=kind, count=nbytes // kind.itemsize, offset=offset).reshape(shape), dtype))
-    return header, unflatten(header["skeleton"], leaves)
+    return header, unflatten(header["skeleton"], leaves), len(buf)
