@@ -12,9 +12,22 @@ Scenarios, each round with a fresh system prompt so that nothing carries over be
   3. `concurrent`: 4 clients at once with distinct prompts (no cache hits), median time to first token;
   4. `prefill_itl` (native only): the time between one streaming row's chunks while a 2,000-token
      prompt is prefilled beside it, p99 against median within that window.
+  `turns` runs once per `--thinking` mode (the template's `enable_thinking`, sent to both servers).
+
+Scenarios with workers of their own (native only, one worker at a time, started afresh):
+  5. `restart`: a conversation's first turn on a worker with a disk tier, the worker stopped and
+     started again on its directory, its next turn; against the same next turn prefilled whole by a
+     fresh worker. Reports both times to first token, their ratio and the restore's GB/s
+     (`mtpstack_worker_prefix_cache_disk_read_bytes_total` over the restore seconds' sum).
+  6. `memory`: `--flood` distinct `--flood-tokens`-token prompts one after another into one worker at
+     the default budget (the shipped demo pair): its resident memory (VmRSS, VmHWM) against
+     `mtpstack_worker_prefix_cache_bytes` after each; with `--baseline PROGRAM` the same for another
+     build (before and after a change).
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
+    python bench/scripts/agent_bench.py --only restart --rounds 5
+    python bench/scripts/agent_bench.py --only memory --baseline /tmp/base/.venv/bin/mtpstack
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -36,7 +49,11 @@ from pathlib import Path
 from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
-SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl"]
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory"]
+#: The scenarios that start workers of their own rather than use the two servers.
+OWN_WORKERS = {"restart", "memory"}
+#: `--thinking`: the template's `enable_thinking` for the turns.
+THINKING = {"off": False, "on": True}
 TURNS = 6
 ANSWER_TOKENS = 32
 FOLLOW_UPS = ["open the failing test", "show me line 40", "fix the off-by-one", "run the tests again",
@@ -76,14 +93,12 @@ def summarize_samples(samples: dict) -> dict:
     """Raw samples -> medians with min-max, per server and scenario."""
     out: dict = {}
     for server, s in samples.items():
+        if server in OWN_WORKERS:
+            continue
         turns = s.get("turns", [])
-        later = [t for conv in turns for t in conv[1:]]
-        first = [conv[0] for conv in turns if conv]
         out[server] = {
-            "turn1_ttft_s": summarize(first),
-            "later_ttft_s": summarize(later),
-            "later_over_turn1": summarize([statistics.median(conv[1:]) / conv[0] for conv in turns if len(conv) > 1 and conv[0]]),
-            "per_turn_ttft_s": [summarize([conv[i] for conv in turns if len(conv) > i]) for i in range(max(map(len, turns), default=0))],
+            **turns_summary(turns),
+            "thinking": {mode: turns_summary(convs) for mode, convs in (s.get("turns_by_thinking") or {}).items()},
             "shared_ttft_s": summarize([x for x, _ in s.get("shared", [])]),
             "shared_over_first": summarize([x / f for x, f in s.get("shared", []) if f]),
             "concurrent_ttft_s": summarize(s.get("concurrent", [])),
@@ -98,14 +113,61 @@ def summarize_samples(samples: dict) -> dict:
     return out
 
 
+def turns_summary(turns: list[list[float]]) -> dict:
+    """Time to first token of each conversation's turns: turn 1, the later ones, and each
+    conversation's later turns over its own turn 1."""
+    later = [t for conv in turns for t in conv[1:]]
+    return {
+        "turn1_ttft_s": summarize([conv[0] for conv in turns if conv]),
+        "later_ttft_s": summarize(later),
+        "later_over_turn1": summarize([statistics.median(conv[1:]) / conv[0] for conv in turns if len(conv) > 1 and conv[0]]),
+        "per_turn_ttft_s": [summarize([conv[i] for conv in turns if len(conv) > i]) for i in range(max(map(len, turns), default=0))],
+    }
+
+
+def restart_summary(rounds: list[dict]) -> dict:
+    """The next turn after a restart against the same turn prefilled whole, round by round."""
+    return {
+        "restart_ttft_s": summarize([r["restart_ttft_s"] for r in rounds]),
+        "cold_ttft_s": summarize([r["cold_ttft_s"] for r in rounds]),
+        "restart_over_cold": summarize([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
+        "restore_s": summarize([r["restore_s"] for r in rounds if r.get("restore_s")]),
+        "restore_gb_s": summarize([r["read_bytes"] / r["restore_s"] / 1e9 for r in rounds if r.get("restore_s") and r.get("read_bytes")]),
+        "cached_tokens": summarize([r["cached_tokens"] for r in rounds]),
+        "prompt_tokens": summarize([r["prompt_tokens"] for r in rounds]),
+    }
+
+
+def memory_summary(floods: list[dict]) -> dict:
+    """Per flood: how much resident memory grew (from the idle worker) against what the cache counts."""
+    out = {}
+    for f in floods:
+        after = f["after"]
+        base = f["idle_rss_mib"]
+        out[f["build"]] = {
+            "prompts": len(after),
+            "rss_growth_mib": [round(a["rss_mib"] - base, 1) for a in after],
+            "peak_growth_mib": [round(a["hwm_mib"] - base, 1) for a in after],
+            "gauge_mib": [round(a["gauge_mib"], 1) for a in after],
+            "growth_per_prompt_mib": summarize([b["rss_mib"] - a["rss_mib"] for a, b in zip(after, after[1:])]),
+            "growth_over_gauge": (after[-1]["rss_mib"] - base) / after[-1]["gauge_mib"] if after and after[-1]["gauge_mib"] else None,
+        }
+    return out
+
+
 def format_lines(report: dict) -> list[str]:
     s = report["summary"]
     lines = [f"{report['rounds']} rounds (+{report['warmup']} warm-up discarded), {TURNS} turns, prompts "
              f"{report.get('prompt_tokens', '?')} tokens, servers alternated"]
     for server, v in s.items():
+        if server in OWN_WORKERS or not any(v[k]["n"] for k in ("turn1_ttft_s", "shared_ttft_s", "concurrent_ttft_s")):
+            continue
         lines.append(f"{server}")
         lines.append(f"  turn 1 TTFT      {fmt(v['turn1_ttft_s'], ' s', 3)}")
         lines.append(f"  turns 2+ TTFT    {fmt(v['later_ttft_s'], ' s', 3)}   (/ own turn 1: {fmt(v['later_over_turn1'], 'x', 3)})")
+        for mode, t in v.get("thinking", {}).items():
+            lines.append(f"  thinking {mode:<3}: turn 1 {fmt(t['turn1_ttft_s'], ' s', 3)}, turns 2+ {fmt(t['later_ttft_s'], ' s', 3)} "
+                         f"(/ own turn 1: {fmt(t['later_over_turn1'], 'x', 3)})")
         lines.append(f"  shared system    {fmt(v['shared_ttft_s'], ' s', 3)}   (/ first conversation: {fmt(v['shared_over_first'], 'x', 3)})")
         lines.append(f"  4 clients TTFT   {fmt(v['concurrent_ttft_s'], ' s', 3)}")
         if "prefill_itl" in v:
@@ -113,10 +175,23 @@ def format_lines(report: dict) -> list[str]:
             lines.append(f"  ITL beside a 2,000-token prefill: median {fmt(p['median_s'], ' s', 3)}, p99 {fmt(p['p99_s'], ' s', 3)}, "
                          f"p99/median {fmt(p['p99_over_median'], 'x', 2)}; outside it median {fmt(p['outside_median_s'], ' s', 3)}")
     a, b = s.get(SERVERS[0]), s.get(SERVERS[1])
-    if a and b:
+    if a and b and any(a[k]["n"] for k in ("turn1_ttft_s", "shared_ttft_s", "concurrent_ttft_s")):
         for key, name in (("later_ttft_s", "turns 2+ TTFT"), ("shared_ttft_s", "shared-system TTFT"), ("concurrent_ttft_s", "4-client TTFT")):
             r = ratio(a[key]["median"], b[key]["median"])
             lines.append(f"{name}: {SERVERS[0]} / {SERVERS[1]} = {r:.2f}x" if r else f"{name}: n/a")
+        for mode in a.get("thinking", {}):
+            r = ratio(a["thinking"][mode]["later_ttft_s"]["median"], b.get("thinking", {}).get(mode, {}).get("later_ttft_s", {}).get("median"))
+            lines.append(f"turns 2+ TTFT, thinking {mode}: {SERVERS[0]} / {SERVERS[1]} = {r:.2f}x" if r else f"thinking {mode}: n/a")
+    if "restart" in s:
+        r = s["restart"]
+        lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): next turn "
+                     f"{fmt(r['restart_ttft_s'], ' s', 3)} against {fmt(r['cold_ttft_s'], ' s', 3)} prefilled whole: "
+                     f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {fmt(r['restore_s'], ' s', 3)} at {fmt(r['restore_gb_s'], ' GB/s', 2)}")
+    for build, m in s.get("memory", {}).items():
+        over = f"{m['growth_over_gauge']:.2f}x" if m["growth_over_gauge"] else "n/a"
+        lines.append(f"memory, {build}: after {m['prompts']} prompts resident +{m['rss_growth_mib'][-1]:.0f} MiB "
+                     f"(peak +{m['peak_growth_mib'][-1]:.0f}), the cache counts {m['gauge_mib'][-1]:.0f} MiB: {over}; "
+                     f"per prompt {fmt(m['growth_per_prompt_mib'], ' MiB', 1)}")
     return lines
 
 
@@ -135,11 +210,12 @@ def itl_window(times: list[float], start: float, end: float) -> dict:
 # -- measurement -----------------------------------------------------------------------
 
 
-async def conversation(session, url, model, system: str, turns: int) -> tuple[list[float], list[int]]:
+async def conversation(session, url, model, system: str, turns: int, thinking: bool | None = None) -> tuple[list[float], list[int]]:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "what is failing?"}]
+    extra = {"chat_template_kwargs": {"enable_thinking": thinking}} if thinking is not None else None
     ttfts, prompt_tokens = [], []
     for i in range(turns):
-        r = await stream_chat(session, url, model, messages, ANSWER_TOKENS)
+        r = await stream_chat(session, url, model, messages, ANSWER_TOKENS, extra=extra)
         ttfts.append(r["ttft_s"])
         prompt_tokens.append(r["usage"].get("prompt_tokens"))
         messages += [{"role": "assistant", "content": r["text"]}, {"role": "user", "content": FOLLOW_UPS[i % len(FOLLOW_UPS)]}]
@@ -185,6 +261,122 @@ async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
     return itl_window(times, long["sent"], long["first"])
 
 
+def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str, *, program: str | None = None,
+                  cache_dir: Path | None = None):
+    """One native worker with the MTP head at the default prefix-cache budget, started and healthy
+    (`cache_dir`: its disk tier's directory; `program`: another build's `mtpstack`)."""
+    from mtpstack.runtime import Process, free_port, url_of
+    from mtpstack.validator import WorkerProfile, worker_argv
+    from mtpstack.worker.launcher import resolve_command, worker_env
+
+    port = free_port()
+    profile = WorkerProfile.model_validate({
+        "model": "bench", "backend": "native", "target": {"path": str(target), "bits": "fp32"},
+        "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"}, "maxNumSeqs": 2, "port": port,
+        "prefixCache": {"dir": str(cache_dir) if cache_dir else None},
+    })
+    argv = resolve_command(worker_argv(profile))
+    if program:
+        argv = [program, *argv[argv.index("worker"):]]
+    proc = Process(argv, log_path=logdir / f"{name}.log", name=name, kind="worker", url=url_of("127.0.0.1", port), env=worker_env())
+    proc.start()
+    try:
+        proc.wait_ready("/health", 300, state="healthy")
+    except Exception:
+        proc.stop()
+        raise
+    return proc
+
+
+def scrape(url: str, names: list[str]) -> dict[str, float]:
+    import urllib.request
+
+    from mtpstack.proxy.prometheus import unlabelled
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        return unlabelled(resp.read().decode(), names)
+
+
+async def restart_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
+    """One conversation's first turn, a restart on the disk tier, its next turn; then that next turn
+    on a fresh worker with nothing cached (the cold prefill), the order alternating by round."""
+    from mtpstack import series
+
+    names = [series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
+    cache = workdir / f"restart-cache-{rnd}"
+    messages = [{"role": "system", "content": system_prompt(500 + rnd, args.tools)}, {"role": "user", "content": "what is failing?"}]
+    w = native_worker(target, head, args.depth, workdir, f"restart-{rnd}-a", cache_dir=cache)
+    try:
+        first = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
+    finally:
+        w.stop()  # SIGTERM: the worker finishes its queued writes within its grace
+    messages = messages + [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": FOLLOW_UPS[0]}]
+
+    async def restarted() -> dict:
+        w = native_worker(target, head, args.depth, workdir, f"restart-{rnd}-b", cache_dir=cache)
+        try:
+            before = scrape(w.url, names)
+            r = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
+            after = scrape(w.url, names)
+        finally:
+            w.stop()
+        return {"ttft": r["ttft_s"], "usage": r["usage"], "read_bytes": after[names[0]] - before[names[0]],
+                "restore_s": after[names[1]] - before[names[1]]}
+
+    async def cold() -> float:
+        w = native_worker(target, head, args.depth, workdir, f"restart-{rnd}-cold", cache_dir=workdir / f"cold-cache-{rnd}")
+        try:
+            return (await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS))["ttft_s"]
+        finally:
+            w.stop()
+
+    if rnd % 2:
+        cold_s, hot = await cold(), await restarted()
+    else:
+        hot, cold_s = await restarted(), await cold()
+    usage = hot["usage"]
+    return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"],
+            "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+def status_mib(pid: int, field: str) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_flood(head: Path, args, workdir: Path, build: str, program: str | None) -> dict:
+    """`--flood` distinct prompts of `--flood-tokens` token ids, one after another, into one worker of
+    the shipped demo pair at the default budget; resident memory and the gauge after each."""
+    import json as _json
+    import random
+    import urllib.request
+
+    from mtpstack import series
+    from mtpstack.worker.demo import DEMO_TARGET
+
+    w = native_worker(Path(DEMO_TARGET), head, args.depth, workdir, f"memory-{build}", program=program)
+    rng = random.Random(11)
+    after = []
+    try:
+        idle = status_mib(w.pid, "VmRSS")
+        for i in range(args.flood):
+            prompt = [rng.randrange(3, 1000) for _ in range(args.flood_tokens)]
+            req = urllib.request.Request(w.url + "/v1/completions", data=_json.dumps(
+                {"prompt": prompt, "max_tokens": 1, "temperature": 0}).encode(), headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
+                resp.read()
+            gauge = scrape(w.url, [series.PREFIX_CACHE_BYTES])[series.PREFIX_CACHE_BYTES] / 2**20
+            after.append({"rss_mib": status_mib(w.pid, "VmRSS"), "hwm_mib": status_mib(w.pid, "VmHWM"), "gauge_mib": gauge})
+            print(f"memory {build}: prompt {i + 1}: resident +{after[-1]['rss_mib'] - idle:.0f} MiB, the cache counts "
+                  f"{gauge:.0f} MiB", file=sys.stderr)
+    finally:
+        w.stop()
+    return {"build": build, "idle_rss_mib": idle, "after": after}
+
+
 async def run(args) -> dict:
     import aiohttp
 
@@ -201,39 +393,72 @@ async def run(args) -> dict:
     longer_context(target, CONTEXT)
     source += f", context raised to {CONTEXT} tokens (a speed measurement: text past the trained length is not judged)"
     print(f"models: {source}", file=sys.stderr)
+    on = set(args.only or SCENARIOS)
+    samples: dict = {name: {"turns": [], "turns_by_thinking": {}, "shared": [], "concurrent": [], "prefill_itl": []} for name in SERVERS}
+    prompt_tokens = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
+        if on - OWN_WORKERS:
+            prompt_tokens = await shared_servers(session, args, target, workdir, on, samples)
+        if "restart" in on:
+            samples["restart"] = []
+            for rnd in range(args.warmup + args.rounds):
+                r = await restart_round(session, target, DEMO_HEAD, args, workdir, rnd)
+                print(f"restart round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
+                if rnd >= args.warmup:
+                    samples["restart"].append(r)
+    if "memory" in on:
+        samples["memory"] = [memory_flood(DEMO_HEAD, args, workdir, "this checkout", None)]
+        if args.baseline:
+            samples["memory"].append(memory_flood(DEMO_HEAD, args, workdir, "baseline", args.baseline))
+    summary = summarize_samples(samples)
+    if samples.get("restart"):
+        summary["restart"] = restart_summary(samples["restart"])
+    if samples.get("memory"):
+        summary["memory"] = memory_summary(samples["memory"])
+    return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
+            "prompt_tokens": prompt_tokens, "samples": samples, "summary": summary}
+
+
+async def shared_servers(session, args, target: Path, workdir: Path, on: set, samples: dict) -> str | None:
+    """The scenarios on the two servers, started once and used alternately; the turns' prompt sizes."""
+    from mtpstack.worker.demo import DEMO_HEAD
+
     servers = start_servers(target, DEMO_HEAD, args.depth, workdir, SERVERS)
     models = {"native+mtp": "bench", "mlx_lm.server": str(target)}
-    samples = {name: {"turns": [], "shared": [], "concurrent": [], "prefill_itl": []} for name in SERVERS}
     prompt_tokens = None
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
-            for rnd in range(args.warmup + args.rounds):
-                order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]
-                keep = rnd >= args.warmup
-                for name in order:
-                    url, model = servers[name].url, models[name]
-                    seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
-                    on = set(args.only or SCENARIOS)
-                    ttfts, tokens = await conversation(session, url, model, system_prompt(seed, args.tools), TURNS) if "turns" in on else ([], [])
-                    other = await shared(session, url, model, system_prompt(100 + seed, args.tools)) if "shared" in on else None
-                    conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None
-                    itl = await prefill_itl(session, url, model, seed, args.tools) if name == "native+mtp" and "prefill_itl" in on else None
-                    print(f"round {rnd}{'' if keep else ' (warm-up)'} {name}: turns {[round(t, 3) for t in ttfts]} "
-                          f"shared {other} 4-clients {conc}"
-                          + (f" itl median {itl['median_s']} p99 {itl['p99_s']}" if itl else ""), file=sys.stderr)
-                    if keep:
-                        for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc)):
-                            if value:
-                                samples[name][key].append(value)
-                        if itl and itl["n"]:
-                            samples[name]["prefill_itl"].append(itl)
-                    if tokens:
-                        prompt_tokens = prompt_tokens or f"{tokens[0]}-{tokens[-1]}"
+        for rnd in range(args.warmup + args.rounds):
+            order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]
+            keep = rnd >= args.warmup
+            for name in order:
+                url, model = servers[name].url, models[name]
+                seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
+                ttfts, tokens, by_mode = [], [], {}
+                if "turns" in on:
+                    for m, mode in enumerate(args.thinking):
+                        by_mode[mode] = await conversation(session, url, model, system_prompt(seed * 10 + m, args.tools), TURNS,
+                                                           THINKING[mode])
+                    ttfts, tokens = by_mode[args.thinking[0]]
+                other = await shared(session, url, model, system_prompt(100 + seed, args.tools)) if "shared" in on else None
+                conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None
+                itl = await prefill_itl(session, url, model, seed, args.tools) if name == "native+mtp" and "prefill_itl" in on else None
+                print(f"round {rnd}{'' if keep else ' (warm-up)'} {name}: turns {[round(t, 3) for t in ttfts]} "
+                      f"shared {other} 4-clients {conc}"
+                      + (f" itl median {itl['median_s']} p99 {itl['p99_s']}" if itl else ""), file=sys.stderr)
+                if keep:
+                    for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc)):
+                        if value:
+                            samples[name][key].append(value)
+                    for mode, (t, _) in by_mode.items():
+                        samples[name]["turns_by_thinking"].setdefault(mode, []).append(t)
+                    if itl and itl["n"]:
+                        samples[name]["prefill_itl"].append(itl)
+                if tokens:
+                    prompt_tokens = prompt_tokens or f"{tokens[0]}-{tokens[-1]}"
     finally:
         for proc in servers.values():
             proc.stop()
-    return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
-            "prompt_tokens": prompt_tokens, "samples": samples, "summary": summarize_samples(samples)}
+    return prompt_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-layers", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="the shipped demo unwidened, 1 round, no warm-up, 12 tools")
     p.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (default: all)")
+    p.add_argument("--thinking", nargs="+", choices=list(THINKING), default=list(THINKING),
+                   help="the turns with the template's thinking off and/or on (default: both)")
+    p.add_argument("--flood", type=int, default=8, help="`memory`: distinct prompts sent (default: 8)")
+    p.add_argument("--flood-tokens", type=int, default=8192, help="`memory`: tokens per prompt (default: 8192)")
+    p.add_argument("--baseline", help="`memory`: also flood a worker run by this `mtpstack` (another build)")
     p.add_argument("--out", help="write the JSON report here instead of stdout")
     args = p.parse_args(argv)
     if args.quick:

@@ -236,13 +236,15 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
 
 
 async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None) -> dict:
+                      headers: dict[str, str] | None = None, extra: dict | None = None) -> dict:
     """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
     (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
     to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
-    (mlx_lm.server ignores the field, and stops at its model's end of turn)."""
+    (mlx_lm.server ignores the field, and stops at its model's end of turn). The first token is the first
+    of the answer or of its reasoning; `text` is the answer's content, what a client sends back. `extra`:
+    more fields of the body (`chat_template_kwargs`)."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+            "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
     start = time.perf_counter()
     first, text, usage = None, [], None
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
@@ -254,11 +256,13 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
             payload = json.loads(line[6:])
             usage = payload.get("usage") or usage
             for choice in payload.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
+                delta = choice.get("delta") or {}
+                piece = delta.get("content")
+                if piece or delta.get("reasoning_content") or delta.get("reasoning"):
                     now = time.perf_counter()
                     first = first or now
-                    text.append(piece)
+                    if piece:
+                        text.append(piece)
                     if times is not None:
                         times.append(now)
     end = time.perf_counter()

@@ -39,3 +39,25 @@ def test_the_table_names_both_servers_and_their_ratio():
     text = "\n".join(lines)
     assert "turns 2+ TTFT: native+mtp / mlx_lm.server = 0.50x" in text
     assert "p99/median 1.50x" in text and "900-1200 tokens" in lines[0]
+
+
+def test_a_restart_is_summarized_against_the_cold_prefill_with_the_restores_throughput():
+    rounds = [{"restart_ttft_s": 0.5, "cold_ttft_s": 10.0, "read_bytes": 2e9, "restore_s": 1.0, "prompt_tokens": 3000, "cached_tokens": 2990},
+              {"restart_ttft_s": 1.0, "cold_ttft_s": 10.0, "read_bytes": 2e9, "restore_s": 0.5, "prompt_tokens": 3000, "cached_tokens": 2990}]
+    r = agent_bench.restart_summary(rounds)
+    assert r["restart_over_cold"]["median"] == pytest.approx(0.075) and r["restore_gb_s"]["max"] == pytest.approx(4.0)
+    lines = agent_bench.format_lines({"summary": {"restart": r}, "rounds": 2, "warmup": 0})
+    assert any("0.075x" in line and "GB/s" in line for line in lines)
+
+
+def test_the_memory_flood_is_the_resident_growth_against_what_the_cache_counts():
+    flood = {"build": "b", "idle_rss_mib": 100.0, "after": [{"rss_mib": 200.0, "hwm_mib": 210.0, "gauge_mib": 25.0},
+                                                            {"rss_mib": 300.0, "hwm_mib": 310.0, "gauge_mib": 50.0}]}
+    m = agent_bench.memory_summary([flood])["b"]
+    assert m["rss_growth_mib"] == [100.0, 200.0] and m["growth_over_gauge"] == 4.0
+    assert m["growth_per_prompt_mib"]["median"] == 100.0
+
+
+def test_the_turns_with_thinking_on_and_off_are_summarized_apart():
+    s = agent_bench.summarize_samples({"native+mtp": {**samples([[1.0, 0.1]], [], []), "turns_by_thinking": {"on": [[2.0, 0.2, 0.4]]}}})
+    assert s["native+mtp"]["thinking"]["on"]["later_over_turn1"]["median"] == pytest.approx(0.15)
