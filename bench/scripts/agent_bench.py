@@ -23,6 +23,10 @@ Scenarios with workers of their own (native only, one worker at a time, started 
      the default budget (the shipped demo pair): its resident memory (VmRSS, VmHWM) against
      `mtpstack_worker_prefix_cache_bytes` after each; with `--baseline PROGRAM` the same for another
      build (before and after a change).
+  7. `spill_itl`: one streaming row's time between chunks while distinct prompts (a tool list each)
+     arrive one after another beside it, into a worker whose small memory budget (`SPILL_GIB`) they
+     pass: memory only, and with a disk tier taking every snapshot; p99 and median of each, rounds
+     alternating which goes first.
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
@@ -49,9 +53,11 @@ from pathlib import Path
 from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
-SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory"]
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl"]
 #: The scenarios that start workers of their own rather than use the two servers.
-OWN_WORKERS = {"restart", "memory"}
+OWN_WORKERS = {"restart", "memory", "spill_itl"}
+#: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it.
+SPILL_GIB = 0.01
 #: `--thinking`: the template's `enable_thinking` for the turns.
 THINKING = {"off": False, "on": True}
 TURNS = 6
@@ -187,6 +193,12 @@ def format_lines(report: dict) -> list[str]:
         lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): next turn "
                      f"{fmt(r['restart_ttft_s'], ' s', 3)} against {fmt(r['cold_ttft_s'], ' s', 3)} prefilled whole: "
                      f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {fmt(r['restore_s'], ' s', 3)} at {fmt(r['restore_gb_s'], ' GB/s', 2)}")
+    if "spill_itl" in s:
+        sp = s["spill_itl"]
+        for v in ("memory", "disk"):
+            lines.append(f"a row's gaps beside a spilling flood, {v}: median {fmt(sp[v]['median_s'], ' s', 3)}, p99 {fmt(sp[v]['p99_s'], ' s', 3)}"
+                         f" ({fmt(sp[v]['disk_writes'], '', 0)} disk writes)")
+        lines.append(f"  p99 with the disk tier / memory only: {fmt(sp['p99_disk_over_memory'], 'x', 2)}")
     for build, m in s.get("memory", {}).items():
         over = f"{m['growth_over_gauge']:.2f}x" if m["growth_over_gauge"] else "n/a"
         lines.append(f"memory, {build}: after {m['prompts']} prompts resident +{m['rss_growth_mib'][-1]:.0f} MiB "
@@ -236,9 +248,10 @@ async def concurrent(session, url, model, round_no: int, tools: int) -> float:
     return statistics.median(r["ttft_s"] for r in runs)
 
 
-async def stream_completion(session, url: str, model: str, prompt: str, max_tokens: int, times: list) -> None:
+async def stream_completion(session, url: str, model: str, prompt: str, max_tokens: int, times: list, ignore_eos: bool = False) -> None:
     """A plain completion streamed, each chunk's arrival time in `times` (no chat-output splitter holds text back)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            **({"ignore_eos": True} if ignore_eos else {})}
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -262,7 +275,7 @@ async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
 
 
 def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str, *, program: str | None = None,
-                  cache_dir: Path | None = None):
+                  cache_dir: Path | None = None, cache_gib: float | None = None):
     """One native worker with the MTP head at the default prefix-cache budget, started and healthy
     (`cache_dir`: its disk tier's directory; `program`: another build's `mtpstack`)."""
     from mtpstack.runtime import Process, free_port, url_of
@@ -273,7 +286,7 @@ def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str,
     profile = WorkerProfile.model_validate({
         "model": "bench", "backend": "native", "target": {"path": str(target), "bits": "fp32"},
         "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"}, "maxNumSeqs": 2, "port": port,
-        "prefixCache": {"dir": str(cache_dir) if cache_dir else None},
+        "prefixCache": {"dir": str(cache_dir) if cache_dir else None, **({"maxGiB": cache_gib} if cache_gib is not None else {})},
     })
     argv = resolve_command(worker_argv(profile))
     if program:
@@ -337,6 +350,49 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
     usage = hot["usage"]
     return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"],
             "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+async def spill_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
+    """The decoding row's gaps while the flood arrives: memory only, and with a disk tier."""
+    from mtpstack import series
+
+    out = {}
+    for variant in (["memory", "disk"] if rnd % 2 == 0 else ["disk", "memory"]):
+        w = native_worker(target, head, args.depth, workdir, f"spill-{rnd}-{variant}", cache_gib=SPILL_GIB,
+                          cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None)
+        try:
+            times: list[float] = []
+            decoding = asyncio.create_task(stream_completion(session, w.url, "bench", f"# spill {rnd}\nimport os\n", 4000, times,
+                                                             ignore_eos=True))
+            while len(times) < 20:
+                if decoding.done():
+                    await decoding
+                    raise RuntimeError(f"{w.url}: the decoding row ended after {len(times)} tokens")
+                await asyncio.sleep(0.01)
+            start = time.perf_counter()
+            for i in range(args.spill_prompts):
+                await stream_chat(session, w.url, "bench", [{"role": "user", "content": system_prompt(700 + rnd * 50 + i, args.tools // 2)}], 1)
+            end = time.perf_counter()
+            decoding.cancel()
+            try:
+                await decoding
+            except (asyncio.CancelledError, Exception):
+                pass
+            writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
+        finally:
+            w.stop()
+        out[variant] = {**itl_window(times, start, end), "disk_writes": writes[series.PREFIX_CACHE_DISK_WRITES],
+                        "evictions": writes[series.PREFIX_CACHE_EVICTIONS]}
+    return out
+
+
+def spill_summary(rounds: list[dict]) -> dict:
+    out = {v: {"median_s": summarize([r[v]["median_s"] for r in rounds if r[v]["median_s"]]),
+               "p99_s": summarize([r[v]["p99_s"] for r in rounds if r[v]["p99_s"]]),
+               "disk_writes": summarize([r[v]["disk_writes"] for r in rounds])} for v in ("memory", "disk")}
+    out["p99_disk_over_memory"] = summarize([r["disk"]["p99_s"] / r["memory"]["p99_s"] for r in rounds
+                                             if r["disk"]["p99_s"] and r["memory"]["p99_s"]])
+    return out
 
 
 def status_mib(pid: int, field: str) -> float:
@@ -406,6 +462,13 @@ async def run(args) -> dict:
                 print(f"restart round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
                 if rnd >= args.warmup:
                     samples["restart"].append(r)
+        if "spill_itl" in on:
+            samples["spill_itl"] = []
+            for rnd in range(args.warmup + args.rounds):
+                r = await spill_round(session, target, DEMO_HEAD, args, workdir, rnd)
+                print(f"spill round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
+                if rnd >= args.warmup:
+                    samples["spill_itl"].append(r)
     if "memory" in on:
         samples["memory"] = [memory_flood(DEMO_HEAD, args, workdir, "this checkout", None)]
         if args.baseline:
@@ -415,6 +478,8 @@ async def run(args) -> dict:
         summary["restart"] = restart_summary(samples["restart"])
     if samples.get("memory"):
         summary["memory"] = memory_summary(samples["memory"])
+    if samples.get("spill_itl"):
+        summary["spill_itl"] = spill_summary(samples["spill_itl"])
     return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": summary}
 
@@ -473,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (default: all)")
     p.add_argument("--thinking", nargs="+", choices=list(THINKING), default=list(THINKING),
                    help="the turns with the template's thinking off and/or on (default: both)")
+    p.add_argument("--spill-prompts", type=int, default=4, help="`spill_itl`: distinct prompts sent beside the row (default: 4)")
     p.add_argument("--flood", type=int, default=8, help="`memory`: distinct prompts sent (default: 8)")
     p.add_argument("--flood-tokens", type=int, default=8192, help="`memory`: tokens per prompt (default: 8192)")
     p.add_argument("--baseline", help="`memory`: also flood a worker run by this `mtpstack` (another build)")

@@ -61,3 +61,10 @@ def test_the_memory_flood_is_the_resident_growth_against_what_the_cache_counts()
 def test_the_turns_with_thinking_on_and_off_are_summarized_apart():
     s = agent_bench.summarize_samples({"native+mtp": {**samples([[1.0, 0.1]], [], []), "turns_by_thinking": {"on": [[2.0, 0.2, 0.4]]}}})
     assert s["native+mtp"]["thinking"]["on"]["later_over_turn1"]["median"] == pytest.approx(0.15)
+
+
+def test_the_spilling_flood_compares_the_rows_p99_with_and_without_the_disk_tier():
+    window = lambda p99: {"median_s": 0.1, "p99_s": p99, "n": 9, "disk_writes": 0.0, "evictions": 3.0}  # noqa: E731
+    s = agent_bench.spill_summary([{"memory": window(0.4), "disk": window(0.5)}, {"memory": window(0.5), "disk": window(0.5)}])
+    assert s["p99_disk_over_memory"]["median"] == pytest.approx(1.125) and s["memory"]["p99_s"]["n"] == 2
+    assert any("1.12x" in line or "1.13x" in line for line in agent_bench.format_lines({"summary": {"spill_itl": s}, "rounds": 2, "warmup": 0}))
