@@ -96,3 +96,19 @@ def test_the_boundaries_are_where_the_system_messages_and_the_conversation_end(t
     prompt = list(render_template(tokenizer, continued, None, {}, add_generation_prompt=False))
     assert conversation_boundaries(tokenizer, continued, None, {}, prompt) == (
         len(render_template(tokenizer, continued[:1], None, {}, add_generation_prompt=False)),)
+
+
+def test_a_responses_conversation_resumes_where_its_messages_ended_too(workers, tokenizer):
+    from mtpstack.worker.protocol.responses import to_chat
+
+    cached, _ = workers
+    client = openai.OpenAI(base_url=cached.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    body = {"model": "demo", "instructions": "Responses. " + SYSTEM, "max_output_tokens": 24,
+            "input": [{"role": "user", "content": "what is failing?"}]}
+    first = client.responses.create(**body)
+    nxt = dict(body, input=body["input"] + [{"role": "assistant", "content": first.output_text},
+                                              {"role": "user", "content": "open the failing test"}])
+    second = client.responses.create(**nxt)
+    new = rendered(tokenizer, to_chat(nxt)["messages"], {}) - rendered(tokenizer, to_chat(body)["messages"], {})
+    prefilled = second.usage.input_tokens - second.usage.input_tokens_details.cached_tokens
+    assert 0 < prefilled <= new + SLACK_TOKENS
