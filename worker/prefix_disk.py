@@ -1,26 +1,31 @@
 """The prefix cache's disk tier: snapshots kept on disk under a byte budget, valid across restarts.
 
 The memory tier (`mtpstack.worker.prefix_cache`) keeps a tree of stretches; this keeps the same
-stretches as files, one per node, named by a key that chains the node's tokens to its parent's
-(`chain_key`), so a file stands for exactly one prefix of tokens and a lookup walks the prompt the
-way the memory tree does, by keys instead of nodes. Restoring a snapshot reads its node and every
-node above it (their stretches joined are the prefix's caches; the last one's end state is the
-state there).
+stretches as files, two per node: its stretch (`<key>.kv`: its tokens and the attention and
+drafter entries over them) and, while it is a resumable point, its end state (`<key>.st`). The key
+chains the node's tokens to its parent's (`chain_key`), so a node stands for exactly one prefix of
+tokens and a lookup walks the prompt the way the memory tree does, by keys instead of nodes.
+Restoring a snapshot reads the stretches of its node and of every node above it (joined, they are
+the prefix's caches) and its node's end state.
 
 Validity. Entries are valid only for what produced them: `facts` (the content digests of the
-target and the drafter, their dtypes and quantization, the mlx and mlx-lm versions) and
-`LAYOUT`, hashed into the name of the folder they live in (`v<LAYOUT>-<hash>`, with the facts
-in its `validity.json`). Another folder's entries are never read; they are the first removed
-when space is needed. Nothing else in the directory is ever touched: only names this module
-makes.
+target and the drafter, their dtypes, quantization and kind, the mlx, mlx-lm and mtpstack
+versions) and `LAYOUT`, hashed into the name of the folder they live in (`v<LAYOUT>-<hash>`, with
+the facts in its `validity.json`). Another folder's entries are never read; they are the first
+removed when space is needed. Nothing else in the directory is ever touched: only names this
+module makes.
 
-Format (`LAYOUT` 1). `MAGIC`, then the header's length and CRC-32 (two little-endian u32), the
-header (JSON: key, parent, start, tokens, each array's dtype, shape and offset, and the CRC-32 of
-the stretch's payload and of the end state's), then the stretch's arrays, then the end state's.
-A reader checks everything it reads; a snapshot's inner nodes are read without their end state.
-A file is written under a temporary name and renamed, so a name always holds a whole file; a
-`kill -9` mid-write leaves only a temporary file, removed at the next start. A short, corrupt or
-foreign file is a miss: counted (`errors`), logged once, removed with the entries below it.
+Budget. Least recently used out first, as the memory tier evicts: an inner point loses its end
+state (its stretch serves the nodes below it), a leaf goes whole with the ancestors it leaves
+useless, and a chain is ordered from the root down, message boundaries last.
+
+Format (`LAYOUT` 1), each file: `MAGIC`, the header's length and CRC-32 (two little-endian u32),
+the header (JSON: the key, for a stretch its parent, start and tokens; the tree's skeleton, each
+array's dtype, shape and offset, and the arrays' CRC-32), then the arrays' bytes. A reader checks
+everything it reads. A file is written under a temporary name and renamed, so a name always holds
+a whole file; a `kill -9` mid-write leaves only a temporary file, removed at the next start. A
+short, corrupt or foreign file is a miss: counted (`errors`), logged (the first
+`LOGGED_BAD_ENTRIES`), removed with the entries below it.
 
 Threads. The generation thread calls `find` (the index, in memory) and `store`/`load`, which
 queue work for the tier's own thread and never block: writes copy nothing (the arrays' buffers,
