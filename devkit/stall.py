@@ -1,6 +1,7 @@
 """Whether a server's event loop is held: a plain stream's largest gap between chunks and `/health`'s
 slowest answer, measured while nothing else runs (idle) and while a batch of other requests is
-answered (hostile schemas, say). Used by `tests/worker/test_hostile_agent.py` and
+answered (hostile schemas, say), and a flood of hostile schemas with probes sent during it (`flood`).
+Used by `tests/worker/test_hostile_agent.py`, `tests/worker/test_grammar_flood.py` and
 `bench/scripts/hostile_bench.py`. Threads and blocking sockets, so the measuring client never
 shares a loop with what it measures.
 """
@@ -129,19 +130,100 @@ def fuel_schema(i: int) -> dict:
                       for j in range(700)]}
 
 
+def schema_request(schema: dict, max_tokens: int = 2) -> dict:
+    """A chat request whose `response_format` is `schema`, no thinking."""
+    return {"messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens, **NO_THINK,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+#: A schema an application sends: compiles in a millisecond.
+BENIGN_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@dataclass
+class Answer:
+    status: int | None  # None: no answer (the connection failed or timed out)
+    seconds: float
+    headers: dict
+    body: bytes
+    ended: float = 0.0  # `time.monotonic()` when it was answered
+
+    def error(self) -> dict:
+        """The `error` object of a refusal (empty when the body is not one)."""
+        try:
+            return json.loads(self.body).get("error") or {}
+        except (ValueError, AttributeError):
+            return {}
+
+
+def post(url: str, body: dict | bytes, *, source: str | None = None, timeout: float = 60.0,
+         path: str = "/v1/chat/completions") -> Answer:
+    """One JSON request on a fresh connection, timed; from the local address `source` when given (a
+    second loopback address, 127.0.0.2, is another client to a server that tells clients apart by
+    address)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout,
+                                      source_address=(source, 0) if source else None)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    started = time.monotonic()
+    try:
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        ended = time.monotonic()
+        return Answer(resp.status, ended - started, dict(resp.getheaders()), data, ended)
+    except OSError:
+        ended = time.monotonic()
+        return Answer(None, ended - started, {}, b"", ended)
+    finally:
+        conn.close()
+
+
 def send_schemas(url: str, indices, width: int, timeout: float = 60.0) -> list[int]:
     """A chat request with `fuel_schema(i)` as its response format for each `i`, `width` at a time; their statuses."""
-    def send(i: int) -> int:
-        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **NO_THINK,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": fuel_schema(i)}}}
-        conn = http.client.HTTPConnection(urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port, timeout=timeout)
-        try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            resp.read()
-            return resp.status
-        finally:
-            conn.close()
-
     with ThreadPoolExecutor(width) as pool:
-        return list(pool.map(send, indices))
+        return [a.status for a in pool.map(lambda i: post(url, schema_request(fuel_schema(i)), timeout=timeout), indices)]
+
+
+@dataclass
+class Flood:
+    """What a flood of hostile schemas got, and what the probes sent during it got."""
+
+    hostile: list[Answer]
+    probes: dict[str, Answer]
+
+    @property
+    def statuses(self) -> dict[int | None, int]:
+        """The hostile requests' statuses, counted (None: no answer)."""
+        counts: dict[int | None, int] = {}
+        for a in self.hostile:
+            counts[a.status] = counts.get(a.status, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+
+    @property
+    def last_hostile_answer(self) -> float:
+        return max(a.ended for a in self.hostile)
+
+
+def flood_bodies(indices) -> list[dict]:
+    """A chat request with `fuel_schema(i)` as its response format, for each `i`: distinct, none cached."""
+    return [schema_request(fuel_schema(i)) for i in indices]
+
+
+def flood(url: str, bodies: list[dict], probes: dict[str, tuple[float, dict, str | None]], timeout: float = 60.0,
+          path: str = "/v1/chat/completions") -> Flood:
+    """Every body sent to `path` at once (a thread and a connection each), and each probe `name ->
+    (delay, chat request, source address)` sent `delay` seconds after the flood began."""
+    # Encoded first: encoding 120 bodies of 45 KB in the measuring process would hold its GIL and
+    # count against the server being measured.
+    data = [json.dumps(b).encode() for b in bodies]
+    with ThreadPoolExecutor(len(data) + len(probes)) as pool:
+        started = time.monotonic()
+        hostile = [pool.submit(post, url, body, timeout=timeout, path=path) for body in data]
+
+        def probe(delay: float, body: dict, source: str | None) -> Answer:
+            time.sleep(max(0.0, started + delay - time.monotonic()))
+            return post(url, body, source=source, timeout=timeout)
+
+        sent = {name: pool.submit(probe, *spec) for name, spec in probes.items()}
+        return Flood([f.result() for f in hostile], {name: f.result() for name, f in sent.items()})

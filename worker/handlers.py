@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
@@ -28,6 +29,7 @@ from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import messages, responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
 from mtpstack.worker.parsing import SEED_LIMIT, ParsedRequest, count_prompt, parse_request
+from mtpstack.worker.protocol.grammar import Busy
 
 log = logging.getLogger("mtpstack.worker")
 
@@ -36,6 +38,13 @@ CONFIG = web.AppKey("config", WorkerConfig)
 GEN = web.AppKey("generation", GenerationLoop)
 METRICS = web.AppKey("metrics", Metrics)
 SLOTS = web.AppKey("slots", asyncio.Semaphore)
+#: One thread that parses and checks large bodies (`INLINE_PARSE_BYTES`), off the event loop.
+PARSER = web.AppKey("parser", ThreadPoolExecutor)
+
+#: A body larger than this is parsed and checked on the `PARSER` thread instead of the event loop.
+#: A 45 KB schema costs 5-13 ms of the loop (JSON, its bounds, the template: 2 shared cores), so a
+#: burst of 120 held `/health` for a second; a small body costs less than the hand-over.
+INLINE_PARSE_BYTES = 16 * 1024
 
 
 def _loaded(app: web.Application) -> GenerationLoop:
@@ -158,7 +167,7 @@ def _counter(endpoint: Endpoint, surface: Surface) -> Callable[[web.Request], Aw
         rid = request_id(request.headers)
         try:
             gen = _loaded(request.app)
-            chat = _translated(await _read(request), surface)
+            chat = _translated(_json(await _read(request)), surface)
             count = count_prompt(chat, gen.engine, request.app[CONFIG])
         except ApiError as e:
             if surface.reword is not None:
@@ -169,13 +178,18 @@ def _counter(endpoint: Endpoint, surface: Surface) -> Callable[[web.Request], Aw
     return count_tokens
 
 
-async def _read(request: web.Request):
+async def _read(request: web.Request) -> bytes:
     try:
-        return parse_json_body(await request.read())
-    except BodyError as e:
-        raise bad_request(str(e)) from None
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large() from None
+
+
+def _json(raw: bytes):
+    try:
+        return parse_json_body(raw)
+    except BodyError as e:
+        raise bad_request(str(e)) from None
 
 
 def _translated(body, surface: Surface) -> dict:
@@ -195,20 +209,26 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
     rid = request_id(request.headers)
     try:
         gen = _loaded(app)
-        original = await _read(request)
-        body = _translated(original, surface)
-        parsed = parse_request(body, surface.kind, gen.engine, app[CONFIG], request.headers.get(CLASS_HEADER))
+        raw = await _read(request)
+        args = (raw, surface, gen, app[CONFIG], request.headers.get(CLASS_HEADER))
+        if len(raw) <= INLINE_PARSE_BYTES:
+            original, parsed = _parse(*args)
+        else:
+            original, parsed = await asyncio.get_running_loop().run_in_executor(app[PARSER], _parse, *args)
         if parsed.agent is not None:
             try:
-                await compile_constraint(parsed.agent, gen.engine)  # off the loop: a schema stalls no one
+                # Off the loop, in this client's turn: a schema stalls no one, a flood only its sender.
+                await compile_constraint(parsed.agent, gen.engine, request.remote or "")
             except ProtocolError as e:
                 raise ApiError(400, e.code, e.message, e.param) from None
+            except Busy as e:
+                raise ApiError(e.status, "worker_busy", e.message) from None
         if surface.builder is not None:
             parsed.builder = surface.builder(parsed, app[CONFIG].served_model_name, original)
     except ApiError as e:
         if surface.reword is not None:
             e.param, e.message = surface.reword(e.param, e.message)
-        if e.status in (400, 404, 413):
+        if e.status in (400, 404, 413) or e.code == "worker_busy":
             app[METRICS].rejected.labels(code=e.code).inc()
         return e.response(rid, endpoint.family)
 
@@ -254,6 +274,12 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
                 # The client went away (or writing failed): stop generating. The slot is
                 # released when the generation thread drops the sequence, within one step.
                 h.seq.cancelled = True
+
+
+def _parse(raw: bytes, surface: Surface, gen: GenerationLoop, config: WorkerConfig, class_header: str | None):
+    """(the body as sent, the request checked): every refusal an `ApiError`. On the loop or the parse thread."""
+    original = _json(raw)
+    return original, parse_request(_translated(original, surface), surface.kind, gen.engine, config, class_header)
 
 
 def _handle(gen: GenerationLoop, parsed, i: int, slots: asyncio.Semaphore, rid: str) -> RequestHandle:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -19,7 +20,7 @@ from mtpstack.validator import MAX_HEADER_BYTES
 from mtpstack.worker import handlers
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop
-from mtpstack.worker.handlers import CONFIG, GEN, METRICS, SLOTS
+from mtpstack.worker.handlers import CONFIG, GEN, METRICS, PARSER, SLOTS
 from mtpstack.worker.http import MAX_BODY_BYTES, errors_as_json
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.proof import ModelNotFound
@@ -54,9 +55,11 @@ async def _generation_ctx(app: web.Application):
     gen = loop_class(config, app[METRICS], asyncio.get_running_loop())
     app[GEN] = gen
     app[SLOTS] = asyncio.Semaphore(config.max_num_seqs)
+    app[PARSER] = ThreadPoolExecutor(1, thread_name_prefix="parse")
     gen.start()
     yield
     gen.stop()
+    app[PARSER].shutdown(wait=False, cancel_futures=True)
 
 
 async def serve(config: WorkerConfig) -> int:

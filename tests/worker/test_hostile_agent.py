@@ -92,7 +92,9 @@ def test_generated_hostile_messages_requests_get_no_5xx_and_each_400_names_a_fie
 def test_compiling_hostile_schemas_delays_neither_health_nor_a_plain_stream(worker):
     idle, loaded, statuses = measure(worker.url, plain_stream(3000), 1.5,
                                      lambda: send_schemas(worker.url, range(STALL_SCHEMAS), STALL_WIDTH))
-    assert statuses == [400] * STALL_SCHEMAS  # each compiled to its fuel bound, then refused
+    # Each compiled to its fuel bound, then refused; on a machine so busy that one could not start
+    # compiling within its 5 s, that one is refused as the worker being busy instead (issue 40).
+    assert set(statuses) <= {400, 503} and statuses.count(400) >= STALL_SCHEMAS // 2, statuses
     # The compile threads share the CPU with the loop and the generation thread (at a lower
     # priority), so loaded figures may exceed idle ones by a margin; not by a stall. Measured on
     # the shared 2-core machine: idle up to 0.24 s at worst (other jobs), loaded up to 0.85 s;

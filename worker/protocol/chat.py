@@ -3,7 +3,7 @@
 output splitter's settings and a logits hook.
 
 Every refusal is a `ProtocolError` naming the field; the server answers it as a 400. A request's
-grammar is compiled afterwards, off the event loop (`compile_constraint`).
+grammar is built and compiled afterwards, off the event loop (`compile_constraint`).
 """
 
 from __future__ import annotations
@@ -55,14 +55,16 @@ class OutputSpec:
 
 @dataclass
 class PendingGrammar:
-    """A request's grammar, checked but not compiled yet: `compile_constraint` compiles it."""
+    """A request's grammar, not built yet: `compile_constraint` has it built and compiled off the
+    event loop (building a large schema's grammar alone takes milliseconds)."""
 
-    text: str  # built with the longest string bound (`MAX_STRING_CHARS`), which checks it
+    #: Builds the grammar for a bound on unbounded strings (`schema.string_cap`).
+    make: Callable[[int], str]
     param: str  # the field a refusal names: `response_format` or `tool_choice`
     think_end: int | None  # the token that ends the reasoning, when the prompt opened it
     reasoning: bool
-    #: The grammar again for another bound on unbounded strings (`schema.string_cap`).
-    make: Callable[[int], str] | None = None
+    #: The bound the grammar is built with: the longest unless the answer's tokens are fewer (`fit`).
+    cap: int = MAX_STRING_CHARS
 
 
 @dataclass
@@ -94,8 +96,8 @@ class AgentRequest:
             self.hook = hook
         pending = self.grammar
         cap = string_cap(max_tokens - min(budget or 0, max_tokens))
-        if pending is not None and pending.make is not None and cap < MAX_STRING_CHARS:
-            pending.text = pending.make(cap)
+        if pending is not None and cap < MAX_STRING_CHARS:
+            pending.cap = cap
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -254,7 +256,7 @@ def _template_kwargs(body) -> dict:
 
 def response_grammar(body) -> Callable[[int], str] | None:
     """`response_format`'s grammar, as a function of the bound on unbounded strings (built, and so
-    checked, by `prepare`)."""
+    checked, by `compile_constraint`)."""
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -272,13 +274,6 @@ def response_grammar(body) -> Callable[[int], str] | None:
     if make is None:
         raise ProtocolError("`response_format.type` must be `text`, `json_object` or `json_schema`", "response_format")
     return make
-
-
-def _built(make: Callable[[int], str], param: str) -> str:
-    try:
-        return make(MAX_STRING_CHARS)
-    except GrammarError as e:
-        raise ProtocolError(f"`{param}` cannot be enforced: {e}", param) from None
 
 
 def _reasoning(body, tok, kwargs: dict) -> int | None:
@@ -364,7 +359,7 @@ def prepare(body: dict, kind: str, engine) -> AgentRequest:
     if grammar is not None:
         param = "tool_choice" if kind == "chat" and body.get("tool_choice") not in (None, "auto", "none") else "response_format"
         think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
-        pending = PendingGrammar(_built(grammar, param), param, think_end, reasoning, grammar)
+        pending = PendingGrammar(grammar, param, think_end, reasoning)
     hook = RowHook(top, ban) if (top is not None or ban is not None) else None
     think_end = _single_id(tok, getattr(tok, "think_end", None)) if reasoning else None
     return AgentRequest(prompt, output, hook, shape, boundaries, pending, think_end, budget)
@@ -404,15 +399,17 @@ def conversation_boundaries(tok, messages, tools, kwargs, prompt: list[int]) -> 
     return tuple(found)
 
 
-async def compile_constraint(agent: AgentRequest, engine) -> None:
-    """Compile the request's grammar on the compile threads and set its constraint on the hook;
-    a grammar that cannot be compiled, or not in time, is a `ProtocolError` naming its field."""
+async def compile_constraint(agent: AgentRequest, engine, client: str = "") -> None:
+    """Build and compile the request's grammar on the compile threads, in `client`'s turn, and set
+    its constraint on the hook. A grammar that cannot be built or compiled, or not within its
+    compile time, is a `ProtocolError` naming its field; one the worker is too busy to start is
+    `grammar.Busy` (nothing is wrong with it)."""
     pending = agent.grammar
     if pending is None:
         return
     g = grammars_for(engine)
     try:
-        matcher = await g.compile(pending.text)
+        matcher = await g.compile(partial(pending.make, pending.cap), client=client)
     except GrammarError as e:
         raise ProtocolError(f"`{pending.param}` cannot be enforced: {e}", pending.param) from None
     constraint = Constraint(matcher, g.vocab_size, pending.think_end, pending.reasoning,

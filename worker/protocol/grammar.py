@@ -1,19 +1,23 @@
 """Grammars for constrained decoding with llguidance: `response_format` and forced tool calls.
 
-Compiled while the request is parsed, before anything is queued, so a bad or oversized schema is a
-400 naming the field. Compiling runs on a small thread pool, never on the event loop: llguidance
+Built and compiled after the request is parsed, before it takes a sequence slot, so a bad or
+oversized schema is a 400 naming the field. Both run on compile threads, never on the event loop
+(building a 40 KB schema's grammar took 6-12 ms of the loop, compiling it hundreds): llguidance
 releases the GIL while it compiles (measured: the loop kept its 1 ms ticks through 0.5 s of
-compiles), so a hostile schema delays neither `/health` nor another request's tokens. A compiled
-grammar becomes an `llguidance.LLMatcher`, which `mtpstack.worker.protocol.hooks.Constraint`
-advances in the generation thread.
+compiles), so a hostile schema delays neither `/health` nor another request's tokens. The threads
+take grammars in turn across clients, from bounded lines (`mtpstack.worker.protocol.compile_queue`);
+one that cannot start in time is refused as the worker being busy, never as the schema's fault.
+A compiled grammar becomes an `llguidance.LLMatcher`, which
+`mtpstack.worker.protocol.hooks.Constraint` advances in the generation thread.
 
 Bounds on client grammars: the schema's JSON text is at most `MAX_SCHEMA_BYTES`; compiling runs
 under `LIMITS_KW` (llguidance's fuel counters, deterministic, not wall time) and within
-`COMPILE_SECONDS` of wall time, waiting for a thread included; each is a 400 past its bound.
-Compiled grammars are kept by their text (`CACHED_GRAMMARS` of them), so an agent resending its
-tools every turn compiles them once.
+`COMPILE_SECONDS` of wall time from the moment it starts; each is a 400 past its bound. Waiting for
+a thread: at most `COMPILE_START_SECONDS`, `COMPILE_WAITING_PER_CLIENT` of one client and
+`COMPILE_WAITING` in all; past those, a 503 or 429 saying the worker is busy. Compiled grammars are
+kept by what they are built from (`CACHED_GRAMMARS` of them) and looked up on the event loop, so an
+agent resending its tools every turn compiles them once and never waits behind uncompiled ones.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -22,12 +26,16 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Callable
 
 import llguidance
 import llguidance.hf
 
+from mtpstack.worker.protocol.compile_queue import Busy, CompileQueue
 from mtpstack.worker.protocol.schema import MAX_STRING_CHARS, bounded
+
+__all__ = ["Busy", "GrammarError", "Grammars", "json_grammar", "source_key", "tool_grammar"]
 
 #: A schema larger than this is refused: real response schemas and tool signatures are a few KB.
 MAX_SCHEMA_BYTES = 64 * 1024
@@ -45,9 +53,20 @@ COMPILE_THREADS = 2
 #: compiles at the same priority took the CPU from the generation thread and stretched another
 #: stream's gaps between chunks to 0.85 s; compiling may wait, tokens should not.
 COMPILE_NICENESS = 10
-#: A grammar not compiled within this long, its wait for a thread included, is refused: fuel bounds
-#: the work of one compile, this bounds what a client waits when hostile schemas queue up.
+#: A grammar not compiled within this long of starting is refused: fuel bounds the work of one
+#: compile (tenths of a second on a busy 2-core machine), this bounds its wall time when the
+#: machine is starved. Its wait for a thread does not count: that is the worker's load, not the schema.
 COMPILE_SECONDS = 5.0
+#: A grammar that has not started compiling this long after it arrived is refused as the worker
+#: being busy (503, `Retry-After`): the bound on what a client waits in line.
+COMPILE_START_SECONDS = 5.0
+#: Grammars of one client (its address) waiting for a thread at most; more at once is a 429. Twice
+#: the widest batch (4): behind the proxy, which sends a worker at most its batch width at once, it
+#: is never reached; a direct client flooding the worker is refused at once instead of filling the line.
+COMPILE_WAITING_PER_CLIENT = 8
+#: Grammars waiting for a thread, all clients together; more is a 503. With a compile taking up to
+#: a few tenths of a second, the last of them starts within `COMPILE_START_SECONDS`.
+COMPILE_WAITING = 32
 #: Compiled grammars (and refusals) kept per tokenizer, least recently used dropped first; each
 #: key is at most `MAX_SCHEMA_BYTES` of text (tool grammars a little more).
 CACHED_GRAMMARS = 64
@@ -78,6 +97,12 @@ def json_grammar(schema: dict | None, max_string: int = MAX_STRING_CHARS) -> str
         schema = bounded(schema, closed=True, max_string=max_string)
     text = _schema_text({"type": "object"} if schema is None else schema, "the JSON schema", MAX_SCHEMA_BYTES * 2)
     return llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
+
+
+def source_key(make: partial) -> str:
+    """What a grammar builder (`partial(json_grammar, schema)`, `partial(tool_grammar, tools, fmt)`, with
+    its string bound) builds from, as text: how a compiled grammar is found without building it again."""
+    return json.dumps([make.func.__name__, *make.args, make.keywords], sort_keys=True, default=str)
 
 
 def _lit(text: str) -> str:
@@ -193,7 +218,8 @@ class Grammars:
         #: grammar text -> a compiled matcher never advanced (handed out as copies), or its refusal
         self._compiled: OrderedDict[str, "llguidance.LLMatcher | str"] = OrderedDict()
         self._cache_size = cache_size
-        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar", initializer=_lower_priority)
+        self._queue = CompileQueue(COMPILE_THREADS, per_client=COMPILE_WAITING_PER_CLIENT, max_waiting=COMPILE_WAITING,
+                                   start_seconds=COMPILE_START_SECONDS, initializer=_lower_priority)
 
     @property
     def lltokenizer(self):
@@ -207,29 +233,60 @@ class Grammars:
         """How many grammars (compiled or refused) are kept."""
         return len(self._compiled)
 
-    def matcher(self, grammar: str) -> "llguidance.LLMatcher":
-        """A fresh matcher for `grammar`, compiled in the calling thread (or copied from the cache);
-        `GrammarError` saying why it cannot be. Blocks: the server calls `compile` instead."""
+    @property
+    def waiting(self) -> int:
+        """Grammars waiting for a compile thread."""
+        return self._queue.waiting
+
+    def _known(self, key: str) -> "llguidance.LLMatcher | str | None":
         with self._cache_lock:
-            known = self._compiled.get(grammar)
+            known = self._compiled.get(key)
             if known is not None:
-                self._compiled.move_to_end(grammar)
+                self._compiled.move_to_end(key)
+            return known
+
+    def _compiled_for(self, key: str, build: Callable[[], str]) -> "llguidance.LLMatcher | str":
+        """The compiled grammar (never advanced) or its refusal, for `key`; built and compiled in the
+        calling thread unless the cache has it. A builder's `GrammarError` is a refusal too."""
+        known = self._known(key)
         if known is None:
-            m = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=_limits())
-            known = _reason(m.get_error()) if m.is_error() else m
+            try:
+                grammar = build()
+            except GrammarError as e:
+                known = str(e)
+            else:
+                m = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=_limits())
+                known = _reason(m.get_error()) if m.is_error() else m
             with self._cache_lock:
-                self._compiled[grammar] = known
+                self._compiled[key] = known
                 while len(self._compiled) > self._cache_size:
                     self._compiled.popitem(last=False)
+        return known
+
+    @staticmethod
+    def _fresh(known: "llguidance.LLMatcher | str") -> "llguidance.LLMatcher":
         if isinstance(known, str):
             raise GrammarError(known)
         return known.deep_copy()
 
-    async def compile(self, grammar: str, seconds: float = COMPILE_SECONDS) -> "llguidance.LLMatcher":
-        """`matcher` on the compile threads, off the event loop; refused past `seconds`. A compile
-        that has not started by then is dropped; one under way runs on to its fuel bound, alone."""
-        job = asyncio.get_running_loop().run_in_executor(self._pool, self.matcher, grammar)
-        try:
-            return await asyncio.wait_for(job, seconds)
-        except TimeoutError:
-            raise GrammarError(f"it did not compile within {seconds:g} s") from None
+    def matcher(self, grammar: str) -> "llguidance.LLMatcher":
+        """A fresh matcher for `grammar`, compiled in the calling thread (or copied from the cache);
+        `GrammarError` saying why it cannot be. Blocks: the server calls `compile` instead."""
+        return self._fresh(self._compiled_for(grammar, lambda: grammar))
+
+    async def compile(self, grammar: "str | partial", seconds: float = COMPILE_SECONDS, *, client: str = "") -> "llguidance.LLMatcher":
+        """A fresh matcher for `grammar` (its text, or a builder whose `source_key` names it): from the
+        cache at once, else built and compiled on the compile threads in `client`'s turn.
+        `GrammarError` when it cannot be compiled or takes more than `seconds` once started; `Busy`
+        when the worker is too busy to start it (see `mtpstack.worker.protocol.compile_queue`)."""
+        if isinstance(grammar, str):
+            key, build = grammar, (lambda: grammar)
+        else:
+            key, build = source_key(grammar), grammar
+        known = self._known(key)
+        if known is None:
+            try:
+                known = await self._queue.run(key, partial(self._compiled_for, key, build), client, seconds)
+            except TimeoutError:
+                raise GrammarError(f"it did not compile within {seconds:g} s") from None
+        return self._fresh(known)
