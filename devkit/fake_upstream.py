@@ -84,6 +84,10 @@ FAKE = web.AppKey("fake", FakeState)
 
 
 def _chunk(i: int, endpoint: str) -> bytes:
+    if endpoint == "responses":  # a Responses stream's text deltas, numbered as the API numbers its events
+        event = {"type": "response.output_text.delta", "sequence_number": i, "item_id": "msg_fake", "output_index": 0,
+                 "content_index": 0, "delta": f"t{i} "}
+        return b"event: response.output_text.delta\ndata: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
     if endpoint == "chat":
         event = {"id": "fake", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
     else:
@@ -132,7 +136,7 @@ def _leave(s: FakeState) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     s = request.app[FAKE]
-    endpoint = "chat" if request.path.endswith("/chat/completions") else "text"
+    endpoint = "chat" if request.path.endswith("/chat/completions") else "responses" if request.path.endswith("/responses") else "text"
     try:
         payload = await request.json()
     except ValueError:
@@ -246,7 +250,7 @@ def make_app(state: FakeState) -> web.Application:
     app.cleanup_ctx.append(_events_ctx)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/responses", completions)  # answered in the chat shape: the proxy only relays
+    app.router.add_post("/v1/responses", completions)  # plain answers in the chat shape: the proxy only relays
     app.router.add_post("/v1/messages", completions)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/health", health)

@@ -102,6 +102,25 @@ def error_body(status: int, code: str, message: str, param: str | None = None, f
     return ERROR_BODIES[family](status, code, message, param)
 
 
+#: The SSE event name a family's stream error takes (Anthropic's clients read a named `error`
+#: event); OpenAI's is a bare `data:` event.
+STREAM_ERROR_EVENTS: dict[str, str] = {"anthropic": "error"}
+
+
+def stream_error(api: str, status: int, code: str, message: str, sequence_number: int = 0,
+                 family: str = "openai") -> tuple[str | None, dict]:
+    """The last event of a stream that failed after its head went out, as (its SSE event name or None,
+    its data), in the shape of its API (`Endpoint.api`): the Responses API an `error` event, `{"type":
+    "error", "code", "message", "param", "sequence_number"}`, numbered after the stream's last; the
+    others the family's error body, as its family names the event (`STREAM_ERROR_EVENTS`; OpenAI's
+    and Anthropic's clients raise on it). The worker ends a failed generation this way, the proxy a
+    stream its worker broke off."""
+    if api == "responses":
+        return "error", {"type": "error", "sequence_number": sequence_number, "code": code, "message": message,
+                         "param": None}
+    return STREAM_ERROR_EVENTS.get(family), error_body(status, code, message, None, family)
+
+
 def routing_refusal(status: int, method: str, path: str, allowed: str | None) -> tuple[str, str]:
     """The error `code` and message for aiohttp's own refusal of `method path` with `status`."""
     what = f"`{method} {path[:SHOWN_PATH]}`"

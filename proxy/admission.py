@@ -8,7 +8,9 @@ worker when it has a free slot, else any free one, exactly as without a preferen
 Guarantees, for one event loop:
 - a worker never holds more admitted requests than its gate (`inflight <= gate`);
 - strict FIFO: a freed slot goes to the longest-waiting request, and a new request never
-  overtakes one already waiting, even when a slot happens to be free at that instant;
+  overtakes one already waiting, even when a slot happens to be free at that instant; a request
+  sent back by a worker that never took it (`acquire(retry=True)`) arrived before every request
+  now waiting, so it goes ahead of them, and a full queue does not refuse it;
 - every `acquire()` ends in exactly one of: a slot, `Rejected`, or the caller's cancellation
   (a slot granted to a request cancelled at that moment is passed on, never lost);
 - a preference never makes a request wait: it waits only when every healthy worker of the
@@ -124,10 +126,11 @@ class ModelAdmission:
         return best
 
     # -- admission ---------------------------------------------------------------------
-    async def acquire(self, prefer: Upstream | None = None, weight: int = 1) -> Upstream:
+    async def acquire(self, prefer: Upstream | None = None, weight: int = 1, retry: bool = False) -> Upstream:
         """`weight` slots on one worker of this model (a request's `n` choices are rows of one
         batch), on `prefer` when it has them free; waits in line, first come first served, when no
-        gate has. `weight` must not exceed `widest`."""
+        gate has. `weight` must not exceed `widest`. `retry`: the request was admitted before and
+        its worker never took it; it goes ahead of everyone waiting."""
         if not self.healthy:
             raise Rejected(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -135,12 +138,12 @@ class ModelAdmission:
                 f"no healthy worker serves model `{self.model}` right now",
                 self.unhealthy_retry_after,
             )
-        if not self._waiters:
+        if not self._waiters or retry:
             upstream = self._pick(prefer, weight)
             if upstream is not None:
                 self._take(upstream, weight)
                 return upstream
-        if len(self._waiters) >= self.max_waiting:
+        if len(self._waiters) >= self.max_waiting and not retry:
             raise Rejected(
                 HTTPStatus.TOO_MANY_REQUESTS,
                 "queue_full",
@@ -149,7 +152,10 @@ class ModelAdmission:
             )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Upstream] = loop.create_future()
-        self._waiters.append((fut, prefer, weight))
+        if retry:
+            self._waiters.appendleft((fut, prefer, weight))
+        else:
+            self._waiters.append((fut, prefer, weight))
         self._queue_changed()
         timer = loop.call_later(self.timeout_seconds, self._expire, fut)
         try:

@@ -28,7 +28,7 @@ from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, 
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx
 from mtpstack.proxy.http import error_response, errors_as_json, sse_error_event
 from mtpstack.proxy.metrics import ProxyMetrics
-from mtpstack.proxy.relay import ClientGone, Exchange, relay
+from mtpstack.proxy.relay import ClientGone, Exchange, Unsent, relay
 from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient
@@ -226,7 +226,7 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     """Admit the request to a worker of its model and relay the answer. Every request gets
     exactly one answer: the worker's, or one error of the proxy's own."""
     state = request.app[STATE]
-    ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic(), family=endpoint.family)
+    ex = Exchange(rid=request_id(request.headers), path=request.path, arrived=time.monotonic(), endpoint=endpoint)
     try:
         resp = await _forward(request, state, ex, endpoint)
     except Rejected as r:
@@ -248,7 +248,7 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         if ex.stream_response is not None:
             resp = ex.stream_response
             try:
-                await resp.write(sse_error_event("internal_error", "the proxy failed on this stream", endpoint.family))
+                await resp.write(sse_error_event("internal_error", "the proxy failed on this stream", endpoint))
                 await resp.write_eof()
             except Exception:  # the connection is beyond repair; aiohttp closes it
                 pass
@@ -267,7 +267,8 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
 
 def _finish(state: ProxyState, ex: Exchange) -> None:
     state.metrics.count_request(ex.model, ex.status)
-    if ex.code is not None and ex.status >= 400 and ex.status != CLIENT_CLOSED:
+    # An error answered, or a stream the proxy ended with an error event (its status was 200).
+    if ex.code is not None and ex.status != CLIENT_CLOSED:
         state.metrics.count_refusal(ex.model, ex.code)
     if log.isEnabledFor(logging.INFO):
         log.info(ex.line(time.monotonic()))
@@ -342,6 +343,24 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
     finally:
         ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
+    _routed(state, ex, upstream, affinity, keys, preferred)
+    while True:
+        admitted = time.monotonic()
+        unsent = None
+        try:
+            if upstream.rewrite_model is not None:
+                payload["model"] = upstream.rewrite_model
+                return await relay(request, state, upstream, json.dumps(payload).encode(), ex)
+            return await relay(request, state, upstream, body, ex)
+        except Unsent as e:
+            unsent = e
+        finally:
+            admission.release(upstream, None if unsent is not None else time.monotonic() - admitted, weight)
+        upstream = await _failover(state, admission, ex, upstream, unsent, weight, affinity, keys)
+
+
+def _routed(state: ProxyState, ex: Exchange, upstream: Upstream, affinity: Affinity | None, keys, preferred: str | None) -> None:
+    """The request goes to `upstream`: logged, counted, and remembered for its conversation."""
     ex.worker = upstream.name
     if keys is not None:
         # The prefix now lives where this request goes, wherever it lived before.
@@ -350,14 +369,28 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
     else:
         ex.routing = FIRST_FREE_DECISION
     state.metrics.count_routing(ex.model, ex.routing)
-    admitted = time.monotonic()
+
+
+async def _failover(state: ProxyState, admission: ModelAdmission, ex: Exchange, failed: Upstream, unsent: Unsent, weight: int,
+                    affinity: Affinity | None, keys) -> Upstream:
+    """`failed` never took the request and is marked unhealthy (`relay`): another healthy worker of
+    the model gets it, ahead of the requests that arrived after it (or it waits for one, first in
+    line). With none healthy, or each worker tried once, the answer is the failure itself."""
+    ex.failed_over = [*(ex.failed_over or ()), failed.name]
+    state.metrics.failover(failed.name)
+    if not admission.healthy or len(ex.failed_over) >= len(admission.upstreams):
+        raise unsent.rejected
+    preferred = affinity.preferred(keys.lookup) if keys is not None else None  # the failed worker's are forgotten
+    log.info(json.dumps({"event": "failover", "request_id": ex.rid, "from": failed.name, "reason": unsent.rejected.message}))
+    queued = time.monotonic()
     try:
-        if upstream.rewrite_model is not None:
-            payload["model"] = upstream.rewrite_model
-            body = json.dumps(payload).encode()
-        return await relay(request, state, upstream, body, ex)
+        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight, retry=True)
     finally:
-        admission.release(upstream, time.monotonic() - admitted, weight)
+        waited = time.monotonic() - queued
+        ex.queue_wait = (ex.queue_wait or 0.0) + waited
+        state.metrics.observe_queue_wait(ex.model, waited)
+    _routed(state, ex, upstream, affinity, keys, preferred)
+    return upstream
 
 
 def _least_busy_healthy(admission: ModelAdmission) -> Upstream:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from http import HTTPStatus
 from typing import Iterable
 
 from aiohttp import hdrs, web
 
-from mtpstack.endpoints import family_of
-from mtpstack.refusals import error_body, family_status, internal_error, routing_refusal
+from mtpstack.endpoints import Endpoint, family_of
+from mtpstack.refusals import error_body, family_status, internal_error, routing_refusal, stream_error
 from mtpstack.requestid import REQUEST_ID, request_id
 
 log = logging.getLogger("mtpstack.proxy")
@@ -59,11 +60,19 @@ def error_response(
     )
 
 
-def sse_error_event(code: str, message: str, family: str = "openai") -> bytes:
-    """The last event of a stream the proxy had to cut short (OpenAI's and Anthropic's clients raise on
-    it; Anthropic's read it as a named `error` event)."""
-    named = b"event: error\n" if family == "anthropic" else b""
-    return named + b"data: " + json.dumps(error_body(HTTPStatus.BAD_GATEWAY, code, message, family=family)).encode() + b"\n\n"
+#: The Responses API's stream events carry a running `sequence_number`.
+_SEQUENCE_NUMBER = re.compile(rb'"sequence_number": ?(\d+)')
+
+
+def sse_error_event(code: str, message: str, endpoint: Endpoint | None = None, last: bytes = b"") -> bytes:
+    """The last event of a stream the proxy had to cut short, in its endpoint's API's shape
+    (`mtpstack.refusals.stream_error`): Chat Completions and Completions `data: {"error": {...}}`, on
+    which OpenAI clients raise; Messages Anthropic's `event: error`; Responses an `error` event
+    numbered after the last one in `last` (what the worker sent last)."""
+    api, family = (endpoint.api, endpoint.family) if endpoint is not None else ("chat", "openai")
+    seen = [int(n) for n in _SEQUENCE_NUMBER.findall(last)] if api == "responses" else ()
+    name, data = stream_error(api, HTTPStatus.BAD_GATEWAY, code, message, max(seen, default=-1) + 1, family)
+    return (f"event: {name}\n".encode() if name else b"") + b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
 @web.middleware

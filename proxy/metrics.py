@@ -39,7 +39,8 @@ class ProxyMetrics:
             buckets=FIRST_BYTE_BUCKETS, registry=r,
         )
         self.refusals = Counter(
-            f"{PREFIX}refusals_total", "Requests the proxy answered with an error of its own, by model and error code.",
+            f"{PREFIX}refusals_total", "Requests the proxy answered with an error of its own, or whose stream it ended with an error event "
+            "(a worker lost mid-stream: status 200, yet failed), by model and error code.",
             ["model", "code"], registry=r,
         )
         #: The same counts as `refusals`, by model then code, for `/v1/fleet/status`.
@@ -55,6 +56,11 @@ class ProxyMetrics:
         self.healthy = Gauge(f"{PREFIX}worker_healthy", "1 when the worker passed its last health check, else 0.", ["worker"], registry=r)
         self.upstream_errors = Counter(
             f"{PREFIX}upstream_errors_total", "Failed exchanges with a worker, by kind.", ["worker", "code"], registry=r
+        )
+        self.failovers = Counter(
+            f"{PREFIX}failovers_total",
+            "Requests a worker never took (refused, reset before reading it, no connection), sent on to another "
+            "worker of the model, by the worker that failed.", ["worker"], registry=r,
         )
 
         #: Resolved label children: `labels()` costs a lock and a dict build per call, and label
@@ -99,6 +105,9 @@ class ProxyMetrics:
     def upstream_error(self, worker: str, code: str) -> None:
         self._child(self.upstream_errors, worker, code).inc()
 
+    def failover(self, worker: str) -> None:
+        self._child(self.failovers, worker).inc()
+
     def set_healthy(self, worker: str, healthy: bool) -> None:
         self._child(self.healthy, worker).set(1 if healthy else 0)
 
@@ -106,6 +115,7 @@ class ProxyMetrics:
         self.gate.labels(upstream.name).set(upstream.gate)
         self.inflight.labels(upstream.name).set(0)
         self.healthy.labels(upstream.name).set(0)
+        self.failovers.labels(upstream.name)
 
     def register_model(self, model: str, decisions: tuple[str, ...] = ()) -> None:
         self.queue_depth.labels(model).set(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -14,13 +15,17 @@ from http import HTTPStatus
 from aiohttp import HttpVersion11, hdrs, web
 from multidict import CIMultiDict
 
+from mtpstack.endpoints import Endpoint
 from mtpstack.proxy.admission import Rejected, Upstream
 from mtpstack.proxy.fleet import FLEET, NO_MODEL
 from mtpstack.proxy.health import mark_unhealthy
 from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, filter_headers, sse_error_event
 from mtpstack.proxy.state import ProxyState
-from mtpstack.proxy.upstream import UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamResponse
+from mtpstack.proxy.upstream import (UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamReset, UpstreamResponse,
+                                    UpstreamUnsent)
 from mtpstack.requestid import REQUEST_ID
+
+log = logging.getLogger("mtpstack.proxy")
 
 #: Client socket buffer above which the proxy stops reading from the worker.
 CLIENT_HIGH_WATER = 256 * 1024
@@ -42,8 +47,8 @@ class Exchange:
     #: The worker's error code, when it refused: logged, not counted as the proxy's refusal.
     worker_code: str | None = None
     stream: bool = False
-    #: The API family whose error shape a stream cut short ends with (`Endpoint.family`).
-    family: str = "openai"
+    #: Its row of the endpoint table: the API (and family) whose shape a stream cut short ends in.
+    endpoint: Endpoint | None = None
     queue_wait: float | None = None
     #: How the worker was chosen (`mtpstack.proxy.routing.Decision`).
     routing: str | None = None
@@ -53,24 +58,37 @@ class Exchange:
     #: The client's stream once its head has gone out: from then on, errors end the stream
     #: (a second answer cannot be sent).
     stream_response: web.StreamResponse | None = None
+    #: Workers that never took the request (refused, reset, no connection), in order; the request
+    #: went on to `worker`.
+    failed_over: list[str] | None = None
 
     def line(self, now: float) -> str:
-        return json.dumps(
-            {
-                "event": "request",
-                "request_id": self.rid,
-                "path": self.path,
-                "model": self.model,
-                "worker": self.worker,
-                "status": self.status,
-                "code": self.code if self.code is not None else self.worker_code,
-                "stream": self.stream,
-                "routing": self.routing,
-                "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
-                "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
-                "duration_ms": round((now - self.arrived) * 1000, 3),
-            }
-        )
+        line = {
+            "event": "request",
+            "request_id": self.rid,
+            "path": self.path,
+            "model": self.model,
+            "worker": self.worker,
+            "status": self.status,
+            "code": self.code if self.code is not None else self.worker_code,
+            "stream": self.stream,
+            "routing": self.routing,
+            "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
+            "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
+            "duration_ms": round((now - self.arrived) * 1000, 3),
+        }
+        if self.failed_over is not None:
+            line["failed_over"] = self.failed_over
+        return json.dumps(line)
+
+
+class Unsent(Exception):
+    """The worker never took the request (`UpstreamUnsent`) and is marked unhealthy: the request may
+    go to another worker of its model. `rejected` is the answer when none can take it."""
+
+    def __init__(self, rejected: Rejected):
+        super().__init__(rejected.message)
+        self.rejected = rejected
 
 
 class ClientGone(Exception):
@@ -92,10 +110,17 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
     try:
         async with asyncio.timeout(t.first_byte_seconds):
             up = await state.clients[name].request("POST", request.path, headers, body)
-    except UpstreamRefused as e:
-        raise _unreachable(state, upstream, f"worker `{name}` refused the connection: {upstream.url} ({e})") from None
-    except UpstreamConnectTimeout:
-        raise _upstream_timeout(state, upstream, f"worker `{name}` did not accept a connection within {t.connect_seconds:g} s") from None
+    except UpstreamUnsent as e:
+        if isinstance(e, UpstreamRefused):
+            rejected = _unreachable(state, upstream, f"worker `{name}` refused the connection: {upstream.url} ({e})")
+        elif isinstance(e, UpstreamReset):
+            rejected = _unreachable(state, upstream, f"worker `{name}` reset the connection before taking the request")
+        else:
+            assert isinstance(e, UpstreamConnectTimeout)
+            message = f"worker `{name}` did not accept a connection within {t.connect_seconds:g} s"
+            rejected = _upstream_timeout(state, upstream, message)
+            mark_unhealthy(state, upstream, message)
+        raise Unsent(rejected) from None
     except TimeoutError:
         raise _upstream_timeout(state, upstream, f"worker `{name}` sent no answer within {t.first_byte_seconds:g} s") from None
     except UpstreamClosed as e:
@@ -267,9 +292,10 @@ async def _relay_stream(
         dog.stop()
     if failure is not None:
         ex.code = failure[0]
+        log.warning("request %s: %s; its stream ends with an `%s` error event", ex.rid, failure[1], failure[0])
         try:
             # Close any event the worker left half-written, so the error is an event of its own.
-            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure, ex.family))
+            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure, ex.endpoint, last))
         except ConnectionError:
             raise ClientGone(resp) from None
     try:

@@ -31,12 +31,27 @@ class UpstreamError(Exception):
     """A worker could not be reached or broke off its answer."""
 
 
-class UpstreamRefused(UpstreamError):
+class UpstreamUnsent(UpstreamError):
+    """The worker never took the request: it may go to another worker. What counts (as nginx
+    retries a POST only when it was not sent, and Envoy on `connect-failure` or
+    `reset-before-request`): no connection at all (`UpstreamRefused`, `UpstreamConnectTimeout`),
+    or a connection the worker's kernel reset before one byte of an answer (`UpstreamReset`)."""
+
+
+class UpstreamRefused(UpstreamUnsent):
     """No connection: refused, or the address is unreachable."""
 
 
-class UpstreamConnectTimeout(UpstreamError):
+class UpstreamConnectTimeout(UpstreamUnsent):
     """The worker did not accept a connection in time."""
+
+
+class UpstreamReset(UpstreamUnsent):
+    """The connection was reset (RST, not a close) before one byte of an answer. A kernel resets a
+    connection whose process never read what arrived: a worker killed before it accepted the
+    connection or before it read the whole request. Workers act on a request only once its body is
+    read whole (aiohttp and mlx_lm.server close, never reset, a connection they read), so none acted
+    on this one. A clean close with nothing back is not this: the worker may have read it all."""
 
 
 class UpstreamClosed(UpstreamError):
@@ -50,6 +65,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.eof = False
+        #: The connection ended by a reset (RST) rather than a close (FIN).
+        self.reset = False
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
         #: While an answer is pumped (`UpstreamResponse.pump`): called on every arrival instead
@@ -79,6 +96,8 @@ class _Conn(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError)) and not self.eof:
+            self.reset = True
         self.eof = True
         self._wake()
         if self.sink is not None:
@@ -354,7 +373,8 @@ class UpstreamClient:
 
     async def request(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes = b"") -> UpstreamResponse:
         """Send a request and read the answer's head. A reused keep-alive connection that the
-        worker had closed (no byte of an answer came back) is retried once on a fresh one."""
+        worker had closed (no byte of an answer came back) is retried once on a fresh one.
+        `UpstreamUnsent` when the worker never took the request (see there)."""
         data = self._head(method, path, headers, body) + body
         for attempt in range(2):
             conn = self._pop_idle() if attempt == 0 else None
@@ -367,8 +387,11 @@ class UpstreamClient:
                 return await self._read_head(conn, method)
             except UpstreamClosed as e:
                 conn.abort()
-                if reused and e.args and e.args[0] == _NOTHING_BACK:
-                    continue
+                if e.args and e.args[0] == _NOTHING_BACK:
+                    if reused:
+                        continue
+                    if conn.reset:
+                        raise UpstreamReset("the worker reset the connection before reading the request") from None
                 raise
             except BaseException:
                 conn.abort()

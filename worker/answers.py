@@ -12,6 +12,7 @@ import uuid
 
 from aiohttp import web
 
+from mtpstack.refusals import stream_error
 from mtpstack.worker.generation import Event, RequestHandle
 from mtpstack.worker.http import REQUEST_ID, generation_failed
 from mtpstack.worker.protocol import messages, render, responses
@@ -199,8 +200,8 @@ async def respond_to_responses(request: web.Request, parsed: ParsedRequest, hand
             err = generation_failed(event.error, handle.rid)
             if resp is None:
                 return err.response(handle.rid)
-            await send([{"type": "error", "sequence_number": builder.seq + 1, "code": err.code, "message": err.message,
-                         "param": None}])
+            name, data = stream_error("responses", err.status, err.code, err.message, builder.seq + 1)
+            await resp.write(frame(data, event=name))
         else:
             seq = handle.seq
             usage = responses.usage(len(parsed.prompt), len(seq.tokens), seq.cached_tokens)
@@ -241,7 +242,8 @@ async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handl
             err = generation_failed(event.error, handle.rid)
             if resp is None:
                 return err.response(handle.rid, "anthropic")
-            await send([err.body("anthropic")])
+            name, data = stream_error("messages", err.status, err.code, err.message, family="anthropic")
+            await resp.write(frame(data, event=name))
         else:
             stop = None
             if event.finish_reason == "stop" and builder.stops:

@@ -126,6 +126,42 @@ def running_stack(root: Path, config: dict):
             wait_until(lambda: not alive(pid), 15, f"process {pid} to exit")
 
 
+class Workers:
+    """Real workers of a fleet (`fleet(...)`), each its own process, restartable; the proxy is the test's."""
+
+    def __init__(self, data: dict, logdir: Path):
+        self.data = data
+        self.logdir = logdir
+        self.procs: dict[str, Process] = {}
+
+    def start(self, name: str) -> None:
+        profile = FleetConfig.model_validate(self.data).workers[name]
+        proc = Process(resolve_command(worker_argv(profile)), log_path=self.logdir / f"{name}.log", name=name, kind="worker",
+                       url=url_of(profile.host, profile.port), env=worker_env()).start()
+        self.procs[name] = proc
+
+    def wait_healthy(self) -> None:
+        for proc in self.procs.values():
+            proc.wait_ready("/health", 120, state="healthy")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+@contextlib.contextmanager
+def running_workers(data: dict, logdir: Path):
+    """Every worker of `data` started and healthy; stopped afterwards."""
+    w = Workers(data, logdir)
+    try:
+        for name in data["workers"]:
+            w.start(name)
+        w.wait_healthy()
+        yield w
+    finally:
+        w.stop()
+
+
 @pytest.fixture(scope="module")
 def stack(tiny_pair, tmp_path_factory):
     """One worker of width 2 behind the proxy with gate 2, as `mtpstack up` starts them."""

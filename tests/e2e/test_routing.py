@@ -14,10 +14,8 @@ from aiohttp.test_utils import TestServer
 from mtpstack.proxy import STATE
 from mtpstack.proxy.app import create_app
 from mtpstack.proxy.fleet import FLEET
-from mtpstack.runtime import Process, url_of
-from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.worker.launcher import resolve_command, worker_env
-from tests.e2e.conftest import fleet
+from mtpstack.validator import FleetConfig
+from tests.e2e.conftest import fleet, running_workers
 
 #: Tokens of each of two streams that must overlap: long enough to run side by side on any machine,
 #: within the tiny target's 512-token context.
@@ -25,40 +23,10 @@ STREAM_TOKENS = 200
 SYSTEM = "You are a coding agent with the tools read_file, write_file and run_tests."
 
 
-class Workers:
-    """Two real workers of width 1 serving `tiny`, each its own process, restartable."""
-
-    def __init__(self, data: dict, logdir):
-        self.data = data
-        self.logdir = logdir
-        self.procs: dict[str, Process] = {}
-
-    def start(self, name: str) -> None:
-        profile = FleetConfig.model_validate(self.data).workers[name]
-        proc = Process(resolve_command(worker_argv(profile)), log_path=self.logdir / f"{name}.log", name=name, kind="worker",
-                       url=url_of(profile.host, profile.port), env=worker_env()).start()
-        self.procs[name] = proc
-
-    def wait_healthy(self) -> None:
-        for proc in self.procs.values():
-            proc.wait_ready("/health", 120, state="healthy")
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
-
-
 @pytest.fixture(scope="module")
 def workers(tiny_pair, tmp_path_factory):
-    data = fleet(*tiny_pair, width=1, workers=2)
-    w = Workers(data, tmp_path_factory.mktemp("routing"))
-    try:
-        for name in ("w0", "w1"):
-            w.start(name)
-        w.wait_healthy()
+    with running_workers(fleet(*tiny_pair, width=1, workers=2), tmp_path_factory.mktemp("routing")) as w:
         yield w
-    finally:
-        w.stop()
 
 
 @pytest.fixture
