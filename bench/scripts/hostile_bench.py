@@ -2,10 +2,15 @@
 proxy and a real worker, slow clients, and hostile requests on the agent surfaces (tools,
 `tool_choice`, Responses items, JSON schemas). Counts what must stay 0: tracebacks, 5xx, hangs,
 crashes, leaked slots, refusals not in OpenAI's shape or naming no field; and measures how long
-compiling hostile schemas holds `/health` and a plain stream, against idle.
+compiling hostile schemas holds `/health` and a plain stream, against idle. The grammar flood: 120
+distinct hostile schemas sent at once, and 0.5 s later tiny benign schemas from another client
+(address), from the flooding client, and one compiled before: their statuses and latencies, and
+`/health` and a plain stream meanwhile; `--against PYTHON` floods a worker run by another checkout's
+Python too, in alternate order, for a before/after in one run.
 
     .venv/bin/python bench/scripts/hostile_bench.py [--configs 10000] [--requests 2000] [--slow 200]
-        [--agent 600] [--cut 40] [--stall-repeats 5] [--seed 1] [--json]
+        [--agent 600] [--cut 40] [--stall-repeats 5] [--flood 120] [--flood-repeats 5]
+        [--against /work/main/.venv/bin/python] [--only flood ...] [--seed 1] [--json]
 
 The proxy runs as `mtpstack proxy` in front of a fake worker (`devkit.fake_upstream`) with
 `clientSeconds` 2; the worker runs as `mtpstack worker` on the bundled demo pair, and for the
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import random
 import sys
 import tempfile
@@ -37,7 +43,7 @@ from devkit.fake_fleet import proxy_before_fake
 from devkit.hostile import (AGENT_SEEDS, agent_stream, anthropic_refusal_names_a_field, random_agent_request, random_body,
                             random_config, random_http, random_messages_request, seed_request)
 from devkit.raw_http import SLOW_KINDS, json_answer, leave_streams, raw_exchange, request_bytes, slow_client
-from devkit.stall import measure, plain_stream, send_schemas
+from devkit.stall import BENIGN_SCHEMA, flood, flood_bodies, measure, plain_stream, post, schema_request, send_schemas
 from mtpstack.bench.stats import summarize
 from mtpstack.runtime import Process, free_port, url_of
 from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
@@ -53,6 +59,14 @@ UNROUTED = [("GET", "/nope"), ("POST", "/v1/embeddings"), ("GET", "/v1/chat/comp
 #: The stall measurement: hostile schemas sent this many at a time, this many per repeat, after
 #: this long idle (`devkit.stall`).
 STALL_WIDTH, STALL_SCHEMAS, STALL_IDLE_SECONDS = 8, 16, 1.5
+#: The grammar flood: the probes go this long after the flood began (issue 40's adversarial run);
+#: "another client" comes from a second loopback address (a worker tells clients apart by address).
+FLOOD_PROBE_DELAY, OTHER_CLIENT = 0.5, "127.0.0.2"
+#: A schema the worker compiled before the flood (the cached fast path).
+WARM_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+#: The bound issue 40 sets for `/health` and a plain stream's largest gap during the flood, seconds.
+FLOOD_STALL_GOAL = 1.0
+PHASES = ("validate", "proxy", "worker", "agent", "flood")
 
 
 def _get(url: str) -> dict:
@@ -206,14 +220,15 @@ def run_proxy(tmp: Path, n: int, n_slow: int, n_agent: int, seed: int) -> dict:
 
 
 @contextlib.contextmanager
-def _worker(target: Path, drafter: Path, log: Path):
-    """`mtpstack worker` on this pair, 2 slots, served as `tiny`, healthy; stopped on exit."""
+def _worker(target: Path, drafter: Path, log: Path, python: str = sys.executable, width: int = 2):
+    """`mtpstack worker` on this pair (run by `python`: another checkout's, to compare), `width`
+    slots, served as `tiny`, healthy; stopped on exit."""
     from mtpstack.worker.launcher import worker_env
 
     port = free_port()
     proc = Process(
-        [sys.executable, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
-         "--max-num-seqs", "2", "--served-model-name", "tiny", "--port", str(port)],
+        [python, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
+         "--max-num-seqs", str(width), "--served-model-name", "tiny", "--port", str(port)],
         log_path=log, name="tiny", kind="worker", url=url_of("127.0.0.1", port), cwd=ROOT, env=worker_env(),
     ).start()
     try:
@@ -275,6 +290,67 @@ def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
     return out
 
 
+def flood_answer_kind(status: int | None, error: dict) -> str:
+    """What one hostile request of the flood got: its fuel refusal (the schema's own fault), the
+    worker busy, a 400 blaming the compile deadline (the fault issue 40 removes), or anything else."""
+    message = error.get("message") or ""
+    if status == 400 and "did not compile within" in message:
+        return "400 deadline"
+    if status == 400 and error.get("param") in ("response_format", "tool_choice"):
+        return "400 schema"
+    if status in (429, 503) and error.get("code") == "worker_busy":
+        return f"{status} busy"
+    return f"{status} other"
+
+
+def flood_round(url: str, n: int, first: int, tag: str) -> dict:
+    """One flood of `n` hostile schemas (`fuel_schema(first ...)`) with the probes, measured against idle."""
+    benign = {**BENIGN_SCHEMA, "title": tag}  # new to the worker each round
+    probes = {"another client": (FLOOD_PROBE_DELAY, schema_request(benign, 16), OTHER_CLIENT),
+              "same client": (FLOOD_PROBE_DELAY, schema_request({**benign, "description": "own"}, 16), None),
+              "compiled before": (FLOOD_PROBE_DELAY, schema_request(WARM_SCHEMA, 16), None)}
+    idle, loaded, result = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
+                                   lambda: flood(url, flood_bodies(range(first, first + n)), probes, timeout=HANG_SECONDS * 2))
+    kinds: dict[str, int] = {}
+    for a in result.hostile:
+        kind = flood_answer_kind(a.status, a.error())
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {
+        "hostile": dict(sorted(kinds.items())),
+        "probes": {name: {"status": a.status, "seconds": round(a.seconds, 3), "code": a.error().get("code")}
+                   for name, a in result.probes.items()},
+        "idle_health_max": round(idle.health_max, 3), "loaded_health_max": round(loaded.health_max, 3),
+        "idle_gap_max": round(idle.stream_gap_max, 3), "loaded_gap_max": round(loaded.stream_gap_max, 3),
+        "flood_seconds": round(loaded.seconds, 2),
+    }
+
+
+def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
+    """`repeats` grammar floods on a worker of this checkout (and on one run by `against`, the two in
+    alternate order each repeat), each with its own schemas; the agent pair, 4 slots (the plain stream
+    and three probes)."""
+    target, drafter = build_agent_pair(tmp / "flood", seed=0)
+    arms = {"this": sys.executable, **({"against": against} if against else {})}
+    out: dict = {"hostile": n, "repeats": repeats, "arms": {a: [] for a in arms}, "against": against}
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for arm, python in arms.items():
+            proc, _ = stack.enter_context(_worker(target, drafter, tmp / f"flood-{arm}.log", python, width=4))
+            urls[arm] = proc.url
+            post(proc.url, schema_request(WARM_SCHEMA, 16))
+        for r in range(repeats):
+            order = list(arms) if r % 2 == 0 else list(reversed(arms))
+            for arm in order:
+                first = (r * len(arms) + list(arms).index(arm)) * n
+                out["arms"][arm].append(flood_round(urls[arm], n, first, f"r{r}"))
+                say(f"flood: repeat {r + 1}/{repeats} on {arm}: {out['arms'][arm][-1]['probes']}")
+    return out
+
+
+def say(text: str) -> None:
+    print(f"hostile-bench: {text}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=10_000)
@@ -283,19 +359,28 @@ def main() -> int:
     parser.add_argument("--agent", type=int, default=600, help="hostile agent-surface requests to each of proxy and worker")
     parser.add_argument("--cut", type=int, default=40, help="agent streams the client leaves mid-way")
     parser.add_argument("--stall-repeats", type=int, default=5, help="repeats of the idle/loaded stall measurement")
+    parser.add_argument("--flood", type=int, default=120, help="hostile schemas sent at once in the grammar flood")
+    parser.add_argument("--flood-repeats", type=int, default=5, help="repeats of the grammar flood")
+    parser.add_argument("--against", metavar="PYTHON", help="also flood a worker run by this Python (another checkout's venv)")
+    parser.add_argument("--only", nargs="+", choices=PHASES, default=PHASES, help="run only these phases")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the raw counts as JSON")
     args = parser.parse_args()
+    phases = {
+        "validate": lambda tmp: configs(args.configs, args.seed, tmp),
+        "proxy": lambda tmp: run_proxy(tmp, args.requests, args.slow, args.agent, args.seed),
+        "worker": lambda tmp: run_worker(tmp, args.requests, args.seed),
+        "agent": lambda tmp: run_agent(tmp, args.agent, args.cut, args.stall_repeats, args.seed),
+        "flood": lambda tmp: run_flood(tmp, args.flood, args.flood_repeats, args.against),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        result = {
-            "seed": args.seed,
-            "validate": configs(args.configs, args.seed, tmp),
-            "proxy": run_proxy(tmp, args.requests, args.slow, args.agent, args.seed),
-            "worker": run_worker(tmp, args.requests, args.seed),
-            "agent": run_agent(tmp, args.agent, args.cut, args.stall_repeats, args.seed),
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
+        result = {"seed": args.seed, "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+        for name in PHASES:
+            if name in args.only:
+                result[name] = phases[name](tmp)
+        result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -304,62 +389,121 @@ def main() -> int:
     return 0 if all(v == 0 for v in must_be_zero(result).values()) else 1
 
 
+def _count(r: dict, *paths: str) -> int:
+    """The sum of the counts at `paths` (`phase.key.key`), a phase that did not run counting 0."""
+    total = 0
+    for path in paths:
+        node = r
+        for key in path.split("."):
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        total += node if isinstance(node, int) else 0
+    return total
+
+
+#: Each promised zero: its name, the phases it needs (any of them ran: it is reported), its counts.
+ZEROS = [
+    ("validate tracebacks", ("validate",), ("validate.tracebacks", "validate.internal_errors", "validate.no_json")),
+    ("proxy 5xx", ("proxy",), ("proxy.malformed.5xx", "proxy.slow.5xx", "proxy.log.logged_5xx")),
+    ("proxy log lines not JSON", ("proxy",), ("proxy.log.not_one_json_object",)),
+    ("proxy log tracebacks", ("proxy",), ("proxy.log.with_traceback_field",)),
+    ("proxy internal errors", ("proxy",), ("proxy.log.internal_errors",)),
+    ("proxy hangs", ("proxy",), ("proxy.malformed.hangs", "proxy.slow.hangs")),
+    ("proxy crashes", ("proxy",), ("proxy.crashed", "proxy.malformed.crashed")),
+    ("proxy leaked slots", ("proxy",), ("proxy.leaked_slots",)),
+    ("worker 5xx", ("worker",), ("worker.malformed.5xx",)),
+    ("worker tracebacks", ("worker",), ("worker.log_tracebacks",)),
+    ("worker hangs", ("worker",), ("worker.malformed.hangs",)),
+    ("worker crashes", ("worker",), ("worker.crashed", "worker.malformed.crashed")),
+    ("worker leaked slots", ("worker",), ("worker.leaked_slots",)),
+    ("refusals not in OpenAI's shape", ("proxy", "worker", "agent"),
+     ("proxy.unrouted_not_json", "worker.unrouted_not_json", "proxy.agent.not_json", "agent.requests.not_json")),
+    ("agent 5xx (proxy, worker)", ("agent",), ("proxy.agent.5xx", "agent.requests.5xx")),
+    ("agent hangs", ("agent",), ("proxy.agent.hangs", "agent.requests.hangs")),
+    ("agent 400s naming no field", ("agent",), ("agent.requests.unnamed_400", "agent.seeds_not_named")),
+    ("agent worker log errors, not JSON", ("agent",), ("agent.log_errors", "agent.log_not_json")),
+    ("agent worker crashes, slots", ("agent",), ("agent.crashed", "agent.leaked_slots")),
+]
+#: What each hostile request of the grammar flood may get (`flood_answer_kind`).
+FLOOD_EXPECTED = ("400 schema", "429 busy", "503 busy")
+
+
 def must_be_zero(r: dict) -> dict[str, int]:
-    """The counts the hardening promises are 0."""
-    v, p, w, a = r["validate"], r["proxy"], r["worker"], r["agent"]
-    return {
-        "validate tracebacks": v["tracebacks"] + v["internal_errors"] + v["no_json"],
-        "proxy 5xx": p["malformed"]["5xx"] + p["slow"]["5xx"] + p["log"]["logged_5xx"],
-        "proxy log lines not JSON": p["log"]["not_one_json_object"],
-        "proxy log tracebacks": p["log"]["with_traceback_field"],
-        "proxy internal errors": p["log"]["internal_errors"],
-        "proxy hangs": p["malformed"]["hangs"] + p["slow"]["hangs"],
-        "proxy crashes": p["crashed"] + p["malformed"]["crashed"],
-        "proxy leaked slots": p["leaked_slots"],
-        "worker 5xx": w["malformed"]["5xx"],
-        "worker tracebacks": w["log_tracebacks"],
-        "worker hangs": w["malformed"]["hangs"],
-        "worker crashes": w["crashed"] + w["malformed"]["crashed"],
-        "worker leaked slots": w["leaked_slots"],
-        "refusals not in OpenAI's shape": p["unrouted_not_json"] + w["unrouted_not_json"] + p["agent"]["not_json"]
-        + a["requests"]["not_json"],
-        "agent 5xx (proxy, worker)": p["agent"]["5xx"] + a["requests"]["5xx"],
-        "agent hangs": p["agent"]["hangs"] + a["requests"]["hangs"],
-        "agent 400s naming no field": a["requests"]["unnamed_400"] + a["seeds_not_named"],
-        "agent worker log errors, not JSON": a["log_errors"] + a["log_not_json"],
-        "agent worker crashes, slots": a["crashed"] + a["leaked_slots"],
-    }
+    """The counts the hardening promises are 0, for the phases that ran."""
+    out = {name: _count(r, *paths) for name, phases, paths in ZEROS if any(p in r for p in phases)}
+    if "flood" in r:
+        rounds = r["flood"]["arms"]["this"]
+        out["flood: probes not answered 200"] = sum(p["status"] != 200 for x in rounds for p in x["probes"].values())
+        out["flood: answers but a fuel 400 or worker_busy"] = sum(
+            n for x in rounds for kind, n in x["hostile"].items() if kind not in FLOOD_EXPECTED)
+    return out
 
 
 def report(r: dict) -> list[str]:
     """Pure: the lines printed for a result."""
-    v, p, w, a = r["validate"], r["proxy"], r["worker"], r["agent"]
-    st = a["stall"]
-    lines = [
-        f"validate: {v['configs']} configs in {v['seconds']} s: exit 0/1/2 = {v['exit_0']}/{v['exit_1']}/{v['exit_2']}",
-        f"proxy: {p['malformed']['requests']} malformed requests in {p['malformed']['seconds']} s, statuses {p['malformed']['statuses']}, "
-        f"{p['malformed']['closed_without_answer']} closed without an answer",
-        f"proxy: {p['slow']['slow_clients']} slow clients at once: {p['slow']['answered_408']} answered 408, {p['slow']['closed']} closed; "
-        f"held {p['slow']['held_seconds_median']} s median, {p['slow']['held_seconds_max']} s max (deadline {CLIENT_SECONDS:g} s)",
-        f"proxy log: {p['log']['lines']} lines",
-        f"worker: {w['malformed']['requests']} malformed requests in {w['malformed']['seconds']} s, statuses {w['malformed']['statuses']}, "
-        f"{w['malformed']['closed_without_answer']} closed without an answer",
-        f"agent: {a['requests']['requests']} hostile requests ({a['requests'].get('messages', 0)} on /v1/messages) to the "
-        f"worker in {a['requests']['seconds']} s, statuses "
-        f"{a['requests']['statuses']}; to the proxy, statuses {p['agent']['statuses']}; {a['seeds']} seeds; "
-        f"{a['cut_streams']} streams cut",
-        f"agent: while {STALL_SCHEMAS} hostile schemas compile, {STALL_WIDTH} at a time ({st['repeats']} repeats, "
-        f"median (min-max)): /health {_span(st['loaded_health_max'])} s at worst (idle {_span(st['idle_health_max'])}), "
-        f"a plain stream's largest gap {_span(st['loaded_gap_max'])} s (idle {_span(st['idle_gap_max'])})",
-        "",
-    ]
-    lines += [f"{name:>32}: {count}" for name, count in must_be_zero(r).items()]
+    lines = []
+    if "validate" in r:
+        v = r["validate"]
+        lines.append(f"validate: {v['configs']} configs in {v['seconds']} s: exit 0/1/2 = {v['exit_0']}/{v['exit_1']}/{v['exit_2']}")
+    if "proxy" in r:
+        p = r["proxy"]
+        lines += [
+            f"proxy: {p['malformed']['requests']} malformed requests in {p['malformed']['seconds']} s, statuses {p['malformed']['statuses']}, "
+            f"{p['malformed']['closed_without_answer']} closed without an answer",
+            f"proxy: {p['slow']['slow_clients']} slow clients at once: {p['slow']['answered_408']} answered 408, {p['slow']['closed']} closed; "
+            f"held {p['slow']['held_seconds_median']} s median, {p['slow']['held_seconds_max']} s max (deadline {CLIENT_SECONDS:g} s)",
+            f"proxy log: {p['log']['lines']} lines",
+        ]
+    if "worker" in r:
+        w = r["worker"]
+        lines.append(f"worker: {w['malformed']['requests']} malformed requests in {w['malformed']['seconds']} s, statuses "
+                     f"{w['malformed']['statuses']}, {w['malformed']['closed_without_answer']} closed without an answer")
+    if "agent" in r:
+        a = r["agent"]
+        st = a["stall"]
+        proxy_statuses = f"; to the proxy, statuses {r['proxy']['agent']['statuses']}" if "proxy" in r else ""
+        lines += [
+            f"agent: {a['requests']['requests']} hostile requests ({a['requests'].get('messages', 0)} on /v1/messages) to the "
+            f"worker in {a['requests']['seconds']} s, statuses "
+            f"{a['requests']['statuses']}{proxy_statuses}; {a['seeds']} seeds; {a['cut_streams']} streams cut",
+            f"agent: while {STALL_SCHEMAS} hostile schemas compile, {STALL_WIDTH} at a time ({st['repeats']} repeats, "
+            f"median (min-max)): /health {_span(st['loaded_health_max'])} s at worst (idle {_span(st['idle_health_max'])}), "
+            f"a plain stream's largest gap {_span(st['loaded_gap_max'])} s (idle {_span(st['idle_gap_max'])})",
+        ]
+    if "flood" in r:
+        lines += flood_lines(r["flood"])
+    lines.append("")
+    lines += [f"{name:>50}: {count}" for name, count in must_be_zero(r).items()]
     return lines
 
 
-def _span(values: list[float]) -> str:
+def flood_lines(f: dict) -> list[str]:
+    """Pure: the grammar flood's figures, per worker, median (min-max) over the repeats."""
+    lines = [f"flood: {f['hostile']} hostile schemas at once, probes {FLOOD_PROBE_DELAY:g} s later, {f['repeats']} repeats, "
+             f"median (min-max); goal: probes 200, /health and the stream's gap within {FLOOD_STALL_GOAL:g} s"]
+    for arm, rounds in f["arms"].items():
+        if not rounds:
+            continue
+        lines.append(f"  {'this checkout' if arm == 'this' else 'against ' + str(f['against'])}:")
+        kinds = sorted({k for x in rounds for k in x["hostile"]})
+        lines.append("    hostile answers per repeat: " + ", ".join(
+            f"{kind} {_span([x['hostile'].get(kind, 0) for x in rounds], '.0f')}" for kind in kinds))
+        for name in rounds[0]["probes"]:
+            answers = [x["probes"][name] for x in rounds]
+            statuses: dict[str, int] = {}
+            for a in answers:
+                label = f"{a['status']}" + (f" {a['code']}" if a["code"] else "")
+                statuses[label] = statuses.get(label, 0) + 1
+            counted = ", ".join(f"{n} x {label}" for label, n in sorted(statuses.items()))
+            lines.append(f"    {name}: {counted}, answered in {_span([a['seconds'] for a in answers])} s")
+        lines.append(f"    /health at worst {_span([x['loaded_health_max'] for x in rounds])} s "
+                     f"(idle {_span([x['idle_health_max'] for x in rounds])}), a plain stream's largest gap "
+                     f"{_span([x['loaded_gap_max'] for x in rounds])} s (idle {_span([x['idle_gap_max'] for x in rounds])})")
+    return lines
+
+
+def _span(values: list[float], fmt: str = ".2f") -> str:
     s = summarize(values)
-    return f"{s.median:.2f} ({s.min:.2f}-{s.max:.2f})"
+    return f"{s.median:{fmt}} ({s.min:{fmt}}-{s.max:{fmt}})"
 
 
 if __name__ == "__main__":

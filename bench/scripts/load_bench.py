@@ -1,7 +1,7 @@
 """Load and fault figures for the whole stack: the gates hold under load, and faults leave no
 hung client and no leaked slot.
 
-    .venv/bin/python bench/scripts/load_bench.py [--quick] [--out load-bench.json] [--skip-real]
+    .venv/bin/python bench/scripts/load_bench.py [--quick] [--out load-bench.json] [--skip-real] [--real-failovers N]
 
 Phases, in one run, every process started here on loopback and stopped at exit (Ctrl-C too):
 
@@ -25,6 +25,12 @@ Phases, in one run, every process started here on loopback and stopped at exit (
    upstream (fake `active`, the real worker's `active_sequences`), the status the proxy logged for
    each (found by its X-Request-Id; must be 499), then a normal request per model to show the
    slots serve again.
+5. A worker killed under load (`--real-failovers`): `mtpstack up` with two native workers of one
+   model (gate 2 each), 6 clients sending with pauses of 0-0.4 s (half streamed), `w0` SIGKILLed
+   each time both serve (it restarts), in turn while it holds requests and while it holds none.
+   Every request's outcome is matched with the proxy's log line: an error counts as taken by the
+   dead worker when the request was sent to it before a kill and ended after; every other error
+   fails the run (issue 40's goal: none).
 
 Raw figures go to the JSON file, the table to stdout, progress to stderr. The script exits 1
 when a check fails (the figures are still written).
@@ -60,7 +66,7 @@ from mtpstack import series
 from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, Processes, StartError, free_port, signal_group, tail_text, url_of
 
-from load_report import HANG_SECONDS, SETTLE_SECONDS, checks, report_lines  # beside this script
+from load_report import HANG_SECONDS, SETTLE_SECONDS, checks, failover_counts, report_lines  # beside this script
 
 ROOT = _checkout.ROOT
 HOST = "127.0.0.1"
@@ -658,11 +664,11 @@ def _delta(m0: dict, m1: dict, name: str, status: str) -> int:
 
 # -- the real stack ----------------------------------------------------------------------------
 class RealStack:
-    """`mtpstack up` as a subprocess: one native worker on tiny models, width 2, gate 2. What it
-    started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
+    """`mtpstack up` as a subprocess: native workers (`w0`, `w1`...) on tiny models, width 2, gate 2.
+    What it started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
 
-    def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2):
-        self.dir = workdir / "real"
+    def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2, workers: int = 1, name: str = "real"):
+        self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.width = width
@@ -672,11 +678,12 @@ class RealStack:
                 "queue": {"maxWaiting": 32, "timeoutSeconds": 120}, "shutdownGraceSeconds": 2,
             },
             "workers": {
-                "w0": {
+                f"w{i}": {
                     "model": "tiny", "target": {"path": str(target), "bits": "fp32"},
                     "drafter": {"path": str(drafter), "bits": "fp32", "depth": 3},
                     "maxNumSeqs": width, "host": HOST, "port": free_port(),
                 }
+                for i in range(workers)
             },
         }
         self.config_path = self.dir / "fleet.yaml"
@@ -701,8 +708,8 @@ class RealStack:
     def pids(self, status: dict) -> list[int]:
         return [p for p in [status.get("proxy", {}).get("pid"), *(w.get("pid") for w in status.get("workers", {}).values())] if p]
 
-    async def worker(self) -> dict:
-        return (await self.astatus()).get("workers", {}).get("w0", {})
+    async def worker(self, name: str = "w0") -> dict:
+        return (await self.astatus()).get("workers", {}).get(name, {})
 
     async def wait_ready(self, timeout: float) -> None:
         """Until the proxy is ready; `runtime.StartError` when `mtpstack up` exits first or `timeout` passes."""
@@ -849,9 +856,143 @@ async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, cl
         }
 
 
+# -- a worker killed under load, with another to fail over to ---------------------------------------
+async def request_outcome(session: aiohttp.ClientSession, url: str, body: dict, rid: str, bound: float) -> str:
+    """"ok" (a 200, a stream to its `[DONE]`), or what the client saw instead."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    try:
+        async with asyncio.timeout(bound):
+            async with session.post(url + path, json=body, headers={"X-Request-Id": rid}) as r:
+                if r.status != 200:
+                    try:
+                        return f"{r.status} {json.loads(await r.read())['error']['code']}"
+                    except (ValueError, KeyError, TypeError):
+                        return f"{r.status}"
+                if not body.get("stream"):
+                    await r.read()
+                    return "ok"
+                error = None
+                async for line in r.content:
+                    if line.startswith(b"data: [DONE]"):
+                        return "ok"
+                    if line.startswith(b'data: {"error"'):
+                        error = json.loads(line[6:])["error"]["code"]
+                return f"stream {error}" if error else "stream cut without an error event"
+    except TimeoutError:
+        return f"no answer within {bound:g} s"
+    except aiohttp.ClientError as e:
+        return type(e).__name__
+
+
+def logged_requests(log: Path, ids) -> dict[str, dict]:
+    """The proxy's request line of each of `ids`, with `sent` (to its last worker) and `ended` in
+    wall-clock seconds, from its `time` (the end), `duration_ms` and `queue_wait_ms`."""
+    wanted, out = set(ids), {}
+    for line in log.read_text(errors="replace").splitlines():
+        if not (line.startswith("{") and '"request"' in line):
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") != "request" or e.get("request_id") not in wanted:
+            continue
+        ended = dt.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+        arrived = ended - (e.get("duration_ms") or 0) / 1000
+        e.update(ended=ended, sent=arrived + (e.get("queue_wait_ms") or 0) / 1000)
+        out[e["request_id"]] = e
+    return out
+
+
+async def _both_healthy(session, stack: RealStack, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        status, body = await get_json(session, stack.url + "/readyz")
+        if all(w.get("healthy") for w in (body or {}).get("workers", {}).values()) and len((body or {}).get("workers", {})) == 2:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the two workers were not both healthy before the deadline")
+
+
+#: Clients of the failover phase, and the pause each takes between its requests (an agent's tool
+#: time, shortened): busy enough to keep both workers serving, idle enough that a worker is
+#: sometimes between requests, which is when a request finds it dead before anything else does.
+FAILOVER_CLIENTS, FAILOVER_PAUSE = 6, (0.0, 0.4)
+
+
+async def _w0_inflight(session, stack: RealStack) -> int | None:
+    _, body = await get_json(session, stack.url + "/readyz")
+    return ((body or {}).get("workers", {}).get("w0") or {}).get("inflight")
+
+
+async def real_failover(session, workdir: Path, *, kills: int, clients: int, deadline: float) -> dict:
+    """Two native workers of one model behind `mtpstack up`'s proxy, `clients` clients each sending
+    requests with short pauses (half streamed); `w0` SIGKILLed `kills` times, each once both serve
+    again (`mtpstack up` restarts it): in turn while it holds requests (they fail, and mark it
+    unhealthy) and while it holds none (the next requests sent to it find it dead: only failover
+    keeps them from a 502). Every request's outcome is matched with the proxy's log line."""
+    from devkit.demo.tiny import build_tiny_pair
+
+    say(f"real failover: building tiny models, `mtpstack up` with two workers; {kills} SIGKILLs of w0 under load")
+    target, drafter = build_tiny_pair(workdir / "failover-models", seed=0)
+    stack = RealStack(workdir, target, drafter, workers=2, name="failover")
+    outcomes: dict[str, str] = {}
+    kill_times: list[float] = []
+    kill_kinds: list[str] = []
+    stop = asyncio.Event()
+
+    async def client(c: int) -> None:
+        rng = random.Random(c)
+        i = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            rid = f"failover-{c}-{i}"
+            outcomes[rid] = await request_outcome(session, stack.url, real_body(c * 100_000 + i, max_tokens=24 + i % 24), rid, HANG_SECONDS)
+            i += 1
+            await asyncio.sleep(rng.uniform(*FAILOVER_PAUSE))
+
+    try:
+        await stack.start()
+        proxy_log = Path((await stack.astatus())["proxy"]["log"])
+        tasks = [asyncio.create_task(client(c)) for c in range(clients)]
+        try:
+            for k in range(kills):
+                await _both_healthy(session, stack, deadline)
+                await asyncio.sleep(1.0)  # both serve the load
+                busy = k % 2 == 0  # in turn: while it holds requests, while it holds none
+                pid = (await stack.worker("w0"))["pid"]
+                end = min(deadline, time.monotonic() + 30)
+                while time.monotonic() < end and (((await _w0_inflight(session, stack)) or 0) > 0) != busy:
+                    await asyncio.sleep(0.01)
+                kill_kinds.append("busy" if busy else "idle")
+                kill_times.append(time.time())
+                signal_group(pid, signal.SIGKILL)
+                end = time.monotonic() + 60
+                while (await stack.worker("w0")).get("pid") in (None, pid) and time.monotonic() < end:
+                    await asyncio.sleep(0.2)
+                UP_CHILDREN.extend(stack.pids(await stack.astatus()))
+                say(f"real failover: kill {k + 1} done, {len(outcomes)} requests so far")
+            await _both_healthy(session, stack, deadline)
+            await asyncio.sleep(1.0)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        await asyncio.sleep(0.5)  # the last request lines reach the log
+        counts = failover_counts(outcomes, logged_requests(proxy_log, outcomes), kill_times, "w0")
+    finally:
+        stack.stop()
+    result = {"target": "real", "requested": kills, "kills": len(kill_times), "kill_kinds": kill_kinds, "clients": clients, **counts}
+    say(f"real failover: {result['ok']} ok of {result['requests']}, errors {result['errors']}, failed over {result['failed_over']}")
+    return result
+
+
 # -- main ----------------------------------------------------------------------------------------
-QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1, "deadline": 240}
-FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5, "deadline": 900}
+QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1,
+         "real_failovers": 1, "deadline": 300}
+FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5,
+        "real_failovers": 5, "deadline": 1100}
+
+
+#: What `--only` selects: the fake loads, the fake queue bounds, then each phase by its result key.
+PHASE_KEYS = ("load", "bound", "fake_kills", "fake_failover", "fake_disconnects", "real", "real_failover")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -860,6 +1001,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="load-bench.json", help="where the raw figures go (default: load-bench.json)")
     ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
+    ap.add_argument("--only", nargs="+", choices=PHASE_KEYS, help="run only these phases (default: all)")
     for key in FULL:
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
     args = ap.parse_args(argv)
@@ -892,19 +1034,24 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
     result: dict = {"meta": {}, "load": [], "errors": []}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        phases = []
+        phases = []  # (name, run it, where its result goes, what `--only` calls it)
         real: dict = {}
         for gate in (2, 4):
-            phases.append((f"fake load gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.requests, clients=64, max_waiting=64, deadline=deadline), "load"))
+            phases.append((f"fake load gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.requests, clients=64, max_waiting=64, deadline=deadline), "load", "load"))
         for gate in (2, 4):
-            phases.append((f"fake queue bound gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.bound_requests, clients=64, max_waiting=16, deadline=deadline), "load"))
-        phases.append(("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills"))
-        phases.append(("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover"))
-        phases.append(("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline), "fake_disconnects"))
+            phases.append((f"fake queue bound gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.bound_requests, clients=64, max_waiting=16, deadline=deadline), "load", "bound"))
+        phases.append(("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills", "fake_kills"))
+        phases.append(("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover", "fake_failover"))
+        phases.append(("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline), "fake_disconnects", "fake_disconnects"))
         if not args.skip_real:
             phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,
-                                                             n_disconnects=args.real_disconnects, kills=args.real_kills, deadline=deadline), "real"))
-        for name, phase, key in phases:
+                                                             n_disconnects=args.real_disconnects, kills=args.real_kills, deadline=deadline), "real", "real"))
+            if args.real_failovers:
+                phases.append(("real failover", lambda: real_failover(session, workdir, kills=args.real_failovers, clients=FAILOVER_CLIENTS,
+                                                                       deadline=deadline), "real_failover", "real_failover"))
+        for name, phase, key, select in phases:
+            if args.only and select not in args.only:
+                continue
             if time.monotonic() > deadline:
                 result["errors"].append(f"{name}: not started, the run's deadline of {args.deadline} s passed")
                 continue

@@ -68,6 +68,13 @@ def fault_lines(result: dict) -> list[str]:
         answered = ", ".join(f"{n} x {k}" for k, n in sorted(after["statuses"].items())) or "none"
         rows.append(["SIGKILL, 1 of 2 workers", r["target"], r["kills"], r["clients"], r["hung"], leaked, _outcomes(r["outcomes"]),
                      f"then {answered} of {after['sent']}"])
+    r = result.get("real_failover")
+    if r:
+        errors = ", ".join(f"{n} x {k}" for k, n in sorted(r["errors"].items())) or "none"
+        kinds = ", ".join(f"{r['kill_kinds'].count(k)} {k}" for k in ("busy", "idle") if k in r.get("kill_kinds", ()))
+        rows.append(["SIGKILL under load, 1 of 2 workers" + (f" ({kinds})" if kinds else ""), r["target"], r["kills"], r["clients"], None, None,
+                     f"{r['ok']} ok of {r['requests']}; {r['failed_over']} sent on to the survivor",
+                     f"errors: {r['errors_taken_by_dead']} taken by the dead worker, {r['errors_not_taken']} not ({errors})"])
     for key in ("fake_disconnects", "real_disconnects"):
         r = result.get(key)
         if r:
@@ -75,6 +82,32 @@ def fault_lines(result: dict) -> list[str]:
             rows.append(["client disconnect", r["target"], r["disconnects"], r["disconnects"], r["hung"], f"after: {_slots(r['slots_after'])}",
                          _outcomes(r["kinds"]), logged])
     return table(["fault", "target", "count", "clients", "hung", "leaked proxy slots", "client outcomes", "proxy logged"], rows)
+
+
+def failover_counts(outcomes: dict[str, str], logged: dict[str, dict], kills: list[float], dead: str) -> dict:
+    """Pure: what the clients saw while `dead` was killed (at the wall-clock `kills`) under load.
+    `outcomes`: request id -> "ok" or what went wrong; `logged`: request id -> the proxy's request
+    line (`worker`, `failed_over`, `code`, `sent` and `ended` in wall-clock seconds). A request the
+    dead worker had taken is one sent to it before a kill and ended after it; every other error
+    counts against the goal of none."""
+    out = {"requests": len(outcomes), "ok": 0, "errors_taken_by_dead": 0, "errors_not_taken": 0, "failed_over": 0,
+           "errors": {}, "errors_not_taken_ids": []}
+    for rid, outcome in outcomes.items():
+        line = logged.get(rid)
+        if line is not None and dead in (line.get("failed_over") or ()):
+            out["failed_over"] += 1
+        if outcome == "ok":
+            out["ok"] += 1
+            continue
+        out["errors"][outcome] = out["errors"].get(outcome, 0) + 1
+        taken = line is not None and line.get("worker") == dead and any(line["sent"] <= k <= line["ended"] for k in kills)
+        if taken:
+            out["errors_taken_by_dead"] += 1
+        else:
+            out["errors_not_taken"] += 1
+            out["errors_not_taken_ids"].append(rid)
+    out["errors_not_taken_ids"] = out["errors_not_taken_ids"][:20]
+    return out
 
 
 def _slots(v) -> str:
@@ -134,6 +167,13 @@ def checks(result: dict) -> list[tuple[bool, str]]:
         after = r["requests_after_failure"]
         out.append((after["sent"] > 0 and after["statuses"].get("200", 0) == after["sent"],
                     f"{name}: requests right after the failure answered 200 (by the survivor): {after['statuses'].get('200', 0)} of {after['sent']} {after['error_codes'] or ''}".rstrip()))
+    r = result.get("real_failover")
+    if r:
+        name = f"real failover under load ({r['kills']} of {r['requested']} kills)"
+        out.append((r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"))
+        out.append((r["errors_not_taken"] == 0,
+                    f"{name}: errors for requests the dead worker had not taken: {r['errors_not_taken']} {r['errors_not_taken_ids'] or ''}".rstrip()))
+        out.append((r["ok"] > 0 and r["requests"] > 0, f"{name}: requests answered: {r['ok']} of {r['requests']}"))
     for key in ("fake_disconnects", "real_disconnects"):
         r = result.get(key)
         if r:

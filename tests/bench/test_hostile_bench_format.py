@@ -69,3 +69,40 @@ def test_the_report_shows_the_stall_as_median_and_range_loaded_and_idle():
     text = "\n".join(report(result()))
     assert "/health 0.10 (0.05-0.27) s at worst (idle 0.02 (0.01-0.16))" in text
     assert "largest gap 0.15 (0.12-0.17) s (idle 0.20 (0.10-0.24))" in text
+
+
+def flood_round(**over) -> dict:
+    probe = {"status": 200, "seconds": 0.4, "code": None}
+    r = {"hostile": {"400 schema": 10, "429 busy": 108, "503 busy": 2},
+         "probes": {"another client": dict(probe), "same client": dict(probe, seconds=0.9), "compiled before": dict(probe, seconds=0.1)},
+         "idle_health_max": 0.02, "loaded_health_max": 0.5, "idle_gap_max": 0.1, "loaded_gap_max": 0.6, "flood_seconds": 6.0}
+    r.update(over)
+    return r
+
+
+def flood_result(rounds: list[dict]) -> dict:
+    return {"seed": 1, "flood": {"hostile": 120, "repeats": len(rounds), "against": None, "arms": {"this": rounds}}}
+
+
+def test_a_flood_phase_alone_reports_its_own_zeros_only():
+    counts = must_be_zero(flood_result([flood_round(), flood_round()]))
+    assert counts == {"flood: probes not answered 200": 0, "flood: answers but a fuel 400 or worker_busy": 0}
+
+
+def test_a_benign_probe_refused_or_a_400_blaming_the_compile_deadline_is_counted():
+    busy = {"status": 503, "seconds": 5.1, "code": "worker_busy"}
+    bad = flood_round(hostile={"400 schema": 2, "400 deadline": 7, "429 busy": 111})
+    bad["probes"]["another client"] = busy
+    counts = must_be_zero(flood_result([flood_round(), bad]))
+    assert counts == {"flood: probes not answered 200": 1, "flood: answers but a fuel 400 or worker_busy": 7}
+    text = "\n".join(report(flood_result([flood_round(), bad])))
+    assert "another client: 1 x 200, 1 x 503 worker_busy, answered in 2.75 (0.40-5.10) s" in text
+    assert "400 deadline 4 (0-7)" in text and "/health at worst 0.50 (0.50-0.50) s (idle 0.02 (0.02-0.02))" in text
+
+
+def test_what_a_flooded_request_got_is_told_apart_by_status_code_and_message():
+    kind = _script.flood_answer_kind
+    assert kind(400, {"param": "response_format", "message": "`response_format` cannot be enforced: too big"}) == "400 schema"
+    assert kind(400, {"param": "response_format", "message": "... it did not compile within 5 s"}) == "400 deadline"
+    assert kind(429, {"code": "worker_busy"}) == "429 busy" and kind(503, {"code": "worker_busy"}) == "503 busy"
+    assert kind(503, {"code": "loading"}) == "503 other" and kind(None, {}) == "None other"

@@ -164,3 +164,35 @@ def test_fault_lines_have_one_row_per_fault_kind_present():
     assert "6 error_event, 3 status_503" in lines[1]
     assert lines[2].rstrip().endswith("then 8 x 200 of 8")
     assert "client disconnect" in lines[3] and lines[3].rstrip().endswith("4 x 499")
+
+
+KILL = 1_000.0  # the wall-clock second `w0` was killed
+
+
+def logged(worker: str, sent: float, ended: float, failed_over=None) -> dict:
+    return {"worker": worker, "sent": sent, "ended": ended, "failed_over": failed_over, "code": None}
+
+
+def test_an_error_counts_as_taken_by_the_dead_worker_only_when_it_was_sent_there_before_the_kill_and_ended_after():
+    failover_counts = _script.failover_counts
+    outcomes = {"in-flight": "stream upstream_disconnected", "after": "502 upstream_unreachable", "saved": "ok",
+                "survivor": "ok", "elsewhere": "stream upstream_disconnected", "unlogged": "ServerDisconnectedError"}
+    lines = {"in-flight": logged("w0", KILL - 0.3, KILL + 0.01),
+             "after": logged("w0", KILL + 0.2, KILL + 0.21),  # sent to it once dead: the fault issue 40 removes
+             "saved": logged("w1", KILL + 0.2, KILL + 0.5, ["w0"]),
+             "survivor": logged("w1", KILL - 1, KILL + 1),
+             "elsewhere": logged("w1", KILL - 0.5, KILL + 0.1)}
+    counts = failover_counts(outcomes, lines, [KILL], "w0")
+    assert (counts["requests"], counts["ok"], counts["failed_over"]) == (6, 2, 1)
+    assert (counts["errors_taken_by_dead"], counts["errors_not_taken"]) == (1, 3)
+    assert sorted(counts["errors_not_taken_ids"]) == ["after", "elsewhere", "unlogged"]
+
+
+def test_the_failover_check_fails_on_an_error_the_dead_worker_had_not_taken():
+    base = {"target": "real", "requested": 2, "kills": 2, "clients": 16, "requests": 100, "ok": 99, "failed_over": 3,
+            "errors_taken_by_dead": 1, "errors_not_taken": 0, "errors": {"stream upstream_disconnected": 1}, "errors_not_taken_ids": []}
+    assert all(passed for passed, _ in checks({"load": [], "real_failover": base}))
+    failed = [text for passed, text in checks({"load": [], "real_failover": {**base, "errors_not_taken": 1}}) if not passed]
+    assert failed == ["real failover under load (2 of 2 kills): errors for requests the dead worker had not taken: 1"]
+    lines = "\n".join(fault_lines({"real_failover": base}))
+    assert "99 ok of 100; 3 sent on to the survivor" in lines and "1 taken by the dead worker, 0 not" in lines
