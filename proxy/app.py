@@ -377,9 +377,9 @@ async def _failover(state: ProxyState, admission: ModelAdmission, ex: Exchange, 
     the model gets it, ahead of the requests that arrived after it (or it waits for one, first in
     line). With none healthy, or each worker tried once, the answer is the failure itself."""
     ex.failed_over = [*(ex.failed_over or ()), failed.name]
-    state.metrics.failover(failed.name)
     if not admission.healthy or len(ex.failed_over) >= len(admission.upstreams):
         raise unsent.rejected
+    state.metrics.failover(failed.name)
     preferred = affinity.preferred(keys.lookup) if keys is not None else None  # the failed worker's are forgotten
     log.info(json.dumps({"event": "failover", "request_id": ex.rid, "from": failed.name, "reason": unsent.rejected.message}))
     queued = time.monotonic()

@@ -112,3 +112,12 @@ def test_a_long_model_name_is_echoed_cut_the_same_way_by_both_services():
     shown = "m" * SHOWN_NAME + "..."
     assert f"not: `{shown}`" in model_not_found("served", name).message
     assert f"model `{shown}` is not served" in not_served(SimpleNamespace(admissions={"a": None}), name)
+
+
+def test_a_failed_stream_ends_in_its_apis_shape_a_responses_error_event_numbered_after_the_last():
+    from mtpstack.refusals import error_body, stream_error
+
+    assert stream_error("responses", 502, "upstream_disconnected", "gone", 7) == (
+        "error", {"type": "error", "sequence_number": 7, "code": "upstream_disconnected", "message": "gone", "param": None})
+    for api in ("chat", "completions"):
+        assert stream_error(api, 502, "upstream_disconnected", "gone") == (None, error_body(502, "upstream_disconnected", "gone"))
