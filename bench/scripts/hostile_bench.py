@@ -229,7 +229,9 @@ def _worker(target: Path, drafter: Path, log: Path, python: str = sys.executable
     proc = Process(
         [python, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
          "--max-num-seqs", str(width), "--served-model-name", "tiny", "--port", str(port)],
-        log_path=log, name="tiny", kind="worker", url=url_of("127.0.0.1", port), cwd=ROOT, env=worker_env(),
+        # Not the checkout as its directory: `-m mtpstack` would import this checkout's base package
+        # before the other Python's own install.
+        log_path=log, name="tiny", kind="worker", url=url_of("127.0.0.1", port), cwd=log.parent, env=worker_env(),
     ).start()
     try:
         proc.wait_ready("/health", 120, state="healthy")
