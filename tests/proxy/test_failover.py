@@ -18,7 +18,7 @@ from devkit.fake_upstream import FakeState, make_app
 from mtpstack.proxy import STATE, create_app
 from mtpstack.proxy.prometheus import parse_samples, sample
 from tests.proxy.conftest import fleet_config
-from tests.proxy.test_proxy import chat, error_of
+from tests.proxy.test_proxy import chat, error_of, unaccepting_port  # noqa: F401  (a fixture)
 
 SLOW_CHECKS = 60.0
 
@@ -116,6 +116,22 @@ async def test_a_worker_that_resets_the_connection_before_reading_the_request_is
     state = client.server.app[STATE]
     assert not state.upstreams["w1"].healthy and "reset the connection" in state.upstreams["w1"].health_detail
     assert request_lines(caplog)["r2"]["failed_over"] == ["w1"]
+
+
+async def test_a_worker_that_accepts_no_connection_in_time_is_failed_over(aiohttp_server, aiohttp_client, unaccepting_port, caplog):
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    fake = FakeState(gate=1, name="w2")
+    fake_server = await aiohttp_server(make_app(fake))
+    config = fleet_config({"w1": unaccepting_port, "w2": fake_server.port}, {"w1": {"gate": 1}, "w2": {"gate": 1}},
+                          proxy={"timeouts": {"connectSeconds": 0.2}})
+    app = create_app(config, health_interval=SLOW_CHECKS)
+    client = await aiohttp_client(app)
+    state = app[STATE]
+    state.admissions["m"].set_healthy(state.upstreams["w1"], True, "as if a check had just passed")
+    r = await client.post("/v1/chat/completions", json=chat("slow"), headers={"X-Request-Id": "r4"})
+    assert r.status == 200 and fake.arrivals == ["slow"]
+    assert not state.upstreams["w1"].healthy and "did not accept a connection" in state.upstreams["w1"].health_detail
+    assert request_lines(caplog)["r4"]["failed_over"] == ["w1"]
 
 
 async def test_a_request_the_worker_may_have_read_is_never_sent_to_another(raw_and_fake):
