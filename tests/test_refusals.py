@@ -121,3 +121,5 @@ def test_a_failed_stream_ends_in_its_apis_shape_a_responses_error_event_numbered
         "error", {"type": "error", "sequence_number": 7, "code": "upstream_disconnected", "message": "gone", "param": None})
     for api in ("chat", "completions"):
         assert stream_error(api, 502, "upstream_disconnected", "gone") == (None, error_body(502, "upstream_disconnected", "gone"))
+    assert stream_error("messages", 502, "upstream_disconnected", "gone", family="anthropic") == (
+        "error", error_body(502, "upstream_disconnected", "gone", family="anthropic"))
