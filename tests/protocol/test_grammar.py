@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_tokenizer
 
 from devkit.demo.agent import build_agent_tokenizer
-from mtpstack.worker.protocol.grammar import MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar, tool_grammar
+from mtpstack.worker.protocol.grammar import (CACHED_KEY_CHARS, MAX_SCHEMA_BYTES, GrammarError, Grammars, json_grammar,
+                                              tool_grammar)
 from mtpstack.worker.protocol.hooks import Constraint
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {
@@ -156,3 +158,13 @@ def test_a_reasoning_budget_forces_the_end_marker_and_cuts_a_draft_that_runs_pas
     assert int(mx.isfinite(b.mask(mx.zeros((1, vocab)), [])[0]).sum().item()) == 1
     b.advance([end, 5])
     assert not b.reasoning and b.mask(logits, [1]) is logits
+
+
+async def test_an_oversized_schema_is_refused_without_being_kept_in_the_cache(tok):
+    grammars = Grammars(tok[0], tok[1])
+    huge = {"type": "object", "description": "x" * CACHED_KEY_CHARS}  # a client's megabytes: not kept
+    with pytest.raises(GrammarError, match="larger than the limit"):
+        await grammars.compile(partial(json_grammar, huge))
+    assert grammars.cached == 0
+    assert (await grammars.compile(partial(json_grammar, {"type": "object"}))).is_error() is False
+    assert grammars.cached == 1

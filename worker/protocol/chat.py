@@ -15,7 +15,7 @@ from typing import Callable
 
 from mtpstack.validator import BodyError, parse_json_body
 from mtpstack.worker.protocol import generic
-from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, tool_grammar
+from mtpstack.worker.protocol.grammar import GrammarError, Grammars, json_grammar, source_key, tool_grammar
 from mtpstack.worker.protocol.hooks import MAX_TOP_LOGPROBS, BanTokens, Constraint, RowHook, ThinkBudget
 from mtpstack.worker.protocol.output import Markers
 from mtpstack.worker.protocol.schema import MAX_STRING_CHARS, string_cap
@@ -65,6 +65,9 @@ class PendingGrammar:
     reasoning: bool
     #: The bound the grammar is built with: the longest unless the answer's tokens are fewer (`fit`).
     cap: int = MAX_STRING_CHARS
+    #: What it is built from, as text (`grammar.source_key`): how a compiled one is found. Set by
+    #: `fit`, on the thread that parses the request (a large tool set is megabytes of JSON).
+    key: str = ""
 
 
 @dataclass
@@ -96,8 +99,9 @@ class AgentRequest:
             self.hook = hook
         pending = self.grammar
         cap = string_cap(max_tokens - min(budget or 0, max_tokens))
-        if pending is not None and cap < MAX_STRING_CHARS:
-            pending.cap = cap
+        if pending is not None:
+            pending.cap = min(cap, MAX_STRING_CHARS)
+            pending.key = source_key(partial(pending.make, pending.cap))
 
 
 _grammars: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -409,7 +413,7 @@ async def compile_constraint(agent: AgentRequest, engine, client: str = "") -> N
         return
     g = grammars_for(engine)
     try:
-        matcher = await g.compile(partial(pending.make, pending.cap), client=client)
+        matcher = await g.compile(partial(pending.make, pending.cap), client=client, key=pending.key or None)
     except GrammarError as e:
         raise ProtocolError(f"`{pending.param}` cannot be enforced: {e}", pending.param) from None
     constraint = Constraint(matcher, g.vocab_size, pending.think_end, pending.reasoning,

@@ -18,6 +18,7 @@ a thread: at most `COMPILE_START_SECONDS`, `COMPILE_WAITING_PER_CLIENT` of one c
 kept by what they are built from (`CACHED_GRAMMARS` of them) and looked up on the event loop, so an
 agent resending its tools every turn compiles them once and never waits behind uncompiled ones.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,9 +68,12 @@ COMPILE_WAITING_PER_CLIENT = 8
 #: Grammars waiting for a thread, all clients together; more is a 503. With a compile taking up to
 #: a few tenths of a second, the last of them starts within `COMPILE_START_SECONDS`.
 COMPILE_WAITING = 32
-#: Compiled grammars (and refusals) kept per tokenizer, least recently used dropped first; each
-#: key is at most `MAX_SCHEMA_BYTES` of text (tool grammars a little more).
+#: Compiled grammars (and refusals) kept per tokenizer, least recently used dropped first.
 CACHED_GRAMMARS = 64
+#: A grammar whose key (its text, or what it is built from) is longer is compiled each time it is
+#: asked for, not kept: the cache holds at most 64 of these, 16 MiB (a schema may be 64 KiB; tool
+#: sets of tens of KB are what agents resend), whatever size of body a client sends.
+CACHED_KEY_CHARS = 4 * MAX_SCHEMA_BYTES
 
 
 class GrammarError(ValueError):
@@ -215,7 +219,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._lltok = None
         self._cache_lock = threading.Lock()  # apart from `_lock`: a lookup never waits for the tokenizer's build
-        #: grammar text -> a compiled matcher never advanced (handed out as copies), or its refusal
+        #: a grammar's text or `source_key` -> a compiled matcher never advanced (handed out as copies), or its refusal
         self._compiled: OrderedDict[str, "llguidance.LLMatcher | str"] = OrderedDict()
         self._cache_size = cache_size
         self._queue = CompileQueue(COMPILE_THREADS, per_client=COMPILE_WAITING_PER_CLIENT, max_waiting=COMPILE_WAITING,
@@ -257,10 +261,11 @@ class Grammars:
             else:
                 m = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=_limits())
                 known = _reason(m.get_error()) if m.is_error() else m
-            with self._cache_lock:
-                self._compiled[key] = known
-                while len(self._compiled) > self._cache_size:
-                    self._compiled.popitem(last=False)
+            if len(key) <= CACHED_KEY_CHARS:
+                with self._cache_lock:
+                    self._compiled[key] = known
+                    while len(self._compiled) > self._cache_size:
+                        self._compiled.popitem(last=False)
         return known
 
     @staticmethod
@@ -274,15 +279,17 @@ class Grammars:
         `GrammarError` saying why it cannot be. Blocks: the server calls `compile` instead."""
         return self._fresh(self._compiled_for(grammar, lambda: grammar))
 
-    async def compile(self, grammar: "str | partial", seconds: float = COMPILE_SECONDS, *, client: str = "") -> "llguidance.LLMatcher":
-        """A fresh matcher for `grammar` (its text, or a builder whose `source_key` names it): from the
-        cache at once, else built and compiled on the compile threads in `client`'s turn.
-        `GrammarError` when it cannot be compiled or takes more than `seconds` once started; `Busy`
-        when the worker is too busy to start it (see `mtpstack.worker.protocol.compile_queue`)."""
+    async def compile(self, grammar: "str | partial", seconds: float = COMPILE_SECONDS, *, client: str = "",
+                      key: str | None = None) -> "llguidance.LLMatcher":
+        """A fresh matcher for `grammar` (its text, or a builder whose `source_key` names it, `key`
+        when the caller has it already): from the cache at once, else built and compiled on the
+        compile threads in `client`'s turn. `GrammarError` when it cannot be compiled or takes more
+        than `seconds` once started; `Busy` when the worker is too busy to start it (see
+        `mtpstack.worker.protocol.compile_queue`)."""
         if isinstance(grammar, str):
             key, build = grammar, (lambda: grammar)
         else:
-            key, build = source_key(grammar), grammar
+            key, build = key or source_key(grammar), grammar
         known = self._known(key)
         if known is None:
             try:
