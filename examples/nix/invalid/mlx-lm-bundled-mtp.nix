@@ -1,24 +1,17 @@
 # expect: mlx-lm-cannot-load-mtp
-# The drafter's path is the target's own: the MTP head bundled in its
-# checkpoint, which mlx_lm.server cannot load (it loads draft models only).
+# The bundled-MTP worker of ../valid/bundled-mtp.nix on mlx_lm.server: its
+# drafter's path is the target's own, the MTP head bundled in its checkpoint,
+# which mlx_lm.server cannot load (it loads draft models only).
+let
+  valid = (import ../valid/bundled-mtp.nix).services.mtpstack;
+in
 {
   services.mtpstack = {
     enable = true;
     policy.allowedBackends = [ "mlx-lm" ];
-    workers.qwen35 = {
-      model = "qwen3.5-9b";
+    workers.qwen35 = valid.workers.qwen35-bundled // {
       backend = "mlx-lm";
-      target = {
-        path = "/srv/models/Qwen3.5-9B";
-        bits = "bf16";
-      };
-      drafter = {
-        path = "/srv/models/Qwen3.5-9B";
-        bits = "bf16";
-        depth = 2;
-      };
       maxNumSeqs = 1;
-      port = 8101;
     };
   };
 }

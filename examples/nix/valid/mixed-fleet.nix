@@ -25,46 +25,43 @@
       apiKeysFile = "/run/secrets/mtpstack-api-keys";
     };
     policy.allowedBackends = [ "native" "mlx-lm" ];
-    workers = {
-      small = {
-        model = "qwen3-4b";
-        target = {
-          path = "/srv/models/Qwen3-4B-bf16";
-          bits = "bf16";
+    workers =
+      let
+        # The 27B with its MTP drafter, served by both backends below.
+        qwen27b = {
+          target = {
+            path = "/srv/models/Qwen3.8-27B-4bit";
+            bits = 4;
+          };
+          drafter = {
+            path = "/srv/models/Qwen3.8-27B-MTP-6bit";
+            bits = 6;
+            depth = 2;
+          };
         };
-        maxNumSeqs = 4;
-        port = 8101;
+      in
+      {
+        small = {
+          model = "qwen3-4b";
+          target = {
+            path = "/srv/models/Qwen3-4B-bf16";
+            bits = "bf16";
+          };
+          maxNumSeqs = 4;
+          port = 8101;
+        };
+        qwen-mtp = qwen27b // {
+          model = "qwen3.8-27b";
+          maxNumSeqs = 3;
+          port = 8102;
+        };
+        qwen-mlx-lm = qwen27b // {
+          model = "qwen3.8-27b-mlx-lm";
+          backend = "mlx-lm";
+          maxNumSeqs = 1;
+          port = 8103;
+          extraArgs = [ "--log-level" "INFO" ];
+        };
       };
-      qwen-mtp = {
-        model = "qwen3.8-27b";
-        target = {
-          path = "/srv/models/Qwen3.8-27B-4bit";
-          bits = 4;
-        };
-        drafter = {
-          path = "/srv/models/Qwen3.8-27B-MTP-6bit";
-          bits = 6;
-          depth = 2;
-        };
-        maxNumSeqs = 3;
-        port = 8102;
-      };
-      qwen-mlx-lm = {
-        model = "qwen3.8-27b-mlx-lm";
-        backend = "mlx-lm";
-        target = {
-          path = "/srv/models/Qwen3.8-27B-4bit";
-          bits = 4;
-        };
-        drafter = {
-          path = "/srv/models/Qwen3.8-27B-MTP-6bit";
-          bits = 6;
-          depth = 2;
-        };
-        maxNumSeqs = 1;
-        port = 8103;
-        extraArgs = [ "--log-level" "INFO" ];
-      };
-    };
   };
 }
