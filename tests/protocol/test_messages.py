@@ -14,6 +14,7 @@ from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError
 from mtpstack.worker.protocol.messages import (MessageBuilder, answer_options, matched_stop, messages_refusal,
                                                reasoning_of, signature_of, to_chat, usage)
 from mtpstack.worker.protocol.output import Markers
+from tests.anthropic_stream import replay
 
 QWEN35 = Markers("<think>", "</think>", "<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call)
 BASH = {"name": "Bash", "description": "Runs a command.", "input_schema": {
@@ -179,29 +180,6 @@ def stream(builder, chunks, reason="stop", stop_sequence=None):
         events += builder.feed(c)
     return events + builder.finish(reason, usage(10, 7, 4), stop_sequence)
 
-
-def replay(events) -> dict:
-    """Events folded into a message the way Anthropic's SDKs accumulate a stream."""
-    msg = None
-    for e in events:
-        if e["type"] == "message_start":
-            msg = json.loads(json.dumps(e["message"]))
-        elif e["type"] == "content_block_start":
-            assert e["index"] == len(msg["content"])
-            msg["content"].append(dict(e["content_block"]))
-        elif e["type"] == "content_block_delta":
-            block, d = msg["content"][e["index"]], e["delta"]
-            key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature",
-                   "input_json_delta": "partial_json"}[d["type"]]
-            block[key if key != "partial_json" else "_json"] = block.get(key if key != "partial_json" else "_json", "") + d[key]
-        elif e["type"] == "content_block_stop":
-            block = msg["content"][e["index"]]
-            if "_json" in block:
-                block["input"] = json.loads(block.pop("_json"))
-        elif e["type"] == "message_delta":
-            msg.update(e["delta"])
-            msg["usage"].update(e["usage"])
-    return msg
 
 
 @pytest.mark.parametrize("chunks", [[ANSWER], list(ANSWER), [ANSWER[:17], ANSWER[17:60], ANSWER[60:]]])

@@ -7,6 +7,7 @@ import shutil
 import urllib.request
 from pathlib import Path
 
+import openai
 import pytest
 
 mx = pytest.importorskip("mlx.core", reason="the worker tests need mlx")
@@ -26,6 +27,12 @@ START_TIMEOUT = 60.0
 def echo_pair(tmp_path_factory) -> tuple[Path, Path]:
     """A drafter identical to its target: every drafted token must be accepted."""
     return build_tiny_pair(tmp_path_factory.mktemp("echo"), seed=3, drafter_from_target=True)
+
+
+@pytest.fixture
+def client(worker):
+    """The official OpenAI client on the test module's `worker` fixture."""
+    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def copy_pair(pair: tuple[Path, Path], dest: Path) -> tuple[Path, Path]:

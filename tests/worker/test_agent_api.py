@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 
-import openai
 import pytest
 
 from devkit.demo.agent import build_agent_pair
@@ -50,11 +49,6 @@ def agent_pair(tmp_path_factory):
 def worker(agent_pair, tmp_path_factory, live_worker_class):
     with live_worker_class(tmp_path_factory.mktemp("agentw"), *agent_pair, depth=3, width=2) as w:
         yield w
-
-
-@pytest.fixture
-def client(worker):
-    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def check_weather_args(args: dict) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from devkit.demo.agent import build_agent_pair
@@ -42,11 +41,6 @@ def worker(tmp_path_factory, live_worker_class):
     pair = build_agent_pair(tmp_path_factory.mktemp("agent"), seed=0)
     with live_worker_class(tmp_path_factory.mktemp("codexw"), *pair, depth=2, width=2) as w:
         yield w
-
-
-@pytest.fixture
-def client(worker):
-    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 def final_response(stream):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
 
@@ -25,11 +24,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def worker(tiny_pair, tmp_path_factory, live_worker_class):
     with live_worker_class(tmp_path_factory.mktemp("generic"), *tiny_pair, depth=2, width=2) as w:
         yield w
-
-
-@pytest.fixture
-def client(worker):
-    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "note"}}])

@@ -11,6 +11,7 @@ import pytest
 
 from devkit.demo.agent import build_agent_pair
 from mtpstack.worker.protocol.messages import reasoning_of
+from tests.anthropic_stream import replay
 
 HTTP_TIMEOUT = 60
 WEATHER = {"name": "get_weather", "description": "The weather in a city.", "input_schema": {
@@ -70,31 +71,6 @@ def events(data: bytes) -> list[dict]:
         out.append(payload)
     return out
 
-
-def replay(evs: list[dict]) -> dict:
-    """The events folded into a message, as Anthropic's SDKs accumulate a stream."""
-    msg = None
-    for e in evs:
-        if e["type"] == "message_start":
-            msg = e["message"]
-        elif e["type"] == "content_block_start":
-            assert e["index"] == len(msg["content"])
-            msg["content"].append(e["content_block"])
-        elif e["type"] == "content_block_delta":
-            block, d = msg["content"][e["index"]], e["delta"]
-            if d["type"] == "input_json_delta":
-                block["_json"] = block.get("_json", "") + d["partial_json"]
-            else:
-                key = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}[d["type"]]
-                block[key] += d[key]
-        elif e["type"] == "content_block_stop":
-            block = msg["content"][e["index"]]
-            if "_json" in block:
-                block["input"] = json.loads(block.pop("_json"))
-        elif e["type"] == "message_delta":
-            msg.update(e["delta"])
-            msg["usage"].update(e["usage"])
-    return msg
 
 
 def streamed(worker, **body) -> tuple[list[dict], dict]:

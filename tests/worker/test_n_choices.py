@@ -20,11 +20,6 @@ def worker(hybrid_pair, tmp_path_factory, live_worker_class):
         yield w
 
 
-@pytest.fixture
-def client(worker):
-    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
-
-
 def counter(worker, name: str) -> float:
     return unlabelled(worker.get_text("/metrics"), [name]).get(name, 0.0)
 

@@ -32,11 +32,6 @@ def worker(tiny_pair, tmp_path_factory, live_worker_class):
         yield w
 
 
-@pytest.fixture
-def client(worker):
-    return openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
-
-
 def test_models_lists_the_served_model_name(worker):
     body = worker.get_json("/v1/models")
     assert [m["id"] for m in body["data"]] == ["tiny"]
