@@ -113,6 +113,28 @@ def grammars_for(engine) -> Grammars:
     return _grammars[engine]
 
 
+def tool_list(tools) -> list | None:
+    """Another API's `tools` as sent (None when absent), refused unless a list."""
+    if tools is not None and not isinstance(tools, list):
+        raise ProtocolError("`tools` must be a list", "tools")
+    return tools
+
+
+def reword_refusal(param: str | None, message: str, *, tool_field: str, flat_tool_field: str, messages: str,
+                   renamed: dict[str, str]) -> tuple[str | None, str]:
+    """A refusal of the translated chat request, reworded about the field the client of another API sent:
+    `tools[i]<tool_field>...` is `tools[i]<flat_tool_field>...` there, any chat message is `messages`,
+    and the other chat fields are `renamed`."""
+    if param is None:
+        return None, message
+    if param.startswith("tools[") and tool_field in param:
+        flat = param.replace(tool_field, flat_tool_field, 1)
+        return flat, message.replace(param, flat)
+    if param.startswith("messages["):
+        return messages, message
+    return renamed.get(param, param), message
+
+
 def content_text(content, where: str, param: str = "messages") -> str:
     """A message's text: a string, None, or a list of text parts (chat's `text`, Responses' `input_text`/`output_text`)."""
     if isinstance(content, str):

@@ -28,9 +28,10 @@ import json
 import uuid
 import zlib
 
-from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, optional_string, shown, tool_arguments
+from mtpstack.worker.protocol.chat import (OutputSpec, ProtocolError, optional_string, reword_refusal, shown,
+                                           tool_arguments, tool_list)
 from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
-from mtpstack.worker.protocol.responses import note_once
+from mtpstack.worker.protocol.responses import drop_tools, note_once
 
 #: Fields passed through to the chat request unchanged.
 PASSED = ("model", "temperature", "top_p", "stream", "num_draft_tokens", "mtpstack_class", "chat_template_kwargs",
@@ -62,14 +63,8 @@ def messages_refusal(param: str | None, message: str) -> tuple[str | None, str]:
     """A refusal of the translated chat request, about the field the client sent: a chat message's
     index is not the client's (tool results become messages of their own), so it names `messages`;
     `tools[i].function.parameters` is `tools[i].input_schema` here."""
-    if param is None:
-        return None, message
-    if param.startswith("tools[") and ".function.parameters" in param:
-        flat = param.replace(".function.parameters", ".input_schema", 1)
-        return flat, message.replace(param, flat)
-    if param.startswith("messages["):
-        return "messages", message
-    return MESSAGES_PARAM.get(param, param), message
+    return reword_refusal(param, message, tool_field=".function.parameters", flat_tool_field=".input_schema",
+                          messages="messages", renamed=MESSAGES_PARAM)
 
 
 def new_tool_use_id() -> str:
@@ -245,10 +240,8 @@ def _messages(body: dict) -> list[dict]:
 
 def _tools(tools) -> list[dict] | None:
     """Custom tools as chat function tools; server tools dropped (logged)."""
-    if tools is None:
+    if tool_list(tools) is None:
         return None
-    if not isinstance(tools, list):
-        raise ProtocolError("`tools` must be a list", "tools")
     out = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict):
@@ -257,8 +250,7 @@ def _tools(tools) -> list[dict] | None:
         if kind not in (None, "custom"):
             if not isinstance(kind, str):
                 raise ProtocolError(f"`tools[{i}].type` must be a string: {shown(kind)}", f"tools[{i}].type")
-            note_once(f"tool:{kind[:40]}", f"/v1/messages: `{kind[:40]}` tools are dropped from what the model sees: "
-                                           "only custom tools are served")
+            drop_tools("/v1/messages", kind, served="custom")
             continue
         name = t.get("name")
         if not isinstance(name, str) or not name:

@@ -20,7 +20,8 @@ import time
 import uuid
 
 from mtpstack.refusals import NOT_AN_OBJECT
-from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError, content_text, optional_string, shown, tool_arguments
+from mtpstack.worker.protocol.chat import (OutputSpec, ProtocolError, content_text, optional_string, reword_refusal,
+                                           shown, tool_arguments, tool_list)
 from mtpstack.worker.protocol.output import Markers, OutputSplitter, Piece
 
 log = logging.getLogger("mtpstack.worker")
@@ -51,17 +52,17 @@ def note_once(what: str, message: str) -> None:
     log.warning("%s", message)
 
 
+def drop_tools(path: str, kind: str, *, served: str) -> None:
+    """Log once that tools of `kind` sent to `path` are not shown to the model (only `served` ones are)."""
+    note_once(f"tool:{kind[:40]}", f"{path}: `{kind[:40]}` tools are dropped from what the model sees: "
+                                   f"only {served} tools are served")
+
+
 def responses_refusal(param: str | None, message: str) -> tuple[str | None, str]:
     """A refusal of the translated chat request, about the field the client sent: `tools[i].function.x`
     is `tools[i].x` here (Responses tools are flat), a message's field is `input`."""
-    if param is None:
-        return None, message
-    if param.startswith("tools[") and ".function." in param:
-        flat = param.replace(".function.", ".", 1)
-        return flat, message.replace(param, flat)
-    if param.startswith("messages["):
-        return "input", message
-    return RESPONSES_PARAM.get(param, param), message
+    return reword_refusal(param, message, tool_field=".function.", flat_tool_field=".", messages="input",
+                          renamed=RESPONSES_PARAM)
 
 
 def _id(prefix: str) -> str:
@@ -116,10 +117,8 @@ def _function(t: dict) -> dict:
 
 def _tools(tools) -> list[dict] | None:
     """Function tools as chat tools; a namespace's functions flattened; hosted tools dropped (logged)."""
-    if tools is None:
+    if tool_list(tools) is None:
         return None
-    if not isinstance(tools, list):
-        raise ProtocolError("`tools` must be a list", "tools")
     out = []
     for i, t in enumerate(tools):
         kind = t.get("type") if isinstance(t, dict) else None
@@ -131,8 +130,7 @@ def _tools(tools) -> list[dict] | None:
                 raise ProtocolError(f"a namespace tool must hold a list of function tools: tools[{i}].tools", f"tools[{i}].tools")
             out += [_function(f) for f in inner]
         elif isinstance(kind, str) and kind:
-            note_once(f"tool:{kind[:40]}", f"/v1/responses: `{kind[:40]}` tools are dropped from what the model sees: "
-                                           "only function tools are served")
+            drop_tools("/v1/responses", kind, served="function")
         else:
             raise ProtocolError(f"each tool needs a string `type`: tools[{i}]", f"tools[{i}]")
     return out
