@@ -267,6 +267,17 @@ class Process:
                 self._popen.wait(timeout=timeout)
         return self._popen.returncode
 
+    def interrupt(self, timeout: float = 30.0) -> int | None:
+        """SIGINT the process group, as Ctrl-C does, and give it `timeout` to shut down cleanly before
+        `stop`; return the exit code (None if never started)."""
+        if self._popen is None:
+            return None
+        self.signal(_signal.SIGINT)
+        try:
+            return self._popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return self.stop()
+
     def log_text(self, lines: int = TAIL_LINES) -> str:
         """The log's tail as a person reads it (see `tail_text`)."""
         return tail_text(self.log_path, lines, self.render_log)

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -206,11 +205,7 @@ def one_round(claude: Path, work: Path) -> dict:
                 print(f"  {label}: {json.dumps(out[label])}", file=sys.stderr, flush=True)
         return out
     finally:
-        up.signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.stop()
+        up.interrupt()
 
 
 def main(argv: list[str] | None = None) -> int:

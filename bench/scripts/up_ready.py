@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,11 +52,7 @@ def one_run(models: Path, work: Path, timeout: float) -> float:
             time.sleep(0.05)
         return time.perf_counter() - started
     finally:
-        up.signal(signal.SIGINT)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.stop()
+        up.interrupt()
 
 
 def main(argv: list[str] | None = None) -> int:

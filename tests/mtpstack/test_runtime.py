@@ -73,6 +73,19 @@ def test_a_process_that_ignores_sigterm_is_sigkilled_after_the_timeout(tmp_path)
     assert not p.alive() and p.exit_code == -signal.SIGKILL
 
 
+def test_interrupt_lets_a_process_shut_down_on_sigint_and_stops_one_that_ignores_it(tmp_path):
+    log = tmp_path / "graceful.log"
+    graceful = Process(python("import time\ntry:\n    print('armed', flush=True); time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(7)"),
+                       log_path=log).start()
+    wait_for_line(log, "armed")
+    assert graceful.interrupt(timeout=10) == 7
+    log = tmp_path / "deaf.log"
+    deaf = Process(python("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('armed', flush=True); time.sleep(60)"),
+                   log_path=log).start()
+    wait_for_line(log, "armed")
+    assert deaf.interrupt(timeout=0.5) == -signal.SIGTERM
+
+
 def test_stop_reaches_the_children_of_the_process(tmp_path):
     log = tmp_path / "parent.log"
     code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
