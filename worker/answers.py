@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -178,17 +179,22 @@ async def stream(request: web.Request, parsed: ParsedRequest, handles: list[Requ
     return resp if resp is not None else web.Response()
 
 
+def event_writer(resp: web.StreamResponse | None) -> Callable[[list[dict]], Awaitable[None]]:
+    """`send(events)`: each event framed under its `type` name on the stream `resp`; nothing when the
+    answer is not streamed (`resp` None)."""
+    async def send(events: list[dict]) -> None:
+        for e in events if resp is not None else ():
+            await resp.write(frame(e, event=e["type"]))
+    return send
+
+
 async def respond_to_responses(request: web.Request, parsed: ParsedRequest, handle: RequestHandle) -> web.StreamResponse:
     """`/v1/responses`: the same generation, answered as Responses output items or stream events."""
     builder = parsed.builder
     resp = None
     try:
         resp = await open_stream(request, handle.rid) if parsed.stream else None
-
-        async def send(events: list[dict]) -> None:
-            for e in events if resp is not None else ():
-                await resp.write(frame(e, event=e["type"]))
-
+        send = event_writer(resp)
         async with keepalive(resp):
             await send(builder.start())
             while True:
@@ -226,11 +232,7 @@ async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handl
     resp = None
     try:
         resp = await open_stream(request, handle.rid) if parsed.stream else None
-
-        async def send(events: list[dict]) -> None:
-            for e in events if resp is not None else ():
-                await resp.write(frame(e, event=e["type"]))
-
+        send = event_writer(resp)
         async with keepalive(resp, beat=PING):
             event = await handle.events.get()  # the first comes once the prompt is prefilled
             await send(builder.start(messages.usage(prompt, 0, handle.seq.cached_tokens)))

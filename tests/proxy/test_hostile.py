@@ -13,6 +13,7 @@ import pytest
 from devkit.fake_fleet import proxy_before_fake
 from devkit.hostile import MALFORMED_HTTP, random_agent_request, random_body, random_http, random_messages_request
 from devkit.raw_http import SLOW_KINDS, json_answer, raw_exchange, request_bytes, slow_client
+from tests.openai_shape import check_unknown_route
 
 #: The deadline under test, short so that slow clients are cut off quickly.
 CLIENT_SECONDS = 1.0
@@ -78,11 +79,7 @@ def test_a_slow_client_is_cut_off_by_the_deadline_however_it_drips(proxy, kind):
      ("/v1/chat/completions", "GET", 405, "method_not_allowed"), ("/v1/models", "POST", 405, "method_not_allowed")],
 )
 def test_an_unknown_path_or_method_is_answered_in_the_openai_error_shape(proxy, path, method, status, code):
-    got, headers, payload = json_answer(f"http://127.0.0.1:{proxy.port}{path}", method, body=b"{}" if method == "POST" else None)
-    assert (got, payload["error"]["code"], payload["error"]["type"]) == (status, code, "invalid_request_error"), payload
-    assert path in payload["error"]["message"] and headers["X-Request-Id"]
-    if status == 405:
-        assert headers["Allow"]
+    check_unknown_route(f"http://127.0.0.1:{proxy.port}", path, method, status, code)
 
 
 def test_a_10_kb_class_header_reaches_the_worker_which_names_it(proxy):
@@ -94,14 +91,20 @@ def test_a_10_kb_class_header_reaches_the_worker_which_names_it(proxy):
     assert status == 200
 
 
-def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
-    rng = random.Random(FUZZ_SEED)
+def statuses_of(proxy, requests) -> list[int | None]:
+    """The proxy's status for each raw request, none of them held past `HELD_AT_MOST`."""
     statuses = []
-    for _ in range(FUZZ_COUNT):
-        data = random_http(rng) if rng.random() < 0.5 else request_bytes("/v1/completions", random_body(rng))
+    for data in requests:
         got = raw_exchange("127.0.0.1", proxy.port, data, timeout=HELD_AT_MOST)
         assert not got.timed_out
         statuses.append(got.status)
+    return statuses
+
+
+def test_generated_malformed_requests_get_no_5xx_and_no_hang(proxy):
+    rng = random.Random(FUZZ_SEED)
+    statuses = statuses_of(proxy, (random_http(rng) if rng.random() < 0.5 else request_bytes("/v1/completions", random_body(rng))
+                                   for _ in range(FUZZ_COUNT)))
     assert not [s for s in statuses if s is not None and s >= 500], statuses
 
 
@@ -109,23 +112,13 @@ def test_generated_hostile_agent_requests_get_no_5xx_and_no_hang(proxy):
     # The proxy passes tools, schemas and Responses items to its worker unread: what it must not
     # do is fail on them (this fake worker answers whatever reaches it).
     rng = random.Random(FUZZ_SEED)
-    statuses = []
-    for _ in range(FUZZ_COUNT // 3):
-        path, body = random_agent_request(rng)
-        got = raw_exchange("127.0.0.1", proxy.port, request_bytes(path, body), timeout=HELD_AT_MOST)
-        assert not got.timed_out
-        statuses.append(got.status)
+    statuses = statuses_of(proxy, (request_bytes(*random_agent_request(rng)) for _ in range(FUZZ_COUNT // 3)))
     assert not [s for s in statuses if s is None or s >= 500], statuses
 
 
 def test_generated_hostile_messages_requests_get_no_5xx_and_no_hang(proxy):
     rng = random.Random(FUZZ_SEED)
-    statuses = []
-    for _ in range(FUZZ_COUNT // 3):
-        path, body = random_messages_request(rng)
-        got = raw_exchange("127.0.0.1", proxy.port, request_bytes(path, body), timeout=HELD_AT_MOST)
-        assert not got.timed_out
-        statuses.append(got.status)
+    statuses = statuses_of(proxy, (request_bytes(*random_messages_request(rng)) for _ in range(FUZZ_COUNT // 3)))
     assert not [s for s in statuses if s is None or s >= 500], statuses
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from devkit.hostile import random_body, random_http
 from devkit.raw_http import json_answer, raw_exchange, request_bytes
+from tests.openai_shape import check_unknown_route
 
 CHAT = [{"role": "user", "content": "hi"}]
 #: The tiny pair's vocabulary (`build_tiny_pair`'s config.json).
@@ -109,11 +110,7 @@ def test_the_worker_echoes_the_request_id_it_was_given(worker):
      ("/v1/chat/completions", "GET", 405, "method_not_allowed"), ("/health", "DELETE", 405, "method_not_allowed")],
 )
 def test_an_unknown_path_or_method_is_answered_in_the_openai_error_shape(worker, path, method, status, code):
-    got, headers, payload = json_answer(worker.url + path, method, body=b"{}" if method == "POST" else None)
-    assert (got, payload["error"]["code"], payload["error"]["type"]) == (status, code, "invalid_request_error"), payload
-    assert path in payload["error"]["message"] and headers["X-Request-Id"]
-    if status == 405:
-        assert headers["Allow"]
+    check_unknown_route(worker.url, path, method, status, code)
 
 
 def test_a_10_kb_class_header_is_a_400_naming_it(worker):

@@ -62,30 +62,33 @@ def test_each_shape_that_answered_500_or_was_served_is_a_400_naming_its_field(wo
     assert headers["X-Request-Id"]
 
 
-def test_generated_hostile_agent_requests_get_no_5xx_and_each_400_names_a_field(worker):
+def fuzzed_statuses(worker, generate, names_a_field) -> dict[int, int]:
+    """`FUZZ_COUNT` requests from `generate(rng, model)`, each answered 200 or 400 and each 400 passing
+    `names_a_field(payload)`; how many got each status."""
     rng = random.Random(FUZZ_SEED)
     statuses: dict[int, int] = {}
     for _ in range(FUZZ_COUNT):
-        path, body = random_agent_request(rng, "tiny")
+        path, body = generate(rng, "tiny")
         status, _, payload = json_answer(worker.url + path, "POST", {"Content-Type": "application/json"}, body, timeout=60)
         statuses[status] = statuses.get(status, 0) + 1
         assert status in (200, 400), (status, payload, body[:300])
         if status == 400:
-            error = payload["error"]
-            assert error["param"] and error["message"] and error["type"] == "invalid_request_error", (error, body[:300])
+            assert names_a_field(payload), (payload, body[:300])
+    return statuses
+
+
+def openai_refusal_names_a_field(payload) -> bool:
+    error = payload["error"]
+    return bool(error["param"] and error["message"] and error["type"] == "invalid_request_error")
+
+
+def test_generated_hostile_agent_requests_get_no_5xx_and_each_400_names_a_field(worker):
+    statuses = fuzzed_statuses(worker, random_agent_request, openai_refusal_names_a_field)
     assert statuses.get(400, 0) > FUZZ_COUNT // 2, statuses  # the generator is hostile, not merely odd
 
 
 def test_generated_hostile_messages_requests_get_no_5xx_and_each_400_names_a_field_in_anthropics_shape(worker):
-    rng = random.Random(FUZZ_SEED)
-    statuses: dict[int, int] = {}
-    for _ in range(FUZZ_COUNT):
-        path, body = random_messages_request(rng, "tiny")
-        status, _, payload = json_answer(worker.url + path, "POST", {"Content-Type": "application/json"}, body, timeout=60)
-        statuses[status] = statuses.get(status, 0) + 1
-        assert status in (200, 400), (status, payload, body[:300])
-        if status == 400:
-            assert anthropic_refusal_names_a_field(payload), (payload, body[:300])
+    statuses = fuzzed_statuses(worker, random_messages_request, anthropic_refusal_names_a_field)
     assert statuses.get(400, 0) > FUZZ_COUNT // 3 and statuses.get(200, 0), statuses
 
 
