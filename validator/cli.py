@@ -51,13 +51,9 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def _internal_error(args: argparse.Namespace, error: Exception) -> int:
-    finding = Finding(
-        code="internal-error",
-        severity="error",
-        path=(),
-        message=f"the validator failed on this file: {type(error).__name__}: {str(error)[:200]}",
-        hint="this is a bug in mtpstack, not in the config; please report it with the file",
-    )
+    finding = Finding.error(code="internal-error", path=(),
+                            message=f"the validator failed on this file: {type(error).__name__}: {str(error)[:200]}",
+                            hint="this is a bug in mtpstack, not in the config; please report it with the file")
     if args.format == "json":
         print(json.dumps({"ok": False, "errors": [finding.to_json()], "warnings": []}, indent=2))
     else:

@@ -50,14 +50,10 @@ def check_disk_space(name: str, worker: WorkerProfile, base: Path) -> list[Findi
     budget = worker.prefix_cache.disk_gib * 2**30
     if budget <= free + held:
         return []
-    return [Finding(
-        code="prefix-cache-disk-space",
-        severity="warning",
-        path=("workers", name, "prefixCache", "diskGiB"),
-        message=(f"the disk tier may use {worker.prefix_cache.disk_gib:g} GiB but the filesystem of `{existing}` has "
-                 f"{(free + held) / 2**30:.1f} GiB free on this machine (its snapshots already there counted)"),
-        hint="lower `prefixCache.diskGiB` or free space there: once the disk is full the worker serves from memory only",
-    )]
+    return [Finding.warning(code="prefix-cache-disk-space", path=("workers", name, "prefixCache", "diskGiB"),
+                            message=(f"the disk tier may use {worker.prefix_cache.disk_gib:g} GiB but the filesystem of `{existing}` has "
+                                     f"{(free + held) / 2**30:.1f} GiB free on this machine (its snapshots already there counted)"),
+                            hint="lower `prefixCache.diskGiB` or free space there: once the disk is full the worker serves from memory only")]
 
 
 def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
@@ -74,13 +70,9 @@ def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
         model_config = read_config(directory)
         if model_config is None:
             findings.append(
-                Finding(
-                    code="model-config-missing",
-                    severity="error",
-                    path=("workers", name, role, "path"),
-                    message=f"`{directory}` has no readable `config.json`",
-                    hint="point the path at a model directory (the one holding config.json and *.safetensors)",
-                )
+                Finding.error(code="model-config-missing", path=("workers", name, role, "path"),
+                              message=f"`{directory}` has no readable `config.json`",
+                              hint="point the path at a model directory (the one holding config.json and *.safetensors)")
             )
             continue
         local[role] = (directory, model_config)
@@ -89,13 +81,9 @@ def check_worker(name: str, worker: WorkerProfile, base: Path) -> list[Finding]:
         recorded = bits_disagreement(bits, model_config)
         if recorded is not None:
             findings.append(
-                Finding(
-                    code="bits-mismatch",
-                    severity="error",
-                    path=("workers", name, role, "bits"),
-                    message=f"the config says {bits} but `{directory}/config.json` records {recorded}",
-                    hint=f"set `bits` to {recorded}, or point `path` at the {bits} variant",
-                )
+                Finding.error(code="bits-mismatch", path=("workers", name, role, "bits"),
+                              message=f"the config says {bits} but `{directory}/config.json` records {recorded}",
+                              hint=f"set `bits` to {recorded}, or point `path` at the {bits} variant")
             )
     if "target" in local:
         findings += check_context(name, worker, local["target"])
@@ -112,13 +100,9 @@ def check_context(name: str, worker: WorkerProfile, target: tuple[Path, dict]) -
     if cap is None or not isinstance(own, int) or cap <= own:
         return []
     return [
-        Finding(
-            code="context-beyond-model",
-            severity="error",
-            path=("workers", name, "maxContextTokens"),
-            message=f"the context cap is {cap} tokens but `{directory}/config.json` allows at most {own} (`max_position_embeddings`)",
-            hint=f"set `maxContextTokens` to at most {own}, or to null for the model's own maximum",
-        )
+        Finding.error(code="context-beyond-model", path=("workers", name, "maxContextTokens"),
+                      message=f"the context cap is {cap} tokens but `{directory}/config.json` allows at most {own} (`max_position_embeddings`)",
+                      hint=f"set `maxContextTokens` to at most {own}, or to null for the model's own maximum")
     ]
 
 
@@ -139,28 +123,16 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
         else:
             what = f"`drafter.kind` is `mtp` but `{directory}` is not an MTP head (its `model_type` is `{facts.model_type}`)"
         return [
-            Finding(
-                code="mtp-head-mismatch",
-                severity="error",
-                path=path,
-                message=f"{what}; the worker would find no head to load",
-                hint="point `drafter.path` at the MTP head made for this target, or set `drafter.kind` to `model` for a separate draft model",
-                related=(("workers", name, "drafter", "kind"),),
-            )
+            Finding.error(code="mtp-head-mismatch", path=path, message=f"{what}; the worker would find no head to load",
+                          hint="point `drafter.path` at the MTP head made for this target, or set `drafter.kind` to `model` for a separate draft model",
+                          related=(("workers", name, "drafter", "kind"),))
         ]
     if declared == "model" and detected == "mtp":
         return [
-            Finding(
-                code="drafter-kind-mismatch",
-                severity="error",
-                path=("workers", name, "drafter", "kind"),
-                message=(
-                    f"`drafter.kind` is `model` but `{directory}` is an MTP head (`model_type` `{facts.model_type}`): "
-                    "it drafts from the target's hidden state and cannot run as a language model"
-                ),
-                hint="set `drafter.kind` to `mtp`, or leave it `auto`",
-                related=(path,),
-            )
+            Finding.error(code="drafter-kind-mismatch", path=("workers", name, "drafter", "kind"),
+                          message=(f"`drafter.kind` is `model` but `{directory}` is an MTP head (`model_type` `{facts.model_type}`): "
+                                   "it drafts from the target's hidden state and cannot run as a language model"),
+                          hint="set `drafter.kind` to `mtp`, or leave it `auto`", related=(path,))
         ]
     findings: list[Finding] = []
     if detected == "mtp":
@@ -169,44 +141,26 @@ def check_drafter(name: str, worker: WorkerProfile, drafter: tuple[Path, dict], 
         problem = head_mismatch(facts, target_facts) if target_facts is not None else None
         if problem is not None:
             findings.append(
-                Finding(
-                    code="mtp-head-mismatch",
-                    severity="error",
-                    path=path,
-                    message=f"this MTP head cannot draft for the target: {problem}",
-                    hint="use the MTP head made for this target",
-                    related=(target_path,),
-                )
+                Finding.error(code="mtp-head-mismatch", path=path,
+                              message=f"this MTP head cannot draft for the target: {problem}",
+                              hint="use the MTP head made for this target", related=(target_path,))
             )
         return findings or check_family(name, worker, directory, drafter_config, facts)
     if facts.recurrent:
         findings.append(
-            Finding(
-                code="recurrent-draft-model",
-                severity="error",
-                path=path,
-                message=(
-                    f"`{directory}` is a `{facts.model_type}` model with {' and '.join(recurrent_kinds(facts.model_type))} "
-                    "layers, whose state a separate "
-                    "draft model's rejected drafts cannot be rolled back from; the worker would refuse it at start"
-                ),
-                hint="use the target's MTP head as the drafter (`drafter.kind: mtp`), or a draft model with attention layers only",
-            )
+            Finding.error(code="recurrent-draft-model", path=path,
+                          message=(f"`{directory}` is a `{facts.model_type}` model with {' and '.join(recurrent_kinds(facts.model_type))} "
+                                   "layers, whose state a separate "
+                                   "draft model's rejected drafts cannot be rolled back from; the worker would refuse it at start"),
+                          hint="use the target's MTP head as the drafter (`drafter.kind: mtp`), or a draft model with attention layers only")
         )
     vocab = (facts.vocab_size, target_facts.vocab_size if target_facts is not None else None)
     if None not in vocab and vocab[0] != vocab[1]:
         findings.append(
-            Finding(
-                code="vocab-mismatch",
-                severity="error",
-                path=path,
-                message=(
-                    f"the drafter's vocabulary has {vocab[0]} tokens but the target's has {vocab[1]}; "
-                    "its drafts could never be accepted"
-                ),
-                hint="use the drafter that was trained with this target",
-                related=(target_path,),
-            )
+            Finding.error(code="vocab-mismatch", path=path,
+                          message=(f"the drafter's vocabulary has {vocab[0]} tokens but the target's has {vocab[1]}; "
+                                   "its drafts could never be accepted"),
+                          hint="use the drafter that was trained with this target", related=(target_path,))
         )
     return findings
 
@@ -221,21 +175,13 @@ def check_family(name: str, worker: WorkerProfile, directory: Path, drafter_conf
     family = facts.head_family
     if family is None:
         served = ", ".join(f"`{t}`" for t in served_target_types())
-        return [Finding(
-            code="mtp-family-not-served",
-            severity="error",
-            path=path,
-            message=f"`{directory}` bundles `mtp.*` tensors, but no MTP family is known for `{facts.model_type}` targets",
-            hint=f"use a target of a served family ({served}), or a separate draft model (`drafter.kind: model`)",
-        )]
+        return [Finding.error(code="mtp-family-not-served", path=path,
+                              message=f"`{directory}` bundles `mtp.*` tensors, but no MTP family is known for `{facts.model_type}` targets",
+                              hint=f"use a target of a served family ({served}), or a separate draft model (`drafter.kind: model`)")]
     if not family.served:
-        return [Finding(
-            code="mtp-family-not-served",
-            severity="error",
-            path=path,
-            message=f"`{directory}` holds a `{family.head_type}` head, which the worker does not serve: {family.why_not}",
-            hint="serve this target without a drafter, or with a separate draft model of attention layers only (`drafter.kind: model`)",
-        )]
+        return [Finding.error(code="mtp-family-not-served", path=path,
+                              message=f"`{directory}` holds a `{family.head_type}` head, which the worker does not serve: {family.why_not}",
+                              hint="serve this target without a drafter, or with a separate draft model of attention layers only (`drafter.kind: model`)")]
     layout = head_layout(directory, drafter_config, bundled=worker.bundled_head)
     return [Finding(
         code="mtp-family",

@@ -36,6 +36,16 @@ class Finding:
     #: Lines of the `related` paths in the source file, where known (text output only).
     related_lines: tuple[int | None, ...] = ()
 
+    @classmethod
+    def error(cls, code: str, path: Path, message: str, hint: str | None = None, **more) -> Finding:
+        """A finding that fails the run."""
+        return cls(code=code, severity="error", path=path, message=message, hint=hint, **more)
+
+    @classmethod
+    def warning(cls, code: str, path: Path, message: str, hint: str | None = None, **more) -> Finding:
+        """A finding that fails the run only under `--strict`."""
+        return cls(code=code, severity="warning", path=path, message=message, hint=hint, **more)
+
     def to_json(self) -> dict:
         return {
             "code": self.code,

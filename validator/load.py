@@ -113,23 +113,12 @@ def _structural(err: dict, source: Source) -> Finding:
         known = _keys_of(owner) if owner else []
         guess = rules.did_you_mean(loc[-1], known)
         where = format_path(loc[:-1]) or "the top level"
-        return Finding(
-            code="unknown-key",
-            severity="error",
-            path=loc,
-            message=f"unknown key `{display_key(loc[-1])}` in {where}",
-            hint=f"did you mean `{guess}`?" if guess else ("known keys: " + ", ".join(f"`{k}`" for k in known) if known else None),
-            line=line,
-        )
+        return Finding.error(code="unknown-key", path=loc, message=f"unknown key `{display_key(loc[-1])}` in {where}",
+                             hint=f"did you mean `{guess}`?" if guess else ("known keys: " + ", ".join(f"`{k}`" for k in known) if known else None),
+                             line=line)
     if kind == "missing":
-        return Finding(
-            code="missing-key",
-            severity="error",
-            path=loc,
-            message=f"required key `{display_key(loc[-1])}` is missing",
-            hint=f"add `{loc[-1]}` under `{format_path(loc[:-1])}`" if len(loc) > 1 else None,
-            line=line,
-        )
+        return Finding.error(code="missing-key", path=loc, message=f"required key `{display_key(loc[-1])}` is missing",
+                             hint=f"add `{loc[-1]}` under `{format_path(loc[:-1])}`" if len(loc) > 1 else None, line=line)
     if kind in _RANGE_ERRORS:
         limit = err.get("ctx", {})
         bound = next(iter(limit.values()), None)
@@ -139,45 +128,23 @@ def _structural(err: dict, source: Source) -> Finding:
             "less_than": "less than",
             "less_than_equal": "at most",
         }[kind]
-        return Finding(
-            code="out-of-range",
-            severity="error",
-            path=loc,
-            message=f"must be {relation} {bound}, got: {_describe(value)}",
-            line=line,
-        )
+        return Finding.error(code="out-of-range", path=loc, message=f"must be {relation} {bound}, got: {_describe(value)}",
+                             line=line)
     if kind == "literal_error":
         expected = str(err.get("ctx", {}).get("expected", "")).replace("'", "").replace(" or ", ", ")
         hint = None
         if isinstance(value, str) and value.isdigit() and value in expected.split(", "):
             hint = f"write {value} without quotes"
-        return Finding(
-            code="invalid-value",
-            severity="error",
-            path=loc,
-            message=f"must be one of: {expected}; got: {_describe(value)}",
-            hint=hint,
-            line=line,
-        )
+        return Finding.error(code="invalid-value", path=loc, message=f"must be one of: {expected}; got: {_describe(value)}",
+                             hint=hint, line=line)
     if kind in _TYPE_NAMES:
         hint = None
         if isinstance(value, str) and kind in {"int_type", "float_type"} and value.strip().lstrip("-").replace(".", "", 1).isdigit():
             hint = "write the number without quotes"
-        return Finding(
-            code="invalid-type",
-            severity="error",
-            path=loc,
-            message=f"expected {_TYPE_NAMES[kind]}, got: {_describe(value)}",
-            hint=hint,
-            line=line,
-        )
-    return Finding(
-        code="invalid-value",
-        severity="error",
-        path=loc,
-        message=f"{err['msg'][0].lower()}{err['msg'][1:]}, got: {_describe(value)}",
-        line=line,
-    )
+        return Finding.error(code="invalid-type", path=loc, message=f"expected {_TYPE_NAMES[kind]}, got: {_describe(value)}",
+                             hint=hint, line=line)
+    return Finding.error(code="invalid-value", path=loc,
+                         message=f"{err['msg'][0].lower()}{err['msg'][1:]}, got: {_describe(value)}", line=line)
 
 
 def validate_data(data: Any, source_name: str = "<config>", source: Source | None = None) -> tuple[FleetConfig | None, Report]:
@@ -187,25 +154,16 @@ def validate_data(data: Any, source_name: str = "<config>", source: Source | Non
     report = Report(source=source_name)
     for path, first, again in source.duplicates:
         report.findings.append(
-            Finding(
-                code="duplicate-key",
-                severity="error",
-                path=path,
-                message=f"key `{display_key(path[-1])}` appears twice{f' (lines {first} and {again})' if first else ''}; only the last would count",
-                hint="remove one of them",
-                line=again,
-            )
+            Finding.error(code="duplicate-key", path=path,
+                          message=f"key `{display_key(path[-1])}` appears twice{f' (lines {first} and {again})' if first else ''}; only the last would count",
+                          hint="remove one of them", line=again)
         )
     if not isinstance(data, dict):
         report.findings.append(
-            Finding(
-                code="invalid-type",
-                severity="error",
-                path=(),
-                message=f"the config must be a mapping with `proxy`, `policy` and `workers`, got: {_describe(data)}",
-                hint="start from `examples/valid/fleet.yaml`, or print the schema with `mtpstack schema`",
-                line=1 if source.lines or data is not None else None,
-            )
+            Finding.error(code="invalid-type", path=(),
+                          message=f"the config must be a mapping with `proxy`, `policy` and `workers`, got: {_describe(data)}",
+                          hint="start from `examples/valid/fleet.yaml`, or print the schema with `mtpstack schema`",
+                          line=1 if source.lines or data is not None else None)
         )
         return None, report
     try:
@@ -237,7 +195,7 @@ def load_config(file: str | Path, deep: bool = False) -> tuple[FleetConfig | Non
         source = read_source(file)
     except Unreadable as e:
         report = Report(source=name, unreadable=True)
-        report.findings.append(Finding(code="unreadable", severity="error", path=(), message=e.message, hint=e.hint, line=e.line))
+        report.findings.append(Finding.error(code="unreadable", path=(), message=e.message, hint=e.hint, line=e.line))
         return None, report
     config, report = validate_data(source.data, name, source)
     if deep and config is not None:

@@ -117,24 +117,14 @@ def check_memory(config: FleetConfig, base: Path) -> Iterator[Finding]:
         path = ("hosts", host, "memoryGiB")
         if missing:
             name, why = missing[0]
-            yield Finding(
-                code="memory-check-skipped",
-                severity="warning",
-                path=path,
-                message=f"the memory of host `{display_name(host)}` was not checked: worker `{name}` has {why}",
-                hint="download the models first (`huggingface-cli download ID`), or point `path` at a local directory",
-            )
+            yield Finding.warning(code="memory-check-skipped", path=path,
+                                  message=f"the memory of host `{display_name(host)}` was not checked: worker `{name}` has {why}",
+                                  hint="download the models first (`huggingface-cli download ID`), or point `path` at a local directory")
             continue
         total = sum(need for need, _ in needs.values())
         if total > spec.memory_gib * GIB:
             each = "; ".join(f"`{name}` {need / GIB:.1f} GiB ({why})" for name, (need, why) in needs.items())
-            yield Finding(
-                code="host-memory-exceeded",
-                severity="error",
-                path=path,
-                message=(
-                    f"the workers on host `{display_name(host)}` need about {total / GIB:.1f} GiB "
-                    f"but it has {spec.memory_gib:g} GiB: {each}"
-                ),
-                hint="place a worker on another host, lower a batch width (and its gate) or a `prefixCache.maxGiB`, or use a smaller quantization",
-            )
+            yield Finding.error(code="host-memory-exceeded", path=path,
+                                message=(f"the workers on host `{display_name(host)}` need about {total / GIB:.1f} GiB "
+                                         f"but it has {spec.memory_gib:g} GiB: {each}"),
+                                hint="place a worker on another host, lower a batch width (and its gate) or a `prefixCache.maxGiB`, or use a smaller quantization")

@@ -50,13 +50,8 @@ def check(config: FleetConfig) -> list[Finding]:
 
 
 def _out_of_range(path: tuple[str, ...], value: int, lo: int, hi: int, what: str) -> Finding:
-    return Finding(
-        code="out-of-range",
-        severity="error",
-        path=path,
-        message=f"{what} must be between {lo} and {hi}, got: {value}",
-        hint=f"set `{format_path(path)}` to a value from {lo} to {hi}",
-    )
+    return Finding.error(code="out-of-range", path=path, message=f"{what} must be between {lo} and {hi}, got: {value}",
+                         hint=f"set `{format_path(path)}` to a value from {lo} to {hi}")
 
 
 def check_ranges(config: FleetConfig) -> Iterator[Finding]:
@@ -77,13 +72,9 @@ def check_ranges(config: FleetConfig) -> Iterator[Finding]:
                     yield _out_of_range(path + key, value, DEPTH_MIN, DEPTH_MAX, "the draft depth")
         if worker.max_context_tokens is not None and worker.max_context_tokens < CONTEXT_MIN:
             path = ("workers", name, "maxContextTokens")
-            yield Finding(
-                code="out-of-range",
-                severity="error",
-                path=path,
-                message=f"the context cap must be at least {CONTEXT_MIN}, got: {worker.max_context_tokens}",
-                hint=f"set `{format_path(path)}` to a positive token count, or to null for the model's own maximum",
-            )
+            yield Finding.error(code="out-of-range", path=path,
+                                message=f"the context cap must be at least {CONTEXT_MIN}, got: {worker.max_context_tokens}",
+                                hint=f"set `{format_path(path)}` to a positive token count, or to null for the model's own maximum")
 
 
 def check_coupling(config: FleetConfig) -> Iterator[Finding]:
@@ -98,20 +89,12 @@ def check_coupling(config: FleetConfig) -> Iterator[Finding]:
             origin = f"`{src}` (model `{display_name(worker.model)}` has no entry in `proxy.modelConcurrencyLimits`)"
         else:
             origin = f"`{src}`"
-        yield Finding(
-            code="concurrency-mismatch",
-            severity="error",
-            path=width_path,
-            message=(
-                f"these two must agree: the worker's batch width is {worker.max_num_seqs} "
-                f"but the proxy admits {gate} at once to it, from {origin}"
-            ),
-            hint=(
-                f"raise or lower `{format_path(width_path)}` and `{src}` together, to the same value "
-                f"from {WIDTH_MIN} to {WIDTH_MAX}; any matched pair is valid, with or without a drafter"
-            ),
-            related=(source,),
-        )
+        yield Finding.error(code="concurrency-mismatch", path=width_path,
+                            message=(f"these two must agree: the worker's batch width is {worker.max_num_seqs} "
+                                     f"but the proxy admits {gate} at once to it, from {origin}"),
+                            hint=(f"raise or lower `{format_path(width_path)}` and `{src}` together, to the same value "
+                                  f"from {WIDTH_MIN} to {WIDTH_MAX}; any matched pair is valid, with or without a drafter"),
+                            related=(source,))
 
 
 def check_unknown_model_limits(config: FleetConfig) -> Iterator[Finding]:
@@ -125,13 +108,8 @@ def check_unknown_model_limits(config: FleetConfig) -> Iterator[Finding]:
             hint = f"did you mean `{display_name(guess)}`?"
         else:
             hint = "remove the entry, or add a worker that serves this model"
-        yield Finding(
-            code="unknown-model-limit",
-            severity="error",
-            path=("proxy", "modelConcurrencyLimits", model),
-            message=f"no worker serves model `{display_name(model)}` (served: {served_list})",
-            hint=hint,
-        )
+        yield Finding.error(code="unknown-model-limit", path=("proxy", "modelConcurrencyLimits", model),
+                            message=f"no worker serves model `{display_name(model)}` (served: {served_list})", hint=hint)
 
 
 def check_drafter_precision(config: FleetConfig) -> Iterator[Finding]:
@@ -143,17 +121,11 @@ def check_drafter_precision(config: FleetConfig) -> Iterator[Finding]:
         d = EFFECTIVE_BITS[worker.drafter.bits]
         t = EFFECTIVE_BITS[worker.target.bits]
         if d <= t and d < SAFE_DRAFTER_BITS:
-            yield Finding(
-                code="drafter-precision",
-                severity="warning",
-                path=("workers", name, "drafter", "bits"),
-                message=(
-                    f"the drafter is quantized as hard as its target or harder ({worker.drafter.bits} vs "
-                    f"{worker.target.bits}); acceptance drops and the speedup quietly goes"
-                ),
-                hint="use a drafter of 6 bits or more (a 6-bit drafter works beside 2- to 8-bit targets)",
-                related=(("workers", name, "target", "bits"),),
-            )
+            yield Finding.warning(code="drafter-precision", path=("workers", name, "drafter", "bits"),
+                                  message=(f"the drafter is quantized as hard as its target or harder ({worker.drafter.bits} vs "
+                                           f"{worker.target.bits}); acceptance drops and the speedup quietly goes"),
+                                  hint="use a drafter of 6 bits or more (a 6-bit drafter works beside 2- to 8-bit targets)",
+                                  related=(("workers", name, "target", "bits"),))
 
 
 def check_backends(config: FleetConfig) -> Iterator[Finding]:
@@ -162,44 +134,27 @@ def check_backends(config: FleetConfig) -> Iterator[Finding]:
         if worker.backend in allowed:
             continue
         listed = ", ".join(f"`{b}`" for b in allowed) or "none"
-        yield Finding(
-            code="backend-forbidden",
-            severity="error",
-            path=("workers", name, "backend"),
-            message=(
-                f"backend `{worker.backend}` is wired but unreachable: `policy.allowedBackends` allows only {listed}"
-            ),
-            hint=f"add `{worker.backend}` to `policy.allowedBackends`, or set this worker's backend to one it allows",
-            related=(("policy", "allowedBackends"),),
-        )
+        yield Finding.error(code="backend-forbidden", path=("workers", name, "backend"),
+                            message=f"backend `{worker.backend}` is wired but unreachable: `policy.allowedBackends` allows only {listed}",
+                            hint=f"add `{worker.backend}` to `policy.allowedBackends`, or set this worker's backend to one it allows",
+                            related=(("policy", "allowedBackends"),))
 
 
 def check_mlx_lm_drafts(config: FleetConfig) -> Iterator[Finding]:
     for name, worker in config.workers.items():
         if worker.backend == "mlx-lm" and worker.drafter is not None and worker.max_num_seqs > 1:
-            yield Finding(
-                code="mlx-lm-serializes-drafts",
-                severity="error",
-                path=("workers", name, "maxNumSeqs"),
-                message=(
-                    f"`mlx_lm.server` serves one request at a time once a draft model is loaded, "
-                    f"so its real batch width is 1, not {worker.max_num_seqs}"
-                ),
-                hint="use backend `native` for a wider batch with a drafter, or set the width and its gate to 1",
-                related=(("workers", name, "backend"), ("workers", name, "drafter")),
-            )
+            yield Finding.error(code="mlx-lm-serializes-drafts", path=("workers", name, "maxNumSeqs"),
+                                message=(f"`mlx_lm.server` serves one request at a time once a draft model is loaded, "
+                                         f"so its real batch width is 1, not {worker.max_num_seqs}"),
+                                hint="use backend `native` for a wider batch with a drafter, or set the width and its gate to 1",
+                                related=(("workers", name, "backend"), ("workers", name, "drafter")))
 
 
 def mlx_lm_cannot_load_mtp(name: str, why: str) -> Finding:
     """`mlx_lm.server` given an MTP head; `why` says how the head was recognised."""
-    return Finding(
-        code="mlx-lm-cannot-load-mtp",
-        severity="error",
-        path=("workers", name, "drafter"),
-        message=f"`mlx_lm.server` cannot load an MTP head, only a separate draft model: {why}",
-        hint="use backend `native`, or drop the drafter",
-        related=(("workers", name, "backend"),),
-    )
+    return Finding.error(code="mlx-lm-cannot-load-mtp", path=("workers", name, "drafter"),
+                         message=f"`mlx_lm.server` cannot load an MTP head, only a separate draft model: {why}",
+                         hint="use backend `native`, or drop the drafter", related=(("workers", name, "backend"),))
 
 
 def check_mlx_lm_mtp(config: FleetConfig) -> Iterator[Finding]:
@@ -216,17 +171,11 @@ def check_mlx_lm_mtp(config: FleetConfig) -> Iterator[Finding]:
 def check_mlx_lm_context(config: FleetConfig) -> Iterator[Finding]:
     for name, worker in config.workers.items():
         if worker.backend == "mlx-lm" and worker.max_context_tokens is not None:
-            yield Finding(
-                code="mlx-lm-cannot-cap-context",
-                severity="error",
-                path=("workers", name, "maxContextTokens"),
-                message=(
-                    f"`mlx_lm.server` has no flag to cap the context, so it would serve up to the model's own "
-                    f"maximum, not {worker.max_context_tokens} tokens"
-                ),
-                hint="use backend `native` to cap the context, or set `maxContextTokens` to null",
-                related=(("workers", name, "backend"),),
-            )
+            yield Finding.error(code="mlx-lm-cannot-cap-context", path=("workers", name, "maxContextTokens"),
+                                message=(f"`mlx_lm.server` has no flag to cap the context, so it would serve up to the model's own "
+                                         f"maximum, not {worker.max_context_tokens} tokens"),
+                                hint="use backend `native` to cap the context, or set `maxContextTokens` to null",
+                                related=(("workers", name, "backend"),))
 
 
 def canonical_host(host: str) -> str:
@@ -288,17 +237,10 @@ def _port_conflicts(config: FleetConfig, parts: tuple[bool, list[str]], host_nam
         _, other_path, other_host = clash
         owner = format_path(other_path[:-1])
         on = f" of host `{display_name(host_name)}`" if host_name is not None else ""
-        yield Finding(
-            code="port-conflict",
-            severity="error",
-            path=path,
-            message=(
-                f"port {port} on `{display_name(host)}`{on} is already taken by `{owner}` "
-                f"on `{display_name(other_host)}`"
-            ),
-            hint="give each listener its own port",
-            related=(other_path,),
-        )
+        yield Finding.error(code="port-conflict", path=path,
+                            message=(f"port {port} on `{display_name(host)}`{on} is already taken by `{owner}` "
+                                     f"on `{display_name(other_host)}`"),
+                            hint="give each listener its own port", related=(other_path,))
 
 
 def check_hosts(config: FleetConfig) -> Iterator[Finding]:
@@ -317,51 +259,31 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
             continue
         guess = did_you_mean(host, declared)
         listed = ", ".join(f"`{display_name(h)}`" for h in declared) or "none"
-        yield Finding(
-            code="unknown-host",
-            severity="error",
-            path=path,
-            message=f"no host `{display_name(host)}` is declared under `hosts` (declared: {listed})",
-            hint=f"did you mean `{display_name(guess)}`?" if guess else f"declare it as `hosts.{display_key(host)}.address`",
-        )
+        yield Finding.error(code="unknown-host", path=path,
+                            message=f"no host `{display_name(host)}` is declared under `hosts` (declared: {listed})",
+                            hint=f"did you mean `{display_name(guess)}`?" if guess else f"declare it as `hosts.{display_key(host)}.address`")
     placed_workers = [name for name, w in config.workers.items() if w.home is not None]
     if placed_workers and config.proxy.deploy_on is None:
-        yield Finding(
-            code="proxy-not-placed",
-            severity="error",
-            path=("proxy", "deployOn"),
-            message=(
-                f"worker `{placed_workers[0]}` is placed on a host but the proxy is not, so every host would run a proxy; "
-                "two proxies each fill the same worker's gate and together admit more than its batch width"
-            ),
-            hint="set `proxy.deployOn` to the one host that runs the proxy",
-            related=(("workers", placed_workers[0], "deployOn" if config.workers[placed_workers[0]].deploy_on else "distributed"),),
-        )
+        yield Finding.error(code="proxy-not-placed", path=("proxy", "deployOn"),
+                            message=(f"worker `{placed_workers[0]}` is placed on a host but the proxy is not, so every host would run a proxy; "
+                                     "two proxies each fill the same worker's gate and together admit more than its batch width"),
+                            hint="set `proxy.deployOn` to the one host that runs the proxy",
+                            related=(("workers", placed_workers[0], "deployOn" if config.workers[placed_workers[0]].deploy_on else "distributed"),))
     for name, w in config.workers.items():
         if is_remote(config, name) and config.proxy.deploy_on is not None and is_loopback(w.host):
-            yield Finding(
-                code="worker-unreachable",
-                severity="error",
-                path=("workers", name, "host"),
-                message=(
-                    f"the worker runs on host `{display_name(w.home)}` and listens on `{display_name(w.host)}` only, "
-                    f"so the proxy on host `{display_name(config.proxy.deploy_on)}` cannot reach it"
-                ),
-                hint="listen on `0.0.0.0` (or the host's own address) and open the port to the proxy host only (`openFirewall` on NixOS)",
-                related=(("workers", name, "deployOn"), ("proxy", "deployOn")),
-            )
+            yield Finding.error(code="worker-unreachable", path=("workers", name, "host"),
+                                message=(f"the worker runs on host `{display_name(w.home)}` and listens on `{display_name(w.host)}` only, "
+                                         f"so the proxy on host `{display_name(config.proxy.deploy_on)}` cannot reach it"),
+                                hint="listen on `0.0.0.0` (or the host's own address) and open the port to the proxy host only (`openFirewall` on NixOS)",
+                                related=(("workers", name, "deployOn"), ("proxy", "deployOn")))
     if not is_placed(config):
         return
     for host in declared:
         with_proxy, names = parts_on(config, host)
         if not with_proxy and not names:
-            yield Finding(
-                code="host-runs-nothing",
-                severity="warning",
-                path=("hosts", host),
-                message=f"no part of the fleet is placed on host `{display_name(host)}`",
-                hint="place a worker or the proxy there with `deployOn`, or remove the host",
-            )
+            yield Finding.warning(code="host-runs-nothing", path=("hosts", host),
+                                  message=f"no part of the fleet is placed on host `{display_name(host)}`",
+                                  hint="place a worker or the proxy there with `deployOn`, or remove the host")
 
 
 def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
@@ -372,31 +294,19 @@ def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
         depths = worker.drafter.depth
         path = ("workers", name, "drafter", "depth")
         if "default" not in depths:
-            yield Finding(
-                code="depth-map-no-default",
-                severity="error",
-                path=path,
-                message="a depth per workload class needs a `default` for requests of no listed class",
-                hint=f"add `default` to `{format_path(path)}` (e.g. `default: 3`), or give a single depth",
-            )
+            yield Finding.error(code="depth-map-no-default", path=path,
+                                message="a depth per workload class needs a `default` for requests of no listed class",
+                                hint=f"add `default` to `{format_path(path)}` (e.g. `default: 3`), or give a single depth")
         for cls in depths:
             if not re.fullmatch(DEPTH_CLASS_PATTERN, cls):
-                yield Finding(
-                    code="depth-class-name",
-                    severity="error",
-                    path=path + (cls,),
-                    message=f"a workload class name may hold only letters, digits, `_`, `.` and `-` (1-64 characters), got: {cls!r}",
-                    hint="rename the class; requests name it in `mtpstack_class` or the `X-Mtpstack-Class` header",
-                )
+                yield Finding.error(code="depth-class-name", path=path + (cls,),
+                                    message=f"a workload class name may hold only letters, digits, `_`, `.` and `-` (1-64 characters), got: {cls!r}",
+                                    hint="rename the class; requests name it in `mtpstack_class` or the `X-Mtpstack-Class` header")
         if worker.backend == "mlx-lm":
-            yield Finding(
-                code="mlx-lm-depth-map",
-                severity="error",
-                path=path,
-                message="`mlx_lm.server` drafts at one depth for every request; it cannot serve a depth per workload class",
-                hint="use backend `native` for a depth per class, or give a single depth",
-                related=(("workers", name, "backend"),),
-            )
+            yield Finding.error(code="mlx-lm-depth-map", path=path,
+                                message="`mlx_lm.server` drafts at one depth for every request; it cannot serve a depth per workload class",
+                                hint="use backend `native` for a depth per class, or give a single depth",
+                                related=(("workers", name, "backend"),))
 
 
 def check_distributed(config: FleetConfig) -> Iterator[Finding]:
@@ -409,59 +319,33 @@ def check_distributed(config: FleetConfig) -> Iterator[Finding]:
             continue
         path = ("workers", name, "distributed")
         if w.deploy_on is not None and w.deploy_on != d.hosts[0]:
-            yield Finding(
-                code="distributed-deploy-on",
-                severity="error",
-                path=("workers", name, "deployOn"),
-                message=(
-                    f"the worker spans hosts and its rank 0 (its HTTP side) runs on the first, "
-                    f"`{display_name(d.hosts[0])}`, not on `{display_name(w.deploy_on)}`"
-                ),
-                hint=f"set `{format_path(('workers', name, 'deployOn'))}` to null, or list `{display_name(w.deploy_on)}` first in `{format_path(path + ('hosts',))}`",
-                related=(path + ("hosts",),),
-            )
+            yield Finding.error(code="distributed-deploy-on", path=("workers", name, "deployOn"),
+                                message=(f"the worker spans hosts and its rank 0 (its HTTP side) runs on the first, "
+                                         f"`{display_name(d.hosts[0])}`, not on `{display_name(w.deploy_on)}`"),
+                                hint=f"set `{format_path(('workers', name, 'deployOn'))}` to null, or list `{display_name(w.deploy_on)}` first in `{format_path(path + ('hosts',))}`",
+                                related=(path + ("hosts",),))
         seen: set[str] = set()
         for i, host in enumerate(d.hosts):
             if host in seen:
-                yield Finding(
-                    code="distributed-duplicate-host",
-                    severity="error",
-                    path=path + ("hosts", str(i)),
-                    message=f"host `{display_name(host)}` is listed twice; each host runs one rank",
-                    hint="list each host once (ranks on one machine: declare two hosts with loopback addresses, as `mtpstack up` runs them)",
-                )
+                yield Finding.error(code="distributed-duplicate-host", path=path + ("hosts", str(i)),
+                                    message=f"host `{display_name(host)}` is listed twice; each host runs one rank",
+                                    hint="list each host once (ranks on one machine: declare two hosts with loopback addresses, as `mtpstack up` runs them)")
             seen.add(host)
         if w.backend != "native":
-            yield Finding(
-                code="distributed-needs-native",
-                severity="error",
-                path=path,
-                message=f"backend `{w.backend}` runs on one host; only the native worker spans hosts",
-                hint="use backend `native`, or drop `distributed`",
-                related=(("workers", name, "backend"),),
-            )
+            yield Finding.error(code="distributed-needs-native", path=path,
+                                message=f"backend `{w.backend}` runs on one host; only the native worker spans hosts",
+                                hint="use backend `native`, or drop `distributed`", related=(("workers", name, "backend"),))
         if w.prefix_cache.max_gib > 0:
             cache_path = ("workers", name, "prefixCache", "maxGiB")
-            yield Finding(
-                code="distributed-no-prefix-cache",
-                severity="warning",
-                path=cache_path,
-                message=(
-                    f"a worker across hosts keeps no prefix cache (its ranks would have to agree on every hit and "
-                    f"eviction), so the {w.prefix_cache.max_gib:g} GiB here go unused and every turn prefills its whole prompt"
-                ),
-                hint=f"set `{format_path(cache_path)}` to 0 for this worker",
-                related=(path,),
-            )
+            yield Finding.warning(code="distributed-no-prefix-cache", path=cache_path,
+                                  message=(f"a worker across hosts keeps no prefix cache (its ranks would have to agree on every hit and "
+                                           f"eviction), so the {w.prefix_cache.max_gib:g} GiB here go unused and every turn prefills its whole prompt"),
+                                  hint=f"set `{format_path(cache_path)}` to 0 for this worker", related=(path,))
         last = w.base_port + len(d.hosts) - 1
         if last > PORT_MAX:
-            yield Finding(
-                code="out-of-range",
-                severity="error",
-                path=path + ("basePort",),
-                message=f"rank {len(d.hosts) - 1} would listen on port {last}, beyond {PORT_MAX}",
-                hint=f"lower `{format_path(path + ('basePort',))}` to at most {PORT_MAX - len(d.hosts) + 1}",
-            )
+            yield Finding.error(code="out-of-range", path=path + ("basePort",),
+                                message=f"rank {len(d.hosts) - 1} would listen on port {last}, beyond {PORT_MAX}",
+                                hint=f"lower `{format_path(path + ('basePort',))}` to at most {PORT_MAX - len(d.hosts) + 1}")
         # MLX's ring (mlx/distributed/utils.cpp) and JACCL's side channel (jaccl/tcp.cpp) split
         # `ip:port` at the first colon and connect `AF_INET` sockets: IPv4 only. The ring dials
         # every rank's address; JACCL's ranks meet at rank 0's (`MLX_JACCL_COORDINATOR`).
@@ -475,17 +359,11 @@ def check_distributed(config: FleetConfig) -> Iterator[Finding]:
                 if d.backend == "ring"
                 else "the jaccl backend's ranks meet at rank 0's IPv4 address (its coordinator)"
             )
-            yield Finding(
-                code="distributed-needs-ip",
-                severity="error",
-                path=("hosts", host, "address"),
-                message=(
-                    f"{why}: MLX splits `address:port` at the first colon and opens IPv4 sockets, and host "
-                    f"`{display_name(host)}` (rank {i} of worker `{display_name(name)}`) has the address `{display_name(spec.address)}`"
-                ),
-                hint="give the host its IPv4 address (on a Thunderbolt ring, the bridge's address)",
-                related=(path + ("hosts", str(i)),),
-            )
+            yield Finding.error(code="distributed-needs-ip", path=("hosts", host, "address"),
+                                message=(f"{why}: MLX splits `address:port` at the first colon and opens IPv4 sockets, and host "
+                                         f"`{display_name(host)}` (rank {i} of worker `{display_name(name)}`) has the address `{display_name(spec.address)}`"),
+                                hint="give the host its IPv4 address (on a Thunderbolt ring, the bridge's address)",
+                                related=(path + ("hosts", str(i)),))
         yield from _check_ibv_devices(name, d, path)
 
 
@@ -497,51 +375,29 @@ def _check_ibv_devices(name: str, d, path: tuple[str, ...]) -> Iterator[Finding]
     n = len(d.hosts)
     if d.backend != "jaccl":
         if d.ibv_devices is not None:
-            yield Finding(
-                code="distributed-ibv-devices",
-                severity="warning",
-                path=devices_path,
-                message=f"the `{d.backend}` backend does not use RDMA devices, so this is ignored",
-                hint=f"set `{format_path(path + ('backend',))}` to `jaccl` to connect the ranks over RDMA, or drop `ibvDevices`",
-            )
+            yield Finding.warning(code="distributed-ibv-devices", path=devices_path,
+                                  message=f"the `{d.backend}` backend does not use RDMA devices, so this is ignored",
+                                  hint=f"set `{format_path(path + ('backend',))}` to `jaccl` to connect the ranks over RDMA, or drop `ibvDevices`")
         return
     example = json.dumps([[None if c == r else "rdma_en2" for c in range(n)] for r in range(n)])
     if d.ibv_devices is None:
-        yield Finding(
-            code="distributed-ibv-devices",
-            severity="error",
-            path=devices_path,
-            message=(
-                f"the jaccl backend reads the RDMA devices that connect the {n} ranks from a file (`MLX_IBV_DEVICES`), "
-                "and none are given"
-            ),
-            hint=(
-                f"set `{format_path(devices_path)}`: one row per rank in `hosts` order, null for the rank itself, "
-                f"else the device toward that rank (`ibv_devices` on each Mac lists them), e.g. {example}"
-            ),
-        )
+        yield Finding.error(code="distributed-ibv-devices", path=devices_path,
+                            message=(f"the jaccl backend reads the RDMA devices that connect the {n} ranks from a file (`MLX_IBV_DEVICES`), "
+                                     "and none are given"),
+                            hint=(f"set `{format_path(devices_path)}`: one row per rank in `hosts` order, null for the rank itself, "
+                                  f"else the device toward that rank (`ibv_devices` on each Mac lists them), e.g. {example}"))
         return
     if len(d.ibv_devices) != n:
-        yield Finding(
-            code="distributed-ibv-devices",
-            severity="error",
-            path=devices_path,
-            message=f"the worker has {n} ranks but {len(d.ibv_devices)} rows of RDMA devices; each rank needs its row",
-            hint=f"give one row per rank in `{format_path(path + ('hosts',))}` order, e.g. {example}",
-        )
+        yield Finding.error(code="distributed-ibv-devices", path=devices_path,
+                            message=f"the worker has {n} ranks but {len(d.ibv_devices)} rows of RDMA devices; each rank needs its row",
+                            hint=f"give one row per rank in `{format_path(path + ('hosts',))}` order, e.g. {example}")
         return
     for r, row in enumerate(d.ibv_devices):
         if len(row) != n or row[r] is not None:
-            yield Finding(
-                code="distributed-ibv-devices",
-                severity="error",
-                path=devices_path + (str(r),),
-                message=(
-                    f"rank {r}'s row must name a device toward each of the {n} ranks, and null at its own place "
-                    f"(entry {r}), got: {json.dumps(row)}"
-                ),
-                hint=f"e.g. {json.dumps(json.loads(example)[r])}",
-            )
+            yield Finding.error(code="distributed-ibv-devices", path=devices_path + (str(r),),
+                                message=(f"rank {r}'s row must name a device toward each of the {n} ranks, and null at its own place "
+                                         f"(entry {r}), got: {json.dumps(row)}"),
+                                hint=f"e.g. {json.dumps(json.loads(example)[r])}")
 
 
 def is_ipv4(address: str) -> bool:
@@ -580,11 +436,7 @@ def check_prefix_cache_dirs(config: FleetConfig) -> Iterator[Finding]:
                 continue
             seen.add((other, name))
             on = f" on host `{display_name(host)}`" if host is not None else ""
-            yield Finding(
-                code="prefix-cache-dir-shared",
-                severity="error",
-                path=("workers", name, "prefixCache", "dir"),
-                message=f"workers `{display_name(other)}` and `{display_name(name)}` would share the prefix-cache directory `{folder}`{on}",
-                hint=f"give each worker its own `prefixCache.dir` (or set it to null: the Nix modules and `mtpstack up` then give each its own)",
-                related=(("workers", other, "prefixCache", "dir"),),
-            )
+            yield Finding.error(code="prefix-cache-dir-shared", path=("workers", name, "prefixCache", "dir"),
+                                message=f"workers `{display_name(other)}` and `{display_name(name)}` would share the prefix-cache directory `{folder}`{on}",
+                                hint=f"give each worker its own `prefixCache.dir` (or set it to null: the Nix modules and `mtpstack up` then give each its own)",
+                                related=(("workers", other, "prefixCache", "dir"),))
