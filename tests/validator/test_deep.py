@@ -265,20 +265,16 @@ def test_a_head_of_a_family_not_served_is_refused_saying_why(tmp_path, monkeypat
     assert "`glm4_moe_lite_mtp` head, which the worker does not serve: its state cannot be rolled back" in f.message
 
 
-def test_a_glm_head_bundled_as_a_layer_past_the_last_is_found_and_named(tmp_path):
-    config = {"model_type": "glm4_moe_lite", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 3}
-    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
-        "model.layers.3.eh_proj.weight", "model.layers.3.mlp.experts.0.gate_proj.weight"))
-    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
-        "a `glm4_moe_lite_mtp` head: bundled in the target's checkpoint as `model.layers.3.*`, per-expert MoE tensors, unquantized"]
-
-
-def test_a_nemotron_head_bundled_as_mtp_tensors_is_found_and_named(tmp_path):
-    config = {"model_type": "nemotron_h", "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": 4}
-    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + (
-        "mtp.layers.0.eh_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight"))
-    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [
-        "a `nemotron_h_mtp` head: bundled in the target's checkpoint as `mtp.*`, per-expert MoE tensors, unquantized"]
+@pytest.mark.parametrize(("model_type", "layers", "head_tensors", "note"), [
+    ("glm4_moe_lite", 3, ("model.layers.3.eh_proj.weight", "model.layers.3.mlp.experts.0.gate_proj.weight"),
+     "a `glm4_moe_lite_mtp` head: bundled in the target's checkpoint as `model.layers.3.*`, per-expert MoE tensors, unquantized"),
+    ("nemotron_h", 4, ("mtp.layers.0.eh_proj.weight", "mtp.layers.1.mixer.experts.0.up_proj.weight"),
+     "a `nemotron_h_mtp` head: bundled in the target's checkpoint as `mtp.*`, per-expert MoE tensors, unquantized"),
+], ids=["glm-as-a-layer-past-the-last", "nemotron-as-mtp-tensors"])
+def test_a_head_bundled_in_the_targets_checkpoint_is_found_and_named_with_its_family(tmp_path, model_type, layers, head_tensors, note):
+    config = {"model_type": model_type, "hidden_size": 64, "vocab_size": 1024, "num_hidden_layers": layers}
+    target = model_dir(tmp_path, "t", config=config, tensors=TARGET_TENSORS + head_tensors)
+    assert deep_notes(fleet(tmp_path, target, target, "bf16", "bf16")) == [note]
 
 
 def test_mtp_tensors_in_a_target_of_no_known_family_are_refused(tmp_path):
