@@ -84,24 +84,36 @@ async def test_requests_spread_to_the_least_loaded_worker(make_fleet):
     f.assert_no_violations()
 
 
-async def test_queue_full_answers_429_with_retry_after(make_fleet):
+async def past_a_full_queue(make_fleet, path: str, queued_path: str | None = None):
+    """A third request to `path` while one is held by a gate of 1 and one (to `queued_path`) waits in a
+    queue of 1: its response, and the two others' gathered."""
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
-    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.3)))
-    queued = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat()))
+    held = asyncio.create_task(f.client.post(path, json=chat(delay=0.3)))
+    queued = asyncio.create_task(f.client.post(queued_path or path, json=chat()))
     await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
-    r = await f.client.post("/v1/chat/completions", json=chat())
+    return await f.client.post(path, json=chat()), asyncio.gather(held, queued)
+
+
+async def past_a_queue_timeout(make_fleet, path: str):
+    """A request to `path` that waits out a 0.1 s queue timeout behind one held by a gate of 1: its
+    response, the fleet, and the held one."""
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
+    held = asyncio.create_task(f.client.post(path, json=chat(delay=0.5)))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
+    return await f.client.post(path, json=chat()), f, held
+
+
+async def test_queue_full_answers_429_with_retry_after(make_fleet):
+    r, others = await past_a_full_queue(make_fleet, "/v1/chat/completions")
     assert r.status == 429
     assert int(r.headers[hdrs.RETRY_AFTER]) >= 1
     err = await error_of(r)
     assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
-    assert [x.status for x in await asyncio.gather(held, queued)] == [200, 200]
+    assert [x.status for x in await others] == [200, 200]
 
 
 async def test_queue_timeout_answers_429_with_retry_after(make_fleet):
-    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
-    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.5)))
-    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
-    r = await f.client.post("/v1/chat/completions", json=chat())
+    r, f, held = await past_a_queue_timeout(make_fleet, "/v1/chat/completions")
     assert r.status == 429 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
     assert (await error_of(r))["code"] == "queue_timeout"
     assert f.state.admissions["m"].waiting == 0
@@ -342,21 +354,14 @@ def anthropic_error(body: dict) -> dict:
 
 
 async def test_a_full_queue_is_anthropics_529_overloaded_with_retry_after_on_messages(make_fleet):
-    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
-    held = asyncio.create_task(f.client.post("/v1/messages?beta=true", json=chat(delay=0.3)))
-    queued = asyncio.create_task(f.client.post("/v1/messages", json=chat()))
-    await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
-    r = await f.client.post("/v1/messages?beta=true", json=chat())
+    r, others = await past_a_full_queue(make_fleet, "/v1/messages?beta=true", "/v1/messages")
     assert r.status == 529 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
     assert anthropic_error(await r.json())["type"] == "overloaded_error"
-    assert [x.status for x in await asyncio.gather(held, queued)] == [200, 200]
+    assert [x.status for x in await others] == [200, 200]
 
 
 async def test_a_queue_timeout_on_messages_is_a_429_rate_limit_error_with_retry_after(make_fleet):
-    f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
-    held = asyncio.create_task(f.client.post("/v1/messages", json=chat(delay=0.5)))
-    await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
-    r = await f.client.post("/v1/messages", json=chat())
+    r, _, held = await past_a_queue_timeout(make_fleet, "/v1/messages")
     assert r.status == 429 and int(r.headers[hdrs.RETRY_AFTER]) >= 1
     assert anthropic_error(await r.json())["type"] == "rate_limit_error"
     assert (await held).status == 200
