@@ -455,20 +455,15 @@ async def run(args) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
         if on - OWN_WORKERS:
             prompt_tokens = await shared_servers(session, args, target, workdir, on, samples)
-        if "restart" in on:
-            samples["restart"] = []
+        for scenario, label, one_round in (("restart", "restart", restart_round), ("spill_itl", "spill", spill_round)):
+            if scenario not in on:
+                continue
+            samples[scenario] = []
             for rnd in range(args.warmup + args.rounds):
-                r = await restart_round(session, target, DEMO_HEAD, args, workdir, rnd)
-                print(f"restart round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
+                r = await one_round(session, target, DEMO_HEAD, args, workdir, rnd)
+                print(f"{label} round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
                 if rnd >= args.warmup:
-                    samples["restart"].append(r)
-        if "spill_itl" in on:
-            samples["spill_itl"] = []
-            for rnd in range(args.warmup + args.rounds):
-                r = await spill_round(session, target, DEMO_HEAD, args, workdir, rnd)
-                print(f"spill round {rnd}{'' if rnd >= args.warmup else ' (warm-up)'}: {r}", file=sys.stderr)
-                if rnd >= args.warmup:
-                    samples["spill_itl"].append(r)
+                    samples[scenario].append(r)
     if "memory" in on:
         samples["memory"] = [memory_flood(DEMO_HEAD, args, workdir, "this checkout", None)]
         if args.baseline:
