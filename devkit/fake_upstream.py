@@ -28,6 +28,7 @@ from http import HTTPStatus
 
 from aiohttp import web
 
+from mtpstack.endpoints import ENDPOINTS
 from mtpstack.validator import MAX_HEADER_BYTES
 
 #: Like the native worker's `--admission-grace-seconds`, shortened for tests.
@@ -248,11 +249,9 @@ def make_app(state: FakeState) -> web.Application:
     app = web.Application()
     app[FAKE] = state
     app.cleanup_ctx.append(_events_ctx)
-    app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/responses", completions)  # plain answers in the chat shape: the proxy only relays
-    app.router.add_post("/v1/messages", completions)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    # Every endpoint a worker serves, answered in the chat shape whatever its API (the proxy only relays).
+    for endpoint in ENDPOINTS:
+        app.router.add_post(endpoint.path, completions if endpoint.generates else count_tokens)
     app.router.add_get("/health", health)
     app.router.add_get("/stats", stats)
     app.router.add_get("/identity", identity)

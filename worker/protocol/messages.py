@@ -250,7 +250,7 @@ def _tools(tools) -> list[dict] | None:
         if kind not in (None, "custom"):
             if not isinstance(kind, str):
                 raise ProtocolError(f"`tools[{i}].type` must be a string: {shown(kind)}", f"tools[{i}].type")
-            drop_tools("/v1/messages", kind, served="custom")
+            drop_tools("messages", kind, served="custom")
             continue
         name = t.get("name")
         if not isinstance(name, str) or not name:

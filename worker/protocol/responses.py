@@ -52,9 +52,9 @@ def note_once(what: str, message: str) -> None:
     log.warning("%s", message)
 
 
-def drop_tools(path: str, kind: str, *, served: str) -> None:
-    """Log once that tools of `kind` sent to `path` are not shown to the model (only `served` ones are)."""
-    note_once(f"tool:{kind[:40]}", f"{path}: `{kind[:40]}` tools are dropped from what the model sees: "
+def drop_tools(api: str, kind: str, *, served: str) -> None:
+    """Log once that tools of `kind` sent to `/v1/<api>` are not shown to the model (only `served` ones are)."""
+    note_once(f"tool:{kind[:40]}", f"/v1/{api}: `{kind[:40]}` tools are dropped from what the model sees: "
                                    f"only {served} tools are served")
 
 
@@ -130,7 +130,7 @@ def _tools(tools) -> list[dict] | None:
                 raise ProtocolError(f"a namespace tool must hold a list of function tools: tools[{i}].tools", f"tools[{i}].tools")
             out += [_function(f) for f in inner]
         elif isinstance(kind, str) and kind:
-            drop_tools("/v1/responses", kind, served="function")
+            drop_tools("responses", kind, served="function")
         else:
             raise ProtocolError(f"each tool needs a string `type`: tools[{i}]", f"tools[{i}]")
     return out
