@@ -4,6 +4,16 @@
 let
   mtp = import ../../modules/lib;
 
+  # A worker of batch width `width` on `port`, serving the 4-bit target at `path`.
+  worker = path: width: port: {
+    target = {
+      inherit path;
+      bits = 4;
+    };
+    maxNumSeqs = width;
+    inherit port;
+  };
+
   fleet = mtp.render {
     proxy.modelConcurrencyLimits."qwen3.8-27b" = 2;
     workers = {
@@ -59,11 +69,20 @@ let
       binDir = "/pkg/bin";
     };
   edited = withPlain { maxContextTokens = 8192; };
-  editedUnits = unitsOf edited;
   moved = withPlain { port = 8103; };
-  movedUnits = unitsOf moved;
   widened = withPlain { maxNumSeqs = 4; };
-  widenedUnits = unitsOf widened;
+  # Which units an edited fleet restarts: those whose restart triggers changed.
+  restartedBy =
+    config:
+    let
+      after = unitsOf config;
+      restarted = unit: after.${unit}.restartTriggers != units.${unit}.restartTriggers;
+    in
+    {
+      plain = restarted "mtpstack-worker-plain";
+      mtp = restarted "mtpstack-worker-mtp";
+      proxy = restarted "mtpstack-proxy";
+    };
 
   # A worker across two hosts, the proxy on the first.
   spanning = mtp.render {
@@ -72,13 +91,7 @@ let
       mac1.address = "10.0.0.11";
       mac2.address = "10.0.0.12";
     };
-    workers.big = {
-      target = {
-        path = "/srv/models/big";
-        bits = 4;
-      };
-      maxNumSeqs = 1;
-      port = 8101;
+    workers.big = worker "/srv/models/big" 1 8101 // {
       host = "0.0.0.0";
       distributed = {
         hosts = [ "mac1" "mac2" ];
@@ -98,21 +111,25 @@ let
       writeText = inlineText;
     };
 
-  # The same worker over JACCL: RDMA devices between the two Macs.
-  overJaccl = mtp.render (
-    spanning
-    // {
-      workers.big = spanning.workers.big // {
-        distributed = spanning.workers.big.distributed // {
-          backend = "jaccl";
-          ibvDevices = [
-            [ null "rdma_en2" ]
-            [ "rdma_en2" null ]
-          ];
+  # The same worker with more `distributed` settings.
+  spanningWith =
+    distributed:
+    mtp.render (
+      spanning
+      // {
+        workers.big = spanning.workers.big // {
+          distributed = spanning.workers.big.distributed // distributed;
         };
-      };
-    }
-  );
+      }
+    );
+  # Over JACCL: RDMA devices between the two Macs.
+  overJaccl = spanningWith {
+    backend = "jaccl";
+    ibvDevices = [
+      [ null "rdma_en2" ]
+      [ "rdma_en2" null ]
+    ];
+  };
 
   tests = {
     jacclRanksGetTheDeviceFileAndTheCoordinator = {
@@ -132,18 +149,9 @@ let
     };
     jacclWithoutDevicesIsAnError = {
       expr = map (e: { inherit (e) code path; }) (
-        mtp.placement.errors [ ] (
-          mtp.render (
-            spanning
-            // {
-              workers.big = spanning.workers.big // {
-                distributed = spanning.workers.big.distributed // {
-                  backend = "jaccl";
-                };
-              };
-            }
-          )
-        )
+        mtp.placement.errors [ ] (spanningWith {
+          backend = "jaccl";
+        })
       );
       expected = [
         {
@@ -356,14 +364,7 @@ let
       expr = mtp.coupling.mismatched (
         mtp.render {
           proxy.concurrencyLimit = 4;
-          workers.w = {
-            target = {
-              path = "t";
-              bits = 4;
-            };
-            maxNumSeqs = 4;
-            port = 1;
-          };
+          workers.w = worker "t" 4 1;
         }
       );
       expected = [ ];
@@ -380,14 +381,7 @@ let
         (builtins.head (
           mtp.assertions [ "services" "mtpstack" ] (
             mtp.render {
-              workers."a b" = {
-                target = {
-                  path = "t";
-                  bits = 4;
-                };
-                maxNumSeqs = 1;
-                port = 1;
-              };
+              workers."a b" = worker "t" 1 1;
             }
           )
         )).assertion;
@@ -420,11 +414,7 @@ let
       };
     };
     editRestartsOnlyThatWorker = {
-      expr = {
-        plain = editedUnits.mtpstack-worker-plain.restartTriggers != units.mtpstack-worker-plain.restartTriggers;
-        mtp = editedUnits.mtpstack-worker-mtp.restartTriggers != units.mtpstack-worker-mtp.restartTriggers;
-        proxy = editedUnits.mtpstack-proxy.restartTriggers != units.mtpstack-proxy.restartTriggers;
-      };
+      expr = restartedBy edited;
       expected = {
         plain = true;
         mtp = false;
@@ -432,11 +422,7 @@ let
       };
     };
     portChangeRestartsTheProxyToo = {
-      expr = {
-        plain = movedUnits.mtpstack-worker-plain.restartTriggers != units.mtpstack-worker-plain.restartTriggers;
-        mtp = movedUnits.mtpstack-worker-mtp.restartTriggers != units.mtpstack-worker-mtp.restartTriggers;
-        proxy = movedUnits.mtpstack-proxy.restartTriggers != units.mtpstack-proxy.restartTriggers;
-      };
+      expr = restartedBy moved;
       expected = {
         plain = true;
         mtp = false;
@@ -444,7 +430,7 @@ let
       };
     };
     widthChangeRestartsTheProxy = {
-      expr = widenedUnits.mtpstack-proxy.restartTriggers != units.mtpstack-proxy.restartTriggers;
+      expr = (restartedBy widened).proxy;
       expected = true;
     };
     apiKeysBecomeACredential = {
