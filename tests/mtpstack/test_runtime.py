@@ -75,8 +75,10 @@ def test_a_process_that_ignores_sigterm_is_sigkilled_after_the_timeout(tmp_path)
 
 def test_interrupt_lets_a_process_shut_down_on_sigint_and_stops_one_that_ignores_it(tmp_path):
     log = tmp_path / "graceful.log"
-    graceful = Process(python("import time\ntry:\n    print('armed', flush=True); time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(7)"),
-                       log_path=log).start()
+    # The handler set explicitly, as `mtpstack up` does: a child of a background job starts with SIGINT ignored.
+    code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "try:\n    print('armed', flush=True); time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(7)")
+    graceful = Process(python(code), log_path=log).start()
     wait_for_line(log, "armed")
     assert graceful.interrupt(timeout=10) == 7
     log = tmp_path / "deaf.log"
