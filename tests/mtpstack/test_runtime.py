@@ -61,11 +61,15 @@ def test_a_free_port_can_be_bound():
         s.bind(("127.0.0.1", free_port()))
 
 
-def test_a_process_that_ignores_sigterm_is_sigkilled_after_the_timeout(tmp_path):
-    log = tmp_path / "stubborn.log"
-    p = Process(python("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('armed', flush=True); time.sleep(60)"),
-                log_path=log).start()
+def armed(log: Path, setup: str, body: str = "time.sleep(60)") -> Process:
+    """A Python child that runs `setup`, says `armed`, then runs `body`; started, and armed."""
+    p = Process(python(f"import signal, time\n{setup}\nprint('armed', flush=True)\n{body}"), log_path=log).start()
     wait_for_line(log, "armed")
+    return p
+
+
+def test_a_process_that_ignores_sigterm_is_sigkilled_after_the_timeout(tmp_path):
+    p = armed(tmp_path / "stubborn.log", "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
     t0 = time.monotonic()
     assert p.stop(timeout=0.5) == -signal.SIGKILL
     # at least the grace it was given, and far less than its 60 s sleep
@@ -74,17 +78,11 @@ def test_a_process_that_ignores_sigterm_is_sigkilled_after_the_timeout(tmp_path)
 
 
 def test_interrupt_lets_a_process_shut_down_on_sigint_and_stops_one_that_ignores_it(tmp_path):
-    log = tmp_path / "graceful.log"
     # The handler set explicitly, as `mtpstack up` does: a child of a background job starts with SIGINT ignored.
-    code = ("import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "try:\n    print('armed', flush=True); time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(7)")
-    graceful = Process(python(code), log_path=log).start()
-    wait_for_line(log, "armed")
+    graceful = armed(tmp_path / "graceful.log", "signal.signal(signal.SIGINT, signal.default_int_handler)",
+                     "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(7)")
     assert graceful.interrupt(timeout=10) == 7
-    log = tmp_path / "deaf.log"
-    deaf = Process(python("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('armed', flush=True); time.sleep(60)"),
-                   log_path=log).start()
-    wait_for_line(log, "armed")
+    deaf = armed(tmp_path / "deaf.log", "signal.signal(signal.SIGINT, signal.SIG_IGN)")
     assert deaf.interrupt(timeout=0.5) == -signal.SIGTERM
 
 
