@@ -126,39 +126,28 @@ def live_worker(tmp_path):
 
 
 
-def _built_once(tmp_path_factory, builder: str, prefix: str):
-    """`get(layout)` -> (target dir, head dir) from `devkit.demo.tiny_families.<builder>`, built once per layout."""
-    from devkit.demo import tiny_families
+def family_pair(family: str, what: str):
+    """The session fixture `<family>_pair`: `<family>_pair(layout)` -> (target dir, head dir), `what`
+    `devkit.demo.tiny_families.build_tiny_<family>_pair` builds, built once per layout."""
 
-    built: dict[str, tuple[Path, Path]] = {}
+    def fixture(tmp_path_factory):
+        from devkit.demo import tiny_families
 
-    def get(layout: str) -> tuple[Path, Path]:
-        if layout not in built:
-            built[layout] = getattr(tiny_families, builder)(tmp_path_factory.mktemp(f"{prefix}-{layout}"), layout)
-        return built[layout]
+        build = getattr(tiny_families, f"build_tiny_{family}_pair")
+        built: dict[str, tuple[Path, Path]] = {}
 
-    return get
+        def get(layout: str) -> tuple[Path, Path]:
+            if layout not in built:
+                built[layout] = build(tmp_path_factory.mktemp(f"{family}-{layout}"), layout)
+            return built[layout]
 
+        return get
 
-@pytest.fixture(scope="session")
-def moe_pair(tmp_path_factory):
-    """`moe_pair(layout)`: the tiny Qwen3.5 MoE target and its head in one of `MOE_LAYOUTS`."""
-    return _built_once(tmp_path_factory, "build_tiny_moe_pair", "moe")
-
-
-@pytest.fixture(scope="session")
-def next_pair(tmp_path_factory):
-    """`next_pair(layout)`: the tiny Qwen3-Next target and its `qwen3_5_mtp` head, standalone or bundled."""
-    return _built_once(tmp_path_factory, "build_tiny_next_pair", "next")
+    fixture.__doc__ = f"`{family}_pair(layout)`: {what}."
+    return pytest.fixture(fixture, scope="session", name=f"{family}_pair")
 
 
-@pytest.fixture(scope="session")
-def nemotron_pair(tmp_path_factory):
-    """`nemotron_pair(layout)`: the tiny Nemotron-H target and its `nemotron_h_mtp` head, standalone or bundled."""
-    return _built_once(tmp_path_factory, "build_tiny_nemotron_pair", "nemotron")
-
-
-@pytest.fixture(scope="session")
-def glm_pair(tmp_path_factory):
-    """`glm_pair(layout)`: the tiny GLM-4.7-Flash target and its `glm4_moe_lite_mtp` head, standalone or bundled."""
-    return _built_once(tmp_path_factory, "build_tiny_glm_pair", "glm")
+moe_pair = family_pair("moe", "the tiny Qwen3.5 MoE target and its head in one of `MOE_LAYOUTS`")
+next_pair = family_pair("next", "the tiny Qwen3-Next target and its `qwen3_5_mtp` head, standalone or bundled")
+nemotron_pair = family_pair("nemotron", "the tiny Nemotron-H target and its `nemotron_h_mtp` head, standalone or bundled")
+glm_pair = family_pair("glm", "the tiny GLM-4.7-Flash target and its `glm4_moe_lite_mtp` head, standalone or bundled")
