@@ -452,9 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model directory (default: the demo target, widened)")
     p.add_argument("--drafter", help="MTP head folder (with --target)")
-    p.add_argument("--family", choices=["qwen3_5_moe", "qwen3_next", "nemotron_h", "glm4_moe_lite"],
-                   help="a tiny random pair of this MTP family, its target widened (default: the demo qwen3_5 pair); "
-                   "mlx-vlm 0.7.10 runs MTP for qwen3_5_moe and nemotron_h only")
+    from devkit.demo.tiny_families import PAIRS
+
+    p.add_argument("--family", choices=list(PAIRS),
+                   help="a tiny random pair of this MTP family, its target widened (default: the demo pair); "
+                   "mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
                    help="configurations to run (default: all)")
     p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")

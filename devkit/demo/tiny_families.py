@@ -37,6 +37,7 @@ from devkit.demo.tiny_hybrid import (
     HEAD_HIDDEN_GAIN,
     HEAD_LAYER_GAIN,
     TINY_HYBRID,
+    build_tiny_hybrid_pair,
     to_original_layout,
 )
 
@@ -505,6 +506,7 @@ def widen_mlps(src_dir: Path, out_dir: Path, multiplier: int, seed: int = 0) -> 
 
 #: `--family` of the benches -> the standalone pair's builder.
 PAIRS = {
+    "qwen3_5": lambda out: build_tiny_hybrid_pair(out),
     "qwen3_5_moe": lambda out: build_tiny_moe_pair(out, "standalone"),
     "qwen3_next": lambda out: build_tiny_next_pair(out, "standalone"),
     "nemotron_h": lambda out: build_tiny_nemotron_pair(out, "standalone"),

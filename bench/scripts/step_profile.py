@@ -1,0 +1,350 @@
+"""Where one speculative decode step's time goes: part by part, at each depth and width, on two hybrid pairs.
+
+    LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py \\
+        [--pairs demo qwen3_5] [--depths 0 1 2 3 4] [--widths 1 4] [--repeats 4] [--steps 4] [--out FILE]
+
+The pairs are the worker bench's (`worker_bench.prepare_models`): `demo`, the demo pair with its target
+widened to ~70M parameters, and `qwen3_5`, the tiny random Qwen3.5 hybrid of `devkit.demo.tiny_hybrid`
+with its target's MLPs widened x8 (a small pair, where per-step overhead dominates). Each configuration
+(pair, width, depth; depth 0 is the plain step, no drafts) decodes `width` rows greedily in-process, in
+the worker's own batch (`Scheduler`, as served). Every round rebuilds each configuration's rows from the
+same prompts (so every round times the same contexts), runs two warm-up steps, then
+
+- times `--steps` steps as served: the unforced step time (mlx evaluates lazily; only the step's own
+  evaluation points synchronise);
+- times `--steps` more in profiling mode, where evaluation is forced at every part's boundary and each
+  part's time is split into graph building (Python) and evaluation (compute):
+
+  | part | what |
+  |---|---|
+  | draft | the drafter's proposals (a head: its forwards and the target's LM head on each) |
+  | verify | the target's forward over the step's 1 + k positions, less the recurrence |
+  | recurrence | the gated-delta / Mamba2 recurrence inside that forward, keeping what rollback needs |
+  | lm head | the target's LM head over the 1 + k positions |
+  | sample+accept | sampling every row, reading the tokens back, the acceptance walk |
+  | commit | each row's kept recurrent state and conv window |
+  | head replay | the head's accept step (rollback, replay forward over the accepted tail, next seed) |
+  | other | the rest: the step's inputs, emitting text, the scheduler's bookkeeping |
+
+Forcing evaluation changes the total (parts no longer overlap, every boundary synchronises), so the
+forced total is printed beside the unforced one. Configurations are interleaved within a round, in an
+order rotated every round, so a busy neighbour hits each alike. A configuration's step cost is the ratio
+of its median unforced step to the plain step's (depth 0, same pair and width) in the same round,
+summarised over rounds (median, min-max). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
+
+import argparse
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+
+from mtpstack.bench.stats import summarize
+from worker_bench import PROMPTS, emit, ensure_preload, prepare_models
+
+#: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
+PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")
+#: Recurrences the worker calls inside a recurrent layer's forward, by the name its modules import them as.
+RECURRENCES = ("gated_delta_update", "ssm_update")
+#: Steps run and discarded after a configuration's rows are rebuilt.
+WARMUP_STEPS = 2
+
+
+# -- pure parts (tested through devkit.scripts.load_script) --------------------------------
+
+
+class Timeline:
+    """Forced-evaluation timings of one step's parts, exclusive of the parts nested in them.
+
+    `enter(part)`/`leave(part)` bracket a part; what a nested part takes is taken out of the part
+    that contains it, so the parts of a step add up to the time they cover."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.totals: dict[str, float] = {}
+        self.spans: list[tuple[str, float, float]] = []  # (part, start, end) of the outermost parts
+        self._stack: list[list] = []  # [part, start, nested seconds]
+
+    def enter(self, part: str) -> None:
+        self._stack.append([part, self.clock(), 0.0])
+
+    def leave(self, part: str) -> None:
+        name, start, nested = self._stack.pop()
+        assert name == part, (name, part)
+        end = self.clock()
+        self.add(part, end - start - nested)
+        if self._stack:
+            self._stack[-1][2] += end - start
+        else:
+            self.spans.append((part, start, end))
+
+    def add(self, part: str, seconds: float) -> None:
+        self.totals[part] = self.totals.get(part, 0.0) + seconds
+
+    def current(self) -> str | None:
+        """The innermost part running now, if any."""
+        return self._stack[-1][0] if self._stack else None
+
+
+def step_parts(timeline: Timeline, total: float) -> dict[str, float]:
+    """Seconds per part of one forced step of `total` seconds: the timed parts, `sample+accept` (from the
+    end of the last LM-head span to the start of the first commit span after it), and `other`, the rest."""
+    parts = {part: 0.0 for part in PARTS}
+    parts.update({p: s for p, s in timeline.totals.items() if p in parts})
+    head_end = [end for part, _, end in timeline.spans if part.startswith("lm head")]
+    if head_end:
+        commits = [start for part, start, _ in timeline.spans if part.startswith("commit") and start >= head_end[-1]]
+        if commits:
+            parts["sample+accept"] = commits[0] - head_end[-1]
+    parts["other"] = max(0.0, total - sum(v for p, v in parts.items() if p != "other"))
+    return parts
+
+
+def step_cost_rounds(rounds: list[dict], depth: int) -> list[float]:
+    """Per round, the median unforced step at `depth` over the plain step's (depth 0) median, same round."""
+    out = []
+    for r in rounds:
+        if depth in r and 0 in r and r[0]:
+            out.append(summarize(r[depth]).median / summarize(r[0]).median)
+    return out
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    if not values:
+        return "n/a"
+    s = summarize([v * scale for v in values])
+    return f"{s.median:.{digits}f} ({s.min:.{digits}f}-{s.max:.{digits}f})"
+
+
+def table(report: dict) -> list[str]:
+    lines = [
+        "one decode step, in-process, greedy; ms median (min-max) over rounds; 'forced': evaluation forced at "
+        "every part boundary (profiling mode, changes the total), parts as build+eval ms",
+    ]
+    for pair in report["pairs"]:
+        lines.append(f"pair {pair['name']}: {pair['models']}")
+        for width_rows in pair["widths"]:
+            width = width_rows["width"]
+            lines.append(f"  width {width}")
+            lines.append(f"    {'depth':>5} {'step (unforced)':>22} {'step cost':>18} {'tokens/step':>11} {'forced':>20}   parts (forced, build+eval ms)")
+            for row in width_rows["depths"]:
+                parts = "  ".join(
+                    f"{p} {row['parts'][p]['build_ms']:.1f}+{row['parts'][p]['eval_ms']:.1f}"
+                    for p in PARTS if row["parts"][p]["build_ms"] + row["parts"][p]["eval_ms"] >= 0.05
+                )
+                lines.append(
+                    f"    {row['depth']:>5} {row['step_ms']:>22} {row['step_cost']:>18} {row['tokens_per_step']:>11.2f} "
+                    f"{row['forced_ms']:>20}   {parts}"
+                )
+    lines.append(f"load average before / after: {report['loadavg'][0]} / {report['loadavg'][1]}")
+    return lines
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def _arrays(x) -> list:
+    import mlx.core as mx
+
+    if isinstance(x, mx.array):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [a for item in x for a in _arrays(item)]
+    if isinstance(x, dict):
+        return [a for item in x.values() for a in _arrays(item)]
+    return []
+
+
+class Forcing:
+    """Profiling mode on one batch: the parts' callables wrapped to force evaluation at their boundaries.
+
+    Duck-typed on what every version of the worker exposes (the drafter's `draft`/`accept`, the target
+    parts' `hidden`/`lm_head`, each cache's `commit`, the recurrences by the names the worker's modules
+    import), so the same profile runs against the code before and after a change."""
+
+    def __init__(self, engine, batch):
+        self.engine, self.batch = engine, batch
+        self.timeline = Timeline()
+        self._undo: list = []
+
+    def _timed(self, part: str, fn, *, eval_inputs: bool = False, after=None):
+        import mlx.core as mx
+
+        timeline = self.timeline
+
+        def wrapper(*args, **kwargs):
+            if eval_inputs and timeline.current():  # what the inputs still owe is the enclosing part's work
+                start = timeline.clock()
+                mx.eval(_arrays((args, kwargs)))
+                timeline.add(timeline.current() + " eval", timeline.clock() - start)
+            timeline.enter(part)
+            out = fn(*args, **kwargs)
+            built = timeline.clock()
+            mx.eval(_arrays(out))
+            if after is not None:
+                after()
+            timeline.add(part + " eval", timeline.clock() - built)
+            timeline.leave(part)
+            return out
+
+        return wrapper
+
+    def _patch(self, owner, name: str, value) -> None:
+        had = name in vars(owner) if hasattr(owner, "__dict__") else False
+        old = getattr(owner, name)
+        self._undo.append((owner, name, old, had))
+        setattr(owner, name, value)
+
+    def install(self) -> "Forcing":
+        import mlx.core as mx
+
+        parts, drafter = self.engine.parts, self.batch.drafter
+        self._patch(parts, "hidden", self._timed("verify", parts.hidden))
+        self._patch(parts, "lm_head", self._timed("lm head", parts.lm_head))
+        if drafter is not None:
+            # What a drafter leaves lazy (its caches, a head's next seed) is forced with the part that made it.
+            def drafter_state():
+                mx.eval([c.state for c in drafter.caches], drafter.arrays(self.batch.rows))
+
+            self._patch(drafter, "draft", self._timed("draft", drafter.draft, after=drafter_state))
+            self._patch(drafter, "accept", self._timed("head replay", drafter.accept, after=drafter_state))
+        caches = self.batch.caches
+        for i, cache in enumerate(caches):
+            last = i == len(caches) - 1
+            self._patch(cache, "commit", self._timed(
+                "commit", cache.commit, after=(lambda: mx.eval([c.state for c in caches])) if last else None))
+        for module in [m for name, m in list(sys.modules.items()) if name.startswith("mtpstack.worker") and m is not None]:
+            for name in RECURRENCES:
+                if callable(getattr(module, name, None)):
+                    self._patch(module, name, self._timed("recurrence", getattr(module, name), eval_inputs=True))
+        from mlx_lm.models import ssm
+
+        self._patch(ssm, "ssm_update", self._timed("recurrence", ssm.ssm_update, eval_inputs=True))
+        return self
+
+    def remove(self) -> None:
+        for owner, name, old, had in reversed(self._undo):
+            if had or not hasattr(owner, "__dict__"):
+                setattr(owner, name, old)
+            else:
+                delattr(owner, name)
+        self._undo = []
+
+
+def build_rows(engine, width: int, depth: int):
+    from mtpstack.worker.engine import SamplingParams, Scheduler
+
+    sched = Scheduler(max_num_seqs=width)
+    for i in range(width):
+        sched.add(engine.new_sequence(engine.text_prompt(PROMPTS[i % len(PROMPTS)]),
+                                      SamplingParams(max_tokens=100_000, depth=depth, ignore_eos=True)))
+    while any(not seq.in_batch for seq in sched.active):
+        sched.step()
+    for _ in range(WARMUP_STEPS):
+        sched.step()
+    return sched
+
+
+def measure_config(engine, width: int, depth: int, steps: int) -> dict:
+    """One round of one configuration: unforced step times, then forced steps' parts."""
+    import mlx.core as mx
+
+    sched = build_rows(engine, width, depth)
+    unforced, tokens = [], 0
+    for _ in range(steps):
+        start = time.perf_counter()
+        results = sched.step()
+        unforced.append(time.perf_counter() - start)
+        tokens += sum(r.tokens for _, r, _ in results if r is not None)
+    mx.eval([c.state for c in sched.batch.caches])  # nothing lazy carried into the forced steps
+    forced, parts = [], []
+    for _ in range(steps):
+        forcing = Forcing(engine, sched.batch).install()
+        try:
+            start = time.perf_counter()
+            sched.step()
+            total = time.perf_counter() - start
+        finally:
+            forcing.remove()
+        forced.append(total)
+        timeline = forcing.timeline
+        exclusive = step_parts(timeline, total)
+        evals = {p: timeline.totals.get(p + " eval", 0.0) for p in PARTS}
+        parts.append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
+    return {"unforced": unforced, "forced": forced, "parts": parts, "tokens_per_step": tokens / (steps * width)}
+
+
+def measure(args) -> dict:
+    from mtpstack.worker.engine import Engine
+
+    loads = [_loadavg()]
+    pairs = []
+    with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
+        engines = {}
+        for name in args.pairs:
+            bench_args = Namespace(target=None, drafter=None, family=None if name == "demo" else name,
+                                   mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
+            target, head, source = prepare_models(bench_args, Path(tmp) / name)
+            engines[name] = (Engine.load(str(target), str(head), draft_depth=max(args.depths)), source)
+        configs = [(p, w, d) for p in args.pairs for w in args.widths for d in sorted(set(args.depths) | {0})]
+        samples = {c: [] for c in configs}
+        for rnd in range(args.repeats):
+            shift = rnd % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                pair, width, depth = config
+                samples[config].append(measure_config(engines[pair][0], width, depth, args.steps))
+            print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr)
+        for name in args.pairs:
+            widths = []
+            for width in args.widths:
+                depths = sorted(set(args.depths) | {0})
+                rounds = [{d: samples[(name, width, d)][r]["unforced"] for d in depths} for r in range(args.repeats)]
+                rows = []
+                for d in depths:
+                    runs = samples[(name, width, d)]
+                    unforced = [summarize(run["unforced"]).median for run in runs]
+                    forced = [summarize(run["forced"]).median for run in runs]
+                    parts = {p: {k + "_ms": summarize([summarize([s[p][k] for s in run["parts"]]).median for run in runs]).median * 1e3
+                                 for k in ("build", "eval")} for p in PARTS}
+                    rows.append({"depth": d, "step_ms": spread(unforced, 1e3), "step_ms_raw": unforced,
+                                 "step_cost": spread(step_cost_rounds(rounds, d)), "step_cost_raw": step_cost_rounds(rounds, d),
+                                 "forced_ms": spread(forced, 1e3), "forced_ms_raw": forced, "parts": parts,
+                                 "tokens_per_step": summarize([run["tokens_per_step"] for run in runs]).median})
+                widths.append({"width": width, "depths": rows})
+            pairs.append({"name": name, "models": engines[name][1], "widths": widths})
+    loads.append(_loadavg())
+    return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "repeats": args.repeats, "steps": args.steps,
+            "loadavg": loads, "pairs": pairs}
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", nargs="+", default=["demo", "qwen3_5"], choices=["demo", "qwen3_5"],
+                   help="demo: the demo pair, target widened; qwen3_5: the tiny hybrid pair, target MLPs widened")
+    p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4], help="drafted depths (the plain step, 0, always runs)")
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--repeats", type=int, default=4, help="rounds, every configuration once a round (default: 4)")
+    p.add_argument("--steps", type=int, default=4, help="steps timed per configuration per round, unforced and forced each")
+    p.add_argument("--mlp-multiplier", type=int, default=8)
+    p.add_argument("--extra-layers", type=int, default=10, help="the demo target's zero layers appended (default: 10)")
+    p.add_argument("--out", help="write the JSON report here (default: stdout)")
+    args = p.parse_args(argv)
+    ensure_preload()
+    report = measure(args)
+    return emit(report, table(report), args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
