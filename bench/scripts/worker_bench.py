@@ -9,8 +9,10 @@ and a noisy neighbour hits every one alike):
 
 Measures, with medians and min-max over repeats (after discarded warm-up rounds):
   1. single-stream throughput (tok/s, end to end) and time to first token;
-  2. the head's speedup over no head (native and mlx-vlm), and the speedup its measured
-     acceptance predicts at this machine's draft cost (target and head forwards timed in-process);
+  2. the head's speedup over no head (native and mlx-vlm), and for every drafted configuration its
+     step cost: decode time per step with the head over decode time per token without it (the same
+     server, same prompt, round by round), beside the tokens a step emitted; their ratio is the
+     head's decode speedup (`native+mtp@baseline` priced in this build's `native` steps);
   3. 4 concurrent clients: aggregate tok/s and time to first token (prompts new each round, so
      no prefix cache holds them).
 Single-stream prompts repeat every 4 rounds: a server with a prefix cache answers those from it,
@@ -38,8 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack import series
-from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.validator import DEPTH_DEFAULT
 
 REPO = _checkout.ROOT
@@ -60,6 +60,8 @@ CONFIGS = {
     # The same as `native+mtp`, run by another build of mtpstack (`--baseline PROGRAM`): before vs after a change.
     "native+mtp@baseline": ("native", True),
 }
+#: A drafted configuration -> the same server without the head, its step cost's unit.
+PLAIN_OF = {"native+mtp": "native", "native+mtp@baseline": "native", "mlx-vlm+mtp": "mlx-vlm"}
 #: Batch width of every server (4 clients at once).
 WIDTH = 4
 #: Bounds every HTTP exchange; a stuck server fails the run instead of hanging it.
@@ -108,13 +110,15 @@ def report_lines(summary: dict) -> list[str]:
     lines.append("the head's speedup over no head (ratio of medians):")
     for name, value in summary["speedup"].items():
         lines.append(f"  {name:<22} {value:.3f}x" if value else f"  {name:<22} n/a")
-    predicted = summary.get("predicted")
-    if predicted:
-        lines.append(
-            f"  predicted from acceptance {predicted['acceptance']:.2f} at depth {predicted['depth']} "
-            f"({predicted['tokens_per_step']:.2f} tokens per step, step cost {predicted['step_cost']:.2f} plain steps): "
-            f"{predicted['speedup']:.3f}x"
-        )
+    steps = summary.get("step_costs") or {}
+    if steps:
+        lines.append("step cost, decode only (time per step with the head / per token without it, same server, "
+                     "round by round):")
+    for name, c in steps.items():
+        lines.append(f"  {name:<22} {fmt(c['step_cost'])} plain steps, {fmt(c['tokens_per_step'])} tokens per step: "
+                     f"{fmt(c['speedup'], 'x', 3)}")
+    if summary.get("acceptance") is not None:
+        lines.append(f"  acceptance per drafted token (native+mtp's usage): {summary['acceptance']:.2f}")
     lines.append(f"{WIDTH} concurrent clients, maxNumSeqs {WIDTH}:")
     for name, s in summary["concurrent"].items():
         lines.append(
@@ -128,16 +132,37 @@ def report_lines(summary: dict) -> list[str]:
     return lines
 
 
-def predicted_speedup(acceptance: float, depth: int, costs: dict) -> dict:
-    """What acceptance alone predicts, if every drafted position is accepted with the same probability.
+def default_configs(baseline: str | None) -> list[str]:
+    """Every configuration; the baseline build's only when one is given."""
+    return [name for name in CONFIGS if baseline or not name.endswith("@baseline")]
 
-    A step emits 1 + a + a^2 + ... + a^k tokens and costs one verify forward of k+1
-    positions plus k head forwards, measured in plain one-token target forwards.
-    """
-    tokens = sum(acceptance**i for i in range(depth + 1))
-    step = (costs["verify_s"] + depth * costs["head_s"]) / costs["plain_s"]
-    return {"acceptance": acceptance, "depth": depth, "tokens_per_step": tokens, "step_cost": step,
-            "speedup": tokens / step}
+
+def decode_steps(usage: dict, timings: dict | None = None) -> int | None:
+    """Verify steps (plain: tokens) an answer took after its first token: mlx-vlm's own count
+    (`timings.draft_rounds`), else from the usage (each step emits its accepted drafts and one token of the
+    target's own; a server without a head reports no accepted drafts and takes a step per token)."""
+    if timings and timings.get("draft_rounds"):
+        return int(timings["draft_rounds"])
+    tokens = usage.get("completion_tokens") or 0
+    steps = tokens - 1 - (usage.get("accepted_draft_tokens") or 0)
+    return steps if steps > 0 else None
+
+
+def step_costs(single: dict[str, list[dict]]) -> dict:
+    """Per drafted configuration with its plain counterpart measured (`PLAIN_OF`): round by round, decode
+    seconds per step over the counterpart's seconds per token, the tokens per step, and their ratio (the
+    head's decode speedup); each summarised over rounds."""
+    out = {}
+    for name, plain in PLAIN_OF.items():
+        costs, per_step = [], []
+        for r, b in zip(single.get(name, []), single.get(plain, [])):
+            if r.get("steps") and b.get("steps") and r.get("decode_s") and b.get("decode_s"):
+                costs.append((r["decode_s"] / r["steps"]) / (b["decode_s"] / b["steps"]))
+                per_step.append((r["tokens"] - 1) / r["steps"])
+        if costs:
+            out[name] = {"step_cost": summarize(costs), "tokens_per_step": summarize(per_step),
+                         "speedup": summarize([t / c for t, c in zip(per_step, costs)])}
+    return out
 
 
 # -- models --------------------------------------------------------------------------------
@@ -246,7 +271,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
     start = time.perf_counter()
-    first, text, usage = None, [], None
+    first, text, usage, timings = None, [], None, None
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -255,6 +280,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
                 continue
             payload = json.loads(line[6:])
             usage = payload.get("usage") or usage
+            timings = payload.get("timings") or timings  # mlx-vlm's: its speculative rounds
             for choice in payload.get("choices") or []:
                 delta = choice.get("delta") or {}
                 piece = delta.get("content")
@@ -267,7 +293,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
                         times.append(now)
     end = time.perf_counter()
     return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "end": end, "text": "".join(text),
-            "usage": usage or {}}
+            "usage": usage or {}, "timings": timings}
 
 
 async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str) -> dict:
@@ -276,7 +302,9 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str
     cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     total = r["end"] - r["sent"]
     return {"ttft_s": r["ttft_s"], "total_s": total, "tokens": tokens, "cached_tokens": cached,
-            "tok_s": tokens / total if total > 0 else 0.0, "text": r["text"]}
+            "tok_s": tokens / total if total > 0 else 0.0, "text": r["text"],
+            "decode_s": r["end"] - r["first"], "steps": decode_steps(r["usage"], r["timings"]),
+            "drafted": r["usage"].get("draft_tokens"), "accepted": r["usage"].get("accepted_draft_tokens")}
 
 
 async def concurrent(session, url: str, clients: int, max_tokens: int, model: str, tag: str = "") -> dict:
@@ -288,50 +316,6 @@ async def concurrent(session, url: str, clients: int, max_tokens: int, model: st
     ttfts = [r["ttft_s"] for r in runs]
     return {"aggregate_tok_s": sum(r["tokens"] for r in runs) / wall, "ttft_median_s": statistics.median(ttfts),
             "ttft_max_s": max(ttfts), "wall_s": wall, "tokens": [r["tokens"] for r in runs]}
-
-
-def draft_costs(target: Path, head: Path, depth: int, repeats: int = 30) -> dict:
-    """Median seconds of a plain one-token target forward, a verify forward of depth+1 positions and a
-    one-position head forward, in-process, at a 64-token context."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from mtpstack.worker.loading import Engine
-
-    engine = Engine.load(str(target), str(head), draft_depth=depth, draft_kind="mtp")
-    parts, head_module = engine.parts, engine.drafter.model
-    context = mx.array(engine.text_prompt(" ".join(PROMPTS) * 4)[:64])[None]
-
-    def timed(fn) -> float:
-        values = []
-        for _ in range(repeats):
-            cache = make_prompt_cache(engine.target.model)
-            mx.eval(parts.hidden(context, cache))
-            start = time.perf_counter()
-            mx.eval(fn(cache))
-            values.append(time.perf_counter() - start)
-        return statistics.median(values)
-
-    one = mx.array([[5]], dtype=mx.uint32)
-    wide = mx.array([[5] * (depth + 1)], dtype=mx.uint32)
-    plain = timed(lambda cache: parts.lm_head(parts.hidden(one, cache)))
-    verify = timed(lambda cache: parts.lm_head(parts.hidden(wide, cache)))
-    hidden = parts.hidden(context, None)[:, -1:, :]
-
-    embed = head_module.embed or parts.embed  # a head with its own embeddings and output head (`MTPHead`)
-    logits = head_module.logits or parts.lm_head
-
-    def head_step(_cache):
-        cache = head_module.make_cache()
-        return logits(head_module(embed(one), hidden, cache))
-
-    return {"plain_s": plain, "verify_s": verify, "head_s": timed(head_step)}
-
-
-async def counters(session, url: str) -> dict[str, float]:
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return unlabelled(text, (series.TOKENS_DRAFTED, series.TOKENS_ACCEPTED))
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -356,13 +340,11 @@ async def run(args) -> dict:
     print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
     samples: dict = {"single": {}, "concurrent": {}}
     notes = []
-    costs = draft_costs(target, head, args.depth)
     models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
     servers = start_servers(target, head, args.depth, workdir, args.configs, args.baseline)
     try:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            before = await counters(session, servers["native+mtp"].url) if "native+mtp" in servers else {}
             for rnd in range(args.warmup + args.repeats):
                 keep = rnd >= args.warmup
                 prompt = PROMPTS[rnd % len(PROMPTS)]
@@ -372,8 +354,6 @@ async def run(args) -> dict:
                     texts[name] = r.pop("text")
                     if keep:
                         samples["single"].setdefault(name, []).append(r)
-                if rnd == args.warmup - 1 and "native+mtp" in servers:
-                    before = await counters(session, servers["native+mtp"].url)
                 if len(set(texts.values())) != 1:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
                                  + ", ".join(f"{k}={v[:40]!r}" for k, v in texts.items()))
@@ -383,7 +363,6 @@ async def run(args) -> dict:
                         samples["concurrent"].setdefault(name, []).append(c)
                 print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"),
                       file=sys.stderr)
-            after = await counters(session, servers["native+mtp"].url) if "native+mtp" in servers else {}
     finally:
         for proc in servers.values():
             proc.stop()
@@ -395,15 +374,18 @@ async def run(args) -> dict:
         "native": ratio(single.get("native+mtp", {}).get("tok_s", {}), single.get("native", {}).get("tok_s", {})),
         "mlx-vlm": ratio(single.get("mlx-vlm+mtp", {}).get("tok_s", {}), single.get("mlx-vlm", {}).get("tok_s", {})),
     }
-    predicted = None
-    drafted = after.get(series.TOKENS_DRAFTED, 0) - before.get(series.TOKENS_DRAFTED, 0)
-    if drafted > 0:
-        accepted = after[series.TOKENS_ACCEPTED] - before.get(series.TOKENS_ACCEPTED, 0)
-        predicted = predicted_speedup(accepted / drafted, args.depth, costs)
+    costs = step_costs(samples["single"])
+    mine = samples["single"].get("native+mtp", [])
+    drafted = sum(r.get("drafted") or 0 for r in mine)
+    acceptance = sum(r.get("accepted") or 0 for r in mine) / drafted if drafted else None
     agg = {name: s["aggregate_tok_s"] for name, s in conc.items()}
     goals = {
-        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1)": ratio(
+        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1.15)": ratio(
             single.get("native+mtp", {}).get("tok_s", {}), single.get("mlx-vlm+mtp", {}).get("tok_s", {})),
+        "the head's speedup: native / mlx-vlm (goal >= 1)": (
+            speedup["native"] / speedup["mlx-vlm"] if speedup["native"] and speedup["mlx-vlm"] else None),
+        f"step cost at depth {args.depth}: native+mtp (goal <= 1.3)": (
+            costs["native+mtp"]["step_cost"]["median"] if "native+mtp" in costs else None),
         f"aggregate at {WIDTH}: native+mtp / mlx-vlm+mtp (goal >= 1.3)": ratio(
             agg.get("native+mtp", {}), agg.get("mlx-vlm+mtp", {})),
         f"aggregate at {WIDTH}: native+mtp / mlx_lm.server (goal >= 1)": ratio(
@@ -422,7 +404,7 @@ async def run(args) -> dict:
             "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mlx_vlm": _version("mlx-vlm")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
-        "summary": {"single": single, "speedup": speedup, "predicted": predicted, "costs": costs,
+        "summary": {"single": single, "speedup": speedup, "step_costs": costs, "acceptance": acceptance,
                     "concurrent": conc, "goals": goals, "notes": notes},
         "samples": samples,
     }
@@ -457,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", choices=list(PAIRS),
                    help="a tiny random pair of this MTP family, its target widened (default: the demo pair); "
                    "mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
-    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
-                   help="configurations to run (default: all)")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
+                   help="configurations to run (default: all; `native+mtp@baseline` only with --baseline)")
     p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
     p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"draft depth (default: {DEPTH_DEFAULT})")
@@ -474,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--target and --drafter go together")
     if args.family and args.target:
         p.error("--family builds its own pair: give it or --target/--drafter, not both")
+    if args.configs is None:
+        args.configs = default_configs(args.baseline)
     ensure_preload()
     result = asyncio.run(run(args))
     return emit(result, report_lines(result["summary"]), args.out)

@@ -18,26 +18,53 @@ def test_a_ratio_needs_both_medians():
     assert wb.ratio({"median": None}, {"median": 2.0}) is None
 
 
-def test_report_lines_name_every_configuration():
+def run(decode_s: float, tokens: int, steps: int) -> dict:
+    return {"decode_s": decode_s, "tokens": tokens, "steps": steps}
+
+
+def test_report_lines_name_every_configuration_and_every_drafted_ones_step_cost():
     s = wb.summarize([10.0])
+    single = {"native+mtp": [run(1.6, 9, 4)], "native": [run(1.0, 9, 8)],
+              "mlx-vlm+mtp": [run(2.0, 9, 4)], "mlx-vlm": [run(1.6, 9, 8)]}
     summary = {
         "single": {"native+mtp": {"tok_s": s, "ttft_s": s}},
         "speedup": {"native": 1.2, "mlx-vlm": None},
-        "predicted": wb.predicted_speedup(0.5, 2, {"plain_s": 1.0, "verify_s": 1.5, "head_s": 0.25}),
+        "step_costs": wb.step_costs(single),
+        "acceptance": 0.5,
         "concurrent": {"native+mtp": {"aggregate_tok_s": s, "ttft_median_s": s, "ttft_max_s": s}},
         "goals": {"aggregate at 4: native+mtp / mlx_lm.server (goal >= 1)": 1.25},
         "notes": ["only 1 repeats"],
     }
     text = "\n".join(wb.report_lines(summary))
     assert "native+mtp" in text and "1.200x" in text and "n/a" in text and "1.25" in text
-    assert "predicted from acceptance 0.50 at depth 2" in text
-    assert text.splitlines()[-1] == "note: only 1 repeats"
+    lines = text.splitlines()
+    assert any(line.split()[:2] == ["native+mtp", "3.20"] and "2.00 (2.00-2.00, n=1) tokens per step" in line for line in lines)
+    assert any(line.split()[:2] == ["mlx-vlm+mtp", "2.50"] for line in lines)  # the reference's step priced alike
+    assert "acceptance per drafted token (native+mtp's usage): 0.50" in text
+    assert lines[-1] == "note: only 1 repeats"
 
 
-def test_the_prediction_counts_tokens_per_step_against_the_step_cost():
-    # acceptance 0.5 at depth 2: 1 + 0.5 + 0.25 tokens per step; a step costs (1.5 + 2 * 0.25) plain forwards
-    p = wb.predicted_speedup(0.5, 2, {"plain_s": 1.0, "verify_s": 1.5, "head_s": 0.25})
-    assert p["tokens_per_step"] == 1.75 and p["step_cost"] == 2.0 and p["speedup"] == 0.875
+def test_a_step_cost_is_a_step_with_the_head_over_a_token_without_it_round_by_round():
+    # round 1: 0.4 s per step against 0.125 s per token; round 2: 0.3 against 0.1
+    single = {"native+mtp": [run(1.6, 9, 4), run(0.9, 7, 3)], "native": [run(1.0, 9, 8), run(0.6, 7, 6)]}
+    c = wb.step_costs(single)["native+mtp"]
+    assert c["step_cost"]["min"] == 3.0 and c["step_cost"]["max"] == 3.2
+    assert c["tokens_per_step"]["min"] == 2.0 and c["tokens_per_step"]["max"] == 2.0
+    assert c["speedup"]["median"] == (2.0 / 3.2 + 2.0 / 3.0) / 2
+    assert "mlx-vlm+mtp" not in wb.step_costs(single)  # no reference measured: no line for it
+
+
+def test_decode_steps_come_from_the_references_rounds_else_from_the_usage():
+    assert wb.decode_steps({"completion_tokens": 64, "accepted_draft_tokens": 31}) == 32  # 1 + 32 steps x (1 + ~1)
+    assert wb.decode_steps({"completion_tokens": 64}) == 63  # no head: a step per token after the first
+    assert wb.decode_steps({"completion_tokens": 64}, {"draft_rounds": 25, "draft_n": 75}) == 25
+    assert wb.decode_steps({"completion_tokens": 1}) is None
+
+
+def test_without_a_baseline_build_the_default_configurations_leave_its_configuration_out():
+    assert "native+mtp@baseline" not in wb.default_configs(None)
+    assert set(wb.default_configs(None)) == {"native+mtp", "native", "mlx-vlm+mtp", "mlx-vlm", "mlx_lm.server"}
+    assert "native+mtp@baseline" in wb.default_configs("/tmp/old/bin/mtpstack")
 
 
 def test_single_stream_ttft_is_reported_apart_for_prefix_cache_hits_and_whole_prefills():
