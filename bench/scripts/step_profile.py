@@ -5,14 +5,17 @@
 
 The pairs are the worker bench's (`worker_bench.prepare_models`): `demo`, the demo pair with its target
 widened to ~70M parameters, and `qwen3_5`, the tiny random Qwen3.5 hybrid of `devkit.demo.tiny_hybrid`
-with its target's MLPs widened x8 (a small pair, where per-step overhead dominates). Each configuration
-(pair, width, depth; depth 0 is the plain step, no drafts) decodes `width` rows greedily in-process, in
-the worker's own batch (`Scheduler`, as served). Every round rebuilds each configuration's rows from the
-same prompts (so every round times the same contexts), runs two warm-up steps, then
+with its target's MLPs widened x8 (a small pair, where per-step overhead dominates); any other bench
+family (`nemotron_h`, ...) may be named too. Each configuration (pair, width, depth; depth 0 is the plain
+step, no drafts) decodes `width` rows greedily in-process, in the worker's own batch (`Scheduler`, as
+served). Every round rebuilds each configuration's rows from the same prompts (so every round times the
+same contexts) and warms them up; then, in sweeps where every configuration runs one step (in an order
+rotated every sweep, so a burst of load on this shared machine hits each alike):
 
-- times `--steps` steps as served: the unforced step time (mlx evaluates lazily; only the step's own
-  evaluation points synchronise);
-- times `--steps` more in profiling mode, where evaluation is forced at every part's boundary and each
+- `--steps` sweeps as served: the unforced step time (mlx evaluates lazily; only the step's own
+  evaluation points synchronise), and beside each step the floor: the target's forward alone over the
+  same number of positions with mlx-lm's own caches (no rollback, no head, no sampling);
+- `--steps` sweeps in profiling mode, where evaluation is forced at every part's boundary and each
   part's time is split into graph building (Python) and evaluation (compute):
 
   | part | what |
@@ -27,10 +30,11 @@ same prompts (so every round times the same contexts), runs two warm-up steps, t
   | other | the rest: the step's inputs, emitting text, the scheduler's bookkeeping |
 
 Forcing evaluation changes the total (parts no longer overlap, every boundary synchronises), so the
-forced total is printed beside the unforced one. Configurations are interleaved within a round, in an
-order rotated every round, so a busy neighbour hits each alike. A configuration's step cost is the ratio
-of its median unforced step to the plain step's (depth 0, same pair and width) in the same round,
-summarised over rounds (median, min-max). A benchmark, not a test.
+forced total is printed beside the unforced one. A configuration's step cost is its median unforced
+step over the plain step's (depth 0, same pair and width) in the same round; the same ratio in the
+process's CPU time (all its threads; steadier than wall time when other jobs share the cores, though it
+counts BLAS threads spinning too); and its floor, the forward alone over 1 + k positions over the forward
+over one, same round; each summarised over rounds (median, min-max). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -131,14 +135,16 @@ def table(report: dict) -> list[str]:
         for width_rows in pair["widths"]:
             width = width_rows["width"]
             lines.append(f"  width {width}")
-            lines.append(f"    {'depth':>5} {'step (unforced)':>22} {'step cost':>18} {'tokens/step':>11} {'forced':>20}   parts (forced, build+eval ms)")
+            lines.append(f"    {'depth':>5} {'step (unforced)':>22} {'step cost':>18} {'cpu time':>18} {'floor':>18} {'tokens/step':>11} "
+                         f"{'forced':>20}   parts (forced, build+eval ms)")
             for row in width_rows["depths"]:
                 parts = "  ".join(
                     f"{p} {row['parts'][p]['build_ms']:.1f}+{row['parts'][p]['eval_ms']:.1f}"
                     for p in PARTS if row["parts"][p]["build_ms"] + row["parts"][p]["eval_ms"] >= 0.05
                 )
                 lines.append(
-                    f"    {row['depth']:>5} {row['step_ms']:>22} {row['step_cost']:>18} {row['tokens_per_step']:>11.2f} "
+                    f"    {row['depth']:>5} {row['step_ms']:>22} {row['step_cost']:>18} {row['cpu_cost']:>18} {row['floor_cost']:>18} "
+                    f"{row['tokens_per_step']:>11.2f} "
                     f"{row['forced_ms']:>20}   {parts}"
                 )
     lines.append(f"load average before / after: {report['loadavg'][0]} / {report['loadavg'][1]}")
@@ -237,7 +243,9 @@ class Forcing:
 
 
 def build_rows(engine, width: int, depth: int):
-    from mtpstack.worker.engine import SamplingParams, Scheduler
+    """`width` rows of the worker's batch decoding at `depth`, prompts in, warmed up."""
+    from mtpstack.worker.scheduler import Scheduler
+    from mtpstack.worker.sequence import SamplingParams
 
     sched = Scheduler(max_num_seqs=width)
     for i in range(width):
@@ -250,73 +258,123 @@ def build_rows(engine, width: int, depth: int):
     return sched
 
 
-def measure_config(engine, width: int, depth: int, steps: int) -> dict:
-    """One round of one configuration: unforced step times, then forced steps' parts."""
+class Floor:
+    """The target's forward alone (mlx-lm's own caches, no rollback, no head, no sampling) over `positions`
+    new tokens per row: the least a verify step of that many positions can cost. Each call starts from the
+    same prefilled context (the caches are put back after it)."""
+
+    def __init__(self, engine, width: int, positions: int):
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.parts = engine.parts
+        self.cache = make_prompt_cache(engine.target.model)
+        context = engine.text_prompt(" ".join(PROMPTS))[:32]
+        mx.eval(self.parts.hidden(mx.array([context] * width), self.cache))
+        self.saved = [list(c.cache) if hasattr(c, "cache") else None for c in self.cache]
+        mx.eval([c.state for c in self.cache])
+        self.tokens = mx.array([[5] * positions] * width, dtype=mx.uint32)
+        self.positions = positions
+
+    def step(self) -> float:
+        import mlx.core as mx
+
+        start = time.perf_counter()
+        mx.eval(self.parts.lm_head(self.parts.hidden(self.tokens, self.cache)))
+        elapsed = time.perf_counter() - start
+        for c, saved in zip(self.cache, self.saved):
+            if saved is None:
+                c.trim(self.positions)
+            else:
+                c.cache = list(saved)
+        return elapsed
+
+
+def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
+    """One round: every configuration's rows rebuilt, then `steps` sweeps of one unforced step each (the
+    configurations in an order rotated every sweep, so a burst of load hits each alike), then `steps` sweeps of
+    forced steps; and the forward-only floor, interleaved the same way."""
     import mlx.core as mx
 
-    sched = build_rows(engine, width, depth)
-    unforced, tokens = [], 0
-    for _ in range(steps):
-        start = time.perf_counter()
-        results = sched.step()
-        unforced.append(time.perf_counter() - start)
-        tokens += sum(r.tokens for _, r, _ in results if r is not None)
-    mx.eval([c.state for c in sched.batch.caches])  # nothing lazy carried into the forced steps
-    forced, parts = [], []
-    for _ in range(steps):
-        forcing = Forcing(engine, sched.batch).install()
-        try:
-            start = time.perf_counter()
-            sched.step()
-            total = time.perf_counter() - start
-        finally:
-            forcing.remove()
-        forced.append(total)
-        timeline = forcing.timeline
-        exclusive = step_parts(timeline, total)
-        evals = {p: timeline.totals.get(p + " eval", 0.0) for p in PARTS}
-        parts.append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
-    return {"unforced": unforced, "forced": forced, "parts": parts, "tokens_per_step": tokens / (steps * width)}
+    scheds = {c: build_rows(engines[c[0]], c[1], c[2]) for c in configs}
+    floors = {c: Floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
+    out = {c: {"unforced": [], "cpu": [], "forced": [], "parts": [], "floor": [], "tokens": 0} for c in configs}
+
+    def order(sweep: int) -> list:
+        shift = (rnd * steps + sweep) % len(configs)
+        return configs[shift:] + configs[:shift]
+
+    for sweep in range(steps):
+        for c in order(sweep):
+            start, cpu = time.perf_counter(), time.process_time()
+            results = scheds[c].step()
+            out[c]["unforced"].append(time.perf_counter() - start)
+            out[c]["cpu"].append(time.process_time() - cpu)
+            out[c]["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
+            out[c]["floor"].append(floors[c].step())
+    for c in configs:
+        mx.eval([cache.state for cache in scheds[c].batch.caches])  # nothing lazy carried into the forced steps
+    for sweep in range(steps):
+        for c in order(sweep):
+            sched = scheds[c]
+            forcing = Forcing(engines[c[0]], sched.batch).install()
+            try:
+                start = time.perf_counter()
+                sched.step()
+                total = time.perf_counter() - start
+            finally:
+                forcing.remove()
+            out[c]["forced"].append(total)
+            timeline = forcing.timeline
+            exclusive = step_parts(timeline, total)
+            evals = {p: timeline.totals.get(p + " eval", 0.0) for p in PARTS}
+            out[c]["parts"].append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
+    for c in configs:
+        out[c]["tokens_per_step"] = out[c].pop("tokens") / (steps * c[1])
+    return out
 
 
 def measure(args) -> dict:
-    from mtpstack.worker.engine import Engine
+    from mtpstack.worker.loading import Engine
 
     loads = [_loadavg()]
     pairs = []
+    depths = sorted(set(args.depths) | {0})
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
-        engines = {}
+        engines, sources = {}, {}
         for name in args.pairs:
             bench_args = Namespace(target=None, drafter=None, family=None if name == "demo" else name,
                                    mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
-            target, head, source = prepare_models(bench_args, Path(tmp) / name)
-            engines[name] = (Engine.load(str(target), str(head), draft_depth=max(args.depths)), source)
-        configs = [(p, w, d) for p in args.pairs for w in args.widths for d in sorted(set(args.depths) | {0})]
-        samples = {c: [] for c in configs}
+            target, head, sources[name] = prepare_models(bench_args, Path(tmp) / name)
+            engines[name] = Engine.load(str(target), str(head), draft_depth=max(depths))
+        configs = [(p, w, d) for p in args.pairs for w in args.widths for d in depths]
+        rounds = []
         for rnd in range(args.repeats):
-            shift = rnd % len(configs)
-            for config in configs[shift:] + configs[:shift]:
-                pair, width, depth = config
-                samples[config].append(measure_config(engines[pair][0], width, depth, args.steps))
+            rounds.append(measure_round(engines, configs, args.steps, rnd))
             print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr)
         for name in args.pairs:
             widths = []
             for width in args.widths:
-                depths = sorted(set(args.depths) | {0})
-                rounds = [{d: samples[(name, width, d)][r]["unforced"] for d in depths} for r in range(args.repeats)]
+                per_round = [{d: r[(name, width, d)]["unforced"] for d in depths} for r in rounds]
+                cpu_rounds = [{d: r[(name, width, d)]["cpu"] for d in depths} for r in rounds]
+                floor_rounds = [{d: r[(name, width, d)]["floor"] for d in depths} for r in rounds]
                 rows = []
                 for d in depths:
-                    runs = samples[(name, width, d)]
+                    runs = [r[(name, width, d)] for r in rounds]
                     unforced = [summarize(run["unforced"]).median for run in runs]
                     forced = [summarize(run["forced"]).median for run in runs]
                     parts = {p: {k + "_ms": summarize([summarize([s[p][k] for s in run["parts"]]).median for run in runs]).median * 1e3
                                  for k in ("build", "eval")} for p in PARTS}
+                    cost, floor = step_cost_rounds(per_round, d), step_cost_rounds(floor_rounds, d)
+                    cpu_cost = step_cost_rounds(cpu_rounds, d)
                     rows.append({"depth": d, "step_ms": spread(unforced, 1e3), "step_ms_raw": unforced,
-                                 "step_cost": spread(step_cost_rounds(rounds, d)), "step_cost_raw": step_cost_rounds(rounds, d),
+                                 "step_cost": spread(cost), "step_cost_raw": cost,
+                                 "cpu_cost": spread(cpu_cost), "cpu_cost_raw": cpu_cost,
+                                 "floor_cost": spread(floor), "floor_cost_raw": floor,
                                  "forced_ms": spread(forced, 1e3), "forced_ms_raw": forced, "parts": parts,
                                  "tokens_per_step": summarize([run["tokens_per_step"] for run in runs]).median})
                 widths.append({"width": width, "depths": rows})
-            pairs.append({"name": name, "models": engines[name][1], "widths": widths})
+            pairs.append({"name": name, "models": sources[name], "widths": widths})
     loads.append(_loadavg())
     return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "repeats": args.repeats, "steps": args.steps,
             "loadavg": loads, "pairs": pairs}
@@ -331,8 +389,11 @@ def _loadavg() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pairs", nargs="+", default=["demo", "qwen3_5"], choices=["demo", "qwen3_5"],
-                   help="demo: the demo pair, target widened; qwen3_5: the tiny hybrid pair, target MLPs widened")
+    from devkit.demo.tiny_families import PAIRS
+
+    p.add_argument("--pairs", nargs="+", default=["demo", "qwen3_5"], choices=["demo", *PAIRS],
+                   help="demo: the demo pair, target widened; a family (qwen3_5, the tiny hybrid, ...): its tiny pair, "
+                   "target MLPs widened")
     p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4], help="drafted depths (the plain step, 0, always runs)")
     p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
     p.add_argument("--repeats", type=int, default=4, help="rounds, every configuration once a round (default: 4)")
