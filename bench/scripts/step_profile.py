@@ -380,6 +380,35 @@ def measure(args) -> dict:
             "loadavg": loads, "pairs": pairs}
 
 
+def merge(reports: list[dict]) -> dict:
+    """Reports of the same configurations (e.g. single rounds run alternately with another build's, under one
+    lock) as one: every round's values together, the parts' medians over the reports."""
+    first = reports[0]
+    pairs = []
+    for p, pair in enumerate(first["pairs"]):
+        widths = []
+        for w, width in enumerate(pair["widths"]):
+            rows = []
+            for d, row in enumerate(width["depths"]):
+                same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
+                if any(x["depth"] != row["depth"] for x in same):
+                    raise ValueError("the reports do not measure the same configurations")
+                out = {"depth": row["depth"]}
+                for key in ("step_ms", "step_cost", "cpu_cost", "floor_cost", "forced_ms"):
+                    values = [v for x in same for v in x[key + "_raw"]]
+                    out[key + "_raw"] = values
+                    out[key] = spread(values, 1e3 if key.endswith("_ms") else 1.0)
+                out["parts"] = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
+                                for part in PARTS}
+                out["tokens_per_step"] = summarize([x["tokens_per_step"] for x in same]).median
+                rows.append(out)
+            widths.append({"width": width["width"], "depths": rows})
+        pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
+    return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
+            "loadavg": [r["loadavg"][0] for r in reports][:1] + [r["loadavg"][-1] for r in reports][-1:],
+            "merged": len(reports), "pairs": pairs}
+
+
 def _loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -401,7 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-multiplier", type=int, default=8)
     p.add_argument("--extra-layers", type=int, default=10, help="the demo target's zero layers appended (default: 10)")
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
+    p.add_argument("--merge", nargs="+", metavar="REPORT", help="print these reports' rounds as one (no measuring)")
     args = p.parse_args(argv)
+    if args.merge:
+        import json
+
+        report = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        return emit(report, table(report), args.out)
     ensure_preload()
     report = measure(args)
     return emit(report, table(report), args.out)

@@ -68,3 +68,27 @@ def test_step_cost_is_paired_within_each_round():
     assert sp.step_cost_rounds(rounds, 0) == [1.0, 1.0]
     assert sp.spread([1.5, 1.3, 1.4]) == "1.40 (1.30-1.50)"
     assert sp.spread([]) == "n/a"
+
+
+def report(cost: float, verify_ms: float) -> dict:
+    row = {"depth": 3, "tokens_per_step": 2.5, "parts": {p: {"build_ms": 0.0, "eval_ms": verify_ms if p == "verify" else 0.0}
+                                                           for p in sp.PARTS}}
+    for key, value in (("step_ms", 0.1), ("step_cost", cost), ("cpu_cost", cost), ("floor_cost", 1.2), ("forced_ms", 0.1)):
+        row[key + "_raw"] = [value]
+    return {"command": "x", "repeats": 1, "steps": 4, "loadavg": ["1.0", "2.0"],
+            "pairs": [{"name": "demo", "models": "m", "widths": [{"width": 1, "depths": [row]}]}]}
+
+
+def test_single_round_reports_merge_into_one_with_every_round_and_the_parts_medians():
+    merged = sp.merge([report(1.5, 10.0), report(1.3, 20.0), report(1.4, 90.0)])
+    row = merged["pairs"][0]["widths"][0]["depths"][0]
+    assert row["step_cost_raw"] == [1.5, 1.3, 1.4] and row["step_cost"] == "1.40 (1.30-1.50)"
+    assert row["parts"]["verify"]["eval_ms"] == 20.0
+    assert merged["repeats"] == 3 and "step cost" in "\n".join(sp.table(merged))
+
+
+def test_reports_of_different_configurations_are_not_merged():
+    other = report(1.0, 1.0)
+    other["pairs"][0]["widths"][0]["depths"][0]["depth"] = 2
+    with pytest.raises(ValueError, match="same configurations"):
+        sp.merge([report(1.5, 10.0), other])
