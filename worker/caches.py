@@ -55,14 +55,22 @@ class RaggedKVCache:
     # -- what mlx-lm's attention layers call -------------------------------------------
 
     @property
-    def offset(self) -> mx.array:
-        """Each row's position of its next token (RoPE offsets)."""
+    def offset(self) -> mx.array | int:
+        """Each row's position of its next token (RoPE offsets): one number when the rows are level."""
+        if self._level():
+            return self.lengths[0]
         return mx.array(self.lengths, dtype=mx.int32)
 
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        """[rows, 1, n, S]: a row's i-th new position sees its own first `length + i + 1` entries."""
+    def _level(self) -> bool:
+        return len(set(self.lengths)) == 1
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array | str | None:
+        """[rows, 1, n, S]: a row's i-th new position sees its own first `length + i + 1` entries. Rows of
+        one length need no mask but the causal one, given as mlx-lm's own cache gives it."""
         if window_size is not None:
             raise CacheNotSupported("sliding-window attention cannot share a ragged batch")
+        if self._level() and not return_array:
+            return None if n == 1 else "causal"
         span = max(self.lengths) + n
         query = mx.array(self.lengths, dtype=mx.int32)[:, None] + mx.arange(n, dtype=mx.int32)
         return (mx.arange(span, dtype=mx.int32)[None, None, :] <= query[:, :, None])[:, None]
@@ -71,9 +79,14 @@ class RaggedKVCache:
         rows, _, n, _ = keys.shape
         span = max(self.lengths) + n
         self._reserve(span, keys, values)
-        for r, start in enumerate(self.lengths):
-            self.keys[r : r + 1, :, start : start + n, :] = keys[r : r + 1]
-            self.values[r : r + 1, :, start : start + n, :] = values[r : r + 1]
+        if self._level():  # one write for every row
+            start = self.lengths[0]
+            self.keys[:, :, start : start + n, :] = keys
+            self.values[:, :, start : start + n, :] = values
+        else:  # one scatter each, every row at its own length
+            at = (mx.array(self.lengths, dtype=mx.int32)[:, None] + mx.arange(n, dtype=mx.int32))[:, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
+            self.values = mx.put_along_axis(self.values, mx.broadcast_to(at, values.shape), values, axis=2)
         self.lengths = [length + n for length in self.lengths]
         return self.keys[:, :, :span, :], self.values[:, :, :span, :]
 
