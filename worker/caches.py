@@ -8,13 +8,18 @@ afterwards each row keeps only its own first `keep[r]` positions:
   length per row. A row's new positions are written at its own length, the mask
   hides every other row's tail and stale entries, and rolling a row back is
   lowering its length: nothing is copied.
-- Gated-delta linear-attention layers (`StepStateCache`): their recurrent and
-  conv state cannot be trimmed, and the recurrence only hands back its final
-  state. During a step the layer (switched to `step_state_call` by
-  `install_step_states`) keeps the state after every position instead, and
-  `commit(keep)` selects each row's state after its last kept position. No
-  rejected draft ever touches the state that is kept, and no second forward is
-  needed.
+- Recurrent layers (`StepStateCache`: gated-delta linear attention, Mamba2):
+  their recurrent and conv state cannot be trimmed, and the recurrence only
+  hands back its final state. During a step the layer (switched to
+  `step_state_call` or `mamba2_step_state_call` by `install_rollback`) keeps
+  what sets any row's state after fewer positions (`StepRecord`), and
+  `commit(keep)` takes the final state for every row that kept all positions
+  and recovers the others': where mlx-lm's recurrence is one Metal kernel over
+  all positions, by running it again over just their kept positions from the
+  step's starting state and inputs, which are small; where it is a loop of one
+  op a position (the CPU; Mamba2's decoding everywhere), from the states that
+  loop yields. No rejected draft ever touches the state that is kept, and no
+  layer's weights are read twice.
 
 The rows being prefilled share caches of the same kinds (`batch_caches(...,
 prefill=True)`): attention rows as above, gated-delta rows in
@@ -29,10 +34,15 @@ module's `TARGET`, read through the family table): nothing here names a family.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+# `_gated_delta_step_ops` is the one step of mlx-lm's own ops-based recurrence (mlx-lm is pinned): the
+# CPU path keeps each position's state by running exactly mlx-lm's loop.
+from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, gated_delta_update, normalize_qk
 
 from mtpstack.validator import recurrent_target_types
 from mtpstack.worker.mtp.families import served_target_hooks
@@ -202,26 +212,38 @@ class StateRows(ArraysCache):
         self.rows = len(rows)
 
 
+@dataclass
+class StepRecord:
+    """What a recurrent layer keeps through a step, so that `commit` can set each row's state after
+    only its kept positions."""
+
+    conv_input: mx.array  # [rows, tail + T, conv_dim]: the conv window before the step, then the step's inputs
+    tail: int  # the conv window's length (kernel - 1)
+    final: mx.array  # every row's recurrent state after all T positions
+    #: keep -> every row's state after its first keep[r] positions (called only when some row kept fewer than T)
+    state_after: Callable[[list[int]], mx.array]
+
+
 class StepStateCache(StateRows):
-    """Conv and recurrent state of a gated-delta layer for a batch, committed per row after each step."""
+    """Conv and recurrent state of a recurrent layer for a batch, committed per row after each step."""
 
     def __init__(self):
         super().__init__()
-        self.pending: tuple[mx.array, list[mx.array]] | None = None
+        self.pending: StepRecord | None = None
 
     def make_mask(self, n: int):
         return None  # every row runs every position; `commit` decides what is kept
 
     def commit(self, keep: list[int], ran: int) -> None:
-        conv_input, states = self.pending
-        self.pending = None
-        kernel_tail = self.conv_tail
+        record, self.pending = self.pending, None
+        if min(keep) == ran:  # every row kept every position: the step's own final state and window
+            self[0] = mx.contiguous(record.conv_input[:, -record.tail :, :])
+            self[1] = record.final
+            return
         kept = mx.array(keep, dtype=mx.int32)
-        window = (kept[:, None] + mx.arange(kernel_tail, dtype=mx.int32))[..., None]
-        self[0] = mx.take_along_axis(conv_input, window, axis=1)
-        # Each row's state after its last kept position, taken row by row from the states the step
-        # kept: one more copy of one state per row, never a stack of all `ran` of them.
-        self[1] = mx.concatenate([states[k - 1][r : r + 1] for r, k in enumerate(keep)])
+        window = (kept[:, None] + mx.arange(record.tail, dtype=mx.int32))[..., None]
+        self[0] = mx.take_along_axis(record.conv_input, window, axis=1)
+        self[1] = record.state_after(keep)
 
 
 
@@ -238,16 +260,19 @@ class PrefillStateCache(StateRows):
         self.finalize()
 
 
-# -- gated-delta layers that keep every position's state ---------------------------------
+# -- gated-delta layers that can set a row's state after fewer positions -----------------
 
 
 def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
-    """The gated-delta layer's forward, keeping the recurrent state after every position.
+    """The gated-delta layer's forward, keeping what sets any row's state after fewer positions.
 
-    Same maths as mlx-lm's layer (the recurrence runs through mlx-lm's own
-    `gated_delta_update`, one position at a time); used only with a
-    `StepStateCache`, whose `commit` then picks each row's state. The input projections
-    are the family's (`TargetHooks.gated_delta`).
+    Same maths as mlx-lm's layer, whose `gated_delta_update` runs the recurrence over all positions
+    in one call. Where that call is its Metal kernel (one launch, which hands back only the final
+    state), `commit` takes the final state, and for rows that rejected drafts replays the recurrence
+    over their kept positions from the step's small inputs (`_replay`). Elsewhere (the CPU) the call
+    is a loop of one op a position, which yields every position's state at no cost: the same loop
+    runs here and keeps them, and `commit` picks (`_states_ops`). Used only with a `StepStateCache`.
+    The input projections are the family's (`TargetHooks.gated_delta`).
     """
     if not isinstance(cache, StepStateCache):
         return type(layer).__mro__[1].__call__(layer, inputs, mask, cache)
@@ -267,19 +292,68 @@ def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
-    state = cache[1]
-    outs, states = [], []
-    for t in range(n):
-        p = slice(t, t + 1)
-        y, state = gated_delta_update(
-            q[:, p], k[:, p], v[:, p], a[:, p], b[:, p], layer.A_log, layer.dt_bias, state, None, use_kernel=True
-        )
-        outs.append(y)
-        states.append(state)
-    cache.pending = (conv_input, states)
-    cache.conv_tail = layer.conv_kernel_size - 1
-    out = layer.norm(mx.concatenate(outs, axis=1), z)
+    start, tail = cache[1], layer.conv_kernel_size - 1
+    if _runs_kernel(k):
+        out, final = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, start, None, use_kernel=True)
+        cache.pending = StepRecord(conv_input, tail, final, lambda keep: _replay(layer, (q, k, v, a, b), start, final, keep))
+    else:
+        out, states = _states_ops(layer, q, k, v, a, b, start)
+        cache.pending = StepRecord(conv_input, tail, states[-1], lambda keep: _pick(states, keep))
+    out = layer.norm(out, z)
     return layer.out_proj(out.reshape(rows, n, -1))
+
+
+def _runs_kernel(k: mx.array) -> bool:
+    """Whether mlx-lm's `gated_delta_update` runs its Metal kernel for these keys (its own condition)."""
+    return mx.default_device() == mx.gpu and mx.metal.is_available() and k.shape[-1] >= 32 and k.shape[-1] % 32 == 0
+
+
+def _states_ops(layer, q, k, v, a, b, state):
+    """mlx-lm's `gated_delta_update` without its kernel, step for step (`gated_delta_ops`: one compiled
+    step a position), keeping the state after every position: outputs [rows, T, heads, dim] and T states."""
+    beta, g = mx.sigmoid(b), compute_g(layer.A_log, a, layer.dt_bias)
+    rows, _, hk, dk = q.shape
+    hv, dv = v.shape[-2:]
+    if state is None:
+        state = mx.zeros((rows, hv, dv, dk), dtype=mx.float32)
+    if hv // hk > 1:
+        q, k = mx.repeat(q, hv // hk, -2), mx.repeat(k, hv // hk, -2)
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
+        ys.append(y)
+        states.append(state)
+    return mx.stack(ys, axis=1), states
+
+
+def _pick(states: list[mx.array], keep: list[int]) -> mx.array:
+    """Each row's state after its last kept position, taken row by row from the states the step kept:
+    one more copy of one state per row, never a stack of all of them."""
+    return mx.concatenate([states[n - 1][r : r + 1] for r, n in enumerate(keep)])
+
+
+def _replay(layer, inputs: tuple, start: mx.array | None, final: mx.array, keep: list[int]) -> mx.array:
+    """Every row's gated-delta state after its first `keep[r]` positions: `final` where a row kept all
+    of them, else the recurrence run again over just the kept positions from the step's starting state,
+    one call per distinct kept length (so each is the very call a forward of that many positions makes)."""
+    ran = inputs[0].shape[1]
+    groups: dict[int, list[int]] = {}
+    for r, n in enumerate(keep):
+        groups.setdefault(n, []).append(r)
+    if len(groups) == 1:  # every row kept the same length (fewer than `ran`: `commit` took `final` else)
+        (n,) = groups
+        return gated_delta_update(*(x[:, :n] for x in inputs), layer.A_log, layer.dt_bias, start, None, use_kernel=True)[1]
+    parts, order = [], []
+    for n, rs in groups.items():
+        index = mx.array(rs, dtype=mx.int32)
+        parts.append(final[index] if n == ran else gated_delta_update(
+            *(x[index, :n] for x in inputs), layer.A_log, layer.dt_bias, None if start is None else start[index], None,
+            use_kernel=True)[1])
+        order += rs
+    at = [0] * len(keep)  # where each row's state lands once the groups' states are joined
+    for i, r in enumerate(order):
+        at[r] = i
+    return mx.concatenate(parts)[mx.array(at, dtype=mx.int32)]
 
 
 _SWAPPED: dict[type, type] = {}
@@ -308,7 +382,7 @@ def _cache_layers(model, caches: list, keeps: list) -> list:
 
 
 def install_rollback(model) -> list[str]:
-    """Make `model` roll back exactly: installs the per-position-state forward on every supported
+    """Make `model` roll back exactly: installs the rollback forward (`step_state_call`) on every supported
     gated-delta and Mamba2 layer (the class is swapped in place; weights and plain use are unchanged).
     Returns each cache's kind (`kv`, `gated-delta` or `mamba2`, as the family table spells them);
     raises `CacheNotSupported` naming any other layer."""
@@ -346,7 +420,7 @@ def install_rollback(model) -> list[str]:
     return kinds
 
 
-# -- Mamba2 mixers that keep every position's state ----------------------------------------
+# -- Mamba2 mixers that keep every position's state (mlx-lm decodes them one position at a time) --
 
 
 def mamba2_step_state_call(mixer, hidden_states: mx.array, mask=None, cache=None) -> mx.array:
@@ -379,8 +453,7 @@ def mamba2_step_state_call(mixer, hidden_states: mx.array, mask=None, cache=None
         y, state = ssm_update(x[:, p], mixer.A_log, B[:, p], C[:, p], D, dt[:, p], mixer.dt_bias, state, mixer.time_step_limit)
         outs.append(y)
         states.append(state)
-    cache.pending = (padded, states)
-    cache.conv_tail = mixer.conv_kernel_size - 1
+    cache.pending = StepRecord(padded, mixer.conv_kernel_size - 1, states[-1], lambda keep: _pick(states, keep))
     y = mx.concatenate(outs, axis=1).reshape(rows, n, inner)
     return mixer.out_proj(mixer.norm(y, gate))
 

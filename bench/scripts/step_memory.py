@@ -2,15 +2,20 @@
 
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_memory.py [--depths 1 2 4] [--widths 1 4] [--repeats 7]
 
-A verify step of a hybrid target keeps every gated-delta layer's recurrent state after each of its
-`1 + k` positions until the accepted one is committed (`mtpstack.worker.caches.StepStateCache`):
-`linear layers x value heads x key dim x value dim x 4` bytes (fp32) per row per drafted position,
-plus a conv window of `conv_dim` values and the attention layers' KV, both small. This script
+A verify step of a hybrid target keeps, beyond a plain step, what sets each row's gated-delta state
+after its kept positions (`mtpstack.worker.caches.StepRecord`), in one of two ways:
+- where mlx-lm's recurrence is a loop of one op a position (the CPU), the state after every position:
+  `linear layers x value heads x key dim x value dim x 4` bytes (fp32) per row per drafted position;
+- where it is one Metal kernel over all positions (`--replayed` runs that way here, through mlx-lm's
+  ops), only the recurrence's inputs (q, k, v: `conv_dim` values, and two gates per value head) per
+  drafted position, and at commit one replayed state per row that rejected drafts, whatever the depth
+  (1/k of one per drafted position);
+plus, either way, a conv window's input (`conv_dim` values) and the attention layers' KV, both small. This script
 builds a tiny Qwen3.5-family target widened where that state lives (more and larger linear heads),
 runs real decode steps at each width and depth, and reports the peak memory in use during one step
 (mlx's peak counter, reset before each step) above the depth-0 step's, per row per drafted position,
 next to the prediction: median and min-max over `--repeats` steps. `predicted_bytes` also gives the
-figure at a real model's dimensions (`--model-dims qwen3.5-35b-a3b`). A benchmark, not a test.
+figures at a real model's dimensions (`--model-dims qwen3.5-35b-a3b`). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ MODEL_DIMS = {
     "qwen3.5-35b-a3b": dict(num_hidden_layers=40, full_attention_interval=4, linear_num_value_heads=32,
                             linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
                             linear_conv_kernel_dim=4, num_key_value_heads=2, head_dim=256),
+    # Qwen3.5-27B (and Qwen3.6-27B, the same text config): 64 layers, every 4th full attention (24 query
+    # heads, gated output), 48 gated-delta layers; a dense MLP; one MTP layer.
+    "qwen3.5-27b": dict(num_hidden_layers=64, full_attention_interval=4, hidden_size=5120, intermediate_size=17408,
+                        vocab_size=248320, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                        linear_num_value_heads=48, linear_num_key_heads=16, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_conv_kernel_dim=4, mtp_num_hidden_layers=1),
 }
 #: The widened tiny target: small everywhere except the linear-attention state.
 WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_attention_interval=2,
@@ -38,16 +49,20 @@ WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_att
             linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
 
 
-def predicted_bytes(text: dict) -> dict[str, int]:
-    """Bytes one row keeps per drafted position: recurrent state (fp32), conv window and attention KV (bf16)."""
+def predicted_bytes(text: dict, depth: int = 1, replayed: bool = False) -> dict[str, float]:
+    """Bytes one row keeps per drafted position at `depth`: the recurrent state (fp32) after the position,
+    or (`replayed`) the recurrence's inputs and one replayed state per row whatever the depth (1/depth of
+    it); either way the conv window's input and the attention KV (bf16)."""
     layers = text["num_hidden_layers"]
     linear = layers - layers // text["full_attention_interval"]
     attention = layers - linear
     state = linear * text["linear_num_value_heads"] * text["linear_key_head_dim"] * text["linear_value_head_dim"] * 4
     conv_dim = 2 * text["linear_num_key_heads"] * text["linear_key_head_dim"] + text["linear_num_value_heads"] * text["linear_value_head_dim"]
     conv = linear * conv_dim * 2
+    inputs = linear * (conv_dim + 2 * text["linear_num_value_heads"]) * 2 if replayed else 0
+    state = state / depth if replayed else state
     kv = attention * 2 * text["num_key_value_heads"] * text["head_dim"] * 2
-    return {"state": state, "conv": conv, "kv": kv, "total": state + conv + kv}
+    return {"state": state, "conv": conv, "inputs": inputs, "kv": kv, "total": state + conv + inputs + kv}
 
 
 def mib(n: float) -> str:
@@ -95,21 +110,21 @@ def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
     return peaks
 
 
-def measure(depths: list[int], widths: list[int], repeats: int) -> dict:
+def measure(depths: list[int], widths: list[int], repeats: int, replayed: bool = False) -> dict:
     from mtpstack.worker.loading import Engine
 
     with tempfile.TemporaryDirectory() as tmp:
         target, head = build_pair(Path(tmp))
         engine = Engine.load(str(target), str(head), draft_depth=max(depths))
-        predicted = predicted_bytes(engine.target.config["text_config"])["total"]
         rows = []
         for width in widths:
             base = statistics.median(step_peaks(engine, width, 0, repeats))
             for depth in depths:
+                predicted = predicted_bytes(engine.target.config["text_config"], depth, replayed)["total"]
                 extra = [(p - base) / (width * depth) for p in step_peaks(engine, width, depth, repeats)]
                 rows.append({"width": width, "depth": depth, "median": statistics.median(extra), "min": min(extra),
                              "max": max(extra), "predicted": predicted, "ratio": statistics.median(extra) / predicted})
-    return {"dims": WIDE, "repeats": repeats, "rows": rows}
+    return {"dims": WIDE, "repeats": repeats, "replayed": replayed, "rows": rows}
 
 
 def table(report: dict) -> list[str]:
@@ -125,15 +140,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the predicted figure at a real model's dimensions and exit")
+    p.add_argument("--replayed", action="store_true", help="run the gated-delta layers as on Metal (one call a step, "
+                   "rejected rows replayed at commit) through mlx-lm's ops, and predict that")
+    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the predicted figures at a real model's dimensions and exit")
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
     args = p.parse_args(argv)
     if args.model_dims:
-        b = predicted_bytes(MODEL_DIMS[args.model_dims])
-        print(f"{args.model_dims}: {mib(b['total'])} per row per drafted position "
-              f"(recurrent state {mib(b['state'])}, conv window {mib(b['conv'])}, attention KV {mib(b['kv'])})")
+        dims = MODEL_DIMS[args.model_dims]
+        kept = predicted_bytes(dims)
+        print(f"{args.model_dims}, every position's state kept: {mib(kept['total'])} per row per drafted position "
+              f"(recurrent state {mib(kept['state'])}, conv window {mib(kept['conv'])}, attention KV {mib(kept['kv'])})")
+        for depth in args.depths:
+            b = predicted_bytes(dims, depth, replayed=True)
+            print(f"{args.model_dims}, replayed, depth {depth}: {mib(b['total'])} per row per drafted position (one "
+                  f"replayed state {mib(b['state'] * depth)} a row, conv window {mib(b['conv'])}, the recurrence's "
+                  f"inputs {mib(b['inputs'])}, attention KV {mib(b['kv'])} a position)")
         return 0
-    report = measure(args.depths, args.widths, args.repeats)
+    if args.replayed:
+        import mtpstack.worker.caches as caches
+
+        caches._runs_kernel = lambda k: True
+    report = measure(args.depths, args.widths, args.repeats, args.replayed)
     return emit(report, table(report), args.out)
 
 

@@ -15,6 +15,14 @@ def test_the_prediction_at_qwen35_35b_a3b_dimensions_is_the_documented_60_mib_of
     assert b["total"] == b["state"] + b["conv"] + b["kv"]
 
 
+def test_replayed_the_state_is_kept_once_a_row_and_only_the_small_inputs_a_position():
+    one, four = (sm.predicted_bytes(sm.MODEL_DIMS["qwen3.5-35b-a3b"], depth, replayed=True) for depth in (1, 4))
+    assert one["state"] == 60 * 2**20 == 4 * four["state"]  # one replayed state a row, whatever the depth
+    assert one["inputs"] == four["inputs"] == 30 * (2 * 16 * 128 + 32 * 128 + 2 * 32) * 2  # q, k, v and the gates
+    assert four["total"] == four["state"] + four["conv"] + four["inputs"] + four["kv"]
+    assert four["total"] < sm.predicted_bytes(sm.MODEL_DIMS["qwen3.5-35b-a3b"], 4)["total"] / 3
+
+
 def test_a_target_of_attention_only_keeps_no_recurrent_state():
     dims = dict(sm.WIDE, full_attention_interval=1)
     assert sm.predicted_bytes(dims)["state"] == 0

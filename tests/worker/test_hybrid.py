@@ -11,9 +11,11 @@ from mtpstack.worker.batch import Batch
 from mtpstack.worker.loading import Engine
 from mtpstack.worker.scheduler import Scheduler
 from mtpstack.worker.sequence import SamplingParams
-from tests.worker.greedy import PROMPTS, plain_greedy
+from tests.worker.greedy import PROMPTS, ForcedDrafter, decode_forced, plain_greedy
 
 MAX_TOKENS = 32
+#: Long enough for a row to meet every acceptance length at depth 6 before its last steps draft less.
+FORCED_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,11 @@ def engine(hybrid_pair) -> Engine:
 def reference(engine) -> dict[str, list[int]]:
     """The target's own greedy tokens from mlx-lm's plain `generate_step` (its own caches, no speculation)."""
     return plain_greedy(engine, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def long_reference(engine) -> dict[str, list[int]]:
+    return plain_greedy(engine, FORCED_TOKENS)
 
 
 def params(depth: int, **kw) -> SamplingParams:
@@ -114,6 +121,50 @@ def test_every_acceptance_length_rolls_back_exactly(engine, reference, depth):
                 seen.add(r.accepted)
     assert seq.tokens == reference[prompt]
     assert seen == set(range(depth + 1))
+
+
+@pytest.fixture(params=["kept per position", "replayed"])
+def recurrence(request, monkeypatch) -> str:
+    """Both ways a gated-delta layer sets a row's state after its kept positions: the CPU's (every
+    position's state kept, as mlx-lm's ops loop yields them) and the Metal kernel's (one call over all
+    positions, the rejected ones replayed at commit), the second run here through mlx-lm's ops."""
+    import mtpstack.worker.caches as caches
+
+    monkeypatch.setattr(caches, "_runs_kernel", lambda k: request.param == "replayed")
+    return request.param
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4, 5, 6])
+def test_every_acceptance_length_in_every_row_of_a_batch_leaves_the_targets_greedy_text(engine, long_reference, depth, width, recurrence):
+    prompts = PROMPTS[:width]
+    tokens, seen, ragged = decode_forced(engine, prompts, depth, long_reference, FORCED_TOKENS)
+    for prompt, got in zip(prompts, tokens):
+        assert got == long_reference[prompt], prompt
+    assert seen == [set(range(depth + 1))] * width  # every row accepted 0, 1, ..., depth drafts
+    assert ragged or width == 1  # and rows of one step accepted different lengths
+
+
+def test_each_rows_recurrent_state_after_a_step_of_different_acceptances_is_the_plain_forwards(engine, long_reference, recurrence):
+    """Rows rejecting at positions 0, 1 and 2 and one accepting all, in one step: every row's state is a plain forward's."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    prompts = PROMPTS[:4]
+    sched = Scheduler(max_num_seqs=4)
+    seqs = [engine.new_sequence(engine.text_prompt(p), params(3)) for p in prompts]
+    for seq in seqs:
+        sched.add(seq)
+    sched.step()  # prefill: every first token is out
+    sched.batch.drafter = ForcedDrafter(sched.batch.drafter, {s: long_reference[p] for s, p in zip(seqs, prompts)}, engine.vocab_size)
+    assert [r.accepted for _, r, _ in sched.step()] == [0, 1, 2, 3]
+    for r, (seq, prompt) in enumerate(zip(sched.batch.rows, prompts)):
+        plain = make_prompt_cache(engine.target.model)
+        engine.target.model(mx.array(engine.text_prompt(prompt) + seq.tokens[:-1])[None], cache=plain)
+        for mine, theirs in zip(sched.batch.caches, plain):
+            if isinstance(mine, StepStateCache):
+                assert mx.array_equal(mine[0][r], theirs[0][0]) and mx.allclose(mine[1][r], theirs[1][0], atol=1e-5)
+            else:
+                assert mine.lengths[r] == theirs.offset
 
 
 def test_gated_delta_state_after_a_rolled_back_step_equals_the_plain_state(engine):

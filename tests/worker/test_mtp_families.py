@@ -15,7 +15,7 @@ from mtpstack.worker.loading import Engine
 from mtpstack.worker.scheduler import Scheduler
 from mtpstack.worker.sequence import SamplingParams
 from tests.mlx_support import QUANTIZED_MOE_REASON, QUANTIZED_MOE_RUNS
-from tests.worker.greedy import PROMPTS, plain_greedy
+from tests.worker.greedy import PROMPTS, decode_forced, plain_greedy
 
 MAX_TOKENS = 20
 
@@ -158,6 +158,22 @@ def test_nemotron_h_greedy_output_equals_plain_decoding(engines, layout, depth, 
     tokens, accepted = run(engine, PROMPTS, depth, width)
     assert tokens == plain(engine)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("family", ["nemotron", "next", "next-replayed"])
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_every_acceptance_length_in_every_row_leaves_a_recurrent_familys_greedy_text(engines, family, depth, width, monkeypatch):
+    """Mamba2 mixers (Nemotron-H) and Qwen3-Next's gated-delta layers, rolled back to every length in every row
+    (Qwen3-Next's also the Metal kernel's way, replayed at commit, here through mlx-lm's ops)."""
+    import mtpstack.worker.caches as caches
+
+    monkeypatch.setattr(caches, "_runs_kernel", lambda k: family.endswith("replayed"))
+    engine = engines(f"{family.removesuffix('-replayed')}-standalone")
+    reference = plain_greedy(engine, 3 * MAX_TOKENS, PROMPTS[:width])
+    tokens, seen, ragged = decode_forced(engine, PROMPTS[:width], depth, reference, 3 * MAX_TOKENS)
+    assert tokens == [reference[p] for p in PROMPTS[:width]]
+    assert seen == [set(range(depth + 1))] * width and (ragged or width == 1)
 
 
 def test_mamba2_state_after_a_rolled_back_step_equals_the_plain_state(engines):

@@ -48,9 +48,9 @@ class TargetHooks:
     """What a family's targets need from the engine beyond attention layers with a plain KV cache."""
 
     #: mlx-lm's gated-delta layer classes, each with its input projections: the engine runs them with
-    #: the per-position-state forward (`caches.step_state_call`).
+    #: the forward that can set a row's state after fewer positions (`caches.step_state_call`).
     gated_delta: Mapping[type, Projections] = field(default_factory=dict)
-    #: mlx-lm's Mamba2 mixer classes, run with the per-position-state forward (`caches.mamba2_step_state_call`).
+    #: mlx-lm's Mamba2 mixer classes, run keeping every position's state (`caches.mamba2_step_state_call`).
     mamba2: frozenset[type] = frozenset()
     #: Which layers keep a cache, when not every one does (Nemotron-H's MLP and MoE blocks keep none).
     keeps_cache: Callable[[object], bool] | None = None
