@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from mtpstack.worker.caches import add_row, batch_caches, commit, filter_rows, prepare_chunk, take_row
 from mtpstack.worker.drafting import Drafter
-from mtpstack.worker.sequence import Sequence, StepResult
+from mtpstack.worker.sequence import Sequence, StepResult, greedy_tokens
 from mtpstack.worker.snapshots import Snapshots
 
 log = logging.getLogger("mtpstack.worker")
@@ -85,14 +85,20 @@ class Batch:
         logits = engine.parts.lm_head(hidden)
         proposed = drafts.tolist() if drafts is not None and any(seq.hook for seq in rows) else None
         errors: dict[int, BaseException] = {}
+        # Rows that take the target's argmax as it is (greedy, no hook) are sampled in one op.
+        plain = [seq.hook is None and seq.greedy for seq in rows]
+        argmax = greedy_tokens(logits) if any(plain) else None
         picks = []
         for i, (seq, k) in enumerate(zip(rows, plans)):
+            if plain[i]:
+                picks.append(None)
+                continue
             try:  # a request's own sampling hook (its grammar) may fail: that row alone
                 picks.append(seq.sample(seq.hook.constrain(logits[i], proposed[i][:k] if proposed else []) if seq.hook else logits[i]))
             except Exception as e:
                 errors[i] = e
-                picks.append(mx.argmax(logits[i], axis=-1).astype(mx.uint32))  # a stand-in: the row leaves after this step
-        sampled = mx.stack(picks)
+                picks.append(greedy_tokens(logits[i]))  # a stand-in: the row leaves after this step
+        sampled = argmax if all(plain) else mx.stack([argmax[i] if p is None else p for i, p in enumerate(picks)])
         if engine.agree is not None:
             # Rank 0's tokens on every rank, and which rows it failed (the last column), so they end everywhere.
             failed = mx.array([[int(i in errors)] for i in range(len(rows))], dtype=sampled.dtype)
@@ -111,11 +117,11 @@ class Batch:
                 n += 1
             accepted.append(n)
         commit(self.caches, [n + 1 for n in accepted], depth + 1)
-        # The kept states now, so the step's per-position states are freed before the next step
-        # makes its own (left lazy, both steps' would be alive at once).
-        mx.eval([c.state for c in self.caches])
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
+        # The kept states and the drafter's next proposals are computed while the rows' output is
+        # written below, not waited for; the next step's work is built on them.
+        mx.async_eval([c.state for c in self.caches], self.drafter.arrays(rows) if self.drafter is not None else [])
         results: list[RowOutcome] = []
         for i, (seq, k, n, s_row) in enumerate(zip(rows, plans, accepted, s)):
             try:
@@ -123,7 +129,7 @@ class Batch:
                     raise errors[i]
                 seq.drafted += k
                 seq.accepted += n
-                emitted = seq.emit(s_row[: n + 1], logits[i])
+                emitted = seq.emit(s_row[: n + 1], logits[i] if seq.hook is not None else None)
                 results.append((StepResult(drafted=k, accepted=n, tokens=emitted), None))
             except Exception as e:  # this row's own work failed: it ends, the others go on
                 log.error("a row's step failed: %s: %s", type(e).__name__, e)

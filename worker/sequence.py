@@ -24,6 +24,11 @@ from mlx_lm.sample_utils import apply_top_p
 PREFILL_CHUNK = 512
 
 
+def greedy_tokens(logits: mx.array) -> mx.array:
+    """The target's greedy choice at every position of `logits` ([..., vocab]): its argmax."""
+    return mx.argmax(logits, axis=-1).astype(mx.uint32)
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int
@@ -154,11 +159,16 @@ class Sequence:
             return 0
         return max(0, min(self.params.depth, self.params.max_tokens - len(self.tokens) - 1))
 
+    @property
+    def greedy(self) -> bool:
+        """Whether this sequence samples the target's argmax (temperature 0)."""
+        return self.params.temperature <= 0
+
     def sample(self, logits: mx.array) -> mx.array:
         """One token per row of `logits` ([n, vocab]) from the target's distribution."""
         p = self.params
-        if p.temperature <= 0:
-            return mx.argmax(logits, axis=-1).astype(mx.uint32)
+        if self.greedy:
+            return greedy_tokens(logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if 0 < p.top_p < 1:
             logprobs = apply_top_p(logprobs, p.top_p)
