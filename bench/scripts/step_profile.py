@@ -49,6 +49,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from mtpstack.bench.stats import summarize
+from step_memory import MODEL_DIMS
 from worker_bench import PROMPTS, emit, ensure_preload, prepare_models
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
@@ -380,6 +381,62 @@ def measure(args) -> dict:
             "loadavg": loads, "pairs": pairs}
 
 
+def quantized_bytes(bits: int) -> float:
+    """Bytes per parameter of an affine-quantized matrix at group size 64 with bf16 scales and biases."""
+    return (bits + 32 / 64) / 8
+
+
+def paper_step(dims: dict, depth: int, target_bits: int = 4, head_bits: int = 6) -> dict:
+    """One row's speculative step on Metal at a dense Qwen3.5 hybrid's dimensions, worked out on paper: the
+    bytes it reads and writes (weights, and the gated-delta state traffic), and the kernel launches of the
+    gated-delta recurrence, before and after the recurrence ran once per step.
+
+    Weights: the target's body and LM head once per verify forward; each of the head's `depth` forwards reads
+    its layer, its `fc` and the target's LM head. State: each launch of mlx-lm's gated-delta kernel reads the
+    state it starts from and writes the one it ends with (value heads x key dim x value dim, fp32). Before:
+    one launch per position, each with its state, and a commit copying the kept one; after: one launch, and a
+    second from the step's start over the kept positions only for a row that rejected drafts. A launch of the
+    recurrence is three kernels (the decay, the gate, the recurrence); the commit's conv window one more, and
+    before, the copy of the kept state one more."""
+    layers, interval = dims["num_hidden_layers"], dims["full_attention_interval"]
+    linear = layers - layers // interval
+    attention = layers - linear
+    h, mlp, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    hv, hk, dk, dv = (dims[k] for k in ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                                         "linear_value_head_dim"))
+    heads, kv_heads, head_dim = dims["num_attention_heads"], dims["num_key_value_heads"], dims["head_dim"]
+    conv_dim = 2 * hk * dk + hv * dv
+    attn = h * (2 * heads * head_dim) + 2 * h * kv_heads * head_dim + heads * head_dim * h  # q and its gate, k, v, o
+    gated = h * conv_dim + h * hv * dv + 2 * h * hv + hv * dv * h  # qkv, z, b and a, out
+    body = layers * 3 * h * mlp + attention * attn + linear * gated
+    lm_head = vocab * h
+    head_layer = dims.get("mtp_num_hidden_layers", 1) * (attn + 3 * h * mlp) + 2 * h * h  # its layers and fc
+    positions = depth + 1
+    state = hv * dk * dv * 4
+    target = (body + lm_head) * quantized_bytes(target_bits)
+    head = depth * (head_layer * quantized_bytes(head_bits) + lm_head * quantized_bytes(target_bits))
+    before = {"state_bytes": linear * (positions * 2 * state + 2 * state), "launches": linear * (3 * positions + 2)}
+    after_kept = {"state_bytes": linear * 2 * state, "launches": linear * (3 + 1)}
+    after_rejected = {"state_bytes": linear * 4 * state, "launches": linear * (3 + 3 + 1)}
+    plain = {"state_bytes": linear * 2 * state, "launches": linear * (3 + 1)}
+    return {"target_bytes": target, "head_bytes": head, "plain": plain, "before": before,
+            "after_all_kept": after_kept, "after_rejected": after_rejected}
+
+
+def paper_lines(model: str, depth: int) -> str:
+    p = paper_step(MODEL_DIMS[model], depth)
+    gb = 1e9
+    plain = p["target_bytes"] + p["plain"]["state_bytes"]
+    out = [f"{model}, depth {depth}, one row: a plain step reads {plain / gb:.2f} GB; the head's {depth} forwards "
+           f"{p['head_bytes'] / gb:.2f} GB"]
+    for name in ("plain", "before", "after_all_kept", "after_rejected"):
+        d = p[name]
+        step = p["target_bytes"] + (p["head_bytes"] if name != "plain" else 0) + d["state_bytes"]
+        out.append(f"  {name:<15} gated-delta state {d['state_bytes'] / 2**20:8.0f} MiB, {d['launches']:4d} launches; "
+                   f"step {step / gb:.2f} GB, {step / plain:.3f} plain steps")
+    return "\n".join(out)
+
+
 def merge(reports: list[dict]) -> dict:
     """Reports of the same configurations (e.g. single rounds run alternately with another build's, under one
     lock) as one: every round's values together, the parts' medians over the reports."""
@@ -431,7 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-layers", type=int, default=10, help="the demo target's zero layers appended (default: 10)")
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
     p.add_argument("--merge", nargs="+", metavar="REPORT", help="print these reports' rounds as one (no measuring)")
+    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print one row's step on Metal at a real model's "
+                   "dimensions, worked out on paper (`paper_step`), and exit")
     args = p.parse_args(argv)
+    if args.model_dims:
+        for depth in args.depths:
+            print(paper_lines(args.model_dims, depth))
+        return 0
     if args.merge:
         import json
 

@@ -92,3 +92,17 @@ def test_reports_of_different_configurations_are_not_merged():
     other["pairs"][0]["widths"][0]["depths"][0]["depth"] = 2
     with pytest.raises(ValueError, match="same configurations"):
         sp.merge([report(1.5, 10.0), other])
+
+
+def test_on_paper_at_27b_dimensions_the_recurrence_run_once_moves_a_fifth_of_the_state_it_moved_at_depth_3():
+    p = sp.paper_step(sp.MODEL_DIMS["qwen3.5-27b"], depth=3)
+    state = 48 * 128 * 128 * 4  # a gated-delta layer's state, one row: 3 MiB
+    assert state == 3 * 2**20
+    assert p["before"]["state_bytes"] == 48 * (4 * 2 + 2) * state  # four launches each reading and writing it, a copy
+    assert p["after_all_kept"]["state_bytes"] == p["plain"]["state_bytes"] == 48 * 2 * state
+    assert p["after_rejected"]["state_bytes"] == 2 * p["plain"]["state_bytes"]
+    assert p["before"]["launches"] == 48 * 14 and p["after_all_kept"]["launches"] == p["plain"]["launches"]
+    # the target: ~27B parameters at 4.5 bits; the head: its ~0.42B at 6.5 bits and the 1.27B LM head, three times
+    assert 14.0e9 < p["target_bytes"] < 15.0e9
+    one = sp.paper_step(sp.MODEL_DIMS["qwen3.5-27b"], depth=1)
+    assert p["head_bytes"] == 3 * one["head_bytes"] and 1.0e9 < one["head_bytes"] < 1.1e9
