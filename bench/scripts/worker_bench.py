@@ -115,8 +115,8 @@ def report_lines(summary: dict) -> list[str]:
         lines.append("step cost, decode only (time per step with the head / per token without it, same server, "
                      "round by round):")
     for name, c in steps.items():
-        lines.append(f"  {name:<22} {fmt(c['step_cost'])} plain steps, {fmt(c['tokens_per_step'])} tokens per step: "
-                     f"{fmt(c['speedup'], 'x', 3)}")
+        lines.append(f"  {name:<22} {fmt(c['step_cost'])} plain steps ({fmt(c['step_ms'], ' ms', 1)} a step), "
+                     f"{fmt(c['tokens_per_step'])} tokens per step: {fmt(c['speedup'], 'x', 3)}")
     if summary.get("acceptance") is not None:
         lines.append(f"  acceptance per drafted token (native+mtp's usage): {summary['acceptance']:.2f}")
     lines.append(f"{WIDTH} concurrent clients, maxNumSeqs {WIDTH}:")
@@ -151,16 +151,18 @@ def decode_steps(usage: dict, timings: dict | None = None) -> int | None:
 def step_costs(single: dict[str, list[dict]]) -> dict:
     """Per drafted configuration with its plain counterpart measured (`PLAIN_OF`): round by round, decode
     seconds per step over the counterpart's seconds per token, the tokens per step, and their ratio (the
-    head's decode speedup); each summarised over rounds."""
+    head's decode speedup), and the step's own milliseconds (servers compared in one unit); each
+    summarised over rounds."""
     out = {}
     for name, plain in PLAIN_OF.items():
-        costs, per_step = [], []
+        costs, per_step, ms = [], [], []
         for r, b in zip(single.get(name, []), single.get(plain, [])):
             if r.get("steps") and b.get("steps") and r.get("decode_s") and b.get("decode_s"):
                 costs.append((r["decode_s"] / r["steps"]) / (b["decode_s"] / b["steps"]))
                 per_step.append((r["tokens"] - 1) / r["steps"])
+                ms.append(r["decode_s"] / r["steps"] * 1e3)
         if costs:
-            out[name] = {"step_cost": summarize(costs), "tokens_per_step": summarize(per_step),
+            out[name] = {"step_cost": summarize(costs), "tokens_per_step": summarize(per_step), "step_ms": summarize(ms),
                          "speedup": summarize([t / c for t, c in zip(per_step, costs)])}
     return out
 

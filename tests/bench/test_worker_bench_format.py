@@ -38,7 +38,8 @@ def test_report_lines_name_every_configuration_and_every_drafted_ones_step_cost(
     text = "\n".join(wb.report_lines(summary))
     assert "native+mtp" in text and "1.200x" in text and "n/a" in text and "1.25" in text
     lines = text.splitlines()
-    assert any(line.split()[:2] == ["native+mtp", "3.20"] and "2.00 (2.00-2.00, n=1) tokens per step" in line for line in lines)
+    assert any(line.split()[:2] == ["native+mtp", "3.20"] and "2.00 (2.00-2.00, n=1) tokens per step" in line
+               and "(400.0 ms (400.0-400.0, n=1) a step)" in line for line in lines)
     assert any(line.split()[:2] == ["mlx-vlm+mtp", "2.50"] for line in lines)  # the reference's step priced alike
     assert "acceptance per drafted token (native+mtp's usage): 0.50" in text
     assert lines[-1] == "note: only 1 repeats"
@@ -51,6 +52,7 @@ def test_a_step_cost_is_a_step_with_the_head_over_a_token_without_it_round_by_ro
     assert c["step_cost"]["min"] == 3.0 and c["step_cost"]["max"] == 3.2
     assert c["tokens_per_step"]["min"] == 2.0 and c["tokens_per_step"]["max"] == 2.0
     assert c["speedup"]["median"] == (2.0 / 3.2 + 2.0 / 3.0) / 2
+    assert c["step_ms"]["max"] == 400.0 and c["step_ms"]["min"] == 300.0
     assert "mlx-vlm+mtp" not in wb.step_costs(single)  # no reference measured: no line for it
 
 
