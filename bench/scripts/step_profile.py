@@ -54,8 +54,9 @@ from worker_bench import PROMPTS, emit, ensure_preload, prepare_models
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")
-#: Recurrences the worker calls inside a recurrent layer's forward, by the name its modules import them as.
-RECURRENCES = ("gated_delta_update", "ssm_update")
+#: Recurrences the worker calls inside a recurrent layer's forward, by the name its modules import them as
+#: (`_states_ops`: the worker's loop of mlx-lm's one-position op that keeps every position's state, the CPU's way).
+RECURRENCES = ("gated_delta_update", "_states_ops", "ssm_update")
 #: Steps run and discarded after a configuration's rows are rebuilt.
 WARMUP_STEPS = 2
 
