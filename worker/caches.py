@@ -40,9 +40,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
-# `_gated_delta_step_ops` is the one step of mlx-lm's own ops-based recurrence (mlx-lm is pinned): the
-# CPU path keeps each position's state by running exactly mlx-lm's loop.
-from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update, normalize_qk
 
 from mtpstack.validator import recurrent_target_types
 from mtpstack.worker.mtp.families import served_target_hooks
@@ -309,21 +307,16 @@ def _runs_kernel(k: mx.array) -> bool:
 
 
 def _states_ops(layer, q, k, v, a, b, state):
-    """mlx-lm's `gated_delta_update` without its kernel, step for step (`gated_delta_ops`: one compiled
-    step a position), keeping the state after every position: outputs [rows, T, heads, dim] and T states."""
+    """mlx-lm's `gated_delta_update` without its kernel, step for step: its loop (`gated_delta_ops`, one
+    compiled step a position) run one position a call, keeping the state after every position: outputs
+    [rows, T, heads, dim] and T states."""
     beta, g = mx.sigmoid(b), compute_g(layer.A_log, a, layer.dt_bias)
-    rows, _, hk, dk = q.shape
-    hv, dv = v.shape[-2:]
-    if state is None:
-        state = mx.zeros((rows, hv, dv, dk), dtype=mx.float32)
-    if hv // hk > 1:
-        q, k = mx.repeat(q, hv // hk, -2), mx.repeat(k, hv // hk, -2)
     ys, states = [], []
     for t in range(q.shape[1]):
-        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
+        y, state = gated_delta_ops(*(x[:, t : t + 1] for x in (q, k, v, g, beta)), state)
         ys.append(y)
         states.append(state)
-    return mx.stack(ys, axis=1), states
+    return mx.concatenate(ys, axis=1), states
 
 
 def _pick(states: list[mx.array], keep: list[int]) -> mx.array:
