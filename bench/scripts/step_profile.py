@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-layers", type=int, default=10, help="the demo target's zero layers appended (default: 10)")
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
     p.add_argument("--merge", nargs="+", metavar="REPORT", help="print these reports' rounds as one (no measuring)")
-    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print one row's step on Metal at a real model's "
+    p.add_argument("--model-dims", choices=[m for m, dims in MODEL_DIMS.items() if "hidden_size" in dims], help="print one row's step on Metal at a real model's "
                    "dimensions, worked out on paper (`paper_step`), and exit")
     args = p.parse_args(argv)
     if args.model_dims:
