@@ -263,15 +263,16 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
 
 
 async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None, extra: dict | None = None) -> dict:
+                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool = True) -> dict:
     """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
     (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
     to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
-    (mlx_lm.server ignores the field, and stops at its model's end of turn). The first token is the first
+    (mlx_lm.server and mlx-vlm ignore the field, and stop at their model's end of turn; without it every
+    server stops there, so all decode the same text). The first token is the first
     of the answer or of its reasoning; `text` is the answer's content, what a client sends back. `extra`:
     more fields of the body (`chat_template_kwargs`)."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True, **(extra or {})}
+            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos, **(extra or {})}
     start = time.perf_counter()
     first, text, usage, timings = None, [], None, None
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
@@ -298,8 +299,8 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
             "usage": usage or {}, "timings": timings}
 
 
-async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str) -> dict:
-    r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens)
+async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str, ignore_eos: bool = True) -> dict:
+    r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens, ignore_eos=ignore_eos)
     tokens = r["usage"].get("completion_tokens") or 0
     cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     total = r["end"] - r["sent"]
@@ -309,11 +310,12 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str
             "drafted": r["usage"].get("draft_tokens"), "accepted": r["usage"].get("accepted_draft_tokens")}
 
 
-async def concurrent(session, url: str, clients: int, max_tokens: int, model: str, tag: str = "") -> dict:
+async def concurrent(session, url: str, clients: int, max_tokens: int, model: str, tag: str = "",
+                     ignore_eos: bool = True) -> dict:
     """`clients` streams at once; `tag` (e.g. the round) begins every prompt, so no prefix cache holds them."""
     start = time.perf_counter()
-    runs = await asyncio.gather(*(stream_one(session, url, f"{tag}{PROMPTS[i % len(PROMPTS)]}", max_tokens, model)
-                                  for i in range(clients)))
+    runs = await asyncio.gather(*(stream_one(session, url, f"{tag}{PROMPTS[i % len(PROMPTS)]}", max_tokens, model,
+                                             ignore_eos) for i in range(clients)))
     wall = time.perf_counter() - start
     ttfts = [r["ttft_s"] for r in runs]
     return {"aggregate_tok_s": sum(r["tokens"] for r in runs) / wall, "ttft_median_s": statistics.median(ttfts),
@@ -352,7 +354,7 @@ async def run(args) -> dict:
                 prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
-                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name])
+                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name], not args.stop_at_end)
                     texts[name] = r.pop("text")
                     if keep:
                         samples["single"].setdefault(name, []).append(r)
@@ -360,7 +362,8 @@ async def run(args) -> dict:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
                                  + ", ".join(f"{k}={v[:40]!r}" for k, v in texts.items()))
                 for name in servers:
-                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name], f"# round {rnd}\n")
+                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name], f"# round {rnd}\n",
+                                         not args.stop_at_end)
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
                 print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"),
@@ -401,7 +404,8 @@ async def run(args) -> dict:
         "meta": {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "models": source, "target": str(target), "head": str(head),
-            "depth": args.depth, "max_tokens": args.max_tokens, "repeats": args.repeats, "warmup": args.warmup,
+            "depth": args.depth, "max_tokens": args.max_tokens, "stop_at_end": args.stop_at_end,
+            "repeats": args.repeats, "warmup": args.warmup,
             "machine": platform.machine(), "cpus": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD"),
             "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mlx_vlm": _version("mlx-vlm")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -447,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"draft depth (default: {DEPTH_DEFAULT})")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
+    p.add_argument("--stop-at-end", action="store_true",
+                   help="answers end at the model's end of turn on every server, as mlx-vlm's and mlx_lm.server's always "
+                   "do (default: the native worker runs to --max-tokens), so every configuration decodes the same text")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default: 3)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
     p.add_argument("--baseline", metavar="PROGRAM",

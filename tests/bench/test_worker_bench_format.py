@@ -76,3 +76,30 @@ def test_single_stream_ttft_is_reported_apart_for_prefix_cache_hits_and_whole_pr
     assert s["ttft_s"]["n"] == 3 and s["ttft_cold_s"]["median"] == 0.6 and s["ttft_hit_s"]["median"] == 0.05
     lines = wb.report_lines({"single": {"native+mtp": s}, "speedup": {}, "concurrent": {}})
     assert any("from the prefix cache 0.050 s" in line and "prefilled whole 0.600 s" in line for line in lines)
+
+
+async def test_with_stop_at_end_every_request_lets_the_server_end_the_answer_at_its_end_of_turn(aiohttp_server):
+    import json
+
+    import aiohttp
+    from aiohttp import web
+
+    bodies = []
+
+    async def chat(request):
+        bodies.append(await request.json())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + json.dumps({"choices": [{"delta": {"content": "hi"}}]}).encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 1}}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        await wb.stream_one(session, url, "p", 8, "m")
+        await wb.stream_one(session, url, "p", 8, "m", ignore_eos=False)
+        await wb.concurrent(session, url, 2, 8, "m", ignore_eos=False)
+    assert [b["ignore_eos"] for b in bodies] == [True, False, False, False]
