@@ -1,13 +1,16 @@
-"""Teach the extended demo pair to end its turns: a short fine-tune on chat-shaped text, then the head again.
+"""Teach the extended demo pair to end its turns (and, with `--agents`, to call a tool when an agent asks
+it to act): a fine-tune on chat-shaped text (and Claude Code's and Codex CLI's own requests), then the
+head again.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m devkit.demo.chat --models worker/demo/models
+        python -m devkit.demo.chat --models worker/demo/models [--agents]
 
 Trained on documents alone, the demo continues whatever it is given until `max_tokens`: it never
 writes `<|im_end|>`, so every answer is cut, and an agent that checks (Codex: "Incomplete response
-... max_output_tokens") gives up. This step (after `devkit.demo.extend`; not part of
-`devkit.demo.train`) fine-tunes the target, in place, on three streams taken in a fixed order
-(STREAM_PATTERN):
+... max_output_tokens") gives up; and it never calls a tool, so an agent asked to act does nothing.
+This step (after `devkit.demo.extend`; not part of `devkit.demo.train`) fine-tunes the target, in
+place, on three streams taken in a fixed order (STREAM_PATTERN; with `--agents` a fourth,
+AGENT_STREAM_PATTERN):
 
 - the training documents as before (so its code and prose, and the head's acceptance, stay);
 - conversations cut from the same documents, rendered by the worker's own template code in the
@@ -18,26 +21,46 @@ writes `<|im_end|>`, so every answer is cut, and an agent that checks (Codex: "I
   thinking switch on), so with thinking on the block is closed too. The `<|im_end|>` labels weigh
   more than the rest (END_WEIGHT, PROMPT_WEIGHT);
 - the ends of conversations whose system message is most of a LONG_WINDOW-token window, so a turn
-  still ends after an agent's thousands of tokens of instructions.
+  still ends after an agent's thousands of tokens of instructions;
+- with `--agents`, agent turns (`AgentTurns`): Claude Code's and Codex CLI's real requests, recorded from the
+  clients when the run starts (`devkit.demo.agent_turns`: their system prompts, their tools'
+  schemas, their context turns), with the user's request replaced: a request to act on files or
+  run a command is answered with one call of the client's shell tool in the template's own
+  `<tool_call>` format, and the request after the command's real output (in the client's own
+  result shape) with its first line; a request that needs no tool with an echo. These prompts are
+  16k-23k tokens: they are learned in parts (`devkit.demo.long_turns`), the gated-delta layers
+  in chunks (`devkit.demo.fast_delta`).
 
-The fine-tune stops as soon as its check passes (looked at every CHECK_EVERY steps): greedy answers
-to short chats, thinking off and on, each end with `<|im_end|>` within `--check-tokens` and without
-writing another turn's header (`passes`; the answers to an agent-sized prompt, prose instructions
-as long as Codex CLI's, are logged beside them but not required). Passing the check is necessary,
-not sufficient: the target that first passed it (step 100) did not end Codex's own turn; the shipped
-one had 600 steps (docs/demo-models.md). Then the head (warm-started from its current weights; it
-borrows the target's embeddings and LM head, so it must follow them) is trained on documents and
-conversations against the fine-tuned target's own next-token distribution (`head_distill_losses`:
-acceptance is agreement with the target, and the fine-tune changed the target's text; against the
-documents' tokens the head drafted it worse than before). Both are written only then, each checked
-to load back to exactly what was trained. Afterwards measure acceptance (`python -m
-devkit.demo.acceptance`): it must stay at least the figure in docs/demo-models.md.
+The fine-tune stops as soon as its check passes (looked at every CHECK_EVERY steps, `passes_all`):
+greedy answers to short chats, thinking off and on, each end with `<|im_end|>` within
+`--check-tokens` and without writing another turn's header (`passes`; the answers to an agent-sized
+prompt, prose instructions as long as Codex CLI's, are logged beside them but not required), and,
+with `--agents`, each client's check recording (a folder like the live tests') gets what `acts_as_agent` expects:
+"list the files" one call of its shell tool running `ls`, then after its output words that end,
+"say hi" words that end. Passing the check is necessary, not sufficient: the live tests
+(tests/e2e/test_codex_live.py, test_claude_live.py) run the clients themselves. Then the head
+(warm-started from its current weights; it borrows the target's embeddings and LM head, so it must
+follow them) is trained on documents and conversations against the fine-tuned target's own
+next-token distribution (`head_distill_losses`: acceptance is agreement with the target, and the
+fine-tune changed the target's text; against the documents' tokens the head drafted it worse than
+before). Both are written only then, each checked to load back to exactly what was trained.
+Afterwards measure acceptance (`python -m devkit.demo.acceptance`): it must stay at least the
+figure in docs/demo-models.md.
+
+With `--agents` the run records the clients (Claude Code and Codex CLI, as `scripts/test` installs
+them; their binaries as the live tests find them, `agent_turns.client_binary`), so it needs both.
+The shipped pair has not been through it yet (docs/demo-models.md, "Calling tools": what it costs on
+2 shared cores). A run that stops keeps the target's weights (MODELS/CHECKPOINT) and, with
+`--agents`, its recordings (MODELS/RECORDINGS): `--resume` goes on with the same requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +69,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from devkit.demo import corpus
+from devkit.demo import agent_turns, corpus, long_turns
+from devkit.demo.fast_delta import chunked_gated_delta_layers
 from devkit.demo.train import (
     SEQ_LEN,
     VALID_SHARE,
@@ -88,6 +112,21 @@ LONG_BATCH = 2
 LONG_SYSTEM_BODY = 300
 #: Documents (0), conversations (1) and agent-sized conversation ends (2), in this repeating order.
 STREAM_PATTERN = (0, 1, 2, 0, 1)
+#: With `--agents`, agent turns (3) too: half the steps, the new behaviour, alternating Claude Code and Codex.
+AGENT_STREAM_PATTERN = (0, 3, 1, 3, 2, 3)
+#: Recordings of each client the fine-tune learns from (each in its own folder and home); one more
+#: of each, in a folder like the live tests' (CHECK_FILES), is the check's.
+AGENT_RECORDINGS = 2
+CHECK_FILES = {"notes.txt": "hello\n"}
+#: Where a run that has not finished keeps its recordings, for `--resume` (the same requests again).
+RECORDINGS = ".agent-recordings.json"
+#: Label weight of an agent answer's first token: whether it calls a tool or talks is decided there.
+DECISION_WEIGHT = 4.0
+#: Agent turns between refreshes of the recordings' contexts (the system part's state and the
+#: constant part after the request, computed at the weights of the moment: about a minute each).
+REFRESH_EVERY = 40
+#: Tokens an agent check's answer may take: a call of the shell tool takes about 30.
+AGENT_CHECK_TOKENS = 96
 #: Share of user turns that are one short line (the rest are one to six lines of a document).
 SINGLE_LINE_SHARE = 0.6
 #: Share of answers that open with a reasoning block.
@@ -322,25 +361,183 @@ def ends_its_turns(model, tokenizer, *, max_tokens: int) -> list[tuple[str, bool
     return results
 
 
+# -- agent turns: Claude Code's and Codex CLI's own requests (`devkit.demo.agent_turns`) -----------
+
+
+def document_lines(seed: int) -> list[str]:
+    """Lines of code and prose the scratch folders' files are made of."""
+    texts = corpus.sample(corpus.code_texts(), 200_000) + corpus.sample(corpus.prose_texts(), 200_000)
+    return [line for t in texts for line in _lines(t)]
+
+
+def record_clients(scratch: Path, seed: int) -> dict[str, list[agent_turns.Recording]]:
+    """AGENT_RECORDINGS recordings of each client to learn from, then the check's (CHECK_FILES)."""
+    rng = np.random.default_rng(seed + 5)
+    lines = document_lines(seed)
+    out = {}
+    for client in agent_turns.CLIENTS:
+        t0 = time.monotonic()
+        out[client] = [agent_turns.record(client, scratch, f"{client}-{i}", lines, rng) for i in range(AGENT_RECORDINGS)]
+        check = agent_turns.record(client, scratch, f"{client}-check", [], rng, files=CHECK_FILES)
+        out[client].append(check)
+        log(f"agent turns: recorded {client} {AGENT_RECORDINGS + 1} times ({time.monotonic() - t0:.0f}s)")
+    return out
+
+
+def save_recordings(path: Path, recordings: dict[str, list[agent_turns.Recording]]) -> None:
+    from dataclasses import asdict
+
+    staged = path.with_name(path.name + ".partial")
+    staged.write_text(json.dumps({c: [asdict(r) for r in rs] for c, rs in recordings.items()}))
+    staged.replace(path)
+
+
+def load_recordings(path: Path) -> dict[str, list[agent_turns.Recording]]:
+    return {c: [agent_turns.Recording(**r) for r in rs] for c, rs in json.loads(path.read_text()).items()}
+
+
+def agent_weights(turn: agent_turns.Turn, n_prompt: int) -> list[float]:
+    """Label weights of a turn's tokens after its prompt's shared part: PROMPT_WEIGHT in the prompt,
+    DECISION_WEIGHT on the answer's first token (a call or words), 1 in the answer, END_WEIGHT on its
+    `<|im_end|>`."""
+    body = [DECISION_WEIGHT] + [1.0] * (len(turn.answer) - 2) if len(turn.answer) > 1 else []
+    return [PROMPT_WEIGHT] * n_prompt + body + [END_WEIGHT]
+
+
+class AgentTurns:
+    """Endless agent episodes, made ready for `long_turns.loss`: Claude Code and Codex in turn, a
+    recording at random, a request at random (`agent_turns.sample_request`) on a new scratch folder
+    whose real command output is the tool's result. The recordings' contexts are computed at the
+    weights of the moment every REFRESH_EVERY episodes."""
+
+    def __init__(self, model, tokenizer, recordings, scratch: Path, seed: int):
+        self.model, self.tokenizer, self.recordings, self.scratch = model, tokenizer, recordings, scratch
+        self.rng = np.random.default_rng(seed + 6)
+        self.lines = document_lines(seed)
+        self.contexts: dict = {}
+        self.count = 0
+
+    def _folder(self, rng) -> tuple[Path, list[str]]:
+        folder = self.scratch / "episode"
+        shutil.rmtree(folder, ignore_errors=True)
+        return folder, agent_turns.make_folder(folder, rng, self.lines)
+
+    def refresh(self) -> None:
+        t0 = time.monotonic()
+        for client, recordings in self.recordings.items():
+            for i, rec in enumerate(recordings[:AGENT_RECORDINGS]):
+                folder, _ = self._folder(np.random.default_rng(i))
+                own = agent_turns.episode(self.tokenizer, rec, i, rec.request, "ls", folder)
+                self.contexts[client, i] = long_turns.context(self.model, own.shared[: own.system], own)
+        log(f"agent turns: contexts computed at the current weights ({time.monotonic() - t0:.0f}s)")
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> long_turns.Prepared:
+        if self.count % REFRESH_EVERY == 0:
+            self.refresh()
+        clients = list(self.recordings)
+        client = clients[self.count % len(clients)]
+        self.count += 1
+        i = int(self.rng.integers(AGENT_RECORDINGS))
+        folder, files = self._folder(self.rng)
+        request, command = agent_turns.sample_request(self.rng, files)
+        ep = agent_turns.episode(self.tokenizer, self.recordings[client][i], i, request, command, folder)
+        return long_turns.prepare(self.model, ep, self.contexts[client, i], agent_weights)
+
+
+def acts_as_agent(model, tokenizer, recordings, scratch: Path, *, max_tokens: int = AGENT_CHECK_TOKENS
+                  ) -> list[tuple[str, str, bool]]:
+    """(what was asked, the greedy answer, as expected) for each client's check recording: each of
+    `agent_turns.CHECK_REQUESTS`, the first turn, then, for a request to act, the turn after the
+    command's real output (in a folder holding CHECK_FILES, as the live tests' does). As expected: a
+    request to act gets exactly one call of the client's shell tool with that command, and ends; any
+    other turn gets words and ends, without a call or another turn's header."""
+    from mtpstack.worker.protocol import messages, responses
+    from mtpstack.worker.protocol.output import Markers, OutputSplitter
+
+    folder = scratch / "check"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, text in CHECK_FILES.items():
+        (folder / name).write_text(text)
+    stop = set(tokenizer.eos_token_ids)
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    results = []
+    for client, recs in recordings.items():
+        rec = recs[-1]
+        tools = (messages if client == "claude" else responses).to_chat(rec.first).get("tools")
+        tool, param = agent_turns.SHELL_TOOL[client]
+        system = None
+        for request, command in agent_turns.CHECK_REQUESTS[client]:
+            ep = agent_turns.episode(tokenizer, rec, -1, request, command, folder)
+            if system is None:
+                system = long_turns.prefill(model, ep.shared[: ep.system])
+            for n, turn in enumerate(ep.turns):
+                out = long_turns.greedy(model, system, turn.prompt[ep.system :], max_tokens=max_tokens, stop=stop)
+                splitter = OutputSplitter(Markers.of(tokenizer), False, tools, True)
+                text = tokenizer.decode(out)
+                pieces = splitter.feed(text) + splitter.finish()
+                ended = bool(out) and out[-1] in stop and im_start not in out
+                calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in splitter.calls]
+                if turn.call:
+                    ok = ended and calls == [(tool, {param: command})]
+                else:
+                    ok = ended and not calls and any(p.kind == "content" and p.text.strip() for p in pieces)
+                results.append((f"{client}: {request!r}" + (" after its result" if n else ""), text, ok))
+    return results
+
+
 def teach(models: Path, *, seed: int = 0, target_steps: int = 800, head_steps: int = 500, lr: float = 4e-4,
-          head_lr: float = 3e-4, check_tokens: int = 96, resume: bool = False) -> dict:
-    """Fine-tune MODELS/target until it ends its turns, then its head; both written in place at the end.
-    `resume`: start from the weights a stopped run left in MODELS/CHECKPOINT (and the step it reached)."""
+          head_lr: float = 3e-4, check_tokens: int = 96, resume: bool = False, agents: bool = False) -> dict:
+    """Fine-tune MODELS/target until it ends its turns and acts as the agents ask, then its head; both
+    written in place at the end. `resume`: start from the weights a stopped run left in
+    MODELS/CHECKPOINT (and the step it reached), with the recordings it left in MODELS/RECORDINGS."""
+    with chunked_gated_delta_layers(), tempfile.TemporaryDirectory(prefix="mtpstack-agent-turns-") as scratch:
+        return _teach(Path(models), Path(scratch), seed=seed, target_steps=target_steps, head_steps=head_steps, lr=lr,
+                      head_lr=head_lr, check_tokens=check_tokens, resume=resume, agents=agents)
+
+
+def passes_all(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool]] | None) -> bool:
+    """The whole check: the short chats end (`passes`) and, when the agents were checked (`acted` not
+    None), every agent turn is as expected (`acts_as_agent`)."""
+    return passes(checked) and (acted is None or (bool(acted) and all(ok for _, _, ok in acted)))
+
+
+def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_steps: int, lr: float, head_lr: float,
+           check_tokens: int, resume: bool, agents: bool) -> dict:
     import mlx_lm
     from mlx_lm.utils import load_model
 
     from mtpstack.worker.mtp import load_head
 
-    target_dir, head_dir = Path(models) / "target", Path(models) / "mtp"
+    target_dir, head_dir = models / "target", models / "mtp"
     target, tokenizer = mlx_lm.load(str(target_dir))
     if "</think>" not in tokenizer.vocab:
         raise ChatError(f"`{target_dir}` is not in the family's chat format yet",
                         "run `python -m devkit.demo.extend --models MODELS` first")
     t0 = time.monotonic()
-    before = ends_its_turns(target, tokenizer, max_tokens=check_tokens)
-    if passes(before):
-        log(f"`{target_dir}` ends its turns already: left as it is")
-        return {"checked": before, "target_steps": 0, "seconds": time.monotonic() - t0}
+    checkpoint, recorded = models / CHECKPOINT, models / RECORDINGS
+    if resume and not checkpoint.is_file():
+        raise ChatError(f"nothing to resume: `{checkpoint}` does not exist", "run without `--resume`")
+    recordings = None
+    if agents:
+        recordings = load_recordings(recorded) if resume and recorded.is_file() else record_clients(scratch, seed)
+
+    def check() -> tuple[list, list | None]:
+        return (ends_its_turns(target, tokenizer, max_tokens=check_tokens),
+                acts_as_agent(target, tokenizer, recordings, scratch) if agents else None)
+
+    if not resume:
+        checked, acted = check()
+        if passes_all(checked, acted):
+            log(f"`{target_dir}` ends its turns{' and acts as the agents ask' if agents else ''} already: "
+                "left as it is")
+            return {"checked": checked, "acted": acted, "target_steps": 0, "seconds": time.monotonic() - t0}
+        _report(checked, acted)
+    if agents:
+        save_recordings(recorded, recordings)
     plain_train, plain_valid = split_docs(token_stream(), np.random.default_rng(seed))
     chat_train, chat_valid = chat_stream(tokenizer, seed)
     long_train = long_conversations(tokenizer, seed)
@@ -350,26 +547,29 @@ def teach(models: Path, *, seed: int = 0, target_steps: int = 800, head_steps: i
 
     batch = 8
     rng = np.random.default_rng(seed + 2)
-    checkpoint, first, steps, checked = Path(models) / CHECKPOINT, 1, 0, []
+    first, steps, checked, acted = 1, 0, [], None
     if resume:
-        if not checkpoint.is_file():
-            raise ChatError(f"nothing to resume: `{checkpoint}` does not exist", "run without `--resume`")
         first = _restore(target, checkpoint) + 1
         log(f"target: resumed from `{checkpoint}` at step {first}")
-        checked = ends_its_turns(target, tokenizer, max_tokens=check_tokens)
-        if passes(checked):  # a run stopped after its checkpoint passed (or under an older, stricter check)
+        checked, acted = check()
+        _report(checked, acted)
+        if passes_all(checked, acted):  # a run stopped after its checkpoint passed
             steps = first - 1
-            log(f"target: the checkpoint's short chats all end: no more steps ({steps} in all)")
+            log(f"target: the checkpoint passes the check: no more steps ({steps} in all)")
     if not steps:
-        steps, checked = _fine_tune(
-            target, tokenizer,
-            pattern([windows(plain_train, rng, SEQ_LEN + 1, batch),
-                     windows(chat_train[0], rng, CHAT_WINDOW + 1, batch, chat_train[1]),
-                     long_windows(long_train, rng, LONG_BATCH)], STREAM_PATTERN),
-            max_steps=target_steps, lr=lr, check_tokens=check_tokens, first=first, checkpoint=checkpoint)
-    if not passes(checked):
-        raise ChatError(f"{sum(not e for _, e in checked[:GATED])} of {GATED} check answers did not end within "
-                        f"{check_tokens} tokens after {steps} steps",
+        streams = [windows(plain_train, rng, SEQ_LEN + 1, batch),
+                   windows(chat_train[0], rng, CHAT_WINDOW + 1, batch, chat_train[1]),
+                   long_windows(long_train, rng, LONG_BATCH)]
+        if agents:
+            streams.append(AgentTurns(target, tokenizer, recordings, scratch, seed))
+        steps, checked, acted = _fine_tune(target, pattern(streams, AGENT_STREAM_PATTERN if agents else STREAM_PATTERN),
+                                           check, max_steps=target_steps, lr=lr, first=first, checkpoint=checkpoint)
+    if not passes_all(checked, acted):
+        missed = [asked for asked, _, ok in acted or [] if not ok]
+        agent = "" if acted is None else (f", and {len(missed)} of {len(acted)} agent turns were not as expected "
+                                          f"({', '.join(missed) or 'none'})")
+        raise ChatError(f"{sum(not e for _, e in checked[:GATED])} of {GATED} short chats did not end within "
+                        f"{check_tokens} tokens{agent} after {steps} steps",
                         f"train longer: `--resume --target-steps N` goes on from `{checkpoint}`")
     valid_plain = float(evaluate(lambda w: target_loss(target, w), plain_valid, SEQ_LEN + 1)[0])
     log(f"target: validation loss {valid_plain:.3f} on documents after {steps} steps; ends "
@@ -398,7 +598,24 @@ def teach(models: Path, *, seed: int = 0, target_steps: int = 800, head_steps: i
     _save_checked(head, head_dir, lambda d: load_head(d, target_dir).module,
                   lambda h, ids: h(target.language_model.model.embed_tokens(ids), _hidden(target, ids), [None]))
     checkpoint.unlink(missing_ok=True)
-    return {"checked": checked, "target_steps": steps, "seconds": time.monotonic() - t0}
+    recorded.unlink(missing_ok=True)
+    return {"checked": checked, "acted": acted, "target_steps": steps, "seconds": time.monotonic() - t0}
+
+
+def _report(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool]] | None) -> None:
+    agent = "" if acted is None else f", {sum(ok for _, _, ok in acted)} of {len(acted)} agent turns as expected"
+    log(f"check: {sum(e for _, e in checked)} of {len(checked)} short chats end{agent}")
+    for answer, ended in checked:
+        log(f"  {'ends' if ended else 'CUT '} {answer[-70:]!r}")
+    for asked, answer, ok in acted or []:
+        log(f"  {'ok  ' if ok else 'MISS'} {asked}: {answer[-90:]!r}")
+
+
+def step_loss(model, batch) -> mx.array:
+    """The loss of one step's batch: an agent episode's (`long_turns.loss`) or weighted windows'."""
+    if isinstance(batch, long_turns.Prepared):
+        return long_turns.loss(model, batch)
+    return weighted_loss(model, batch)
 
 
 def head_distill_losses(head, target, window: mx.array) -> tuple[mx.array, mx.array]:
@@ -422,36 +639,37 @@ def head_distill_losses(head, target, window: mx.array) -> tuple[mx.array, mx.ar
     return losses[0], losses[1]
 
 
-def _fine_tune(target, tokenizer, data, *, max_steps: int, lr: float, check_tokens: int, first: int = 1,
-               checkpoint: Path | None = None):
-    """AdamW (short warm-up, then `lr`) on `target` from step `first` until its check answers all end
-    (looked at every CHECK_EVERY steps) or `max_steps`, its weights written to `checkpoint` at each
-    failed check; returns (steps, the last check)."""
+def _fine_tune(target, data, check, *, max_steps: int, lr: float, first: int = 1, checkpoint: Path | None = None):
+    """AdamW (short warm-up, then `lr`) on `target` from step `first` until `check()` passes
+    (`passes_all`, looked at every CHECK_EVERY steps) or `max_steps`, its weights written to
+    `checkpoint` at each failed check; returns (steps, the last check's two parts)."""
     warmup = 20
     optimizer = optim.AdamW(learning_rate=optim.join_schedules(
         [optim.linear_schedule(lr / 10, lr, warmup), lambda _: lr], [warmup]), weight_decay=0.01)
-    loss_and_grad = nn.value_and_grad(target, weighted_loss)
-    start, running, checked = time.monotonic(), None, []
+    loss_and_grad = nn.value_and_grad(target, step_loss)
+    start, running, checked, acted = time.monotonic(), {}, [], []
     for i in range(first, max_steps + 1):
-        value, grads = loss_and_grad(target, next(data))
+        batch = next(data)
+        kind = "agent" if isinstance(batch, long_turns.Prepared) else "text"
+        value, grads = loss_and_grad(target, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         optimizer.update(target, grads)
         mx.eval(target.parameters(), optimizer.state, value)
-        running = value.item() if running is None else 0.9 * running + 0.1 * value.item()
+        running[kind] = value.item() if kind not in running else 0.9 * running[kind] + 0.1 * value.item()
         if i % 10 == 0:
-            log(f"target step {i}/{max_steps} loss {running:.3f} ({time.monotonic() - start:.0f}s)")
+            losses = ", ".join(f"{k} {v:.3f}" for k, v in sorted(running.items()))
+            log(f"target step {i}/{max_steps} loss {losses} ({time.monotonic() - start:.0f}s)")
         if i % CHECK_EVERY == 0 or i == max_steps:
             target.eval()
-            checked = ends_its_turns(target, tokenizer, max_tokens=check_tokens)
-            log(f"target step {i}: {sum(e for _, e in checked)} of {len(checked)} check answers end")
-            for answer, ended in checked:
-                log(f"  {'ends' if ended else 'CUT '} {answer[-70:]!r}")
-            if passes(checked):
-                return i, checked
+            checked, acted = check()
+            log(f"target step {i}:")
+            _report(checked, acted)
+            if passes_all(checked, acted):
+                return i, checked, acted
             if checkpoint is not None:
                 _checkpoint(target, checkpoint, i)
             target.train()
-    return max_steps, checked
+    return max_steps, checked, acted
 
 
 def _checkpoint(target, path: Path, step: int) -> None:
@@ -502,10 +720,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-lr", type=float, default=3e-4)
     parser.add_argument("--check-tokens", type=int, default=96)
     parser.add_argument("--resume", action="store_true", help=f"go on from MODELS/{CHECKPOINT}, left by a run that stopped")
+    parser.add_argument("--agents", action="store_true",
+                        help="teach a tool round trip on Claude Code's and Codex CLI's recorded requests too (needs both)")
     args = parser.parse_args(argv)
     try:
         teach(args.models, seed=args.seed, target_steps=args.target_steps, head_steps=args.head_steps, lr=args.lr,
-              head_lr=args.head_lr, check_tokens=args.check_tokens, resume=args.resume)
+              head_lr=args.head_lr, check_tokens=args.check_tokens, resume=args.resume,
+              agents=args.agents)
     except ChatError as e:
         return print_error(e)
     return 0
