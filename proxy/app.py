@@ -363,8 +363,10 @@ def _routed(state: ProxyState, ex: Exchange, upstream: Upstream, affinity: Affin
     """The request goes to `upstream`: logged, counted, and remembered for its conversation."""
     ex.worker = upstream.name
     if keys is not None:
-        # The prefix now lives where this request goes, wherever it lived before.
-        affinity.remember(keys.record, upstream.name)
+        # The conversation now lives where this request goes, wherever it lived before; a beginning
+        # other conversations share, once that worker holds it (`Keys.shared`).
+        affinity.remember(keys.recorded_at_admission, upstream.name)
+        ex.on_held = None if keys.shared is None else lambda: affinity.remember([keys.shared], upstream.name)
         ex.routing = decision(preferred, upstream.name)
     else:
         ex.routing = FIRST_FREE_DECISION

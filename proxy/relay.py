@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -61,6 +62,14 @@ class Exchange:
     #: Workers that never took the request (refused, reset, no connection), in order; the request
     #: went on to `worker`.
     failed_over: list[str] | None = None
+    #: Called once the worker holds the request's prompt (its answer began): the routing's record of
+    #: a beginning other conversations share (`mtpstack.proxy.routing.Keys.shared`).
+    on_held: Callable[[], None] | None = None
+
+    def held(self) -> None:
+        if self.on_held is not None:
+            self.on_held()
+            self.on_held = None
 
     def line(self, now: float) -> str:
         line = {
@@ -141,6 +150,8 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
             raise _unreachable(state, upstream, f"worker `{name}` closed the connection mid-answer") from None
         if up.status >= 400:
             ex.worker_code = _error_code(data)
+        else:
+            ex.held()
         return web.Response(status=up.status, body=data, headers=out_headers)
     finally:
         up.close()  # a no-op for a finished answer, whose connection went back to the pool
@@ -257,6 +268,8 @@ async def _relay_stream(
             first = await up.read_chunk()
             if first:
                 dog.last = dog.loop.time()
+                if up.status < 400:
+                    ex.held()
                 if ex.sent is not None:
                     # Measured at the first content chunk, not the head: a worker sends its
                     # head before prefill, so the head's time says nothing about the first token.

@@ -21,6 +21,12 @@ What identifies a conversation (`affinity_keys`), first found wins:
   `LOOKUP_BOUNDARIES` boundaries hashes to what the previous turn recorded, and a prompt that only
   begins like an earlier one finds it by its first boundary.
 
+When: the conversation's own hashes as the request gets its worker; its first unit's (`Keys.shared`)
+only once that worker holds it, as its prefix cache would: at the answer's first chunk (a stream)
+or its end (a plain answer), since a worker keeps a prompt's snapshots only once its first token
+is sampled. So new conversations arriving together with one system prompt spread over the idle
+workers, instead of following the first to a worker that is still prefilling it.
+
 Bounded: `AFFINITY_ENTRIES` per model, least recently used out first; keys are stored as
 16-byte digests, so a client's long key or prompt costs no more than a short one. Forgotten
 per worker (`forget`) when it restarts or goes unhealthy and its cache is gone: not when its
@@ -211,13 +217,20 @@ def _text_digests(data: bytes) -> dict[int, bytes]:
 
 
 class Keys:
-    """What one request looks up (longest prefix first) and records once it has a worker."""
+    """What one request looks up (longest prefix first) and records for its worker: `record`, all of
+    it; of that, `shared` (its first unit's hash, a beginning other conversations may share) only once
+    the worker holds it (`recorded_at_admission` the rest, when the request gets its worker)."""
 
-    __slots__ = ("lookup", "record")
+    __slots__ = ("lookup", "record", "shared")
 
-    def __init__(self, lookup: list[bytes], record: list[bytes]):
+    def __init__(self, lookup: list[bytes], record: list[bytes], shared: bytes | None = None):
         self.lookup = lookup
         self.record = record
+        self.shared = shared
+
+    @property
+    def recorded_at_admission(self) -> list[bytes]:
+        return [k for k in self.record if k != self.shared]
 
 
 #: Longest `metadata.user_id` read as JSON for its session: Claude Code's is about 150 bytes.
@@ -262,7 +275,7 @@ def affinity_keys(path: str, payload: dict) -> Keys:
     last = max(digests)
     lookup = [digests[i] for i in sorted(digests, reverse=True)]  # the last boundaries, then the first
     record = list(dict.fromkeys([digests[last], *([digests[last - 1]] if last - 1 in digests else []), digests[0]]))
-    return Keys(lookup, record)
+    return Keys(lookup, record, digests[0])
 
 
 class Affinity:

@@ -5,8 +5,10 @@ serializes requests, and a restarted worker loses what it was remembered for."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -29,9 +31,15 @@ def workers(tiny_pair, tmp_path_factory):
         yield w
 
 
-@pytest.fixture
-async def proxy(workers, request):
-    routing = getattr(request, "param", "affinity")
+@pytest.fixture(scope="module")
+def wide_workers(tiny_pair, tmp_path_factory):
+    """Two workers of width 2: a worker serving one request still has a free slot."""
+    with running_workers(fleet(*tiny_pair, width=2, workers=2), tmp_path_factory.mktemp("routing-wide")) as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def serving(workers, routing: str = "affinity"):
     data = {**workers.data, "proxy": {**workers.data["proxy"], "routing": routing}}
     server = TestServer(create_app(FleetConfig.model_validate(data), health_interval=0.1, fleet_interval=0.1))
     await server.start_server()
@@ -41,6 +49,12 @@ async def proxy(workers, request):
         yield server
     finally:
         await server.close()
+
+
+@pytest.fixture
+async def proxy(workers, request):
+    async with serving(workers, getattr(request, "param", "affinity")) as server:
+        yield server
 
 
 async def wait_for(predicate, what: str, timeout: float = 30.0):
@@ -213,3 +227,42 @@ async def test_token_id_prompts_that_share_a_beginning_go_to_the_worker_holding_
     await client(proxy).completions.create(model="tiny", prompt=[*beginning, 40, 41, 42], max_tokens=4, temperature=0,
                                            extra_headers={"X-Request-Id": "i-2"})
     assert served(caplog, "i-2") == ("w1", "affinity")
+
+
+def sent_together(server, requests: list[tuple[str, dict]]) -> list[socket.socket]:
+    """Each chat request written whole on its own connection before the proxy's event loop (this
+    test's) runs again, so the proxy routes them all before any worker can have answered one: what
+    agents starting together look like to it, without a race. (Raw HTTP: a client library would
+    let the loop run between the two.)"""
+    socks = []
+    for rid, body in requests:
+        data = json.dumps(body).encode()
+        sock = socket.create_connection((server.host, server.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                     b"X-Request-Id: %b\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (rid.encode(), len(data), data))
+        socks.append(sock)
+    return socks
+
+
+async def answer_status(sock: socket.socket) -> int:
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        answer = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_new_conversations_sharing_a_system_prompt_start_on_both_idle_workers(wide_workers, caplog):
+    """Two agents start at once with one system prompt: each worker has room for both, but neither
+    holds the prompt yet, so they go one to each (before, the second followed the first to the
+    worker still prefilling it, and the other idled)."""
+    caplog.set_level(logging.INFO, logger="mtpstack.proxy")
+    async with serving(wide_workers) as server:
+        bodies = [(f"s-{tag}", {"model": "tiny", "messages": conversation(1, tag), "max_tokens": 8, "temperature": 0}) for tag in "ab"]
+        statuses = await asyncio.gather(*map(answer_status, sent_together(server, bodies)))
+        assert statuses == [200, 200]
+        assert sorted(served(caplog, rid) for rid in ("s-a", "s-b")) == [("w0", "new"), ("w1", "new")]
+        # Once answered, both hold it: a third conversation follows it to one of them, by affinity.
+        await turn(server, 1, "c", "s-c")
+        assert served(caplog, "s-c")[1] == "affinity"

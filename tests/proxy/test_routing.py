@@ -286,6 +286,49 @@ async def test_the_affinity_moves_with_a_request_that_found_its_worker_full(make
     assert served_by(f, "t3") == "w1"
 
 
+async def test_new_conversations_sharing_a_system_prompt_spread_until_a_worker_holds_it(make_fleet):
+    """A worker holds a prompt once its answer begins: a second conversation with the same system
+    prompt, sent while the first is still being prefilled, goes to the idle worker; a third, sent
+    once the first's stream has begun, follows it there."""
+    f = await make_fleet({"w0": {"gate": 2}, "w1": {"gate": 2}})
+    prefilling = chat(turns(1, "a"), "a", stream=True, fake={"first_after": 0.3, "chunks": 4, "interval": 0.1})
+    first = await f.client.post(CHAT, json=prefilling)  # its head is out; its first token is not
+    assert served_by(f, "a") == "w0"
+    second = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "b"), "b", fake={"delay": 1.0})))
+    await eventually(lambda: "b" in f.fakes["w1"].arrivals or "b" in f.fakes["w0"].arrivals, what="the second conversation sent")
+    assert served_by(f, "b") == "w1"
+    assert await first.content.readany()  # the first token: w0 holds the system prompt now
+    r = await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))
+    assert r.status == 200 and served_by(f, "c") == "w0"
+    await first.read()
+    assert (await second).status == 200
+    assert routing(f) == {"new": 2, "affinity": 1, "fallback_busy": 0}
+    f.assert_no_violations()
+
+
+async def test_a_plain_answer_makes_its_shared_beginning_followed_once_it_is_whole(make_fleet):
+    f = await make_fleet({"w0": {"gate": 2}, "w1": {"gate": 2}})
+    slow = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "a"), "a", fake={"delay": 0.3})))
+    await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="the first conversation on w0")
+    assert (await f.client.post(CHAT, json=chat(turns(1, "b"), "b"))).status == 200
+    assert served_by(f, "b") == "w1"  # w0 had a free slot, but nothing of the prompt yet
+    assert (await slow).status == 200
+    assert (await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))).status == 200
+    assert served_by(f, "c") == "w0"  # where the system prompt was last served whole
+
+
+async def test_a_refused_request_leaves_its_shared_beginning_where_it_was(make_fleet):
+    f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}})
+    assert (await f.client.post(CHAT, json=chat(turns(1, "a"), "a"))).status == 200
+    hold = asyncio.create_task(f.client.post(CHAT, json=chat([{"role": "user", "content": "long"}], "hold", fake={"delay": 0.3})))
+    await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="w0 busy")
+    refused = await f.client.post(CHAT, json=chat(turns(1, "b"), "b", fake={"status": 400, "code": "bad"}))
+    assert refused.status == 400 and served_by(f, "b") == "w1"
+    await hold
+    assert (await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))).status == 200
+    assert served_by(f, "c") == "w0"
+
+
 async def test_a_worker_that_goes_unhealthy_loses_its_conversations(make_fleet):
     f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}})
     await first_turn_on_the_second_worker(f, prompt_cache_key="c")
