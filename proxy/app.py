@@ -33,6 +33,7 @@ from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Aff
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.upstream import UpstreamClient
 from mtpstack.endpoints import ENDPOINTS, Endpoint
+from mtpstack.logs import EVENT
 from mtpstack.refusals import NOT_AN_OBJECT, body_too_large, shown_name
 from mtpstack.requestid import REQUEST_ID, request_id
 from mtpstack.runtime import url_of
@@ -271,7 +272,13 @@ def _finish(state: ProxyState, ex: Exchange) -> None:
     if ex.code is not None and ex.status != CLIENT_CLOSED:
         state.metrics.count_refusal(ex.model, ex.code)
     if log.isEnabledFor(logging.INFO):
-        log.info(ex.line(time.monotonic()))
+        # Written once the answer is out: aiohttp sends a plain answer after the handler returns,
+        # in the same loop turn, and a callback waits for the turn's end.
+        asyncio.get_running_loop().call_soon(_log_line, ex, time.monotonic())
+
+
+def _log_line(ex: Exchange, now: float) -> None:
+    log.info(ex.line(now), extra=EVENT)
 
 
 def _late_head(state: ProxyState, peer) -> None:
@@ -287,6 +294,12 @@ async def _read_body(request: web.Request, limit: int, client_seconds: float) ->
     too_large = Rejected(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, *body_too_large(limit))
     if request.content_length is not None and request.content_length > limit:
         raise too_large
+    content = request.content
+    if content.is_eof():  # the whole body came with the head (most requests): no deadline to arm
+        whole = content.read_nowait()
+        if len(whole) > limit:
+            raise too_large
+        return whole
     body = bytearray()
     try:
         async with asyncio.timeout_at(deadline_of(request, client_seconds)):

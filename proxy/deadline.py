@@ -34,13 +34,20 @@ class _Connection(asyncio.Protocol):
         self.partial = False  # bytes of a head arrived since the deadline was armed
 
     def _arm(self) -> None:
+        """The deadline counts from now. One timer per connection at a time, moved lazily: an answer
+        ending on a kept-alive connection costs a clock read, not a timer (`_expire` re-arms)."""
         self.started = self.loop.time()
         self.partial = False
-        self.handle = self.loop.call_at(self.started + self.owner.seconds, self._expire)
+        if self.handle is None:
+            self.handle = self.loop.call_at(self.started + self.owner.seconds, self._expire)
 
     def _expire(self) -> None:
         self.handle = None
         if self.busy or self.transport is None or self.transport.is_closing():
+            return  # `answered` arms it again
+        deadline = self.started + self.owner.seconds
+        if self.loop.time() < deadline:  # re-armed since this timer was set
+            self.handle = self.loop.call_at(deadline, self._expire)
             return
         if self.partial:
             self.owner.on_late_head(self.transport.get_extra_info("peername"))
@@ -49,10 +56,7 @@ class _Connection(asyncio.Protocol):
 
     def head_arrived(self) -> float:
         """A request reached the app: the deadline it started under, for reading its body."""
-        self.busy += 1
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        self.busy += 1  # a timer left running finds the connection busy and stops
         return self.started + self.owner.seconds
 
     def answered(self) -> None:

@@ -39,9 +39,14 @@ RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE
 
 def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> list[tuple[str, str]]:
     """The end-to-end headers of `headers`: without `drop` and without those `Connection` names."""
-    items = list(headers)
-    named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
-    return [(k, v) for k, v in items if (low := k.lower()) not in drop and low not in named]
+    kept, named = [], set()
+    for k, v in headers:
+        low = k.lower()
+        if low == "connection":
+            named.update(t.strip().lower() for t in v.split(","))
+        if low not in drop:
+            kept.append((k, v, low))
+    return [(k, v) for k, v, low in kept if low not in named] if named else [(k, v) for k, v, _ in kept]
 
 
 def error_response(
@@ -80,18 +85,21 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     """The proxy's own refusals in the error shape too: an unknown path or a wrong method
     (aiohttp's plain-text 404 and 405), and an unexpected exception outside `forward` (which
     answers its own), a 500 naming the request id, logged once with its traceback."""
-    rid = request_id(request.headers)
     try:
-        return await handler(request)
+        resp = await handler(request)
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code, message = routing_refusal(e.status, request.method, request.path, e.headers.get(hdrs.ALLOW))
         extra = {hdrs.ALLOW: e.headers[hdrs.ALLOW]} if hdrs.ALLOW in e.headers else {}
         status = HTTPStatus(e.status)
+        rid = request_id(request.headers)  # a client's id, or a new one: minted only for a refusal here
     except Exception:
+        rid = request_id(request.headers)
         log.exception("unexpected error in request %s", rid)
         (code, message), extra, status = internal_error("proxy", rid), {}, HTTPStatus.INTERNAL_SERVER_ERROR
+    else:
+        return resp
     resp = error_response(status, code, message, rid=rid, family=family_of(request.path))
     resp.headers.update(extra)
     return resp

@@ -142,8 +142,10 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
         if up.content_type == "text/event-stream":
             return await _relay_stream(request, state, upstream, up, out_headers, ex)
         try:
-            async with asyncio.timeout(t.idle_seconds):
-                data = await up.read_all()
+            data = up.read_now()
+            if data is None:
+                async with asyncio.timeout(t.idle_seconds):
+                    data = await up.read_all()
         except TimeoutError:
             raise _upstream_timeout(state, upstream, f"worker `{name}` stalled for {t.idle_seconds:g} s mid-answer") from None
         except UpstreamClosed:

@@ -185,14 +185,14 @@ def _prefix_digests(units: Iterable[bytes]) -> dict[int, bytes]:
     first `MAX_UNITS`, by boundary index. The units are gathered first, so only the boundaries
     looked up cost a digest."""
     kept = list(itertools.islice(units, MAX_UNITS))
-    wanted = {0, *range(max(0, len(kept) - LOOKUP_BOUNDARIES), len(kept))}
+    tail = len(kept) - LOOKUP_BOUNDARIES  # the first boundary looked up after the first
     h = hashlib.sha256(b"p\0")
     out = {}
     for i, unit in enumerate(kept):
         h.update(len(unit).to_bytes(8, "big"))  # so ["ab", "c"] and ["a", "bc"] differ
         h.update(unit)
-        if i in wanted:
-            out[i] = h.copy().digest()[:DIGEST_BYTES][:DIGEST_BYTES]
+        if i >= tail or i == 0:
+            out[i] = h.copy().digest()[:DIGEST_BYTES]
     return out
 
 

@@ -294,6 +294,15 @@ class UpstreamResponse:
         self.close()
         return UpstreamClosed(why)
 
+    def read_now(self) -> bytes | None:
+        """The whole body when all of it has arrived (a short answer comes with its head), else None."""
+        conn = self._conn
+        if self.done:
+            return b""
+        if self._framing == "length" and conn is not None and len(conn.buf) >= self._remaining:
+            return self._available()
+        return None
+
     async def read_all(self) -> bytes:
         parts = []
         while chunk := await self.read_chunk():
