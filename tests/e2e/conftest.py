@@ -46,6 +46,17 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def answered_requests(proxy_url: str, model: str, seconds: float = 10.0) -> float | None:
+    """The proxy's count of 200 answers for `model`, looked at again for a few seconds: an agent CLI
+    exits on its stream's last event, which can be before the proxy has finished the exchange and counted it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answered = metric(get_text(f"{proxy_url}/metrics"), "mtpstack_proxy_requests_total", model=model, status="200")
+        if answered or time.monotonic() > deadline:
+            return answered
+        time.sleep(0.2)
+
+
 class Stack:
     """A running `mtpstack up` and the addresses of what it started."""
 

@@ -9,13 +9,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
-from tests.e2e.conftest import get_text, metric, running_stack
+from tests.e2e.conftest import answered_requests, running_stack
 
 CLAUDE = os.environ.get("MTPSTACK_CLAUDE") or shutil.which("claude")
 pytestmark = pytest.mark.skipif(not CLAUDE, reason="no `claude` binary on PATH or in MTPSTACK_CLAUDE (scripts/bootstrap-npm, "
@@ -47,14 +46,7 @@ def claude_turn(tmp_path_factory):
              "--output-format", "stream-json", "--verbose"],
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT,
         )
-        # Claude Code exits on `message_stop`, which can be before the proxy has counted the exchange.
-        deadline = time.monotonic() + 10
-        while True:
-            metrics = get_text(f"{stack.proxy_url}/metrics")
-            answered = metric(metrics, "mtpstack_proxy_requests_total", model=DEMO_MODEL, status="200")
-            if answered or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        answered = answered_requests(stack.proxy_url, DEMO_MODEL)  # Claude Code exits on `message_stop`
         log = [json.loads(line) for line in (stack.run_dir / "logs" / "proxy.log").read_text().splitlines()
                if '"event": "request"' in line]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
-from tests.e2e.conftest import get_text, metric, running_stack
+from tests.e2e.conftest import answered_requests, running_stack
 
 CODEX = os.environ.get("MTPSTACK_CODEX") or shutil.which("codex")
 pytestmark = pytest.mark.skipif(not CODEX, reason="no `codex` binary on PATH or in MTPSTACK_CODEX (scripts/bootstrap-npm, run by scripts/test)")
@@ -41,17 +40,9 @@ def test_codex_exec_ends_its_turn_with_a_final_message(tmp_path):
             [CODEX, "exec", "--skip-git-repo-check", "--color", "never", "say hi"],
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT,
         )
-        # Codex exits on the stream's `response.completed` event, which can be before the proxy has
-        # finished the exchange and counted it: look again for a few seconds.
-        deadline = time.monotonic() + 10
-        while True:
-            metrics = get_text(f"{stack.proxy_url}/metrics")
-            answered = metric(metrics, "mtpstack_proxy_requests_total", model=DEMO_MODEL, status="200")
-            if answered or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        answered = answered_requests(stack.proxy_url, DEMO_MODEL)  # Codex exits on `response.completed`
     assert done.returncode == 0, f"exit {done.returncode}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-4000:]}"
     # `codex exec` prints the agent's final message, and only that, on stdout.
     assert done.stdout.strip(), done.stderr[-4000:]
     assert "Incomplete response" not in done.stderr
-    assert answered and answered >= 1, metrics
+    assert answered and answered >= 1, answered
