@@ -46,14 +46,16 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def answered_requests(proxy_url: str, model: str, seconds: float = 10.0) -> float | None:
+def answered_requests(proxy_url: str, model: str, seconds: float = 10.0) -> tuple[float | None, str]:
     """The proxy's count of 200 answers for `model`, looked at again for a few seconds: an agent CLI
-    exits on its stream's last event, which can be before the proxy has finished the exchange and counted it."""
+    exits on its stream's last event, which can be before the proxy has finished the exchange and counted it.
+    With the count, the proxy's request counts by status (for the failure message)."""
     deadline = time.monotonic() + seconds
     while True:
-        answered = metric(get_text(f"{proxy_url}/metrics"), "mtpstack_proxy_requests_total", model=model, status="200")
+        text = get_text(f"{proxy_url}/metrics")
+        answered = metric(text, "mtpstack_proxy_requests_total", model=model, status="200")
         if answered or time.monotonic() > deadline:
-            return answered
+            return answered, "\n".join(line for line in text.splitlines() if line.startswith("mtpstack_proxy_requests_total"))
         time.sleep(0.2)
 
 

@@ -46,7 +46,7 @@ def claude_turn(tmp_path_factory):
              "--output-format", "stream-json", "--verbose"],
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT,
         )
-        answered = answered_requests(stack.proxy_url, DEMO_MODEL)  # Claude Code exits on `message_stop`
+        answered, _ = answered_requests(stack.proxy_url, DEMO_MODEL)  # Claude Code exits on `message_stop`
         log = [json.loads(line) for line in (stack.run_dir / "logs" / "proxy.log").read_text().splitlines()
                if '"event": "request"' in line]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -40,9 +40,9 @@ def test_codex_exec_ends_its_turn_with_a_final_message(tmp_path):
             [CODEX, "exec", "--skip-git-repo-check", "--color", "never", "say hi"],
             cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=TIMEOUT,
         )
-        answered = answered_requests(stack.proxy_url, DEMO_MODEL)  # Codex exits on `response.completed`
+        answered, counts = answered_requests(stack.proxy_url, DEMO_MODEL)  # Codex exits on `response.completed`
     assert done.returncode == 0, f"exit {done.returncode}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-4000:]}"
     # `codex exec` prints the agent's final message, and only that, on stdout.
     assert done.stdout.strip(), done.stderr[-4000:]
     assert "Incomplete response" not in done.stderr
-    assert answered and answered >= 1, answered
+    assert answered and answered >= 1, counts
