@@ -11,7 +11,11 @@ Each request may steer the answer with an extension field `x_fake` in its JSON b
 before the answer, number of SSE chunks (when `stream` is true), pause between chunks, drop the
 connection after n chunks (a worker dying mid-stream), a status to answer with, and padding per
 chunk (an SSE comment) to stream megabytes; `first_after`: seconds between a stream's head and its
-first chunk (a prefill).
+first chunk (a prefill). A stream ends with its API's final event (`data: [DONE]`, Responses'
+`response.completed`, Messages' `message_stop`); `linger`: seconds between that event and the stream's
+end (a worker with bytes still to send once its client has all it reads); `split`: the final event
+written in that many pieces, a short pause apart (so the proxy reads it in several chunks);
+`final_pad`: bytes of padding inside the final event's data (a large `response.completed`).
 
 Run alone: `python -m devkit.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
@@ -96,6 +100,17 @@ def _chunk(i: int, endpoint: str) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
+def final_event(endpoint: str, sequence_number: int, pad: int = 0) -> bytes:
+    """The event that ends a stream of `endpoint`'s API, as the native worker ends it."""
+    if endpoint == "responses":
+        response = {"id": "resp_fake", "object": "response", "status": "completed", "output": [], "metadata": {"pad": "x" * pad}}
+        event = {"type": "response.completed", "sequence_number": sequence_number, "response": response}
+        return b"event: response.completed\ndata: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+    if endpoint == "messages":
+        return b'event: message_stop\ndata: {"type":"message_stop"' + (b',"pad":"%b"' % (b"x" * pad) if pad else b"") + b"}\n\n"
+    return b"data: [DONE]\n\n"
+
+
 _CHUNK_CACHE: dict[tuple[int, str], bytes] = {}
 
 
@@ -137,7 +152,9 @@ def _leave(s: FakeState) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     s = request.app[FAKE]
-    endpoint = "chat" if request.path.endswith("/chat/completions") else "responses" if request.path.endswith("/responses") else "text"
+    path = request.path
+    endpoint = ("chat" if path.endswith("/chat/completions") else "responses" if path.endswith("/responses")
+                else "messages" if path.startswith("/v1/messages") else "text")
     try:
         payload = await request.json()
     except ValueError:
@@ -200,7 +217,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         # as it sees the end, and that must never look like over-admission here.
         _leave(s)
         left = True
-        await resp.write_eof(b"data: [DONE]\n\n")
+        final = final_event(endpoint, chunks, int(ctl.get("final_pad", 0)))
+        linger, split = float(ctl.get("linger", 0)), int(ctl.get("split", 1))
+        if linger or split > 1:
+            step = -(-len(final) // split)
+            for i in range(0, len(final), step):
+                if i:
+                    await asyncio.sleep(0.02)  # long enough for the proxy to read each piece on its own
+                await resp.write(final[i:i + step])
+            await asyncio.sleep(linger)
+            await resp.write_eof()
+        else:
+            await resp.write_eof(final)
         return resp
     except asyncio.CancelledError:
         s.cancelled += 1
