@@ -36,6 +36,27 @@ class Endpoint:
     #: tokens) is relayed without admission: it must not wait in the queue behind generations.
     generates: bool = True
 
+    @property
+    def final_events(self) -> tuple[bytes, ...]:
+        """How a stream of its API ends: `FINAL_EVENTS`."""
+        return FINAL_EVENTS[self.api]
+
+
+#: How each API's stream ends, by the first bytes of the events after which its client has the whole
+#: answer and stops reading (OpenAI's SDKs at `[DONE]`, Codex at `response.completed`, Claude Code at
+#: `message_stop`; each at an error event, on which they raise). The worker ends its streams so
+#: (`mtpstack.worker.answers`, `mtpstack.refusals.stream_error`), and the proxy counts a stream whose
+#: final event went out as answered even if its client left before the worker's stream ended
+#: (`mtpstack.proxy.relay`). `[DONE]` ends a Responses stream too on servers that add it after
+#: `response.completed`.
+FINAL_EVENTS: dict[str, tuple[bytes, ...]] = {
+    "chat": (b"data: [DONE]", b'data: {"error"'),
+    "completions": (b"data: [DONE]", b'data: {"error"'),
+    "responses": (b"event: response.completed", b"event: response.incomplete", b"event: response.failed", b"event: error",
+                  b"data: [DONE]"),
+    "messages": (b"event: message_stop", b"event: error"),
+}
+
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/chat/completions", "chat", "Chat Completions API", units="messages"),

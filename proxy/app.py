@@ -236,11 +236,11 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         if r.code == CLIENT_TIMEOUT:
             resp.force_close()  # the rest of the body may still be on its way: do not wait for it
     except asyncio.CancelledError:
-        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
+        _client_left(ex)
         _finish(state, ex)
         raise
     except ClientGone as gone:
-        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
+        _client_left(ex)
         _finish(state, ex)
         return gone.response
     except Exception:
@@ -264,6 +264,16 @@ async def forward(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         ex.status = resp.status
     _finish(state, ex)
     return resp
+
+
+def _client_left(ex: Exchange) -> None:
+    """The client closed its connection before the proxy was done: a 499, unless its stream's final
+    event had gone out (`Exchange.delivered`). Agent clients close as soon as they read it, while the
+    worker may still have the stream's end to send; the answer was delivered all the same."""
+    if ex.stream_response is not None and ex.delivered():
+        ex.status = ex.stream_response.status
+    else:
+        ex.status, ex.code = CLIENT_CLOSED, ex.code or "client_closed"
 
 
 def _finish(state: ProxyState, ex: Exchange) -> None:

@@ -32,6 +32,9 @@ log = logging.getLogger("mtpstack.proxy")
 CLIENT_HIGH_WATER = 256 * 1024
 #: How often a paused stream looks whether the client has caught up; only runs while paused.
 BACKPRESSURE_POLL_SECONDS = 0.005
+#: Bytes of a run of chunks cut mid-event (`_StreamSink`) kept joined, to find its final event: a
+#: Responses `response.completed` repeats the request's instructions and tools (tens of kB for Codex).
+RUN_KEPT = 256 * 1024
 
 
 @dataclass(eq=False)
@@ -65,6 +68,13 @@ class Exchange:
     #: Called once the worker holds the request's prompt (its answer began): the routing's record of
     #: a beginning other conversations share (`mtpstack.proxy.routing.Keys.shared`).
     on_held: Callable[[], None] | None = None
+    #: What a stream wrote to the client (`_StreamSink`), for `delivered`.
+    written: _StreamSink | None = None
+
+    def delivered(self) -> bool:
+        """The stream's final event (`Endpoint.final_events`) went out to the client whole: the client
+        has its answer, so leaving before the worker's stream ended does not make it a 499."""
+        return self.written is not None and self.endpoint is not None and self.written.final_event_out(self.endpoint.final_events)
 
     def held(self) -> None:
         if self.on_held is not None:
@@ -209,9 +219,19 @@ class _IdleWatchdog:
 class _StreamSink:
     """Writes a worker's stream to the client from the worker connection's receive callback
     (`UpstreamResponse.pump`), framing chunks itself, and pauses reading from the worker while
-    the client's socket buffer is over `CLIENT_HIGH_WATER` (backpressure)."""
+    the client's socket buffer is over `CLIENT_HIGH_WATER` (backpressure).
 
-    def __init__(self, up: UpstreamResponse, transport: asyncio.Transport, chunked: bool, dog: _IdleWatchdog, resp: web.StreamResponse):
+    It also keeps what it takes to tell whether the stream's final event went out
+    (`final_event_out`), for an `endswith` and a few stores per chunk: nothing is searched until
+    then. A run is the chunks from one that begins an event (the stream's first, or one after a
+    chunk ending with a blank line) to one that ends with a blank line, so it holds whole events.
+    Nearly every chunk is a run of its own (a worker writes whole events); the chunks of a longer
+    run are kept joined up to `RUN_KEPT` bytes, then only its last chunk. An event that begins in a
+    chunk not kept is not seen: a final event can be missed (the request then counts as one whose
+    client left, as it did before), only after that many bytes without a chunk ending an event."""
+
+    def __init__(self, up: UpstreamResponse, transport: asyncio.Transport | None, chunked: bool, dog: _IdleWatchdog,
+                 resp: web.StreamResponse):
         self.up = up
         self.transport = transport
         self.chunked = chunked
@@ -219,6 +239,10 @@ class _StreamSink:
         self.resp = resp
         self.last = b""
         self.paused = False
+        self.at_boundary = True  # the stream's first byte begins an event
+        self.run: bytes | bytearray = b""  # the run being written: its first chunk, or its chunks joined
+        self.run_first: bytes | bytearray = b""  # the last whole run: its first chunk (or its chunks joined) ...
+        self.run_last: bytes | bytearray = b""  # ... and its last chunk
 
     def __call__(self, data: bytes) -> None:
         t = self.transport
@@ -226,11 +250,36 @@ class _StreamSink:
             raise ClientGone(self.resp)
         t.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         self.dog.last = self.dog.loop.time()
-        self.last = data
+        if self.at_boundary and data.endswith(b"\n\n") and len(data) > 2:  # whole events, as nearly every chunk is
+            self.last = self.run_first = self.run_last = data
+        else:
+            self.wrote(data)
         if not self.paused and t.get_write_buffer_size() > CLIENT_HIGH_WATER:
             self.paused = True
             self.up.pause_reading()
             self.dog.loop.call_later(BACKPRESSURE_POLL_SECONDS, self._check)
+
+    def wrote(self, data: bytes) -> None:
+        """`data` went out to the client (through this sink, or written by the relay itself)."""
+        self.last = data
+        if self.at_boundary:
+            self.run = data
+        elif len(self.run) < RUN_KEPT:
+            if type(self.run) is bytes:
+                self.run = bytearray(self.run)  # appended to in place: a long run is not copied over and over
+            self.run += data
+            data = self.run  # the run whole so far
+        if data.endswith(b"\n\n"):
+            self.at_boundary = True
+            if len(data) > 2:  # a blank line after the final event keeps it the last whole run
+                self.run_first, self.run_last = self.run, data
+        else:
+            self.at_boundary = False
+
+    def final_event_out(self, finals: tuple[bytes, ...]) -> bool:
+        """Whether the last whole run holds an event starting with one of `finals`."""
+        run = self.run_first if self.run_last is self.run_first else self.run_first + self.run_last
+        return any(event.lstrip(b"\r\n").startswith(finals) for event in run.split(b"\n\n"))
 
     def _check(self) -> None:
         if self.up.done or self.transport.is_closing():
@@ -263,8 +312,8 @@ async def _relay_stream(
         raise ClientGone(resp) from None
     ex.stream_response = resp
     dog = _IdleWatchdog(state.config.proxy.timeouts.idle_seconds)
+    sink = ex.written = _StreamSink(up, request.transport, chunked, dog, resp)
     failure: tuple[str, str] | None = None
-    last = b"\n\n"
     try:
         try:
             first = await up.read_chunk()
@@ -282,14 +331,9 @@ async def _relay_stream(
                     await resp.write(first)
                 except ConnectionError:
                     raise ClientGone(resp) from None
-                last = first
-                transport = request.transport
-                if not up.done and transport is not None:
-                    sink = _StreamSink(up, transport, chunked, dog, resp)
-                    try:
-                        await up.pump(sink)
-                    finally:
-                        last = sink.last or last
+                sink.wrote(first)
+                if not up.done and sink.transport is not None:
+                    await up.pump(sink)
         except UpstreamClosed:
             failure = ("upstream_disconnected", f"worker `{upstream.name}` closed the connection mid-stream")
             state.metrics.upstream_error(upstream.name, "upstream_disconnected")
@@ -308,11 +352,14 @@ async def _relay_stream(
     if failure is not None:
         ex.code = failure[0]
         log.warning("request %s: %s; its stream ends with an `%s` error event", ex.rid, failure[1], failure[0])
+        last = sink.last or b"\n\n"
+        # Close any event the worker left half-written, so the error is an event of its own.
+        event = (b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure, ex.endpoint, last)
         try:
-            # Close any event the worker left half-written, so the error is an event of its own.
-            await resp.write((b"" if last.endswith(b"\n\n") else b"\n\n") + sse_error_event(*failure, ex.endpoint, last))
+            await resp.write(event)
         except ConnectionError:
             raise ClientGone(resp) from None
+        sink.wrote(event)
     try:
         await resp.write_eof()
     except ConnectionError:
