@@ -15,7 +15,7 @@ writes them, without one wake-up per chunk when chunks arrive together.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, cast
 
 #: Idle keep-alive connections kept per worker: more than the widest gate (4), so a full gate
 #: reuses its connections, and few enough that an idle fleet holds no pile of sockets.
@@ -75,8 +75,9 @@ class _Conn(asyncio.Protocol):
 
     # Protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports do all a `Transport` does without
+        # deriving from the class.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -346,11 +347,15 @@ class UpstreamClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(_Conn, self.host, self.port)
+                transport, conn = await loop.create_connection(_Conn, self.host, self.port)
         except TimeoutError:
             raise UpstreamConnectTimeout(f"no connection within {self.connect_timeout:g} s") from None
         except OSError as e:
             raise UpstreamRefused(e.strerror or str(e)) from None
+        # The request is written at once, with the transport `create_connection` returned: not
+        # left to `connection_made`, which the protocol contract does not order before the return
+        # (asyncio and uvloop 0.23 call it first; it is the same object either way).
+        conn.transport = transport
         return conn
 
     def _put_idle(self, conn: _Conn) -> None:

@@ -40,6 +40,7 @@ let
     "setuptools"
     "setuptools-scm"
     "tokenizers"
+    "uvloop"
   ];
   base =
     lib.genAttrs names (n: package n "0" { })

@@ -3,6 +3,7 @@ concurrency) and a proxy built from a `FleetConfig` pointing at them."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from mtpstack.proxy import create_app
 from devkit.fake_upstream import FakeState, make_app
 from mtpstack.validator import FleetConfig
+
+#: Test modules run on both event loops `mtpstack proxy` runs on (`mtpstack.proxy.eventloop`): the
+#: upstream client's framings and the proxy's relaying, where the loops' transports differ.
+BOTH_LOOPS = frozenset({"test_upstream.py", "test_proxy.py"})
 
 #: Health checks every 50 ms: tests see a worker's death or recovery within a few loop turns.
 TEST_HEALTH_INTERVAL = 0.05
@@ -88,3 +93,12 @@ async def make_fleet(aiohttp_server, aiohttp_client):
 
     return make
 
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Each test of a `BOTH_LOOPS` module once on asyncio's loop and once on uvloop's; the others on asyncio's."""
+    if item.path.name not in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop}
+    import uvloop
+
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
