@@ -14,6 +14,7 @@ from aiohttp import web
 from mtpstack.errors import print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.proxy.app import create_app
+from mtpstack.proxy.eventloop import AUTO, CHOICES, EventLoop, choose, running_loop_name
 from mtpstack.proxy.state import STATE
 from mtpstack.validator import MAX_HEADER_BYTES, ConfigError, FleetConfig, load_config
 
@@ -28,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and never sending a worker more requests at once than its gate.",
     )
     p.add_argument("--config", required=True, metavar="FILE", help="the fleet config (YAML or JSON)")
+    p.add_argument("--loop", choices=CHOICES, default=AUTO,
+                   help="the event loop: uvloop when it is installed (`auto`, the default), or asyncio's own; "
+                        "the `listening` log line says which runs")
     p.set_defaults(func=run)
 
 
@@ -51,15 +55,17 @@ def run(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr)
         n = len(e.report.errors)
         return print_error(f"not starting the proxy: the config has {n} error{'s' * (n != 1)}: `{args.config}`")
+    event_loop = choose(args.loop)  # a `UserError` is printed by `mtpstack.cli.main`
     configure_logs()
     app = create_app(config)  # an `ApiKeysError` is printed by `mtpstack.cli.main`
     try:
-        return asyncio.run(serve(app, config))
+        with asyncio.Runner(loop_factory=event_loop.factory) as runner:
+            return runner.run(serve(app, config, event_loop))
     except OSError as e:
         return print_error(f"cannot listen on {config.proxy.host}:{config.proxy.port}: {e.strerror or e}", "change `proxy.port` or stop what uses it")
 
 
-async def serve(app: web.Application, config: FleetConfig) -> int:
+async def serve(app: web.Application, config: FleetConfig, event_loop: EventLoop | None = None) -> int:
     p = config.proxy
     # Client disconnects cancel the handler, which closes the upstream request and frees the
     # slot at once. On a stop signal: close the socket, let in-flight requests finish up to
@@ -77,15 +83,15 @@ async def serve(app: web.Application, config: FleetConfig) -> int:
         # Not `web.TCPSite`: each connection's protocol is wrapped in its client deadline.
         assert runner.server is not None and state.deadlines is not None
         server = await loop.create_server(state.deadlines.protocol_factory(runner.server), p.host, p.port, reuse_address=True)
-        log.info(
-            json.dumps(
-                {
-                    "event": "listening",
-                    "url": f"http://{p.host}:{p.port}",
-                    "workers": {u.name: {"model": u.model, "url": u.url, "gate": u.gate, "healthy": u.healthy} for u in state.upstreams.values()},
-                }
-            )
-        )
+        listening = {
+            "event": "listening",
+            "url": f"http://{p.host}:{p.port}",
+            "event_loop": running_loop_name(),
+            "workers": {u.name: {"model": u.model, "url": u.url, "gate": u.gate, "healthy": u.healthy} for u in state.upstreams.values()},
+        }
+        if event_loop is not None and event_loop.fallback_reason:
+            listening["event_loop_fallback"] = event_loop.fallback_reason
+        log.info(json.dumps(listening))
         await stop.wait()
         inflight = sum(u.inflight for u in state.upstreams.values()) + sum(a.waiting for a in state.admissions.values())
         log.info(json.dumps({"event": "draining", "in_flight": inflight, "grace_seconds": p.shutdown_grace_seconds}))

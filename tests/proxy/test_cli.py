@@ -118,3 +118,60 @@ async def test_worker_process_killed_mid_stream(aiohttp_client, tmp_path):
         assert r2.status == 503  # marked unhealthy, no traffic
     finally:
         fake.stop()
+
+
+#: `python -c` running `mtpstack` as a machine without uvloop would: its import fails.
+WITHOUT_UVLOOP = "import sys; sys.modules['uvloop'] = None; from mtpstack.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize(
+    ("argv", "loop", "fallback"),
+    [
+        (["-m", "mtpstack"], "uvloop", False),
+        (["-m", "mtpstack"], "asyncio", False),
+        (["-c", WITHOUT_UVLOOP], "auto", True),
+    ],
+    ids=["uvloop-by-default", "asyncio-when-asked", "asyncio-without-uvloop"],
+)
+async def test_the_listening_line_names_the_event_loop_that_serves(tmp_path, argv, loop, fallback):
+    up_port, proxy_port = free_port(), free_port()
+    fake = start_fake(tmp_path, up_port, "--gate", "1")
+    cfg = tmp_path / "fleet.json"
+    cfg.write_text(json.dumps({
+        "proxy": {"port": proxy_port},
+        "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 1, "port": up_port}},
+    }))
+    extra = [] if loop == "uvloop" else ["--loop", loop]
+    proc = Process(
+        [sys.executable, *argv, "proxy", "--config", str(cfg), *extra], log_path=tmp_path / "proxy.log",
+        name="proxy", kind="proxy", url=url_of("127.0.0.1", proxy_port), cwd=ROOT,
+    ).start()
+    try:
+        await wait_ready(fake, "/health")
+        await wait_ready(proc, "/readyz")
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{proxy_port}/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+                assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+    finally:
+        proc.stop()
+        fake.stop()
+    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines() if line.startswith("{")]
+    listening = next(e for e in log if e["event"] == "listening")
+    assert listening["event_loop"] == ("asyncio" if fallback else loop)
+    if fallback:
+        assert "uvloop cannot be imported" in listening["event_loop_fallback"] and "pip install uvloop" in listening["event_loop_fallback"]
+    else:
+        assert "event_loop_fallback" not in listening
+
+
+def test_asking_for_uvloop_where_it_is_missing_refuses_to_start_naming_the_fix(tmp_path):
+    cfg = tmp_path / "fleet.json"
+    cfg.write_text(json.dumps({
+        "proxy": {"port": free_port()},
+        "workers": {"w": {"model": "m", "target": {"path": "/m", "bits": 4}, "maxNumSeqs": 1, "port": free_port()}},
+    }))
+    r = subprocess.run([sys.executable, "-c", WITHOUT_UVLOOP, "proxy", "--config", str(cfg), "--loop", "uvloop"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "error: `--loop uvloop` was asked for, but uvloop cannot be imported" in r.stderr
+    assert "hint: install it (`pip install uvloop`), or pass `--loop asyncio`" in r.stderr
