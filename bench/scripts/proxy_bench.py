@@ -15,6 +15,10 @@ from the kernel's per-thread run time (/proc/PID/task/*/schedstat, nanoseconds; 
 ticks where schedstat is missing). Reported: median and min-max over rounds, and the ratios of
 mtpstack to nginx. Raw values go to the JSON file, the table to stdout, progress to stderr.
 
+`--loops uvloop,asyncio` runs one `mtpstack proxy` per event loop (`--loop`), named
+`mtpstack-uvloop` and `mtpstack-asyncio`, in the same interleaved rounds, and gives the first's
+ratio to each other beside their ratios to nginx.
+
 `--dashboard-poll` keeps one operator's page open on the mtpstack proxy for the whole run: it
 loads `/dashboard` and then polls `/v1/fleet/status` once a second, as the page does.
 
@@ -231,6 +235,13 @@ def fmt_ratio(s: dict) -> str:
     return f"{s['median']:.2f}x ({s['min']:.2f}..{s['max']:.2f})"
 
 
+def comparisons(proxies: list[str]) -> list[tuple[str, str]]:
+    """The per-round ratios reported: each mtpstack proxy to nginx, and the first mtpstack proxy
+    (`--loops`' first loop) to each other one."""
+    ours = [p for p in proxies if p.startswith("mtpstack")]
+    return [(p, "nginx") for p in ours if "nginx" in proxies] + [(ours[0], p) for p in ours[1:]]
+
+
 def summarize(rounds: list[dict], proxies: list[str]) -> dict:
     """Per cell: per-round added latencies and CPU per unit, then their spread over rounds."""
     out: dict = {}
@@ -268,32 +279,31 @@ def summarize(rounds: list[dict], proxies: list[str]) -> dict:
         cell_out["direct"] = {
             "upstream_cpu_per_request": spread([r[key]["direct"]["cpu"] / max(1, r[key]["direct"]["count"]) for r in rounds])
         }
-        if "mtpstack" in per and "nginx" in per and per["nginx"]:
-            ratios = {}
-            for k in ("cpu_per_request", "cpu_per_chunk", "added_p50"):
-                if k in per["mtpstack"]:
-                    ratios[k] = spread(
-                        [a / b for a, b in zip(per["mtpstack"][k], per["nginx"][k]) if b > 0]
-                    )
-            cell_out["mtpstack_vs_nginx"] = ratios
+        for a, b in comparisons(proxies):
+            if per.get(a) and per.get(b):
+                cell_out[f"{a}_vs_{b}"] = {
+                    k: spread([x / y for x, y in zip(per[a][k], per[b][k]) if y > 0])
+                    for k in ("cpu_per_request", "cpu_per_chunk", "added_p50") if k in per[a]
+                }
         out[key] = cell_out
     return out
 
 
 def table_lines(summary: dict, proxies: list[str]) -> list[str]:
     """The printed table: one row per cell and proxy; times in microseconds, median (min..max) over rounds."""
-    head = f"{'cell':<24} {'proxy':<9} {'added p50 us':>18} {'added p99 us':>20} {'first chunk +us':>18} {'CPU/req us':>16} {'CPU/chunk us':>14}"
+    w = max(9, *map(len, proxies))  # the proxy column: as wide as its longest name
+    head = f"{'cell':<24} {'proxy':<{w}} {'added p50 us':>18} {'added p99 us':>20} {'first chunk +us':>18} {'CPU/req us':>16} {'CPU/chunk us':>14}"
     lines = [head, "-" * len(head)]
     for key, cell in summary.items():
         up = cell.get("direct", {}).get("upstream_cpu_per_request")
         if up:
-            lines.append(f"{key:<24} {'(direct)':<9} {'-':>18} {'-':>20} {'-':>18} {fmt_us(up):>16} {'':>14}  <- the upstream's own CPU")
+            lines.append(f"{key:<24} {'(direct)':<{w}} {'-':>18} {'-':>20} {'-':>18} {fmt_us(up):>16} {'':>14}  <- the upstream's own CPU")
         for p in proxies:
             if p not in cell:
                 continue
             c = cell[p]
             lines.append(
-                f"{key:<24} {p:<9} {fmt_us(c['added_p50']):>18} {fmt_us(c['added_p99']):>20} "
+                f"{key:<24} {p:<{w}} {fmt_us(c['added_p50']):>18} {fmt_us(c['added_p99']):>20} "
                 f"{fmt_us(c['added_first_chunk_p50']) if 'added_first_chunk_p50' in c else '-':>18} "
                 f"{fmt_us(c['cpu_per_request']):>16} {fmt_us(c['cpu_per_chunk']) if 'cpu_per_chunk' in c else '-':>14}"
             )
@@ -307,11 +317,11 @@ def table_lines(summary: dict, proxies: list[str]) -> list[str]:
                     f"added per-chunk delay p50 {fmt_us(c['added_chunk_delay_p50'])} us, p99 {fmt_us(c['added_chunk_delay_p99'])} us"
                 )
             if extra:
-                lines.append(f"{'':<24} {p:<9} " + "; ".join(extra))
-        r = cell.get("mtpstack_vs_nginx")
-        if r:
-            parts = [f"{k} {fmt_ratio(v)}" for k, v in r.items()]
-            lines.append(f"{'':<24} {'ratio':<9} mtpstack/nginx: " + ", ".join(parts))
+                lines.append(f"{'':<24} {p:<{w}} " + "; ".join(extra))
+        for a, b in comparisons(proxies):
+            if r := cell.get(f"{a}_vs_{b}"):
+                parts = [f"{k} {fmt_ratio(v)}" for k, v in r.items()]
+                lines.append(f"{'':<24} {'ratio':<{w}} {a}/{b}: " + ", ".join(parts))
     return lines
 
 
@@ -345,7 +355,10 @@ async def bench(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     procs: list[Process] = []
     py = sys.executable
-    ports = {k: free_port() for k in ("up_instant", "up_paced", "proxy", "nginx_instant", "nginx_paced")}
+    ports = {k: free_port() for k in ("up_instant", "up_paced", "nginx_instant", "nginx_paced")}
+    # One `mtpstack proxy` per `--loops` entry (one with its default loop without it), each on its own port.
+    ours = {f"mtpstack-{loop}": ["--loop", loop] for loop in args.loops} if args.loops else {"mtpstack": []}
+    ports.update({name: free_port() for name in ours})
     up_pids: dict[str, int] = {}
     load_start = list(os.getloadavg())
     try:
@@ -360,18 +373,20 @@ async def bench(args: argparse.Namespace) -> dict:
             up_pids[mode] = p.pid
             await wait_ready(p, "/health")
         config = {
-            "proxy": {"port": ports["proxy"], "concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
+            "proxy": {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}},
             "workers": {
                 mode: {"model": mode, "target": {"path": f"/bench/{mode}", "bits": 4}, "maxNumSeqs": 4, "port": ports[f"up_{mode}"]}
                 for mode in ("instant", "paced")
             },
         }
-        (workdir / "fleet.json").write_text(json.dumps(config))
-        mtp = start("mtpstack", [py, "-m", "mtpstack", "proxy", "--config", str(workdir / "fleet.json")], workdir, ports["proxy"])
-        procs.append(mtp)
-        await wait_ready(mtp, "/readyz")
-        pids = {"mtpstack": mtp.pid}
-        targets = ["direct", "mtpstack"]
+        pids: dict[str, int] = {}
+        for name, extra in ours.items():
+            (workdir / f"{name}.json").write_text(json.dumps({**config, "proxy": {**config["proxy"], "port": ports[name]}}))
+            mtp = start(name, [py, "-m", "mtpstack", "proxy", "--config", str(workdir / f"{name}.json"), *extra], workdir, ports[name])
+            procs.append(mtp)
+            await wait_ready(mtp, "/readyz")
+            pids[name] = mtp.pid
+        targets = ["direct", *ours]
         nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
         nginx_version = None
         if nginx and not args.no_nginx:
@@ -387,10 +402,10 @@ async def bench(args: argparse.Namespace) -> dict:
             print("note: nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only", file=sys.stderr)
 
         def url(target: str, mode: str) -> str:
-            port = {"direct": ports[f"up_{mode}"], "nginx": ports.get(f"nginx_{mode}"), "mtpstack": ports["proxy"]}[target]
+            port = ports[f"up_{mode}"] if target == "direct" else ports[f"nginx_{mode}"] if target == "nginx" else ports[target]
             return f"http://127.0.0.1:{port}/v1/chat/completions"
 
-        poller = PagePoller(f"http://127.0.0.1:{ports['proxy']}") if args.dashboard_poll else None
+        poller = PagePoller(f"http://127.0.0.1:{ports[next(iter(ours))]}") if args.dashboard_poll else None
         poll_task = asyncio.create_task(poller.run()) if poller is not None else None
         connector_kw = {"limit": 0, "force_close": False}
         sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector_kw), auto_decompress=False) for t in targets}
@@ -433,6 +448,7 @@ async def bench(args: argparse.Namespace) -> dict:
             "meta": {
                 "command": " ".join([Path(sys.executable).name, *sys.argv]),
                 "rounds": args.rounds,
+                "loops": args.loops,
                 "chunks": CHUNKS,
                 "paced_interval_s": PACED_INTERVAL,
                 "paced_delay_s": PACED_DELAY,
@@ -461,11 +477,20 @@ async def bench(args: argparse.Namespace) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def loops_arg(value: str) -> list[str]:
+    loops = value.split(",")
+    if any(v not in ("uvloop", "asyncio") for v in loops) or len(set(loops)) < len(loops):
+        raise argparse.ArgumentTypeError(f"expected one or both of uvloop, asyncio, comma-separated: {value}")
+    return loops
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Added latency and CPU of `mtpstack proxy` vs direct and vs nginx.")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
     ap.add_argument("--out", default="proxy-bench.json", help="raw values and summary as JSON (default: proxy-bench.json)")
     ap.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
+    ap.add_argument("--loops", type=loops_arg, default=None, metavar="LOOP,LOOP",
+                    help="one `mtpstack proxy` per event loop (`--loop`: uvloop, asyncio), side by side, e.g. `uvloop,asyncio`")
     ap.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the mtpstack proxy throughout")
     args = ap.parse_args(argv)
     result = asyncio.run(bench(args))

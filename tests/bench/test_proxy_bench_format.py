@@ -39,3 +39,18 @@ def test_summary_subtracts_the_direct_path_of_the_same_round_and_gives_ratios():
     assert s["direct"]["upstream_cpu_per_request"]["median"] == 0.0001
     text = "\n".join(table_lines({"plain/instant/1c": s}, ["nginx", "mtpstack"]))
     assert "mtpstack/nginx" in text and "450 (400..500)" in text
+
+
+def test_two_loops_of_the_proxy_get_each_a_ratio_to_nginx_and_one_to_each_other():
+    rounds = [{"plain/instant/4c": {
+        "direct": _cell(1.0e-3, 0.001), "nginx": _cell(1.1e-3, 0.001),
+        "mtpstack-uvloop": _cell(1.6e-3, 0.003), "mtpstack-asyncio": _cell(1.9e-3, 0.004),
+    }}]
+    proxies = ["nginx", "mtpstack-uvloop", "mtpstack-asyncio"]
+    s = summarize(rounds, proxies)["plain/instant/4c"]
+    assert s["mtpstack-uvloop_vs_nginx"]["cpu_per_request"]["median"] == 3.0
+    assert s["mtpstack-uvloop_vs_mtpstack-asyncio"]["cpu_per_request"]["median"] == 0.75
+    assert abs(s["mtpstack-uvloop_vs_mtpstack-asyncio"]["added_p50"]["median"] - 0.6 / 0.9) < 1e-9
+    assert "mtpstack-asyncio_vs_mtpstack-uvloop" not in s
+    text = "\n".join(table_lines({"plain/instant/4c": s}, proxies))
+    assert "mtpstack-uvloop/mtpstack-asyncio: cpu_per_request 0.75x" in text
