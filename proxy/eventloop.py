@@ -1,10 +1,12 @@
 """Which event loop `mtpstack proxy` runs on: uvloop when it is installed, else asyncio's own.
 
-Why uvloop: the proxy is one Python process whose cost per small request is mostly the event
-loop and its transports (aiohttp's server, the upstream client's sockets), and uvloop does that
-part in C on libuv. Measured with `bench/scripts/proxy_bench.py --loops uvloop,asyncio` (both in
-the same interleaved rounds; docs/proxy.md, Overhead). Nothing in the proxy depends on which loop
-runs: asyncio's stays a choice (`--loop asyncio`) and the fallback where uvloop is not installed.
+Why uvloop: it runs the loop and its transports in C on libuv. Measured with
+`bench/scripts/proxy_bench.py --loops uvloop,asyncio` (both proxies in the same interleaved rounds;
+docs/proxy.md, Overhead), it takes about a sixth off the proxy's CPU per chunk of a paced stream (a
+model writing tokens), where the loop's own work per chunk is most of the cost, and nothing
+measurable off a plain request, whose cost is aiohttp's and the proxy's Python. Nothing in the proxy
+depends on which loop runs: asyncio's stays a choice (`--loop asyncio`) and the fallback where
+uvloop is not installed.
 """
 
 from __future__ import annotations
