@@ -21,6 +21,9 @@ REJECTED = "mtpstack_worker_rejected_total"
 #: 1, labelled by `kind` and `depth` of the loaded drafter.
 DRAFTER_INFO = "mtpstack_worker_drafter_info"
 TARGET_STEPS = "mtpstack_worker_target_steps_total"
+#: Seconds the generation thread spent in those steps: over `TARGET_STEPS`, a step's own time, apart from
+#: the server around it (admission, streaming, the HTTP side).
+TARGET_STEP_SECONDS = "mtpstack_worker_target_step_seconds_total"
 #: Labelled by `class`.
 REQUESTS_BY_CLASS = "mtpstack_worker_requests_by_class_total"
 TOKENS_DRAFTED_BY_CLASS = "mtpstack_worker_tokens_drafted_by_class_total"

@@ -162,11 +162,12 @@ class GenerationLoop:
             if self.stall_file and os.path.exists(self.stall_file):
                 time.sleep(IDLE_POLL)
                 continue
-            steps = sched.decode_steps
+            steps, seconds = sched.decode_steps, sched.decode_seconds
             results = self._step()
             self.last_progress = time.monotonic()
             if sched.decode_steps > steps:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
+                self.metrics.target_step_seconds.inc(sched.decode_seconds - seconds)
             self.metrics.prefix_cache(sched.prefix_cache.stats, sched.prefix_cache.disk)
             for seq, result, error in results:
                 if result is not None:

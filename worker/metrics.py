@@ -48,6 +48,11 @@ class Metrics:
             "Target decode steps: one batched forward that drafts and verifies every decoding row, at any width.",
             registry=r,
         )
+        self.target_step_seconds = Counter(
+            series.TARGET_STEP_SECONDS,
+            "Seconds the generation thread spent in target decode steps (the step alone, not the server around it).",
+            registry=r,
+        )
         self.requests_by_class = Counter(
             series.REQUESTS_BY_CLASS, "Requests admitted, by workload class.", ["class"], registry=r
         )

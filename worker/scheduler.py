@@ -8,6 +8,7 @@ batches own the caches, and the prefix cache is reached only through the prefill
 from __future__ import annotations
 
 import logging
+import time
 
 from mtpstack.worker import sequence
 from mtpstack.worker.batch import Batch, PrefillBatch
@@ -52,6 +53,7 @@ class Scheduler:
         self.prefilling: PrefillBatch | None = None
         self.batched_steps = 0  # target forwards shared by more than one sequence
         self.decode_steps = 0  # batched decode forwards (draft and verify of every decoding row), any width
+        self.decode_seconds = 0.0  # wall time spent in them, on the generation thread
 
     def add(self, seq: Sequence) -> None:
         if len(self.active) >= self.max_num_seqs:
@@ -93,9 +95,11 @@ class Scheduler:
         prefilling.remove_finished()
         decoding = list(batch.rows)
         if decoding:
+            started = time.perf_counter()
             try:
                 results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode()))
                 self.decode_steps += 1
+                self.decode_seconds += time.perf_counter() - started
                 if len(decoding) > 1:
                     self.batched_steps += 1
             except Exception as e:  # the shared forward failed: every row of it; the loop goes on

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -122,6 +123,20 @@ def test_each_class_drafts_at_its_depth_counts_in_its_series_and_gives_the_same_
     assert texts["code"] == texts["prose"] == texts["default"]
     # 23 tokens after the prefill's first, depth + 1 per step.
     assert steps == {"code": 5, "prose": 12, "default": 8}
+
+
+def test_the_time_in_steps_is_counted_beside_the_steps_and_within_the_request(worker):
+    steps, seconds = "mtpstack_worker_target_steps_total", "mtpstack_worker_target_step_seconds_total"
+    before = _metrics(worker)
+    started = time.perf_counter()
+    worker.post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True})
+    wall = time.perf_counter() - started
+    after = _metrics(worker)
+    assert after[steps] - before[steps] > 0
+    # The steps alone: more than nothing, less than the request took from the client's side.
+    assert 0 < after[seconds] - before[seconds] < wall
+    idle = _metrics(worker)
+    assert idle[seconds] == after[seconds]  # an idle worker adds nothing
 
 
 def test_num_draft_tokens_still_lowers_a_class_depth(worker):
