@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtpstack import series
 from mtpstack.validator import DEPTH_DEFAULT
 
 REPO = _checkout.ROOT
@@ -117,6 +118,9 @@ def report_lines(summary: dict) -> list[str]:
     for name, c in steps.items():
         lines.append(f"  {name:<22} {fmt(c['step_cost'])} plain steps ({fmt(c['step_ms'], ' ms', 1)} a step), "
                      f"{fmt(c['tokens_per_step'])} tokens per step: {fmt(c['speedup'], 'x', 3)}")
+        if (c.get("step_ms_inside") or {}).get("n"):
+            lines.append(f"  {'':<22} of which in the worker's step itself (its /metrics): "
+                         f"{fmt(c['step_ms_inside'], ' ms', 1)}")
     if summary.get("acceptance") is not None:
         lines.append(f"  acceptance per drafted token (native+mtp's usage): {summary['acceptance']:.2f}")
     lines.append(f"{WIDTH} concurrent clients, maxNumSeqs {WIDTH}:")
@@ -137,10 +141,16 @@ def default_configs(baseline: str | None) -> list[str]:
     return [name for name in CONFIGS if baseline or not name.endswith("@baseline")]
 
 
-def decode_steps(usage: dict, timings: dict | None = None) -> int | None:
-    """Verify steps (plain: tokens) an answer took after its first token: mlx-vlm's own count
-    (`timings.draft_rounds`), else from the usage (each step emits its accepted drafts and one token of the
-    target's own; a server without a head reports no accepted drafts and takes a step per token)."""
+def decode_steps(usage: dict, timings: dict | None = None, counted: float | None = None) -> int | None:
+    """Verify steps (plain: tokens) an answer took after its first token: the native worker's own count
+    (`counted`, its `/metrics` target steps over the answer), mlx-vlm's (`timings.draft_rounds`), else from
+    the usage (each step emits its accepted drafts and one token of the target's own; a server without a
+    head reports no accepted drafts and takes a step per token). The usage's count is short at an answer's
+    end when the end of turn is not counted as a token (the native worker's usage): the step that
+    chose it, and any drafts it accepted past it, emit nothing, so an answer that ends there is counted
+    a step or two short."""
+    if counted:
+        return int(counted)
     if timings and timings.get("draft_rounds"):
         return int(timings["draft_rounds"])
     tokens = usage.get("completion_tokens") or 0
@@ -155,15 +165,18 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
     summarised over rounds."""
     out = {}
     for name, plain in PLAIN_OF.items():
-        costs, per_step, ms = [], [], []
+        costs, per_step, ms, inside = [], [], [], []
         for r, b in zip(single.get(name, []), single.get(plain, [])):
             if r.get("steps") and b.get("steps") and r.get("decode_s") and b.get("decode_s"):
                 costs.append((r["decode_s"] / r["steps"]) / (b["decode_s"] / b["steps"]))
                 per_step.append((r["tokens"] - 1) / r["steps"])
                 ms.append(r["decode_s"] / r["steps"] * 1e3)
+                if r.get("step_s"):
+                    inside.append(r["step_s"] / r["steps"] * 1e3)
         if costs:
             out[name] = {"step_cost": summarize(costs), "tokens_per_step": summarize(per_step), "step_ms": summarize(ms),
-                         "speedup": summarize([t / c for t, c in zip(per_step, costs)])}
+                         "speedup": summarize([t / c for t, c in zip(per_step, costs)]),
+                         "step_ms_inside": summarize(inside)}
     return out
 
 
@@ -299,14 +312,33 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
             "usage": usage or {}, "timings": timings}
 
 
-async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str, ignore_eos: bool = True) -> dict:
+#: The native worker's counters read around a single stream: its exact steps and the seconds spent in them.
+STEP_COUNTERS = (series.TARGET_STEPS, series.TARGET_STEP_SECONDS)
+
+
+async def scrape(session, url: str) -> dict[str, float]:
+    from mtpstack.proxy.prometheus import unlabelled
+
+    async with session.get(url + "/metrics") as resp:
+        return unlabelled(await resp.text(), STEP_COUNTERS) if resp.status == 200 else {}
+
+
+async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str, ignore_eos: bool = True,
+                     counters: bool = False) -> dict:
+    """One stream timed end to end; `counters` (a native worker, alone on it): its `/metrics` read
+    before and after, for the exact number of steps and the time the generation thread spent in them
+    (`step_s`; None from a build without that counter)."""
+    before = await scrape(session, url) if counters else {}
     r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens, ignore_eos=ignore_eos)
+    after = await scrape(session, url) if counters else {}
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
     tokens = r["usage"].get("completion_tokens") or 0
     cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     total = r["end"] - r["sent"]
     return {"ttft_s": r["ttft_s"], "total_s": total, "tokens": tokens, "cached_tokens": cached,
             "tok_s": tokens / total if total > 0 else 0.0, "text": r["text"],
-            "decode_s": r["end"] - r["first"], "steps": decode_steps(r["usage"], r["timings"]),
+            "decode_s": r["end"] - r["first"], "steps": decode_steps(r["usage"], r["timings"], delta.get(series.TARGET_STEPS)),
+            "step_s": delta.get(series.TARGET_STEP_SECONDS),
             "drafted": r["usage"].get("draft_tokens"), "accepted": r["usage"].get("accepted_draft_tokens")}
 
 
@@ -354,7 +386,8 @@ async def run(args) -> dict:
                 prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
-                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name], not args.stop_at_end)
+                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name], not args.stop_at_end,
+                                         counters=CONFIGS[name][0] == "native")
                     texts[name] = r.pop("text")
                     if keep:
                         samples["single"].setdefault(name, []).append(r)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from devkit.scripts import load_script
 
 wb = load_script("worker_bench")
@@ -61,6 +63,20 @@ def test_decode_steps_come_from_the_references_rounds_else_from_the_usage():
     assert wb.decode_steps({"completion_tokens": 64}) == 63  # no head: a step per token after the first
     assert wb.decode_steps({"completion_tokens": 64}, {"draft_rounds": 25, "draft_n": 75}) == 25
     assert wb.decode_steps({"completion_tokens": 1}) is None
+    # The native worker's own count wins: an answer that ended at its end of turn after accepting
+    # drafts past it is counted short by the usage (12 tokens, 7 accepted: 4 steps by the usage, 6 in fact).
+    assert wb.decode_steps({"completion_tokens": 12, "accepted_draft_tokens": 7}) == 4
+    assert wb.decode_steps({"completion_tokens": 12, "accepted_draft_tokens": 7}, None, 6.0) == 6
+
+
+def test_the_step_inside_the_worker_is_summarised_beside_the_step_seen_by_the_client():
+    single = {"native+mtp": [{**run(1.6, 9, 4), "step_s": 1.2}, {**run(0.9, 7, 3), "step_s": 0.6}],
+              "native": [run(1.0, 9, 8), run(0.6, 7, 6)]}
+    c = wb.step_costs(single)["native+mtp"]
+    assert (c["step_ms_inside"]["min"], c["step_ms_inside"]["max"]) == pytest.approx((200.0, 300.0))
+    assert (c["step_ms"]["min"], c["step_ms"]["max"]) == (300.0, 400.0)
+    lines = wb.report_lines({"single": {}, "speedup": {}, "concurrent": {}, "step_costs": {"native+mtp": c}})
+    assert any("in the worker's step itself (its /metrics): 250.0 ms (200.0-300.0, n=2)" in line for line in lines)
 
 
 def test_without_a_baseline_build_the_default_configurations_leave_its_configuration_out():
