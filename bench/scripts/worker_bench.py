@@ -169,7 +169,7 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
         for r, b in zip(single.get(name, []), single.get(plain, [])):
             if r.get("steps") and b.get("steps") and r.get("decode_s") and b.get("decode_s"):
                 costs.append((r["decode_s"] / r["steps"]) / (b["decode_s"] / b["steps"]))
-                per_step.append((r["tokens"] - 1) / r["steps"])
+                per_step.append((r.get("chosen", r["tokens"]) - 1) / r["steps"])
                 ms.append(r["decode_s"] / r["steps"] * 1e3)
                 if r.get("step_s"):
                     inside.append(r["step_s"] / r["steps"] * 1e3)
@@ -287,7 +287,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos, **(extra or {})}
     start = time.perf_counter()
-    first, text, usage, timings = None, [], None, None
+    first, text, usage, timings, finish = None, [], None, None, None
     async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -298,6 +298,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
             usage = payload.get("usage") or usage
             timings = payload.get("timings") or timings  # mlx-vlm's: its speculative rounds
             for choice in payload.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
                 delta = choice.get("delta") or {}
                 piece = delta.get("content")
                 if piece or delta.get("reasoning_content") or delta.get("reasoning"):
@@ -309,7 +310,7 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
                         times.append(now)
     end = time.perf_counter()
     return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "end": end, "text": "".join(text),
-            "usage": usage or {}, "timings": timings}
+            "usage": usage or {}, "timings": timings, "finish_reason": finish}
 
 
 #: The native worker's counters read around a single stream: its exact steps and the seconds spent in them.
@@ -333,12 +334,15 @@ async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str
     after = await scrape(session, url) if counters else {}
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     tokens = r["usage"].get("completion_tokens") or 0
+    # The tokens the steps chose: the worker's usage leaves out the end of turn its last step chose
+    # (a `stop`: the bench sends no stop strings), mlx-vlm's counts it; so tokens a step compare alike.
+    chosen = tokens + (1 if counters and r["finish_reason"] == "stop" else 0)
     cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     total = r["end"] - r["sent"]
     return {"ttft_s": r["ttft_s"], "total_s": total, "tokens": tokens, "cached_tokens": cached,
             "tok_s": tokens / total if total > 0 else 0.0, "text": r["text"],
             "decode_s": r["end"] - r["first"], "steps": decode_steps(r["usage"], r["timings"], delta.get(series.TARGET_STEPS)),
-            "step_s": delta.get(series.TARGET_STEP_SECONDS),
+            "step_s": delta.get(series.TARGET_STEP_SECONDS), "chosen": chosen,
             "drafted": r["usage"].get("draft_tokens"), "accepted": r["usage"].get("accepted_draft_tokens")}
 
 

@@ -76,6 +76,9 @@ def test_the_step_inside_the_worker_is_summarised_beside_the_step_seen_by_the_cl
     assert (c["step_ms_inside"]["min"], c["step_ms_inside"]["max"]) == pytest.approx((200.0, 300.0))
     assert (c["step_ms"]["min"], c["step_ms"]["max"]) == (300.0, 400.0)
     lines = wb.report_lines({"single": {}, "speedup": {}, "concurrent": {}, "step_costs": {"native+mtp": c}})
+    # Tokens a step count the end of turn the last step chose where the usage leaves it out.
+    chosen = {"native+mtp": [{**run(1.6, 9, 4), "chosen": 10}], "native": [run(1.0, 9, 8)]}
+    assert wb.step_costs(chosen)["native+mtp"]["tokens_per_step"]["median"] == 9 / 4
     assert any("in the worker's step itself (its /metrics): 250.0 ms (200.0-300.0, n=2)" in line for line in lines)
 
 
