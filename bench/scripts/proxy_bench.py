@@ -63,7 +63,6 @@ COUNTS = {
     ("sse", "paced"): (2, 8),
 }
 WARMUP_PLAIN, WARMUP_STREAMS = 50, 2
-TARGETS = ("direct", "nginx", "mtpstack")
 #: How often the page polls `/v1/fleet/status` (the page's own POLL_MS).
 DASHBOARD_POLL_SECONDS = 1.0
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
