@@ -122,7 +122,10 @@ CHECK_FILES = {"notes.txt": "hello\n"}
 RECORDINGS = ".agent-recordings.json"
 #: Label weight of an agent answer's first token: whether it calls a tool or talks is decided there.
 DECISION_WEIGHT = 4.0
-#: Agent turns between refreshes of the recordings' contexts (the system part's state and the
+#: Agent episodes in one step's loss (`--agent-episodes`), the clients alternating. Four did not stop
+#: the collapse onto one answer that one showed (docs/demo-models.md, "Calling tools").
+AGENT_EPISODES = 1
+#: Agent steps between refreshes of the recordings' contexts (the system part's state and the
 #: constant part after the request, computed at the weights of the moment: about a minute each).
 REFRESH_EVERY = 40
 #: Tokens an agent check's answer may take: a call of the shell tool takes about 30.
@@ -405,13 +408,14 @@ def agent_weights(turn: agent_turns.Turn, n_prompt: int) -> list[float]:
 
 
 class AgentTurns:
-    """Endless agent episodes, made ready for `long_turns.loss`: Claude Code and Codex in turn, a
-    recording at random, a request at random (`agent_turns.sample_request`) on a new scratch folder
-    whose real command output is the tool's result. The recordings' contexts are computed at the
-    weights of the moment every REFRESH_EVERY episodes."""
+    """Endless steps of `episodes` agent episodes each, made ready for `long_turns.loss`: Claude Code
+    and Codex in turn, a recording at random, a request at random (`agent_turns.sample_request`) on
+    a new scratch folder whose real command output is the tool's result. The recordings' contexts
+    are computed at the weights of the moment every REFRESH_EVERY steps."""
 
-    def __init__(self, model, tokenizer, recordings, scratch: Path, seed: int):
+    def __init__(self, model, tokenizer, recordings, scratch: Path, seed: int, episodes: int = AGENT_EPISODES):
         self.model, self.tokenizer, self.recordings, self.scratch = model, tokenizer, recordings, scratch
+        self.episodes = episodes
         self.rng = np.random.default_rng(seed + 6)
         self.lines = document_lines(seed)
         self.contexts: dict = {}
@@ -434,12 +438,14 @@ class AgentTurns:
     def __iter__(self):
         return self
 
-    def __next__(self) -> long_turns.Prepared:
+    def __next__(self) -> tuple[long_turns.Prepared, ...]:
         if self.count % REFRESH_EVERY == 0:
             self.refresh()
-        clients = list(self.recordings)
-        client = clients[self.count % len(clients)]
         self.count += 1
+        clients = list(self.recordings)
+        return tuple(self._one(clients[k % len(clients)]) for k in range(self.episodes))
+
+    def _one(self, client: str) -> long_turns.Prepared:
         i = int(self.rng.integers(AGENT_RECORDINGS))
         folder, files = self._folder(self.rng)
         request, command = agent_turns.sample_request(self.rng, files)
@@ -490,13 +496,15 @@ def acts_as_agent(model, tokenizer, recordings, scratch: Path, *, max_tokens: in
 
 
 def teach(models: Path, *, seed: int = 0, target_steps: int = 800, head_steps: int = 500, lr: float = 4e-4,
-          head_lr: float = 3e-4, check_tokens: int = 96, resume: bool = False, agents: bool = False) -> dict:
+          head_lr: float = 3e-4, check_tokens: int = 96, resume: bool = False, agents: bool = False,
+          check_every: int = CHECK_EVERY, agent_episodes: int = AGENT_EPISODES) -> dict:
     """Fine-tune MODELS/target until it ends its turns and acts as the agents ask, then its head; both
     written in place at the end. `resume`: start from the weights a stopped run left in
     MODELS/CHECKPOINT (and the step it reached), with the recordings it left in MODELS/RECORDINGS."""
     with chunked_gated_delta_layers(), tempfile.TemporaryDirectory(prefix="mtpstack-agent-turns-") as scratch:
         return _teach(Path(models), Path(scratch), seed=seed, target_steps=target_steps, head_steps=head_steps, lr=lr,
-                      head_lr=head_lr, check_tokens=check_tokens, resume=resume, agents=agents)
+                      head_lr=head_lr, check_tokens=check_tokens, resume=resume, agents=agents, check_every=check_every,
+                      agent_episodes=agent_episodes)
 
 
 def passes_all(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool]] | None) -> bool:
@@ -506,7 +514,8 @@ def passes_all(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool
 
 
 def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_steps: int, lr: float, head_lr: float,
-           check_tokens: int, resume: bool, agents: bool) -> dict:
+           check_tokens: int, resume: bool, agents: bool, check_every: int = CHECK_EVERY,
+           agent_episodes: int = AGENT_EPISODES) -> dict:
     import mlx_lm
     from mlx_lm.utils import load_model
 
@@ -561,9 +570,10 @@ def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_st
                    windows(chat_train[0], rng, CHAT_WINDOW + 1, batch, chat_train[1]),
                    long_windows(long_train, rng, LONG_BATCH)]
         if agents:
-            streams.append(AgentTurns(target, tokenizer, recordings, scratch, seed))
+            streams.append(AgentTurns(target, tokenizer, recordings, scratch, seed, agent_episodes))
         steps, checked, acted = _fine_tune(target, pattern(streams, AGENT_STREAM_PATTERN if agents else STREAM_PATTERN),
-                                           check, max_steps=target_steps, lr=lr, first=first, checkpoint=checkpoint)
+                                           check, max_steps=target_steps, lr=lr, first=first, checkpoint=checkpoint,
+                                           check_every=check_every)
     if not passes_all(checked, acted):
         missed = [asked for asked, _, ok in acted or [] if not ok]
         agent = "" if acted is None else (f", and {len(missed)} of {len(acted)} agent turns were not as expected "
@@ -611,10 +621,15 @@ def _report(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool]] 
         log(f"  {'ok  ' if ok else 'MISS'} {asked}: {answer[-90:]!r}")
 
 
+def is_agent(batch) -> bool:
+    """Whether a step's batch is agent episodes (`AgentTurns`), not windows of tokens and weights."""
+    return isinstance(batch, tuple) and bool(batch) and isinstance(batch[0], long_turns.Prepared)
+
+
 def step_loss(model, batch) -> mx.array:
-    """The loss of one step's batch: an agent episode's (`long_turns.loss`) or weighted windows'."""
-    if isinstance(batch, long_turns.Prepared):
-        return long_turns.loss(model, batch)
+    """The loss of one step's batch: agent episodes' (`long_turns.loss`, their mean) or weighted windows'."""
+    if is_agent(batch):
+        return sum(long_turns.loss(model, b) for b in batch) / len(batch)
     return weighted_loss(model, batch)
 
 
@@ -639,9 +654,10 @@ def head_distill_losses(head, target, window: mx.array) -> tuple[mx.array, mx.ar
     return losses[0], losses[1]
 
 
-def _fine_tune(target, data, check, *, max_steps: int, lr: float, first: int = 1, checkpoint: Path | None = None):
+def _fine_tune(target, data, check, *, max_steps: int, lr: float, first: int = 1, checkpoint: Path | None = None,
+               check_every: int = CHECK_EVERY):
     """AdamW (short warm-up, then `lr`) on `target` from step `first` until `check()` passes
-    (`passes_all`, looked at every CHECK_EVERY steps) or `max_steps`, its weights written to
+    (`passes_all`, looked at every `check_every` steps) or `max_steps`, its weights written to
     `checkpoint` at each failed check; returns (steps, the last check's two parts)."""
     warmup = 20
     optimizer = optim.AdamW(learning_rate=optim.join_schedules(
@@ -650,7 +666,7 @@ def _fine_tune(target, data, check, *, max_steps: int, lr: float, first: int = 1
     start, running, checked, acted = time.monotonic(), {}, [], []
     for i in range(first, max_steps + 1):
         batch = next(data)
-        kind = "agent" if isinstance(batch, long_turns.Prepared) else "text"
+        kind = "agent" if is_agent(batch) else "text"
         value, grads = loss_and_grad(target, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         optimizer.update(target, grads)
@@ -659,7 +675,7 @@ def _fine_tune(target, data, check, *, max_steps: int, lr: float, first: int = 1
         if i % 10 == 0:
             losses = ", ".join(f"{k} {v:.3f}" for k, v in sorted(running.items()))
             log(f"target step {i}/{max_steps} loss {losses} ({time.monotonic() - start:.0f}s)")
-        if i % CHECK_EVERY == 0 or i == max_steps:
+        if i % check_every == 0 or i == max_steps:
             target.eval()
             checked, acted = check()
             log(f"target step {i}:")
@@ -719,14 +735,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=4e-4)
     parser.add_argument("--head-lr", type=float, default=3e-4)
     parser.add_argument("--check-tokens", type=int, default=96)
+    parser.add_argument("--check-every", type=int, default=CHECK_EVERY,
+                        help="steps between checks (each check is minutes with --agents; the run stops at the first that passes)")
+    parser.add_argument("--agent-episodes", type=int, default=AGENT_EPISODES,
+                        help="agent episodes in one agent step's loss (with --agents)")
     parser.add_argument("--resume", action="store_true", help=f"go on from MODELS/{CHECKPOINT}, left by a run that stopped")
     parser.add_argument("--agents", action="store_true",
                         help="teach a tool round trip on Claude Code's and Codex CLI's recorded requests too (needs both)")
     args = parser.parse_args(argv)
+    for flag in ("check_every", "agent_episodes"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     try:
         teach(args.models, seed=args.seed, target_steps=args.target_steps, head_steps=args.head_steps, lr=args.lr,
               head_lr=args.head_lr, check_tokens=args.check_tokens, resume=args.resume,
-              agents=args.agents)
+              agents=args.agents, check_every=args.check_every,
+              agent_episodes=args.agent_episodes)
     except ChatError as e:
         return print_error(e)
     return 0

@@ -94,3 +94,21 @@ def test_greedy_from_a_cached_state_answers_as_mlx_lm_does_from_the_whole_prompt
         ours = long_turns.greedy(model, state, prompt[10:], max_tokens=24, stop=stop)
     theirs = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=24)]
     assert ours == theirs
+
+
+def test_an_agent_step_is_the_mean_of_its_episodes_losses_and_windows_are_not_episodes(target):
+    from devkit.demo import chat
+
+    model, _ = target
+    eps = [episode(tokens(1000, seed), 200, 860) for seed in (1, 2)]
+    with chunked_gated_delta_layers():
+        # Each episode on its own system part (their tokens differ), as AgentTurns prepares them.
+        prepared = tuple(long_turns.prepare(model, ep, long_turns.Context(long_turns.prefill(model, ep.shared[:200])),
+                                            weights) for ep in eps)
+        each = [long_turns.loss(model, p).item() for p in prepared]
+        step = chat.step_loss(model, prepared).item()
+    assert each[0] != pytest.approx(each[1])
+    assert step == pytest.approx(sum(each) / 2, rel=1e-5)
+    window = (mx.array([tokens(65, 3)]), mx.ones((1, 65)))
+    assert chat.is_agent(prepared) and not chat.is_agent(window)
+    assert chat.step_loss(model, window).item() == pytest.approx(chat.weighted_loss(model, window).item())
