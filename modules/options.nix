@@ -144,7 +144,7 @@ in
           that served its conversation (`prompt_cache_key`, else `user`, else
           the prompt's beginning), where its prefix is cached; `first-free`,
           the least loaded. Neither makes a request wait while any worker of
-          its model has a free slot.
+          its model has a free slot, unless `affinityWaitSeconds` is set.
         '';
       };
       timeouts = {
@@ -179,6 +179,18 @@ in
             a late body gets 408, a late head has its connection closed.
           '';
         };
+      };
+      affinityWaitSeconds = mkOption {
+        type = types.numbers.nonnegative;
+        default = defaults.proxy.affinityWaitSeconds;
+        example = 5;
+        description = ''
+          Under `affinity` routing, how long a request whose worker (the one
+          holding its conversation's prefix) is full may wait for a slot
+          there while another worker is free, before it goes to that one and
+          prefills its prompt again; at most half of `queue.timeoutSeconds`
+          is waited. 0: never wait.
+        '';
       };
       maxBodyBytes = mkOption {
         type = types.ints.positive;

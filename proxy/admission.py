@@ -13,8 +13,13 @@ Guarantees, for one event loop:
   now waiting, so it goes ahead of them, and a full queue does not refuse it;
 - every `acquire()` ends in exactly one of: a slot, `Rejected`, or the caller's cancellation
   (a slot granted to a request cancelled at that moment is passed on, never lost);
-- a preference never makes a request wait: it waits only when every healthy worker of the
-  model is full, and a preference only chooses among the workers with a free slot.
+- a preference never makes a request wait (`prefer_wait_seconds` 0, the default): it waits only
+  when every healthy worker of the model is full, and a preference only chooses among the
+  workers with a free slot. With `prefer_wait_seconds` > 0 (`proxy.affinityWaitSeconds`), a
+  request whose preferred worker is healthy but full waits up to that long for a slot there (its
+  prefix is cached there; elsewhere it is prefilled again), then takes any free worker. While it
+  holds out for its worker it does not hold up the requests behind it: they take the other
+  workers' free slots, and it still comes first for its own worker's next slot.
 """
 
 from __future__ import annotations
@@ -86,8 +91,11 @@ class ModelAdmission:
     unhealthy_retry_after: int = 1
     observer: AdmissionObserver | None = None
     clock: Callable[[], float] = time.monotonic
-    #: Each waiter with the worker it prefers (or None) and the slots it needs (its `n`).
-    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None, int]] = field(default_factory=deque)
+    #: Seconds a request waits for its preferred worker's slot while another worker has one free.
+    prefer_wait_seconds: float = 0.0
+    #: Each waiter with the worker it prefers (or None), the slots it needs (its `n`), and whether
+    #: it still holds out for that worker (until `prefer_wait_seconds` have passed).
+    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None, int, bool]] = field(default_factory=deque)
     _service_seconds: float | None = None
 
     # -- state -------------------------------------------------------------------------
@@ -138,9 +146,10 @@ class ModelAdmission:
                 f"no healthy worker serves model `{self.model}` right now",
                 self.unhealthy_retry_after,
             )
+        hold = self._holds_out(prefer, weight) and not retry
         if not self._waiters or retry:
             upstream = self._pick(prefer, weight)
-            if upstream is not None:
+            if upstream is not None and (upstream is prefer or not hold):
                 self._take(upstream, weight)
                 return upstream
         if len(self._waiters) >= self.max_waiting and not retry:
@@ -153,11 +162,15 @@ class ModelAdmission:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Upstream] = loop.create_future()
         if retry:
-            self._waiters.appendleft((fut, prefer, weight))
+            self._waiters.appendleft((fut, prefer, weight, False))
         else:
-            self._waiters.append((fut, prefer, weight))
+            self._waiters.append((fut, prefer, weight, hold))
         self._queue_changed()
         timer = loop.call_later(self.timeout_seconds, self._expire, fut)
+        # Never so long that the queue's timeout refuses it while another worker is free.
+        lapse = loop.call_later(min(self.prefer_wait_seconds, self.timeout_seconds / 2), self._lapse, fut) if hold else None
+        if self.prefer_wait_seconds > 0:  # those ahead may be holding out for their own workers
+            self._dispatch()
         try:
             return await fut
         except asyncio.CancelledError:
@@ -170,6 +183,22 @@ class ModelAdmission:
             raise
         finally:
             timer.cancel()
+            if lapse is not None:
+                lapse.cancel()
+
+    def _holds_out(self, prefer: Upstream | None, weight: int) -> bool:
+        """Whether a request preferring `prefer` waits for it rather than take another worker now:
+        waiting is on, and `prefer` is healthy, full, and wide enough for it."""
+        return (self.prefer_wait_seconds > 0 and prefer is not None and prefer.healthy
+                and prefer.free < weight <= prefer.gate)
+
+    def _lapse(self, fut: asyncio.Future[Upstream]) -> None:
+        """`fut`'s wait for its preferred worker is over: from now on any free worker will do."""
+        for i, (waiter, prefer, weight, _) in enumerate(self._waiters):
+            if waiter is fut:
+                self._waiters[i] = (waiter, prefer, weight, False)
+                self._dispatch()
+                return
 
     def _expire(self, fut: asyncio.Future[Upstream]) -> None:
         if fut.done():
@@ -185,7 +214,7 @@ class ModelAdmission:
         )
 
     def _forget(self, fut: asyncio.Future[Upstream]) -> None:
-        for i, (waiter, _, _) in enumerate(self._waiters):
+        for i, (waiter, _, _, _) in enumerate(self._waiters):
             if waiter is fut:
                 del self._waiters[i]
                 self._queue_changed()
@@ -212,16 +241,24 @@ class ModelAdmission:
 
     def _dispatch(self) -> None:
         changed = False
-        while self._waiters:
-            fut, prefer, weight = self._waiters[0]
+        i = 0
+        while i < len(self._waiters):
+            fut, prefer, weight, holding = self._waiters[i]
             if fut.done():
-                self._waiters.popleft()
+                del self._waiters[i]
                 changed = True
                 continue
-            upstream = self._pick(prefer, weight)
-            if upstream is None:
-                break
-            self._waiters.popleft()
+            if holding and prefer is not None and prefer.healthy:
+                # Holding out for its own worker: that worker's slot, else let the next ones through.
+                if prefer.free < weight:
+                    i += 1
+                    continue
+                upstream: Upstream | None = prefer
+            else:
+                upstream = self._pick(prefer, weight)
+                if upstream is None:
+                    break
+            del self._waiters[i]
             changed = True
             self._take(upstream, weight)
             fut.set_result(upstream)
@@ -244,7 +281,7 @@ class ModelAdmission:
             self._dispatch()
         elif not self.healthy:
             while self._waiters:
-                fut, _, _ = self._waiters.popleft()
+                fut, _, _, _ = self._waiters.popleft()
                 if not fut.done():
                     fut.set_exception(
                         Rejected(

@@ -83,6 +83,7 @@ def create_app(
                 timeout_seconds=p.queue.timeout_seconds,
                 unhealthy_retry_after=unhealthy_retry_after,
                 observer=metrics,
+                prefer_wait_seconds=p.affinity_wait_seconds if p.routing == AFFINITY else 0.0,
             )
         admissions[w.model].upstreams.append(u)
     state = ProxyState(

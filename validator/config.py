@@ -151,7 +151,17 @@ class ProxyConfig(StrictModel):
         description=(
             "Which worker with a free slot a request goes to: `affinity`, the one that served its conversation "
             "(`prompt_cache_key`, else `user`, else the prompt's beginning), where its prefix is cached; "
-            "`first-free`, the least loaded. Neither makes a request wait while any worker of its model has a free slot."
+            "`first-free`, the least loaded. Neither makes a request wait while any worker of its model has a free slot, "
+            "unless affinityWaitSeconds is set."
+        ),
+    )
+    affinity_wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Under `affinity` routing, how long a request whose worker (the one holding its conversation's prefix) is "
+            "full may wait for a slot there while another worker is free, before it goes to that one and prefills "
+            "its prompt again; at most half of queue.timeoutSeconds is waited. 0: never wait (the default)."
         ),
     )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)

@@ -56,6 +56,9 @@ from mtpstack.bench import stats
 ROOT = _checkout.ROOT
 STACKS = ("mtpstack", "litellm", "nginx")
 BASE_STACK = "mtpstack"
+#: Stacks `--stacks` may name beyond the three compared by default: `mtpstack-wait` is mtpstack with
+#: `proxy.affinityWaitSeconds` at `--affinity-wait`, to measure that policy against mtpstack's default.
+EXTRA_STACKS = ("mtpstack-wait",)
 #: Two workers (or mlx_lm.server processes) per stack, each of this batch width (mtpstack's gate).
 BACKENDS = 2
 WIDTH = 2
@@ -703,11 +706,14 @@ def start_stack(name: str, target: Path, head: Path, args, rundir: Path, program
     from mtpstack.runtime import Processes, free_port, url_of
 
     rundir.mkdir(parents=True, exist_ok=True)
-    if name == "mtpstack":
+    if name.startswith("mtpstack"):
         from routing_bench import fleet, start_fleet
 
         ports = {f"w{i}": free_port() for i in range(BACKENDS)}
-        procs, proxy, workers = start_fleet(fleet("affinity", target, head, WIDTH, args.depth, ports, free_port()), rundir)
+        data = fleet("affinity", target, head, WIDTH, args.depth, ports, free_port())
+        if name == "mtpstack-wait":
+            data["proxy"]["affinityWaitSeconds"] = args.affinity_wait
+        procs, proxy, workers = start_fleet(data, rundir)
         return Running(name, proxy.url + "/v1", "bench", procs, proxy, workers, "bench")
     procs = Processes()
     try:
@@ -797,10 +803,10 @@ async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dic
         cpu0, load0 = cpu_of(procs), os.getloadavg()
         rows = await replay(running.base_url, running.model, sessions, sizes["answer_tokens"], stack=name, round_no=rnd)
         cpu1, load1 = cpu_of(procs), os.getloadavg()
-        extra = await worker_counts(running) if name == "mtpstack" else None
+        extra = await worker_counts(running) if name.startswith("mtpstack") else None
     finally:
         await asyncio.to_thread(running.stop)
-    if name == "mtpstack":  # which worker served each turn, and why: the proxy's request log
+    if name.startswith("mtpstack"):  # which worker served each turn, and why: the proxy's request log
         from routing_bench import request_lines
 
         logged = request_lines((rundir / "proxy.log").read_text(errors="replace"))
@@ -930,7 +936,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"the MTP head's draft depth in mtpstack's workers (default: {DEPTH_DEFAULT})")
     p.add_argument("--mlp-multiplier", type=int, help=f"widen the target's MLPs (default: {FULL['mlp_multiplier']})")
     p.add_argument("--extra-layers", type=int, help=f"zero layers appended to the target (default: {FULL['extra_layers']})")
-    p.add_argument("--stacks", nargs="+", choices=STACKS, default=list(STACKS), help="stacks to run (default: all three)")
+    p.add_argument("--stacks", nargs="+", choices=STACKS + EXTRA_STACKS, default=list(STACKS),
+                   help="stacks to run (default: the three; mtpstack-wait: mtpstack with --affinity-wait)")
+    p.add_argument("--affinity-wait", type=float, default=5.0,
+                   help="mtpstack-wait's proxy.affinityWaitSeconds (default: 5)")
     p.add_argument("--url", help="replay against this OpenAI-compatible base URL (e.g. http://127.0.0.1:8080/v1) instead of starting stacks")
     p.add_argument("--model", default="mtpstack-demo", help="with --url: the model name to send (default: mtpstack-demo)")
     p.add_argument("--label", default="server", help="with --url: the name its rows carry (default: server)")

@@ -18,6 +18,7 @@
       clientSeconds = 30;
     };
     routing = "affinity";
+    affinityWaitSeconds = 0;
     maxBodyBytes = 1048576;
     shutdownGraceSeconds = 30;
     apiKeysFile = null;

@@ -124,6 +124,7 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("timeouts", st.fixed_dictionaries({}, optional={"idleSeconds": seconds, "connectSeconds": seconds, "clientSeconds": seconds}))))
     proxy.update(draw(optional("deployOn", deploy_on)))
     proxy.update(draw(optional("routing", st.sampled_from(["affinity", "first-free"]))))
+    proxy.update(draw(optional("affinityWaitSeconds", st.sampled_from([0, 2.5, 10]))))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
     addresses = st.fixed_dictionaries(
         {"address": st.sampled_from(ADDRESSES)}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}

@@ -250,6 +250,15 @@ def test_the_routing_reaches_the_rendered_config_and_only_its_two_policies_pass(
     assert "`services.mtpstack.proxy.routing' is not of type" in e.value.stderr and 'one of "affinity", "first-free"' in e.value.stderr
 
 
+def test_the_affinity_wait_reaches_the_rendered_config_and_a_negative_one_is_refused(nixh, nixpkgs_lib):
+    settings = '{ services.mtpstack = { enable = true; proxy.affinityWaitSeconds = 2.5; }; }'
+    assert nixh.eval_module(nixpkgs_lib, "nixos", settings)["renderedConfig"]["proxy"]["affinityWaitSeconds"] == 2.5
+    assert nixh.eval_module(nixpkgs_lib, "nixos", "{ services.mtpstack.enable = true; }")["renderedConfig"]["proxy"]["affinityWaitSeconds"] == 0
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", "{ services.mtpstack = { enable = true; proxy.affinityWaitSeconds = -1; }; }")
+    assert "`services.mtpstack.proxy.affinityWaitSeconds' is not of type" in e.value.stderr
+
+
 def test_the_disk_tier_is_on_by_default_in_a_state_directory_of_the_workers_unit(nixh, nixpkgs_lib):
     unit = nixh.eval_module(nixpkgs_lib, "nixos", one_worker())["services"]["mtpstack-worker-w"]["serviceConfig"]
     argv = shlex.split(unit["ExecStart"])

@@ -177,6 +177,79 @@ async def test_a_preference_waits_only_when_every_worker_is_full_and_keeps_the_l
 
 
 
+# -- waiting briefly for the preferred worker (`proxy.affinityWaitSeconds`) ------------------
+def waiting_admission(wait: float, gates=(1, 1), timeout=5.0) -> ModelAdmission:
+    a = admission(gates=gates, timeout=timeout)
+    a.prefer_wait_seconds = wait
+    return a
+
+
+async def test_a_full_preferred_worker_gets_the_request_when_it_frees_within_the_wait():
+    a = waiting_admission(5.0)
+    w0, w1 = a.upstreams
+    held = await a.acquire(prefer=w1)
+    waiter = asyncio.create_task(a.acquire(prefer=w1))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and w0.inflight == 0  # w0 is free, but the request holds out for w1
+    a.release(held)
+    assert await asyncio.wait_for(waiter, 1) is w1 and w0.inflight == 0
+
+
+async def test_after_the_wait_any_free_worker_will_do():
+    a = waiting_admission(0.2)
+    w0, w1 = a.upstreams
+    await a.acquire(prefer=w1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    got = await asyncio.wait_for(a.acquire(prefer=w1), 2)
+    assert got is w0 and 0.15 <= loop.time() - start < 1.5 and a.waiting == 0
+
+
+async def test_one_holding_out_for_its_worker_does_not_hold_up_the_requests_behind_it():
+    a = waiting_admission(5.0, gates=(1, 1))
+    w0, w1 = a.upstreams
+    held = await a.acquire(prefer=w1)
+    holding = asyncio.create_task(a.acquire(prefer=w1))
+    await asyncio.sleep(0)
+    # Behind it: a request with no preference and one preferring the free worker get w0 in turn.
+    plain = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    assert plain.done() and await plain is w0 and not holding.done()
+    behind = asyncio.create_task(a.acquire(prefer=w1))  # also holds out for w1, behind the first
+    await asyncio.sleep(0)
+    a.release(held)  # w1's slot goes to the first in line for it
+    assert await asyncio.wait_for(holding, 1) is w1 and not behind.done()
+    a.release(w1)
+    assert await asyncio.wait_for(behind, 1) is w1
+    assert all(u.inflight <= u.gate for u in a.upstreams)
+
+
+async def test_no_wait_when_the_preferred_worker_is_free_unhealthy_or_waiting_is_off():
+    a = waiting_admission(5.0)
+    w0, w1 = a.upstreams
+    assert await a.acquire(prefer=w1) is w1  # free: at once
+    a.set_healthy(w1, False, "down")
+    assert await asyncio.wait_for(a.acquire(prefer=w1), 0.1) is w0  # unhealthy: at once elsewhere
+    off = waiting_admission(0.0)
+    v0, v1 = off.upstreams
+    await off.acquire(prefer=v1)
+    assert await asyncio.wait_for(off.acquire(prefer=v1), 0.1) is v0
+
+
+async def test_a_cancelled_request_holding_out_leaves_the_line_and_a_long_wait_never_ends_in_a_429():
+    a = waiting_admission(5.0, timeout=0.2)
+    w0, w1 = a.upstreams
+    await a.acquire(prefer=w1)
+    gone = asyncio.create_task(a.acquire(prefer=w1))
+    await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert a.waiting == 0 and w0.inflight == 0
+    # A wait as long as the queue's timeout is cut to half of it: never a 429 while w0 is free.
+    assert await asyncio.wait_for(a.acquire(prefer=w1), 1) is w0 and a.waiting == 0
+
+
 async def test_a_request_with_n_choices_takes_n_slots_on_one_worker_and_waits_its_turn():
     a = admission(gates=(2, 3))
     one = await a.acquire()  # w0 (least loaded by share): 1 of 2

@@ -260,6 +260,25 @@ async def test_under_first_free_the_next_turns_go_to_the_least_loaded_worker_as_
     assert "routing_total" in (await (await f.client.get("/metrics")).text())
 
 
+async def test_with_an_affinity_wait_a_next_turn_waits_for_its_full_worker_instead_of_moving(make_fleet):
+    f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}}, proxy={"affinityWaitSeconds": 5})
+    await first_turn_on_the_second_worker(f, prompt_cache_key="conv-1")
+    # Turn 2 holds w1 a while; turn 3 of the same conversation waits for it though w0 is free.
+    two = asyncio.create_task(f.client.post(CHAT, json=chat(turns(2), "t2", prompt_cache_key="conv-1", fake={"delay": 0.4})))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1, what="turn 2 on w1")
+    r = await f.client.post(CHAT, json=chat(turns(3), "t3", prompt_cache_key="conv-1"))
+    assert r.status == 200 and (await two).status == 200
+    assert (served_by(f, "t2"), served_by(f, "t3")) == ("w1", "w1")
+    assert routing(f) == {"new": 2, "affinity": 2, "fallback_busy": 0}
+    assert f.state.admissions["m"].prefer_wait_seconds == 5
+    f.assert_no_violations()
+
+
+async def test_the_affinity_wait_is_off_under_first_free(make_fleet):
+    f = await make_fleet({"w0": {"gate": 1}}, proxy={"routing": "first-free", "affinityWaitSeconds": 5})
+    assert f.state.admissions["m"].prefer_wait_seconds == 0
+
+
 async def test_two_requests_with_one_key_run_on_two_free_workers_at_once(make_fleet):
     f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}})
     body = lambda tag: chat(turns(1), tag, prompt_cache_key="shared", fake={"delay": 0.2})  # noqa: E731
