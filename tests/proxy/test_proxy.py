@@ -88,9 +88,7 @@ async def past_a_full_queue(make_fleet, path: str, queued_path: str | None = Non
     """A third request to `path` while one is held by a gate of 1 and one (to `queued_path`) waits in a
     queue of 1: its response, and the two others' gathered."""
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
-    # Held long enough that the second request is still waiting on a loaded machine (at 0.3 s CI once
-    # saw the held one finish before the second arrived).
-    held = asyncio.create_task(f.client.post(path, json=chat(delay=1.5)))
+    held = asyncio.create_task(f.client.post(path, json=chat(delay=0.3)))
     queued = asyncio.create_task(f.client.post(queued_path or path, json=chat()))
     await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
     return await f.client.post(path, json=chat()), asyncio.gather(held, queued)
