@@ -15,7 +15,11 @@ first chunk (a prefill). A stream ends with its API's final event (`data: [DONE]
 `response.completed`, Messages' `message_stop`); `linger`: seconds between that event and the stream's
 end (a worker with bytes still to send once its client has all it reads); `split`: the final event
 written in that many pieces, a short pause apart (so the proxy reads it in several chunks);
-`final_pad`: bytes of padding inside the final event's data (a large `response.completed`).
+`final_pad`: bytes of padding inside the final event's data (a large `response.completed`);
+`hold`: a name; the request keeps its slot until the test calls `FakeState.release(name)` (a slot
+held for as long as a test needs, where a `delay` can run out first on a loaded machine);
+`hold_first`: the same for a stream's first chunk, once its head is out (a prefill that lasts until
+the test says).
 
 Run alone: `python -m devkit.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
@@ -72,6 +76,15 @@ class FakeState:
     #: `/identity` and `/metrics` requests answered so far.
     identity_requests: int = 0
     metrics_requests: int = 0
+    #: `x_fake.hold` names, each released by `release(name)`.
+    holds: dict = field(default_factory=dict)
+
+    def _hold(self, name: str) -> asyncio.Event:
+        return self.holds.setdefault(name, asyncio.Event())
+
+    def release(self, name: str) -> None:
+        """Let the requests holding `name` (now or later) go on."""
+        self._hold(name).set()
 
     def stats(self) -> dict:
         return {
@@ -173,6 +186,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         )
     left = False
     try:
+        if "hold" in ctl:
+            await s._hold(str(ctl["hold"])).wait()
         delay = float(ctl.get("delay", s.delay))
         if delay:
             await asyncio.sleep(delay)
@@ -203,6 +218,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         if first_after := float(ctl.get("first_after", 0)):
             await asyncio.sleep(first_after)  # the head is out; the first token takes its time (prefill)
+        if "hold_first" in ctl:
+            await s._hold(str(ctl["hold_first"])).wait()
         for i in range(chunks):
             if die_after is not None and i >= int(die_after):
                 assert request.transport is not None

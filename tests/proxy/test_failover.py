@@ -18,7 +18,7 @@ from devkit.fake_upstream import FakeState, make_app
 from mtpstack.proxy import STATE, create_app
 from mtpstack.proxy.prometheus import parse_samples, sample
 from tests.proxy.conftest import fleet_config
-from tests.proxy.test_proxy import chat, error_of, unaccepting_port  # noqa: F401  (a fixture)
+from tests.proxy.test_proxy import chat, error_of, eventually, unaccepting_port  # noqa: F401  (a fixture)
 
 SLOW_CHECKS = 60.0
 
@@ -31,6 +31,10 @@ class RawWorker:
     def __init__(self) -> None:
         self.mode = "answer"
         self.reset_after = 0.0
+        #: In "reset": when set, each connection is reset once this event is set (not after `reset_after`).
+        self.reset_when: asyncio.Event | None = None
+        #: Connections taken in "reset" mode.
+        self.resets = 0
         self.read: list[bytes] = []
         self.server: asyncio.AbstractServer | None = None
 
@@ -41,6 +45,9 @@ class RawWorker:
     async def _handle(self, reader, writer) -> None:
         try:
             if self.mode == "reset":
+                self.resets += 1
+                if self.reset_when is not None:
+                    await self.reset_when.wait()
                 await asyncio.sleep(self.reset_after)
                 writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 writer.transport.abort()  # linger 0: an RST, whatever was sent
@@ -146,12 +153,17 @@ async def test_a_request_the_worker_may_have_read_is_never_sent_to_another(raw_a
 
 async def test_a_request_sent_back_goes_ahead_of_those_that_arrived_after_it(raw_and_fake):
     client, raw, fake = raw_and_fake
-    raw.mode, raw.reset_after = "reset", 0.4
+    admission = client.server.app[STATE].admissions["m"]
+    raw.mode, raw.reset_when = "reset", asyncio.Event()
     sent_back = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat("B")))
-    await asyncio.sleep(0.1)  # B is on w1 (first in config order), which resets it 0.4 s after connecting
-    held = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat("A", delay=0.8)))
-    await asyncio.sleep(0.1)  # A holds w2
+    await eventually(lambda: raw.resets == 1, what="B on w1 (first in config order)")
+    held = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat("A", hold="A")))
+    await eventually(lambda: fake.active == 1, what="A holding w2")
     later = asyncio.ensure_future(client.post("/v1/chat/completions", json=chat("C")))  # both full: C waits
+    await eventually(lambda: admission.waiting == 1, what="C waiting")
+    raw.reset_when.set()  # w1 resets B before reading it: B is sent back
+    await eventually(lambda: admission.waiting == 2, what="B back in the queue")
+    fake.release("A")
     statuses = [(await t).status for t in (sent_back, held, later)]
     assert statuses == [200, 200, 200]
     assert fake.arrivals == ["A", "B", "C"]  # B, back from w1, took w2 before C, which came after it

@@ -239,9 +239,10 @@ async def test_readers_do_not_cause_collections_however_many_there_are(make_flee
 
 async def test_refusals_are_counted_by_code_in_the_status_and_in_metrics(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 0}})
-    slow = asyncio.create_task(f.client.post("/v1/chat/completions", json={"model": "m", "messages": [], "x_fake": {"delay": 0.5}}))
+    slow = asyncio.create_task(f.client.post("/v1/chat/completions", json={"model": "m", "messages": [], "x_fake": {"hold": "slot"}}))
     await wait_for(lambda: f.state.upstreams["w1"].inflight == 1, "the first request to hold the slot")
     r = await f.client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+    f.fakes["w1"].release("slot")
     assert r.status == 429
     assert (await f.client.post("/v1/chat/completions", data=b"{")).status == 400
     await slow

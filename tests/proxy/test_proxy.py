@@ -65,12 +65,13 @@ async def test_gate_of_2_is_never_exceeded_by_64_concurrent_clients(make_fleet):
 async def test_queued_requests_are_served_in_arrival_order(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}})
     admission = f.state.admissions["m"]
-    holder = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat("hold", delay=0.3)))
+    holder = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat("hold", hold="first")))
     await eventually(lambda: f.state.upstreams["w1"].inflight == 1, what="first request admitted")
     tasks = []
     for i in range(8):
         tasks.append(asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(i))))
         await eventually(lambda: admission.waiting == i + 1, what=f"request {i} queued")
+    f.fakes["w1"].release("first")
     resps = await asyncio.gather(holder, *tasks)
     assert [r.status for r in resps] == [200] * 9
     assert f.fakes["w1"].arrivals == ["hold", *range(8)]
@@ -88,19 +89,24 @@ async def past_a_full_queue(make_fleet, path: str, queued_path: str | None = Non
     """A third request to `path` while one is held by a gate of 1 and one (to `queued_path`) waits in a
     queue of 1: its response, and the two others' gathered."""
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
-    held = asyncio.create_task(f.client.post(path, json=chat(delay=0.3)))
+    held = asyncio.create_task(f.client.post(path, json=chat(hold="first")))
+    await eventually(lambda: f.state.upstreams["w1"].inflight == 1, what="first request admitted")
     queued = asyncio.create_task(f.client.post(queued_path or path, json=chat()))
     await eventually(lambda: f.state.admissions["m"].waiting == 1, what="second request queued")
-    return await f.client.post(path, json=chat()), asyncio.gather(held, queued)
+    third = await f.client.post(path, json=chat())
+    f.fakes["w1"].release("first")
+    return third, asyncio.gather(held, queued)
 
 
 async def past_a_queue_timeout(make_fleet, path: str):
     """A request to `path` that waits out a 0.1 s queue timeout behind one held by a gate of 1: its
     response, the fleet, and the held one."""
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 4, "timeoutSeconds": 0.1}})
-    held = asyncio.create_task(f.client.post(path, json=chat(delay=0.5)))
+    held = asyncio.create_task(f.client.post(path, json=chat(hold="first")))
     await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
-    return await f.client.post(path, json=chat()), f, held
+    timed_out = await f.client.post(path, json=chat())
+    f.fakes["w1"].release("first")
+    return timed_out, f, held
 
 
 async def test_queue_full_answers_429_with_retry_after(make_fleet):
@@ -123,7 +129,10 @@ async def test_queue_timeout_answers_429_with_retry_after(make_fleet):
 async def test_a_gate_wider_than_the_worker_turns_the_excess_into_429s(make_fleet):
     """The failure the coupling rule prevents: the proxy admits 4, the worker serves 1."""
     f = await make_fleet({"w1": {"gate": 1, "proxy_gate": 4}})
-    resps = await asyncio.gather(*(f.client.post("/v1/chat/completions", json=chat(delay=0.3)) for _ in range(4)))
+    tasks = [asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(hold="all"))) for _ in range(4)]
+    await eventually(lambda: f.fakes["w1"].violations == 3, what="three refused")
+    f.fakes["w1"].release("all")
+    resps = await asyncio.gather(*tasks)
     codes = sorted(r.status for r in resps)
     assert codes.count(429) == 3 and codes.count(200) == 1
     assert f.fakes["w1"].violations == 3
@@ -165,12 +174,13 @@ async def test_client_disconnect_while_waiting_for_a_plain_answer_frees_the_slot
 
 async def test_client_disconnect_while_queued_leaves_the_queue(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}})
-    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(delay=0.3)))
+    held = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat(hold="first")))
     await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
     queued = asyncio.create_task(f.client.post("/v1/chat/completions", json=chat("never")))
     await eventually(lambda: f.state.admissions["m"].waiting == 1)
     queued.cancel()
     await eventually(lambda: f.state.admissions["m"].waiting == 0, what="queue emptied")
+    f.fakes["w1"].release("first")
     assert (await held).status == 200
     assert "never" not in f.fakes["w1"].arrivals
 
@@ -369,11 +379,12 @@ async def test_a_queue_timeout_on_messages_is_a_429_rate_limit_error_with_retry_
 
 async def test_counting_tokens_takes_no_slot_and_waits_behind_no_generation(make_fleet):
     f = await make_fleet({"w1": {"gate": 1}}, proxy={"queue": {"maxWaiting": 1, "timeoutSeconds": 30}})
-    held = asyncio.create_task(f.client.post("/v1/messages", json=chat(delay=0.5)))
+    held = asyncio.create_task(f.client.post("/v1/messages", json=chat(hold="first")))
     await eventually(lambda: f.state.upstreams["w1"].inflight == 1)
     r = await f.client.post("/v1/messages/count_tokens?beta=true", json=chat())
     assert r.status == 200 and not held.done()
     assert f.state.upstreams["w1"].inflight == 1 and f.state.admissions["m"].waiting == 0
+    f.fakes["w1"].release("first")
     assert (await held).status == 200
 
 

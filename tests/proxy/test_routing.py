@@ -232,9 +232,10 @@ def routing(f) -> dict[str, int]:
 
 async def first_turn_on_the_second_worker(f, **extra):
     """Turn 1 of a conversation while an unrelated long request holds w0; then w0 is free again."""
-    hold = asyncio.create_task(f.client.post(CHAT, json=chat([{"role": "user", "content": "long"}], "hold", fake={"delay": 0.3})))
+    hold = asyncio.create_task(f.client.post(CHAT, json=chat([{"role": "user", "content": "long"}], "hold", fake={"hold": "long"})))
     await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="the long request on w0")
     r = await f.client.post(CHAT, json=chat(turns(1), "t1", **extra))
+    f.fakes["w0"].release("long")
     assert r.status == 200 and served_by(f, "t1") == "w1"
     assert (await hold).status == 200
     await eventually(lambda: f.state.upstreams["w0"].inflight == 0, what="w0 free")
@@ -264,9 +265,12 @@ async def test_with_an_affinity_wait_a_next_turn_waits_for_its_full_worker_inste
     f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}}, proxy={"affinityWaitSeconds": 5})
     await first_turn_on_the_second_worker(f, prompt_cache_key="conv-1")
     # Turn 2 holds w1 a while; turn 3 of the same conversation waits for it though w0 is free.
-    two = asyncio.create_task(f.client.post(CHAT, json=chat(turns(2), "t2", prompt_cache_key="conv-1", fake={"delay": 0.4})))
+    two = asyncio.create_task(f.client.post(CHAT, json=chat(turns(2), "t2", prompt_cache_key="conv-1", fake={"hold": "t2"})))
     await eventually(lambda: f.state.upstreams["w1"].inflight == 1, what="turn 2 on w1")
-    r = await f.client.post(CHAT, json=chat(turns(3), "t3", prompt_cache_key="conv-1"))
+    three = asyncio.create_task(f.client.post(CHAT, json=chat(turns(3), "t3", prompt_cache_key="conv-1")))
+    await eventually(lambda: f.state.admissions["m"].waiting == 1, what="turn 3 waiting for w1")
+    f.fakes["w1"].release("t2")
+    r = await three
     assert r.status == 200 and (await two).status == 200
     assert (served_by(f, "t2"), served_by(f, "t3")) == ("w1", "w1")
     assert routing(f) == {"new": 2, "affinity": 2, "fallback_busy": 0}
@@ -281,8 +285,12 @@ async def test_the_affinity_wait_is_off_under_first_free(make_fleet):
 
 async def test_two_requests_with_one_key_run_on_two_free_workers_at_once(make_fleet):
     f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}})
-    body = lambda tag: chat(turns(1), tag, prompt_cache_key="shared", fake={"delay": 0.2})  # noqa: E731
-    r1, r2 = await asyncio.gather(f.client.post(CHAT, json=body("x")), f.client.post(CHAT, json=body("y")))
+    body = lambda tag: chat(turns(1), tag, prompt_cache_key="shared", fake={"hold": "both"})  # noqa: E731
+    both = [asyncio.create_task(f.client.post(CHAT, json=body(tag))) for tag in "xy"]
+    await eventually(lambda: f.fakes["w0"].active == f.fakes["w1"].active == 1, what="one on each worker")
+    f.fakes["w0"].release("both")
+    f.fakes["w1"].release("both")
+    r1, r2 = await asyncio.gather(*both)
     assert (r1.status, r2.status) == (200, 200)
     assert {served_by(f, "x"), served_by(f, "y")} == {"w0", "w1"}
     assert routing(f) == {"new": 1, "fallback_busy": 1, "affinity": 0}
@@ -295,10 +303,11 @@ async def test_the_affinity_moves_with_a_request_that_found_its_worker_full(make
     key = {"prompt_cache_key": "c"}
     assert (await f.client.post(CHAT, json=chat(turns(1), "t1", **key))).status == 200
     assert served_by(f, "t1") == "w0"
-    hold = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "z"), "hold", fake={"delay": 0.3})))
+    hold = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "z"), "hold", fake={"hold": "z"})))
     await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="w0 busy")
     assert (await f.client.post(CHAT, json=chat(turns(2), "t2", **key))).status == 200
     assert served_by(f, "t2") == "w1"
+    f.fakes["w0"].release("z")
     await hold
     await eventually(lambda: f.state.upstreams["w0"].inflight == 0, what="w0 free")
     assert (await f.client.post(CHAT, json=chat(turns(3), "t3", **key))).status == 200
@@ -310,16 +319,18 @@ async def test_new_conversations_sharing_a_system_prompt_spread_until_a_worker_h
     prompt, sent while the first is still being prefilled, goes to the idle worker; a third, sent
     once the first's stream has begun, follows it there."""
     f = await make_fleet({"w0": {"gate": 2}, "w1": {"gate": 2}})
-    prefilling = chat(turns(1, "a"), "a", stream=True, fake={"first_after": 0.3, "chunks": 4, "interval": 0.1})
+    prefilling = chat(turns(1, "a"), "a", stream=True, fake={"hold_first": "a", "chunks": 4, "interval": 0.1})
     first = await f.client.post(CHAT, json=prefilling)  # its head is out; its first token is not
     assert served_by(f, "a") == "w0"
-    second = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "b"), "b", fake={"delay": 1.0})))
+    second = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "b"), "b", fake={"hold": "b"})))
     await eventually(lambda: "b" in f.fakes["w1"].arrivals or "b" in f.fakes["w0"].arrivals, what="the second conversation sent")
     assert served_by(f, "b") == "w1"
+    f.fakes["w0"].release("a")
     assert await first.content.readany()  # the first token: w0 holds the system prompt now
     r = await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))
     assert r.status == 200 and served_by(f, "c") == "w0"
     await first.read()
+    f.fakes["w1"].release("b")
     assert (await second).status == 200
     assert routing(f) == {"new": 2, "affinity": 1, "fallback_busy": 0}
     f.assert_no_violations()
@@ -327,10 +338,11 @@ async def test_new_conversations_sharing_a_system_prompt_spread_until_a_worker_h
 
 async def test_a_plain_answer_makes_its_shared_beginning_followed_once_it_is_whole(make_fleet):
     f = await make_fleet({"w0": {"gate": 2}, "w1": {"gate": 2}})
-    slow = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "a"), "a", fake={"delay": 0.3})))
+    slow = asyncio.create_task(f.client.post(CHAT, json=chat(turns(1, "a"), "a", fake={"hold": "a"})))
     await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="the first conversation on w0")
     assert (await f.client.post(CHAT, json=chat(turns(1, "b"), "b"))).status == 200
     assert served_by(f, "b") == "w1"  # w0 had a free slot, but nothing of the prompt yet
+    f.fakes["w0"].release("a")
     assert (await slow).status == 200
     assert (await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))).status == 200
     assert served_by(f, "c") == "w0"  # where the system prompt was last served whole
@@ -339,9 +351,10 @@ async def test_a_plain_answer_makes_its_shared_beginning_followed_once_it_is_who
 async def test_a_refused_request_leaves_its_shared_beginning_where_it_was(make_fleet):
     f = await make_fleet({"w0": {"gate": 1}, "w1": {"gate": 1}})
     assert (await f.client.post(CHAT, json=chat(turns(1, "a"), "a"))).status == 200
-    hold = asyncio.create_task(f.client.post(CHAT, json=chat([{"role": "user", "content": "long"}], "hold", fake={"delay": 0.3})))
+    hold = asyncio.create_task(f.client.post(CHAT, json=chat([{"role": "user", "content": "long"}], "hold", fake={"hold": "long"})))
     await eventually(lambda: f.state.upstreams["w0"].inflight == 1, what="w0 busy")
     refused = await f.client.post(CHAT, json=chat(turns(1, "b"), "b", fake={"status": 400, "code": "bad"}))
+    f.fakes["w0"].release("long")
     assert refused.status == 400 and served_by(f, "b") == "w1"
     await hold
     assert (await f.client.post(CHAT, json=chat(turns(1, "c"), "c"))).status == 200
