@@ -147,9 +147,11 @@ class ModelAdmission:
                 self.unhealthy_retry_after,
             )
         hold = self._holds_out(prefer, weight) and not retry
-        if not self._waiters or retry:
+        # Those holding out for their own (full) workers want no free slot, so they do not keep a
+        # newcomer from one, nor count against it when the queue is full of them.
+        if (not self._waiters or retry or all(holding for _, _, _, holding in self._waiters)) and not hold:
             upstream = self._pick(prefer, weight)
-            if upstream is not None and (upstream is prefer or not hold):
+            if upstream is not None:
                 self._take(upstream, weight)
                 return upstream
         if len(self._waiters) >= self.max_waiting and not retry:

@@ -224,6 +224,19 @@ async def test_one_holding_out_for_its_worker_does_not_hold_up_the_requests_behi
     assert all(u.inflight <= u.gate for u in a.upstreams)
 
 
+async def test_a_queue_full_of_requests_holding_out_does_not_refuse_a_newcomer_a_free_worker():
+    a = waiting_admission(5.0)
+    a.max_waiting = 2
+    w0, w1 = a.upstreams
+    await a.acquire(prefer=w1)
+    holding = [asyncio.create_task(a.acquire(prefer=w1)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert a.waiting == 2  # the queue is full, of requests that want only w1
+    assert await asyncio.wait_for(a.acquire(), 0.1) is w0
+    for t in holding:
+        t.cancel()
+
+
 async def test_no_wait_when_the_preferred_worker_is_free_unhealthy_or_waiting_is_off():
     a = waiting_admission(5.0)
     w0, w1 = a.upstreams
