@@ -373,17 +373,17 @@ def document_lines(seed: int) -> list[str]:
     return [line for t in texts for line in _lines(t)]
 
 
-def record_clients(scratch: Path, seed: int) -> dict[str, list[agent_turns.Recording]]:
-    """AGENT_RECORDINGS recordings of each client to learn from, then the check's (CHECK_FILES)."""
+def record_clients(scratch: Path, seed: int, count: int = AGENT_RECORDINGS) -> dict[str, list[agent_turns.Recording]]:
+    """`count` recordings of each client to learn from, then the check's (CHECK_FILES)."""
     rng = np.random.default_rng(seed + 5)
     lines = document_lines(seed)
     out = {}
     for client in agent_turns.CLIENTS:
         t0 = time.monotonic()
-        out[client] = [agent_turns.record(client, scratch, f"{client}-{i}", lines, rng) for i in range(AGENT_RECORDINGS)]
+        out[client] = [agent_turns.record(client, scratch, f"{client}-{i}", lines, rng) for i in range(count)]
         check = agent_turns.record(client, scratch, f"{client}-check", [], rng, files=CHECK_FILES)
         out[client].append(check)
-        log(f"agent turns: recorded {client} {AGENT_RECORDINGS + 1} times ({time.monotonic() - t0:.0f}s)")
+        log(f"agent turns: recorded {client} {count + 1} times ({time.monotonic() - t0:.0f}s)")
     return out
 
 
@@ -585,6 +585,22 @@ def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_st
     log(f"target: validation loss {valid_plain:.3f} on documents after {steps} steps; ends "
         f"{ending_accuracy(target, chat_valid):.0%} of held-out answers where they end")
 
+    train_head_and_save(target, target_dir, head_dir, plain_train=plain_train, plain_valid=plain_valid,
+                        chat_tokens=chat_train[0], rng=rng, head_steps=head_steps, head_lr=head_lr, batch=batch)
+    checkpoint.unlink(missing_ok=True)
+    recorded.unlink(missing_ok=True)
+    return {"checked": checked, "acted": acted, "target_steps": steps, "seconds": time.monotonic() - t0}
+
+
+def train_head_and_save(target, target_dir: Path, head_dir: Path, *, plain_train: np.ndarray, plain_valid: np.ndarray,
+                        chat_tokens: np.ndarray, rng: np.random.Generator, head_steps: int, head_lr: float,
+                        batch: int = 8) -> None:
+    """Train the head again (warm start) against the fine-tuned target's own next-token distribution,
+    then write both, each checked to load back to exactly what was trained."""
+    from mlx_lm.utils import load_model
+
+    from mtpstack.worker.mtp import load_head
+
     head = load_head(head_dir, target_dir).module
     head.train()
     target.freeze()
@@ -598,7 +614,7 @@ def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_st
 
     width = SEQ_LEN + 3
     fit("head", head, loss,
-        tokens_only(pattern([windows(plain_train, rng, width, batch), windows(chat_train[0], rng, width, batch)], (0, 1))),
+        tokens_only(pattern([windows(plain_train, rng, width, batch), windows(chat_tokens, rng, width, batch)], (0, 1))),
         steps=head_steps, lr=head_lr, width=width)
     head.eval()
     log("head: validation loss %.3f / %.3f on documents at depth 1 / 2, after"
@@ -607,9 +623,6 @@ def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_st
     _save_checked(target, target_dir, lambda d: load_model(d)[0], lambda m, ids: m(ids))
     _save_checked(head, head_dir, lambda d: load_head(d, target_dir).module,
                   lambda h, ids: h(target.language_model.model.embed_tokens(ids), _hidden(target, ids), [None]))
-    checkpoint.unlink(missing_ok=True)
-    recorded.unlink(missing_ok=True)
-    return {"checked": checked, "acted": acted, "target_steps": steps, "seconds": time.monotonic() - t0}
 
 
 def _report(checked: list[tuple[str, bool]], acted: list[tuple[str, str, bool]] | None) -> None:
