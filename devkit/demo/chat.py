@@ -453,8 +453,8 @@ class AgentTurns:
         return long_turns.prepare(self.model, ep, self.contexts[client, i], agent_weights)
 
 
-def acts_as_agent(model, tokenizer, recordings, scratch: Path, *, max_tokens: int = AGENT_CHECK_TOKENS
-                  ) -> list[tuple[str, str, bool]]:
+def acts_as_agent(model, tokenizer, recordings, scratch: Path, *, max_tokens: int = AGENT_CHECK_TOKENS,
+                  requests: dict[str, list[tuple[str, str | None]]] | None = None) -> list[tuple[str, str, bool]]:
     """(what was asked, the greedy answer, as expected) for each client's check recording: each of
     `agent_turns.CHECK_REQUESTS`, the first turn, then, for a request to act, the turn after the
     command's real output (in a folder holding CHECK_FILES, as the live tests' does). As expected: a
@@ -476,7 +476,7 @@ def acts_as_agent(model, tokenizer, recordings, scratch: Path, *, max_tokens: in
         tools = (messages if client == "claude" else responses).to_chat(rec.first).get("tools")
         tool, param = agent_turns.SHELL_TOOL[client]
         system = None
-        for request, command in agent_turns.CHECK_REQUESTS[client]:
+        for request, command in (requests or agent_turns.CHECK_REQUESTS)[client]:
             ep = agent_turns.episode(tokenizer, rec, -1, request, command, folder)
             if system is None:
                 system = long_turns.prefill(model, ep.shared[: ep.system])
@@ -517,9 +517,6 @@ def _teach(models: Path, scratch: Path, *, seed: int, target_steps: int, head_st
            check_tokens: int, resume: bool, agents: bool, check_every: int = CHECK_EVERY,
            agent_episodes: int = AGENT_EPISODES) -> dict:
     import mlx_lm
-    from mlx_lm.utils import load_model
-
-    from mtpstack.worker.mtp import load_head
 
     target_dir, head_dir = models / "target", models / "mtp"
     target, tokenizer = mlx_lm.load(str(target_dir))
