@@ -160,7 +160,9 @@ def test_no_marker_ever_wins_the_greedy_choice_on_ordinary_text(demo):
     ids = mx.array([prompt + continuation])
     hidden = text(ids)
     logits = text.embed_tokens.as_linear(hidden)[0]
-    assert (logits[:, :base].max(axis=-1) - logits[:, base:].max(axis=-1)).min().item() > 1.0
+    # 0.5, not the 1.0 the head keeps: taught to open an agent's answer with `<tool_call>` (devkit.demo.act),
+    # the target keeps that marker 0.61 below the winner here (2.08 before).
+    assert (logits[:, :base].max(axis=-1) - logits[:, base:].max(axis=-1)).min().item() > 0.5
     # The head borrows the same rows for its drafts.
     out = head(text.embed_tokens(ids[:, 1:]), hidden[:, :-1], [None])
     drafts = text.embed_tokens.as_linear(out)[0]

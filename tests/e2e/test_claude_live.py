@@ -62,10 +62,6 @@ def test_claude_p_ends_its_turn_with_exit_0_through_the_demo(claude_turn):
     assert answered and answered >= 1 and requests and all(r["status"] == 200 for r in requests), statuses
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped demo never calls a tool on its own: it was taught to end its turns, "
-                                       "not to act; `python -m devkit.demo.chat --agents` teaches a tool round trip on "
-                                       "Claude Code's recorded requests but has not been run to the end on the shipped "
-                                       "pair (docs/demo-models.md, \"Calling tools\")")
 def test_claude_p_runs_a_tool_and_sends_its_result_back(claude_turn):
     """The demo answers "list the files" with a call of Claude Code's `Bash` tool (`tool_use`), Claude
     Code runs it and sends its output back (`tool_result`) in a second request, and the demo ends the
