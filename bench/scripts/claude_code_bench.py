@@ -6,7 +6,8 @@ its context and its 12 tools: about 12k demo tokens, nothing cached), two next t
 conversation (`claude -c -p`), then the first turn of another conversation in another folder (whose
 system prompt and tools the worker has seen). The relay times each `/v1/messages` from its arrival to
 the stream's first content block and reads `usage` (`input_tokens`, `cache_read_input_tokens`) from
-`message_start`. Then the fleet stops, so every round's first turn is cold:
+`message_start`; a turn's request after its tool's result (the demo calls `Bash` once) gets a row of
+its own. Then the fleet stops, so every round's first turn is cold:
 
     flock /work/bench.lock python bench/scripts/claude_code_bench.py --rounds 3 --out claude.json
 
@@ -128,10 +129,25 @@ def observe(record: dict, event: bytes, elapsed: float) -> None:
         record["final_usage"] = payload.get("usage")
 
 
-def main_request(records: list[dict]) -> dict | None:
-    """A turn's own request: the one with the longest prompt (Claude Code may send small side requests)."""
+def _prompt(r: dict) -> int:
+    return r["usage"]["input_tokens"] + r["usage"].get("cache_read_input_tokens", 0)
+
+
+def turn_requests(records: list[dict]) -> list[dict]:
+    """A turn's own requests, in order: those with a prompt at least half the longest (Claude Code may
+    send small side requests). The first is the turn's; one after it carries a tool's result."""
     full = [r for r in records if r["usage"]]
-    return max(full, key=lambda r: r["usage"]["input_tokens"] + r["usage"].get("cache_read_input_tokens", 0), default=None)
+    longest = max((_prompt(r) for r in full), default=0)
+    return [r for r in full if _prompt(r) * 2 >= longest]
+
+
+def main_request(records: list[dict]) -> dict | None:
+    """A turn's own request: the first of `turn_requests`."""
+    return next(iter(turn_requests(records)), None)
+
+
+#: The label of a turn's request after the tool's result.
+AFTER_RESULT = "{}, after the tool's result"
 
 
 def turn_row(label: str, turns: list[dict]) -> str:
@@ -147,7 +163,7 @@ def turn_row(label: str, turns: list[dict]) -> str:
 def report(result: dict) -> list[str]:
     lines = ["| turn | prompt tokens | TTFT s, median (min-max) | cache_read_input_tokens, median (min-max) | n |",
              "|---|---|---|---|---|"]
-    for label, *_ in TURNS:
+    for label in (x for t, *_ in TURNS for x in (t, AFTER_RESULT.format(t))):
         turns = [r[label] for r in result["rounds"] if r.get(label)]
         if turns:
             lines.append(turn_row(label, turns))
@@ -193,16 +209,17 @@ def one_round(claude: Path, work: Path) -> dict:
                 argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3", "--allowedTools", "Bash,Read"]
                 done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                       timeout=TURN_SECONDS)
-                request = main_request(rec.records[before:])
-                if done.returncode != 0 or request is None:
+                requests = turn_requests(rec.records[before:])
+                if done.returncode != 0 or not requests:
                     raise SystemExit(f"error: turn `{label}`: claude exited {done.returncode}, "
                                      f"{len(rec.records) - before} requests\n{done.stderr[-2000:]}")
-                u = request["usage"]
-                out[label] = {"ttft_s": request["ttft_s"], "cache_read_input_tokens": u.get("cache_read_input_tokens", 0),
-                              "prompt_tokens": u["input_tokens"] + u.get("cache_read_input_tokens", 0),
-                              "output_tokens": (request["final_usage"] or {}).get("output_tokens"),
-                              "requests": len(rec.records) - before, "exit": done.returncode}
-                print(f"  {label}: {json.dumps(out[label])}", file=sys.stderr, flush=True)
+                for name, request in zip((label, AFTER_RESULT.format(label)), requests):
+                    u = request["usage"]
+                    out[name] = {"ttft_s": request["ttft_s"], "cache_read_input_tokens": u.get("cache_read_input_tokens", 0),
+                                 "prompt_tokens": _prompt(request),
+                                 "output_tokens": (request["final_usage"] or {}).get("output_tokens"),
+                                 "requests": len(rec.records) - before, "exit": done.returncode}
+                    print(f"  {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
         return out
     finally:
         up.interrupt()

@@ -26,18 +26,23 @@ def test_a_stream_gives_the_usage_at_its_start_and_the_time_of_its_first_block()
     assert record == {"ttft_s": 3.5, "usage": usage, "final_usage": {"output_tokens": 7}}
 
 
-def test_a_turns_request_is_its_longest_prompt():
+def test_a_turns_requests_are_its_full_size_ones_the_first_its_own():
     small = {"usage": {"input_tokens": 30}}
     main = {"usage": {"input_tokens": 50, "cache_read_input_tokens": 12000}}
+    after = {"usage": {"input_tokens": 90, "cache_read_input_tokens": 12000}}
     assert _script.main_request([small, main, {"usage": None}]) is main
+    assert _script.turn_requests([small, main, after]) == [main, after]
+    assert _script.main_request([small, main, after]) is main  # not the longer one after the tool's result
     assert _script.main_request([{"usage": None}]) is None
 
 
 def test_the_report_has_a_row_per_turn_with_median_and_range():
     turn = lambda ttft, read: {"ttft_s": ttft, "cache_read_input_tokens": read, "prompt_tokens": 12000}  # noqa: E731
     result = {"claude_version": "2.1.332", "loadavg_before": ["1", "2", "3"], "loadavg_after": ["2", "2", "2"],
-              "rounds": [{"first": turn(100.0, 0), "next 1": turn(4.0, 11900)}, {"first": turn(120.0, 0), "next 1": turn(6.0, 11950)}]}
+              "rounds": [{"first": turn(100.0, 0), "first, after the tool's result": turn(3.0, 11800), "next 1": turn(4.0, 11900)},
+                         {"first": turn(120.0, 0), "next 1": turn(6.0, 11950)}]}
     lines = _script.report(result)
     assert lines[2] == "| first | 12,000 | 110.00 (100.00-120.00) | 0 (0-0) | 2 |"
-    assert lines[3] == "| next 1 | 12,000 | 5.00 (4.00-6.00) | 11,925 (11,900-11,950) | 2 |"
+    assert lines[3] == "| first, after the tool's result | 12,000 | 3.00 (3.00-3.00) | 11,800 (11,800-11,800) | 1 |"
+    assert lines[4] == "| next 1 | 12,000 | 5.00 (4.00-6.00) | 11,925 (11,900-11,950) | 2 |"
     assert "2.1.332" in lines[-1]
