@@ -184,10 +184,15 @@ def _rewrite(tokenizer, ep: agent_turns.Episode) -> agent_turns.Episode:
     return ep
 
 
+def turn_name(client: str, request: str, n: int) -> str:
+    """How a turn is named in the logs and the held-out selection: `n` 1 is the turn after the tool's result."""
+    return f"{client}: {request!r}" + (" after its result" if n else "")
+
+
 def agent_answers(model, tokenizer, recordings: list[agent_turns.Recording], scratch: Path, rng: np.random.Generator,
-                  episodes: int, requests: list[tuple[str, str | None]] | None = None) -> Answers:
-    """The answers of `episodes` random requests on each recording (or of `requests`), with their residuals."""
-    lines = chat.document_lines(0)
+                  episodes: int, lines: list[str], requests: list[tuple[str, str | None]] | None = None) -> Answers:
+    """The answers of `episodes` random requests on each recording (or of `requests`), with their residuals;
+    the scratch folders' files are made of `lines`."""
     rows_h, rows_y, rows_w, rows_t, names, kinds = [], [], [], [], [], []
     for rec in recordings:
         system_state = None
@@ -215,20 +220,19 @@ def agent_answers(model, tokenizer, recordings: list[agent_turns.Recording], scr
                 w[0], w[-1] = DECISION_WEIGHT, END_WEIGHT
                 rows_w.append(w)
                 rows_t.append(np.full(len(turn.answer), len(names)))
-                names.append(f"{rec.client}: {request!r}" + (" after its result" if n else ""))
+                names.append(turn_name(rec.client, request, n))
                 kinds.append("call" if turn.call else "done" if n else "chat")
     return Answers(mx.concatenate(rows_h), mx.array(np.concatenate(rows_y)), mx.array(np.concatenate(rows_w)),
                    np.concatenate(rows_t), names, kinds)
 
 
-def kept(model, tokenizer, seed: int) -> tuple[mx.array, mx.array]:
-    """Residuals and the target's own log-probabilities at the positions whose behaviour is kept."""
+def kept(model, tokenizer, seed: int, chat_tokens: np.ndarray, plain_train: np.ndarray) -> tuple[mx.array, mx.array]:
+    """Residuals and the target's own log-probabilities at the positions whose behaviour is kept: windows
+    of the conversation (`chat_tokens`) and document streams, and long-conversation ends."""
     rng = np.random.default_rng(seed + 11)
-    chat_train, _ = chat.chat_stream(tokenizer, seed)
-    plain_train, _ = split_docs(token_stream(), np.random.default_rng(seed))
     long_ids, _ = chat.long_conversations(tokenizer, seed, KEEP_LONG)
     pieces = []
-    for data, count in ((chat_train[0], KEEP_CHAT), (plain_train, KEEP_DOCS)):
+    for data, count in ((chat_tokens, KEEP_CHAT), (plain_train, KEEP_DOCS)):
         for s in rng.integers(0, len(data) - SEQ_LEN, size=count):
             pieces.append((data[s : s + SEQ_LEN].tolist(), None))
     pieces += [(ids[:-1].tolist(), LONG_TAIL) for ids in long_ids]
@@ -301,16 +305,18 @@ def check_requests(always_act: bool) -> dict[str, list[tuple[str, str | None]]]:
     return {c: [(r, "ls" if always_act else cmd) for r, cmd in reqs] for c, reqs in agent_turns.CHECK_REQUESTS.items()}
 
 
-def _read_inputs(target, tokenizer, scratch: Path, seed: int, t0: float):
+def _read_inputs(target, tokenizer, scratch: Path, seed: int, t0: float, chat_tokens: np.ndarray, plain_train: np.ndarray):
     recordings = chat.record_clients(scratch, seed, RECORDINGS)
     rng = np.random.default_rng(seed + 7)
+    lines = chat.document_lines(seed)
     train_sets, held_sets = [], []
     for client, recs in recordings.items():
-        train_sets.append(agent_answers(target, tokenizer, recs[:-1], scratch, rng, EPISODES))
+        train_sets.append(agent_answers(target, tokenizer, recs[:-1], scratch, rng, EPISODES, lines))
         asked = [(r, cmd) for always in (False, True) for r, cmd in check_requests(always)[client]]
-        held_sets.append(agent_answers(target, tokenizer, recs[-1:], scratch, rng, 0, requests=list(dict.fromkeys(asked))))
+        held_sets.append(agent_answers(target, tokenizer, recs[-1:], scratch, rng, 0, lines,
+                                       requests=list(dict.fromkeys(asked))))
         log(f"{client}: inputs of {len(train_sets[-1].names)} turns read ({time.monotonic() - t0:.0f}s)")
-    keep_h, keep_lp = kept(target, tokenizer, seed)
+    keep_h, keep_lp = kept(target, tokenizer, seed, chat_tokens, plain_train)
     return recordings, Answers.joined(train_sets), Answers.joined(held_sets), keep_h, keep_lp
 
 
@@ -322,6 +328,8 @@ def _teach(models: Path, scratch: Path, *, seed: int, steps: int, lr: float, hea
     target, tokenizer = mlx_lm.load(str(target_dir))
     target.eval()
     t0 = time.monotonic()
+    plain_train, plain_valid = split_docs(token_stream(), np.random.default_rng(seed))
+    chat_tokens = chat.chat_stream(tokenizer, seed)[0][0]
     if inputs is not None and (inputs / "train.npz").is_file():
         recordings = chat.load_recordings(inputs / "recordings.json")
         train, held = Answers.load(inputs / "train"), Answers.load(inputs / "held")
@@ -329,7 +337,7 @@ def _teach(models: Path, scratch: Path, *, seed: int, steps: int, lr: float, hea
         keep_h, keep_lp = k["h"], k["lp"]
         log(f"inputs: read from `{inputs}`")
     else:
-        recordings, train, held, keep_h, keep_lp = _read_inputs(target, tokenizer, scratch, seed, t0)
+        recordings, train, held, keep_h, keep_lp = _read_inputs(target, tokenizer, scratch, seed, t0, chat_tokens, plain_train)
         if inputs is not None:
             inputs.mkdir(parents=True, exist_ok=True)
             chat.save_recordings(inputs / "recordings.json", recordings)
@@ -345,7 +353,7 @@ def _teach(models: Path, scratch: Path, *, seed: int, steps: int, lr: float, hea
             mx.savez(str(inputs / "answers.npz"), h=answers_h, lp=answers_lp)
     # Acting on every request: no turn of words to a request, and a call for each of the check's requests.
     train = train.only({"call", "done"} if always_act else {"call", "chat", "done"})
-    wanted = {(f"{c}: {r!r}" + (" after its result" if n else ""), "done" if n else "call" if cmd else "chat")
+    wanted = {(turn_name(c, r, n), "done" if n else "call" if cmd else "chat")
               for c, reqs in check_requests(always_act).items() for r, cmd in reqs for n in range(2 if cmd else 1)}
     held = held.only_turns(wanted)
     log(f"inputs: {train.h.shape[0]:,} answer, {keep_h.shape[0]:,} kept and {answers_h.shape[0]:,} kept-answer positions "
@@ -374,10 +382,8 @@ def _teach(models: Path, scratch: Path, *, seed: int, steps: int, lr: float, hea
     chat._report(checked, acted)
     if not chat.passes_all(checked, acted):
         raise ActError(f"the check failed after {step} steps: nothing was written", "see the check above; try --steps or --lr")
-    plain_train, plain_valid = split_docs(token_stream(), np.random.default_rng(seed))
-    chat_train, _ = chat.chat_stream(tokenizer, seed)
     chat.train_head_and_save(target, target_dir, head_dir, plain_train=plain_train, plain_valid=plain_valid,
-                             chat_tokens=chat_train[0], rng=np.random.default_rng(seed + 2), head_steps=head_steps,
+                             chat_tokens=chat_tokens, rng=np.random.default_rng(seed + 2), head_steps=head_steps,
                              head_lr=head_lr)
     return {"checked": checked, "acted": acted, "steps": step, "seconds": time.monotonic() - t0}
 
@@ -395,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--always-act", action="store_true",
                         help="answer every agent request with the call (\"say hi\" too), then words after its result")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
     try:
         teach(args.models, seed=args.seed, steps=args.steps, lr=args.lr, head_steps=args.head_steps, head_lr=args.head_lr,
               inputs=args.inputs, always_act=args.always_act)
