@@ -31,6 +31,13 @@ TOKENS_ACCEPTED_BY_CLASS = "mtpstack_worker_tokens_accepted_by_class_total"
 #: Prompt tokens run through the target's prefill (those taken from the prefix cache or from another
 #: row's prefill are not).
 PREFILL_TOKENS = "mtpstack_worker_prefill_tokens_total"
+#: Seconds the generation thread spent in prefill forwards: `rate(PREFILL_TOKENS) / rate(PREFILL_SECONDS)`
+#: is the prefill's own speed.
+PREFILL_SECONDS = "mtpstack_worker_prefill_seconds_total"
+#: Over the last minute: prompt tokens per second of prefill forwards, and the longest wait between two
+#: steps that gave decoding rows tokens (what a neighbour's prefill costs a stream).
+PREFILL_TOKENS_PER_SECOND = "mtpstack_worker_prefill_tokens_per_second"
+DECODE_LONGEST_GAP = "mtpstack_worker_decode_longest_gap_seconds"
 PREFIX_CACHE_LOOKUPS = "mtpstack_worker_prefix_cache_lookups_total"
 PREFIX_CACHE_HITS = "mtpstack_worker_prefix_cache_hits_total"
 PREFIX_CACHE_TOKENS_REUSED = "mtpstack_worker_prefix_cache_tokens_reused_total"

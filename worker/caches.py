@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
-from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
 
 from mtpstack.validator import recurrent_target_types
+from mtpstack.worker import gated_delta
 from mtpstack.worker.mtp.families import served_target_hooks
 
 
@@ -272,24 +273,14 @@ def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
     runs here and keeps them, and `commit` picks (`_states_ops`). Used only with a `StepStateCache`.
     The input projections are the family's (`TargetHooks.gated_delta`).
     """
+    if isinstance(cache, PrefillStateCache) and not _kernel_for(layer.head_k_dim):
+        return gated_delta.prefill_call(layer, inputs, mask, cache)  # a prompt chunk: the recurrence in blocks of positions
     if not isinstance(cache, StepStateCache):
         return type(layer).__mro__[1].__call__(layer, inputs, mask, cache)
     rows, n, _ = inputs.shape
     qkv, z, b, a = layer._project(layer, inputs)
-    conv_state = cache[0]
-    if conv_state is None:
-        conv_state = mx.zeros((rows, layer.conv_kernel_size - 1, layer.conv_dim), dtype=inputs.dtype)
-    conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    conv_out = nn.silu(layer.conv1d(conv_input))
-    q, k, v = [
-        t.reshape(rows, n, h, d)
-        for t, h, d in zip(
-            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
-            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
-            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
-        )
-    ]
-    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    conv_input = gated_delta.conv_input(layer, cache, qkv)
+    q, k, v = gated_delta.conv_qkv(layer, conv_input)
     start, tail = cache[1], layer.conv_kernel_size - 1
     if _runs_kernel(k):
         out, final = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, start, None, use_kernel=True)
@@ -303,7 +294,11 @@ def step_state_call(layer, inputs: mx.array, mask=None, cache=None) -> mx.array:
 
 def _runs_kernel(k: mx.array) -> bool:
     """Whether mlx-lm's `gated_delta_update` runs its Metal kernel for these keys (its own condition)."""
-    return mx.default_device() == mx.gpu and mx.metal.is_available() and k.shape[-1] >= 32 and k.shape[-1] % 32 == 0
+    return _kernel_for(k.shape[-1])
+
+
+def _kernel_for(key_dim: int) -> bool:
+    return mx.default_device() == mx.gpu and mx.metal.is_available() and key_dim >= 32 and key_dim % 32 == 0
 
 
 def _states_ops(layer, q, k, v, a, b, state):

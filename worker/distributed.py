@@ -361,7 +361,9 @@ class DistributedGenerationLoop(GenerationLoop):
         with self.watchdog.meeting("the stop", PEER_TIMEOUT_SECONDS):
             self.channel.broadcast({"stop": True})
 
-    def _meet(self, step: bool) -> None:
+    def _meet(self, step: bool) -> int | None:
+        """Tell the other ranks what runs next; returns the step's prefill budget (rank 0's pacer decides
+        it for every rank, so their chunks are the same)."""
         sched = self.scheduler
         added, alive = [], []
         for seq in sched.active:
@@ -372,14 +374,16 @@ class DistributedGenerationLoop(GenerationLoop):
                 added.append(_sequence_message(seq, sid))
             else:
                 alive.append(sid)
+        budget = (sched.pacer.budget_tokens() or 0) if step else None  # 0: none measured yet, the least share
         with self.watchdog.meeting("the step's announcement", PEER_TIMEOUT_SECONDS):
-            self.channel.broadcast({"alive": alive, "add": added, "step": step})
+            self.channel.broadcast({"alive": alive, "add": added, "step": step, "budget": budget})
         self._last_meeting = time.monotonic()
+        return budget
 
     def _step(self) -> list:
-        self._meet(step=True)
+        budget = self._meet(step=True)
         with self.watchdog.meeting("a step", self.config.stall_seconds):
-            return self.scheduler.step()
+            return self.scheduler.step(budget)
 
     def _idle(self) -> None:
         if time.monotonic() - self._last_meeting >= IDLE_MEETING_SECONDS:
@@ -447,7 +451,7 @@ def follow(config: WorkerConfig) -> int:
                 sched.add(seq)
             if message["step"]:
                 with watchdog.meeting("a step", config.stall_seconds):
-                    sched.step()
+                    sched.step(message.get("budget") or 0)
             else:
                 time.sleep(FOLLOWER_NAP_SECONDS)
             active = {id(s) for s in sched.active}

@@ -162,12 +162,13 @@ class GenerationLoop:
             if self.stall_file and os.path.exists(self.stall_file):
                 time.sleep(IDLE_POLL)
                 continue
-            steps, seconds = sched.decode_steps, sched.decode_seconds
+            steps, seconds, prefill = sched.decode_steps, sched.decode_seconds, sched.prefill_seconds
             results = self._step()
             self.last_progress = time.monotonic()
             if sched.decode_steps > steps:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
                 self.metrics.target_step_seconds.inc(sched.decode_seconds - seconds)
+            self.metrics.pacing(sched.pacer, sched.prefill_seconds - prefill)
             self.metrics.prefix_cache(sched.prefix_cache.stats, sched.prefix_cache.disk)
             for seq, result, error in results:
                 if result is not None:

@@ -64,6 +64,12 @@ class Metrics:
         )
         self.prefilled = Counter(series.PREFILL_TOKENS, "Prompt tokens run through the target's prefill "
                                  "(not those resumed from the prefix cache or another row's prefill).", registry=r)
+        self.prefill_seconds = Counter(series.PREFILL_SECONDS, "Seconds the generation thread spent in prefill forwards.",
+                                       registry=r)
+        self.prefill_rate = Gauge(series.PREFILL_TOKENS_PER_SECOND,
+                                  "Prompt tokens per second of prefill forwards over the last minute.", registry=r)
+        self.longest_gap = Gauge(series.DECODE_LONGEST_GAP, "The longest wait between two steps that gave decoding "
+                                 "rows tokens, over the last minute.", registry=r)
         self.cache_lookups = Counter(series.PREFIX_CACHE_LOOKUPS, "Prompts looked up in the prefix cache.", registry=r)
         self.cache_hits = Counter(series.PREFIX_CACHE_HITS, "Prompts that resumed from a prefix-cache snapshot.", registry=r)
         self.cache_tokens = Counter(series.PREFIX_CACHE_TOKENS_REUSED,
@@ -116,6 +122,13 @@ class Metrics:
             self.disk_bytes.set(disk.total_bytes)
             for seconds in disk.drain_restores():
                 self.disk_restore.observe(seconds)
+
+    def pacing(self, pacer, prefill_seconds: float) -> None:
+        """After a step: the prefill's time in it and the last minute's figures (`mtpstack.worker.pacing`)."""
+        if prefill_seconds:
+            self.prefill_seconds.inc(prefill_seconds)
+        self.prefill_rate.set(pacer.prefill_rate())
+        self.longest_gap.set(pacer.longest_gap())
 
     def record_step(self, drafted: int, accepted: int, tokens: int, cls: str | None = None, prefill: int = 0) -> None:
         if prefill:

@@ -12,20 +12,13 @@ import time
 
 from mtpstack.worker import sequence
 from mtpstack.worker.batch import Batch, PrefillBatch
+from mtpstack.worker.pacing import Pacer
 from mtpstack.worker.prefix_cache import PrefixCache
 from mtpstack.worker.sequence import Sequence, StepResult
 from mtpstack.worker.snapshots import Snapshots
 
 log = logging.getLogger("mtpstack.worker")
 
-#: Tokens one step runs while any row decodes: the decoding rows' drafted positions
-#: first, the rest shared by the rows being prefilled. It bounds how much prompts
-#: arriving can stretch the other rows' time between tokens (vLLM's default budget for
-#: chunked prefill is the same 2,048); at 512, three prompts arriving beside one decoding
-#: row took 2.5x longer to their first token than mlx_lm.server's plain batching.
-STEP_TOKENS = 2048
-#: The fewest prompt tokens a prefilling row gets per step however busy the batch.
-MIN_PREFILL_SHARE = 16
 #: How long an idle step waits for a read from the prefix cache's disk tier before returning.
 READ_POLL = 0.05
 
@@ -39,10 +32,11 @@ class Scheduler:
     Every decoding sequence is a row of one resident batch that drafts and
     verifies in one forward (rows accept different lengths and may draft
     different depths); every sequence still prefilling is a row of the prefill
-    batch, which runs a chunk of each prompt in one forward, within a token
-    budget shared with the decoding rows (`STEP_TOKENS`). Every active sequence
-    makes progress every step and none waits for another. With a prefix cache,
-    a prompt resumes from the deepest snapshot it begins with.
+    batch, which runs a chunk of each prompt in one forward, sized while rows
+    decode by a budget in time (`mtpstack.worker.pacing`): the decoding rows keep
+    about half their rate while a long prompt goes in beside them. Every active
+    sequence makes progress every step and none waits for another. With a prefix
+    cache, a prompt resumes from the deepest snapshot it begins with.
     """
 
     def __init__(self, max_num_seqs: int, prefix_cache: PrefixCache | None = None):
@@ -54,6 +48,8 @@ class Scheduler:
         self.batched_steps = 0  # target forwards shared by more than one sequence
         self.decode_steps = 0  # batched decode forwards (draft and verify of every decoding row), any width
         self.decode_seconds = 0.0  # wall time spent in them, on the generation thread
+        self.pacer = Pacer()
+        self.prefill_seconds = 0.0  # wall time spent in prefill forwards, on the generation thread
 
     def add(self, seq: Sequence) -> None:
         if len(self.active) >= self.max_num_seqs:
@@ -77,8 +73,9 @@ class Scheduler:
             self.prefilling.remove_finished()
         return dropped
 
-    def step(self) -> list[Outcome]:
-        """One step of each active sequence; finished or cancelled ones leave the active set."""
+    def step(self, budget: int | None = None) -> list[Outcome]:
+        """One step of each active sequence; finished or cancelled ones leave the active set. `budget`: the
+        prompt tokens the step may prefill beside decoding rows (default: the pacer's, `Pacer.budget_tokens`)."""
         results: list[Outcome] = []
         for seq in list(self.active):
             if seq.cancelled:
@@ -99,7 +96,9 @@ class Scheduler:
             try:
                 results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode()))
                 self.decode_steps += 1
-                self.decode_seconds += time.perf_counter() - started
+                seconds = time.perf_counter() - started
+                self.decode_seconds += seconds
+                self.pacer.decoded(seconds)
                 if len(decoding) > 1:
                     self.batched_steps += 1
             except Exception as e:  # the shared forward failed: every row of it; the loop goes on
@@ -112,13 +111,19 @@ class Scheduler:
             if not seq.in_batch and not seq.prefilling and not seq.finished and prefilling.snapshots.ready(seq):
                 prefilling.admit(seq)
         if prefilling.rows:
+            started = time.perf_counter()
             try:
-                results.extend(prefilling.step(self._share(decoding, len(prefilling.rows)), batch))
+                prefilled = prefilling.step(self._share(decoding, len(prefilling.rows), budget), batch)
+                results.extend(prefilled)
+                seconds = time.perf_counter() - started
+                self.prefill_seconds += seconds
+                self.pacer.prefilled(sum(r.prefill for _, r, _ in prefilled if r is not None), seconds)
             except Exception as e:  # one broken forward must not stop the loop
                 log.exception("prefill failed")
                 for seq in prefilling.rows:
                     seq.finish_reason = "error"
                     results.append((seq, None, e))
+        self.pacer.step_ended(bool(decoding))
         batch.remove_finished()
         prefilling.remove_finished()
         for seq, _, _ in results:
@@ -128,14 +133,10 @@ class Scheduler:
             prefilling.snapshots.wait(READ_POLL)  # nothing else to run: no spinning while the disk reads
         return results
 
-    @staticmethod
-    def _share(decoding: list[Sequence], prefilling: int) -> int:
-        """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes, else an
-        equal part of what the decoding rows leave of the step's budget, rounded down to a power of two
-        so that chunks fit the 512-token snapshot interval exactly and every step costs about the same."""
+    def _share(self, decoding: list[Sequence], prefilling: int, budget: int | None = None) -> int:
+        """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes, else what
+        the step's time budget leaves them (`Pacer.share`)."""
         chunk = sequence.PREFILL_CHUNK  # read at each step: one value with `Sequence.next_chunk`
         if not decoding:
             return chunk
-        left = STEP_TOKENS - sum(seq.plan() + 1 for seq in decoding if not seq.finished)
-        share = max(MIN_PREFILL_SHARE, left // prefilling)
-        return min(chunk, 1 << (share.bit_length() - 1))
+        return self.pacer.share(prefilling, chunk, budget)

@@ -162,13 +162,14 @@ def test_each_rows_recurrent_state_after_a_step_of_different_acceptances_is_the_
         engine.target.model(mx.array(engine.text_prompt(prompt) + seq.tokens[:-1])[None], cache=plain)
         for mine, theirs in zip(sched.batch.caches, plain):
             if isinstance(mine, StepStateCache):
-                assert mx.array_equal(mine[0][r], theirs[0][0]) and mx.allclose(mine[1][r], theirs[1][0], atol=1e-5)
+                # Up to rounding: the prompt went in through the chunked recurrence (worker/gated_delta.py).
+                assert mx.allclose(mine[0][r], theirs[0][0], atol=1e-5) and mx.allclose(mine[1][r], theirs[1][0], atol=1e-5)
             else:
                 assert mine.lengths[r] == theirs.offset
 
 
 def test_gated_delta_state_after_a_rolled_back_step_equals_the_plain_state(engine):
-    """After a step whose drafts are all rejected, each gated-delta layer's state is the plain one's, exactly."""
+    """After a step whose drafts are all rejected, each gated-delta layer's state is the plain one's."""
     prompt = engine.text_prompt(PROMPTS[0])
     seq = engine.new_sequence(prompt, params(4))
     sched = Scheduler(max_num_seqs=1)
@@ -182,7 +183,8 @@ def test_gated_delta_state_after_a_rolled_back_step_equals_the_plain_state(engin
     engine.target.model(mx.array(prompt + seq.tokens[:-1])[None], cache=plain)
     for mine, theirs in zip(sched.batch.caches, plain):
         if isinstance(mine, StepStateCache):
-            assert mx.array_equal(mine[0], theirs[0]) and mx.allclose(mine[1], theirs[1], atol=1e-5)
+            # Up to rounding: the prompt went in through the chunked recurrence (worker/gated_delta.py).
+            assert mx.allclose(mine[0], theirs[0], atol=1e-5) and mx.allclose(mine[1], theirs[1], atol=1e-5)
         else:
             assert mine.lengths == [theirs.offset]
 
