@@ -276,14 +276,15 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
 
 
 async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool = True) -> dict:
+                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool = True,
+                      on_content=None) -> dict:
     """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
     (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
     to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
     (mlx_lm.server and mlx-vlm ignore the field, and stop at their model's end of turn; without it every
     server stops there, so all decode the same text). The first token is the first
     of the answer or of its reasoning; `text` is the answer's content, what a client sends back. `extra`:
-    more fields of the body (`chat_template_kwargs`)."""
+    more fields of the body (`chat_template_kwargs`); `on_content(piece, arrival)` is called with each piece of content or reasoning."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos, **(extra or {})}
     start = time.perf_counter()
@@ -306,6 +307,8 @@ async def stream_chat(session, url: str, model: str, messages: list, max_tokens:
                     first = first or now
                     if piece:
                         text.append(piece)
+                    if on_content is not None:
+                        on_content(piece or delta.get("reasoning_content") or delta.get("reasoning"), now)
                     if times is not None:
                         times.append(now)
     end = time.perf_counter()

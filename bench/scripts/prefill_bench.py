@@ -1,0 +1,255 @@
+"""Long prompts: how fast a fresh one prefills, and what it does to the streams decoding beside it, side by side with the peers.
+
+Every server runs the same target (the demo pair, target widened, by default) at batch width 4; they
+are all started, then measured one at a time in an order that rotates each round (the idle ones wait),
+so drift hits every server alike. Per round and server:
+  1. cold prefill: a never-seen chat prompt of each `--lengths` (real Python source read as a file, the
+     round's tag first so no prefix cache holds it), one token asked: prompt tokens / time to first
+     token; the server's peak resident memory after them (VmHWM);
+  2. beside a prefill, for 1 and 3 streams already decoding (widths 2 and 4): the streams' token rate
+     while a fresh prompt of the first length prefills, over their rate in the seconds before it
+     arrived; the longest gap between two of their chunks inside that window; the long prompt's time to
+     first token over its time alone (step 1). Tokens are counted by tokenizing each stream's text as
+     it grows, not by SSE events (a speculative stream sends several tokens an event). A stream that
+     ended before the prompt's first token (peers stop at the model's end of turn) is marked so;
+  3. a warm agent turn: a conversation of a ~3k-token file read then a question; the next turn adds
+     the answer and ~100 tokens: its time to first token, the prefix held by the server's cache.
+
+    python bench/scripts/prefill_bench.py --out bench-prefill.json                 # 8k and 30k, 2 rounds
+    python bench/scripts/prefill_bench.py --lengths 8192 --rounds 3 --configs native+mtp mlx_lm.server
+
+Medians with min-max over rounds; the JSON (stdout or --out) keeps every sample.
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import worker_bench as wb
+from agent_bench import longer_context
+
+DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
+#: Streams decoding while the long prompt arrives: widths 2 and 4 with it.
+DECODERS = (1, 3)
+#: Tokens a decoding stream is asked for: enough to outlast an 8k prefill beside it.
+STREAM_TOKENS = 1500
+#: Seconds of a stream's own pace measured before the long prompt is sent.
+ALONE_SECONDS = 3.0
+
+
+def source_text(tokenizer, tokens: int, tag: str) -> str:
+    """`tokens` tokens of real Python source (the standard library's, as an agent reads files), `tag` first."""
+    import sysconfig
+
+    words, have = [tag], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(errors="replace")
+        words.append(f"\n# file: {path.name}\n{text}")
+        have += len(tokenizer.encode(text))
+        if have > tokens * 1.2:
+            break
+    ids = tokenizer.encode("".join(words))[:tokens]
+    return tokenizer.decode(ids)
+
+
+class Counted:
+    """A stream's text as it arrives, counted in tokens: (arrival time, tokens so far) per chunk."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.text, self.marks = tokenizer, "", []
+        self.ended: float | None = None  # when the stream ended by itself (not cancelled)
+
+    def add(self, piece: str, now: float) -> None:
+        self.text += piece
+        self.marks.append((now, len(self.tokenizer.encode(self.text))))
+
+    def rate(self, start: float, end: float) -> float | None:
+        inside = [(t, n) for t, n in self.marks if start <= t <= end]
+        before = [n for t, n in self.marks if t < start]
+        if not inside:
+            return 0.0 if self.marks and self.marks[-1][0] >= end else None
+        return (inside[-1][1] - (before[-1] if before else inside[0][1])) / (end - start)
+
+    def longest_gap(self, start: float, end: float) -> float:
+        times = [start] + [t for t, _ in self.marks if start < t < end] + [end]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+
+async def decoding_stream(session, url, model, prompt, counted: Counted, never_end: dict) -> None:
+    """One greedy chat stream kept from its end of turn (`ignore_eos` for the native worker; the peers ignore
+    that field but honour `logit_bias`, `never_end`), each piece counted as it arrives."""
+    await wb.stream_chat(session, url, model, [{"role": "user", "content": prompt}], STREAM_TOKENS, on_content=counted.add,
+                         extra=never_end)
+    counted.ended = time.perf_counter()
+
+
+def end_of_turn_bias(target: Path) -> dict:
+    """`logit_bias` that keeps the target's end-of-turn tokens (config.json's `eos_token_id`) from being chosen."""
+    import json
+
+    config = json.loads((target / "config.json").read_text())
+    ids = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
+    ids = ids if isinstance(ids, list) else [ids]
+    return {"logit_bias": {str(i): -100 for i in ids if isinstance(i, int)}}
+
+
+def peak_mib(pid: int | None) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, TypeError, ValueError):
+        return None
+    return None
+
+
+async def cold(session, proc, model, tokenizer, lengths, tag) -> dict:
+    out = {}
+    for n in lengths:
+        r = await wb.stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, n, f"{tag} {n}")}], 1)
+        prompt = r["usage"].get("prompt_tokens") or n
+        out[str(n)] = {"ttft_s": r["ttft_s"], "prompt_tokens": prompt, "tok_s": prompt / r["ttft_s"]}
+    out["peak_mib"] = peak_mib(proc.pid)
+    return out
+
+
+async def beside(session, proc, model, tokenizer, length, decoders, tag, alone_ttft, never_end) -> dict:
+    streams = [Counted(tokenizer) for _ in range(decoders)]
+    tasks = [asyncio.create_task(decoding_stream(session, proc.url, model, f"{tag} stream {i}: write a long Python module.\n", c,
+                                                 never_end)) for i, c in enumerate(streams)]
+    deadline = time.perf_counter() + 120
+    while any(len(c.marks) < 5 for c in streams) and time.perf_counter() < deadline and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(ALONE_SECONDS)
+    sent = time.perf_counter()
+    long = await wb.stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, length, f"{tag} long")}], 1)
+    first = long["first"]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    rows = []
+    for c in streams:
+        alone = c.rate(sent - ALONE_SECONDS, sent)
+        during = c.rate(sent, first)
+        ended = c.ended is not None and c.ended < first
+        rows.append({"alone_tok_s": alone, "during_tok_s": during, "kept": during / alone if alone and during is not None else None,
+                     "longest_gap_s": c.longest_gap(sent, first), "ended_early": ended})
+    return {"streams": rows, "long_ttft_s": long["ttft_s"], "ttft_ratio": long["ttft_s"] / alone_ttft if alone_ttft else None}
+
+
+async def warm_turn(session, proc, model, tokenizer, tag, tokens) -> dict:
+    messages = [{"role": "system", "content": "You are a coding agent. Answer briefly."},
+                {"role": "user", "content": "Read this file and say what it does:\n" + source_text(tokenizer, tokens, tag)}]
+    first = await wb.stream_chat(session, proc.url, model, messages, 16)
+    messages += [{"role": "assistant", "content": first["text"] or "It defines helpers."},
+                 {"role": "user", "content": source_text(tokenizer, 100, "Now explain the first function, and")}]
+    second = await wb.stream_chat(session, proc.url, model, messages, 16)
+    cached = (second["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+    return {"first_ttft_s": first["ttft_s"], "ttft_s": second["ttft_s"], "prompt_tokens": second["usage"].get("prompt_tokens"),
+            "cached_tokens": cached}
+
+
+async def run(args) -> dict:
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    workdir = Path(tempfile.mkdtemp(prefix="prefill-bench-"))
+    target, head, source = wb.prepare_models(args, workdir)
+    if max(args.lengths) + 64 > 32768:
+        longer_context(target, max(args.lengths) + 1024)
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
+    models = {name: ("bench" if wb.CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
+    servers = wb.start_servers(target, head, args.depth, workdir, args.configs)
+    samples: dict = {name: [] for name in args.configs}
+    bias = end_of_turn_bias(target)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=wb.REQUEST_TIMEOUT * 3)) as session:
+            for name, proc in servers.items():  # warm-up: each server's first forwards (compiles, allocations)
+                await wb.stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
+            for rnd in range(args.rounds):
+                order = args.configs[rnd % len(args.configs):] + args.configs[: rnd % len(args.configs)]
+                for name in order:
+                    proc, model, tag = servers[name], models[name], f"Session {rnd}-{name}."
+                    r = {"cold": await cold(session, proc, model, tokenizer, args.lengths, tag)}
+                    alone = r["cold"][str(args.lengths[0])]["ttft_s"]
+                    never_end = {} if wb.CONFIGS[name][0] == "native" else bias
+                    if "beside" in args.only:
+                        r["beside"] = {str(d): await beside(session, proc, model, tokenizer, args.lengths[0], d, f"{tag} w{d}",
+                                                            alone, never_end) for d in DECODERS}
+                    if "warm" in args.only:
+                        r["warm"] = await warm_turn(session, proc, model, tokenizer, f"{tag} warm", args.warm_tokens)
+                    samples[name].append(r)
+                    print(f"round {rnd + 1}/{args.rounds}: {name} done", file=sys.stderr)
+    finally:
+        for proc in servers.values():
+            proc.stop()
+    return {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "lengths": args.lengths,
+                     "rounds": args.rounds, "depth": args.depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "summary": summary(samples, args.lengths), "samples": samples}
+
+
+def summary(samples: dict, lengths: list[int]) -> dict:
+    def over(name, pick):
+        values = [v for r in samples[name] for v in pick(r) if v is not None]
+        return wb.summarize(values)
+
+    out = {}
+    for name in samples:
+        s = {f"prefill_tok_s@{n}": over(name, lambda r, n=n: [r["cold"][str(n)]["tok_s"]]) for n in lengths}
+        s["peak_mib"] = over(name, lambda r: [r["cold"]["peak_mib"]])
+        for d in DECODERS if all("beside" in r for r in samples[name]) else ():
+            rows = lambda r, d=d: [x for x in r["beside"][str(d)]["streams"] if not x["ended_early"]]  # noqa: E731
+            s[f"kept@{d + 1}"] = over(name, lambda r, rows=rows: [x["kept"] for x in rows(r)])
+            s[f"longest_gap_s@{d + 1}"] = over(name, lambda r, rows=rows: [x["longest_gap_s"] for x in rows(r)])
+            s[f"long_ttft_ratio@{d + 1}"] = over(name, lambda r, d=d: [r["beside"][str(d)]["ttft_ratio"]])
+            s[f"ended_early@{d + 1}"] = sum(x["ended_early"] for r in samples[name] for x in r["beside"][str(d)]["streams"])
+        if all("warm" in r for r in samples[name]):
+            s["warm_ttft_s"] = over(name, lambda r: [r["warm"]["ttft_s"]])
+            s["warm_cached_tokens"] = over(name, lambda r: [r["warm"]["cached_tokens"]])
+        out[name] = s
+    return out
+
+
+def report_lines(summary: dict) -> list[str]:
+    keys = list(next(iter(summary.values())).keys()) if summary else []
+    lines = ["| | " + " | ".join(summary) + " |", "|---" * (len(summary) + 1) + "|"]
+    for key in keys:
+        cells = [str(s[key]) if isinstance(s[key], int) else wb.fmt(s[key], digits=3 if "ratio" in key or "kept" in key else 2)
+                 for s in summary.values()]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", help="target model directory (default: the demo target, widened)")
+    p.add_argument("--drafter", help="MTP head folder (with --target)")
+    p.add_argument("--family", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--configs", nargs="+", choices=[c for c in wb.CONFIGS if "@" not in c], default=DEFAULT_CONFIGS)
+    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 30000], help="cold prompt lengths in tokens (default: 8192 30000)")
+    p.add_argument("--warm-tokens", type=int, default=3000, help="the warm turn's file read in tokens (default: 3000)")
+    p.add_argument("--only", nargs="+", choices=["cold", "beside", "warm"], default=["cold", "beside", "warm"],
+                   help="the parts measured after the cold prefill, which always runs (default: both)")
+    p.add_argument("--rounds", type=int, default=2, help="measured rounds (default: 2)")
+    p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
+    p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
+    p.add_argument("--depth", type=int, default=3, help="draft depth (default: 3)")
+    p.add_argument("--out", help="write the JSON here instead of stdout")
+    args = p.parse_args(argv)
+    if bool(args.target) != bool(args.drafter):
+        p.error("--target and --drafter go together")
+    wb.ensure_preload()
+    result = asyncio.run(run(args))
+    return wb.emit(result, report_lines(result["summary"]), args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
