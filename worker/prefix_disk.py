@@ -22,10 +22,13 @@ useless, and a chain is ordered from the root down, message boundaries last.
 Format (`LAYOUT` 1), each file: `MAGIC`, the header's length and CRC-32 (two little-endian u32),
 the header (JSON: the key, for a stretch its parent, start and tokens; the tree's skeleton, each
 array's dtype, shape and offset, and the arrays' CRC-32), then the arrays' bytes. A reader checks
-everything it reads. A file is written under a temporary name and renamed, so a name always holds
-a whole file; a `kill -9` mid-write leaves only a temporary file, removed at the next start. A
-short, corrupt or foreign file is a miss: counted (`errors`), logged (the first
-`LOGGED_BAD_ENTRIES`), removed with the entries below it.
+everything it reads. Every file (the entries, the folder's `id` and `validity.json`) is written
+under a temporary name, synced (`fsync`; on macOS `F_FULLFSYNC`, which also empties the drive's
+cache), renamed and the rename synced in its folder (`_durable_write`), so a name holds a whole
+file through a power cut too, and a node's stretch is on disk before its end state is written; a
+`kill -9` mid-write leaves only a temporary file, removed at the next start. A short, torn,
+corrupt or foreign file (a filesystem that reorders writes can still leave one) is a miss: counted
+(`errors`), logged (the first `LOGGED_BAD_ENTRIES`), removed with the entries below it.
 
 Threads. The generation thread calls `find` (the index, in memory) and `store`/`load`, which
 queue work for the tier's own thread and never block: writes copy nothing (the arrays' buffers,
@@ -41,6 +44,7 @@ permission) is a warning and the worker serves from memory (a full disk is retri
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import itertools
 import json
@@ -199,6 +203,8 @@ class DiskStats:
     entries: int = 0
     dropped: int = 0  # writes not made: the backlog was full or the directory not writable
     read_bytes: int = 0  # bytes of snapshots read back (a restore's throughput: over its seconds)
+    write_seconds: float = 0.0  # the tier's thread writing files, their syncs included
+    sync_seconds: float = 0.0  # of which syncing them (the files' and their folders' fsyncs)
     restore_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
@@ -282,9 +288,9 @@ class DiskTier:
             self.cache_id = secrets.token_hex(8)
             if self.writable:
                 try:
-                    self._atomic_write(path, [self.cache_id.encode()])
-                    self._atomic_write(self.folder / "validity.json",
-                                       [json.dumps({"layout": LAYOUT, **self.facts}, indent=1, sort_keys=True).encode()])
+                    _durable_write(path, [self.cache_id.encode()], self.stats)
+                    _durable_write(self.folder / "validity.json",
+                                   [json.dumps({"layout": LAYOUT, **self.facts}, indent=1, sort_keys=True).encode()], self.stats)
                 except OSError:
                     pass
 
@@ -606,7 +612,7 @@ class DiskTier:
                     return
                 path = self._path(key, suffix)
                 try:
-                    self._atomic_write(path, parts)
+                    _durable_write(path, parts, self.stats)
                 except OSError as e:
                     self._write_failed(e)
                     return
@@ -626,17 +632,6 @@ class DiskTier:
         finally:
             with self._lock:
                 self._queued_bytes -= self._queued.pop((key, state is not None), 0)
-
-    def _atomic_write(self, path: Path, parts: list) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as f:
-                for part in parts:
-                    f.write(part)
-            os.replace(tmp, path)
-        except BaseException:
-            self._remove_file(tmp)
-            raise
 
     def _writable_now(self) -> bool:
         if self.writable:
@@ -755,6 +750,56 @@ class _Payload:
             crc = zlib.crc32(v, crc)
         header = json.dumps({**fields, "skeleton": self.skeleton, "arrays": arrays, "crc": crc}, separators=(",", ":")).encode()
         return [MAGIC, _PREFIX.pack(len(header), zlib.crc32(header)), header, *self.views]
+
+
+#: macOS's `fsync` leaves the data in the drive's cache; this fcntl flushes that too (None elsewhere).
+_FULLFSYNC = getattr(fcntl, "F_FULLFSYNC", None)
+
+
+def _sync(fd: int) -> None:
+    """What `fd` holds, on the device: `F_FULLFSYNC` where the platform has it, else (or where the
+    filesystem refuses it) `fsync`."""
+    if _FULLFSYNC is not None:
+        try:
+            fcntl.fcntl(fd, _FULLFSYNC)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
+def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
+    """`parts` as the file `path`, all of it or nothing, through a power cut: written under a temporary
+    name, synced, renamed, and the rename synced in its folder. The seconds go to `stats`."""
+    started = time.perf_counter()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            synced = time.perf_counter()
+            _sync(f.fileno())
+            sync_seconds = time.perf_counter() - synced
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    synced = time.perf_counter()
+    folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        _sync(folder)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # a filesystem that cannot sync a folder
+            raise
+    finally:
+        os.close(folder)
+    now = time.perf_counter()
+    stats.sync_seconds += sync_seconds + now - synced
+    stats.write_seconds += now - started
 
 
 def _parent(header: dict) -> bytes | None:
