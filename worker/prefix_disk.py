@@ -33,8 +33,9 @@ corrupt or foreign file (a filesystem that reorders writes can still leave one) 
 Threads. The generation thread calls `find` (the index, in memory) and `store`/`load`, which
 queue work for the tier's own thread and never block: writes copy nothing (the arrays' buffers,
 already evaluated, are written as they are) and are dropped when the backlog passes
-`pending_bytes`; a read hands back numpy arrays through a `Future`, which the generation thread
-turns into mlx arrays (`to_mlx`): only that thread touches mlx. Reads go before writes.
+`pending_bytes`; a read hands back its arrays through a `Future`, as numpy arrays or, asked to
+(`load(convert=in_mlx)`, as the worker asks), as mlx arrays made and evaluated on the tier's thread,
+so that a restore costs the generation thread no copy: it only joins them. Reads go before writes.
 
 Failures are never errors for a request: a directory that cannot be written (read-only, full, no
 permission) is a warning and the worker serves from memory (a full disk is retried after
@@ -144,7 +145,7 @@ class RawArray:
 
 
 def to_mlx(tree):
-    """A tree read from disk with mlx arrays at its leaves (the generation thread's part of a restore)."""
+    """A tree read from disk with mlx arrays at its leaves (a copy of each; bfloat16 viewed on the CPU)."""
     import mlx.core as mx
 
     if tree is None:
@@ -152,7 +153,7 @@ def to_mlx(tree):
     if isinstance(tree, list):
         return [to_mlx(t) for t in tree]
     array = mx.array(tree.data)
-    return array.view(getattr(mx, tree.dtype)) if tree.dtype == "bfloat16" else array
+    return array.view(getattr(mx, tree.dtype), stream=mx.cpu) if tree.dtype == "bfloat16" else array
 
 
 @dataclass
@@ -193,6 +194,18 @@ class Loaded:
     end_state: object
 
 
+def in_mlx(loaded: "Loaded") -> "Loaded":
+    """`loaded` with mlx arrays, evaluated on the thread that calls this (the tier's, through `load`'s
+    `convert`): mlx (0.31.2 and later) gives each thread its own streams, and an array evaluated on one
+    is an input like any other on the generation thread's, while an unevaluated one would not be."""
+    import mlx.core as mx
+
+    segments = [to_mlx(s) for s in loaded.segments]
+    end_state = to_mlx(loaded.end_state)
+    mx.eval(segments, end_state)
+    return Loaded(loaded.tokens, segments, end_state)
+
+
 @dataclass
 class DiskStats:
     hits: int = 0
@@ -205,6 +218,7 @@ class DiskStats:
     read_bytes: int = 0  # bytes of snapshots read back (a restore's throughput: over its seconds)
     write_seconds: float = 0.0  # the tier's thread writing files, their syncs included
     sync_seconds: float = 0.0  # of which syncing them (the files' and their folders' fsyncs)
+    written_bytes: int = 0
     restore_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
@@ -484,12 +498,13 @@ class DiskTier:
             self._touch_chain(chain)
             return DiskHit(chain[-1].end, chain)
 
-    def load(self, hit: DiskHit, prompt: list[int], skip: int = 0) -> Future:
+    def load(self, hit: DiskHit, prompt: list[int], skip: int = 0, convert=None) -> Future:
         """Read `hit`'s chain on the tier's thread: the stretches of all but its first `skip` entries
-        (which the caller holds) and the last one's end state. The future's result is a `Loaded`, or
-        None when an entry was gone or bad (a bad one is counted, logged and removed)."""
+        (which the caller holds) and the last one's end state. The future's result is a `Loaded` (passed
+        through `convert` on that thread, e.g. `in_mlx`), or None when an entry was gone or bad (a bad
+        one is counted, logged and removed) or `convert` failed."""
         future: Future = Future()
-        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future))
+        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future, convert))
         return future
 
     def has(self, key: bytes, state: bool = False) -> bool:
@@ -557,6 +572,9 @@ class DiskTier:
         self._put(10, "stop")
         self._thread.join(timeout)
         self._thread = None
+        d = self.stats
+        log.info("prefix cache: the disk tier stops: %d writes, %.1f MB in %.3f s, %.3f s of it syncing", d.writes,
+                 d.written_bytes / 1e6, d.write_seconds, d.sync_seconds)
 
     # -- the tier's thread -------------------------------------------------------------------
 
@@ -595,7 +613,7 @@ class DiskTier:
             if state is not None:
                 files.append((STATE_SUFFIX, state.encode(common)))
             for suffix, parts in files:
-                size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+                size = _size(parts)
                 with self._lock:
                     if suffix == KV_SUFFIX and parent is not None and parent not in self._entries:
                         self.stats.dropped += 1  # its parent went meanwhile: it could never be restored
@@ -654,7 +672,7 @@ class DiskTier:
         else:
             self._warn(f"write:{e.errno}", f"prefix cache: a snapshot could not be written to `{self.folder}`: {e}")
 
-    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future) -> None:
+    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future, convert) -> None:
         tokens, segments, end_state, read = [], [], None, 0
         for i, entry in enumerate(hit.chain):
             path = self._path(entry.key, KV_SUFFIX)
@@ -690,7 +708,8 @@ class DiskTier:
                 os.utime(self._path(entry.key, STATE_SUFFIX if entry.resumable else KV_SUFFIX))
             except OSError:
                 pass  # the recency a restart orders by; nothing lost without it
-        future.set_result(Loaded(tokens, segments, end_state))
+        loaded = Loaded(tokens, segments, end_state)
+        future.set_result(convert(loaded) if convert is not None else loaded)
 
     # -- small things --------------------------------------------------------------------
 
@@ -768,6 +787,10 @@ def _sync(fd: int) -> None:
     os.fsync(fd)
 
 
+def _size(parts: list) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
 def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
     """`parts` as the file `path`, all of it or nothing, through a power cut: written under a temporary
     name, synced, renamed, and the rename synced in its folder. The seconds go to `stats`."""
@@ -800,6 +823,7 @@ def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
     now = time.perf_counter()
     stats.sync_seconds += sync_seconds + now - synced
     stats.write_seconds += now - started
+    stats.written_bytes += _size(parts)
 
 
 def _parent(header: dict) -> bytes | None:

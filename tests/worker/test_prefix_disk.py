@@ -92,6 +92,37 @@ def test_the_caller_can_skip_the_stretches_it_holds(tier):
     assert loaded.segments[:2] == [None, None] and loaded.segments[2] is not None and loaded.end_state is not None
 
 
+def test_a_read_hands_back_mlx_arrays_made_and_evaluated_on_the_tiers_thread(tier):
+    import threading
+
+    stored = store_prompt(tier)
+    threads = []
+
+    def convert(loaded):
+        threads.append(threading.current_thread().name)
+        return prefix_disk.in_mlx(loaded)
+
+    hit = tier.find(PROMPT)
+    loaded = tier.load(hit, PROMPT, skip=1, convert=convert).result(30)
+    assert threads == ["prefix-disk"] and loaded.segments[0] is None
+    for (_, segment, _), got in zip(stored[1:], loaded.segments[1:]):
+        assert same(got, segment)  # used here, on another thread than the one that made them
+    assert same(loaded.end_state, stored[-1][2])
+    assert loaded.segments[1][0][0][1].dtype == mx.bfloat16
+    joined = mx.concatenate([loaded.segments[1][0][0][0], loaded.segments[2][0][0][0]], axis=2)
+    assert joined.shape[2] == 21 and bool(mx.array_equal(joined[:, :, :8], stored[1][1][0][0][0]))
+
+
+def test_a_conversion_that_fails_is_a_miss_not_a_stuck_row(tier):
+    store_prompt(tier)
+
+    def convert(loaded):
+        raise MemoryError("no room for the arrays")
+
+    assert tier.load(tier.find(PROMPT), PROMPT, convert=convert).result(30) is None
+    assert tier.stats.errors == 1 and tier.find(PROMPT).length == 29  # the entries stay: nothing was wrong with them
+
+
 def test_a_restarted_tier_finds_its_entries_at_once(tmp_path):
     first = open_tier(tmp_path)
     stored = store_prompt(first)
