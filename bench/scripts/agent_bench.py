@@ -18,7 +18,9 @@ Scenarios with workers of their own (native only, one worker at a time, started 
   5. `restart`: a conversation's first turn on a worker with a disk tier, the worker stopped and
      started again on its directory, its next turn; against the same next turn prefilled whole by a
      fresh worker. Reports both times to first token, their ratio and the restore's GB/s
-     (`mtpstack_worker_prefix_cache_disk_read_bytes_total` over the restore seconds' sum).
+     (`mtpstack_worker_prefix_cache_disk_read_bytes_total` over the restore seconds' sum); and the
+     first worker's writes (from the line its disk tier logs when it stops): their seconds and the
+     share of them its fsyncs took.
   6. `memory`: `--flood` distinct `--flood-tokens`-token prompts one after another into one worker at
      the default budget (the shipped demo pair): its resident memory (VmRSS, VmHWM) against
      `mtpstack_worker_prefix_cache_bytes` after each; with `--baseline PROGRAM` the same for another
@@ -43,6 +45,7 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -58,6 +61,8 @@ SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory"
 OWN_WORKERS = {"restart", "memory", "spill_itl"}
 #: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it.
 SPILL_GIB = 0.01
+#: What a worker's disk tier logs when it stops (`prefix_disk.DiskTier.close`): its writes' count, MB, seconds, sync seconds.
+TIER_STOPS = re.compile(r"the disk tier stops: (\d+) writes, ([\d.]+) MB in ([\d.]+) s, ([\d.]+) s of it syncing")
 #: `--thinking`: the template's `enable_thinking` for the turns.
 THINKING = {"off": False, "on": True}
 TURNS = 6
@@ -139,6 +144,10 @@ def restart_summary(rounds: list[dict]) -> dict:
         "restart_over_cold": summarize([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
         "restore_s": summarize([r["restore_s"] for r in rounds if r.get("restore_s")]),
         "restore_gb_s": summarize([r["read_bytes"] / r["restore_s"] / 1e9 for r in rounds if r.get("restore_s") and r.get("read_bytes")]),
+        "write_s": summarize([r["write_s"] for r in rounds if r.get("write_s")]),
+        "sync_s": summarize([r["sync_s"] for r in rounds if r.get("write_s")]),
+        "sync_share": summarize([r["sync_s"] / r["write_s"] for r in rounds if r.get("write_s")]),
+        "written_mb": summarize([r["written_mb"] for r in rounds if r.get("write_s")]),
         "cached_tokens": summarize([r["cached_tokens"] for r in rounds]),
         "prompt_tokens": summarize([r["prompt_tokens"] for r in rounds]),
     }
@@ -193,6 +202,9 @@ def format_lines(report: dict) -> list[str]:
         lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): next turn "
                      f"{fmt(r['restart_ttft_s'], ' s', 3)} against {fmt(r['cold_ttft_s'], ' s', 3)} prefilled whole: "
                      f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {fmt(r['restore_s'], ' s', 3)} at {fmt(r['restore_gb_s'], ' GB/s', 2)}")
+        if r.get("write_s", {}).get("n"):
+            lines.append(f"  the first turn's writes ({fmt(r['written_mb'], ' MB', 1)}): {fmt(r['write_s'], ' s', 3)}, of it syncing "
+                         f"{fmt(r['sync_s'], ' s', 3)}: {fmt(r['sync_share'], '', 2)} of the write time")
     if "spill_itl" in s:
         sp = s["spill_itl"]
         for v in ("memory", "disk"):
@@ -301,6 +313,15 @@ def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str,
     return proc
 
 
+def tier_writes(log_path: Path) -> dict:
+    """A stopped worker's disk-tier writes, from the last line its tier logged when it stopped ({}: none)."""
+    found = list(TIER_STOPS.finditer(log_path.read_text(errors="replace"))) if log_path.exists() else []
+    if not found:
+        return {}
+    writes, mb, seconds, sync = found[-1].groups()
+    return {"writes": int(writes), "written_mb": float(mb), "write_s": float(seconds), "sync_s": float(sync)}
+
+
 def scrape(url: str, names: list[str]) -> dict[str, float]:
     import urllib.request
 
@@ -323,6 +344,7 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
         first = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
     finally:
         w.stop()  # SIGTERM: the worker finishes its queued writes within its grace
+    writes = tier_writes(w.log_path)
     messages = messages + [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": FOLLOW_UPS[0]}]
 
     async def restarted() -> dict:
@@ -348,7 +370,7 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
     else:
         hot, cold_s = await restarted(), await cold()
     usage = hot["usage"]
-    return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"],
+    return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"], **writes,
             "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
