@@ -29,11 +29,16 @@ Scenarios with workers of their own (native only, one worker at a time, started 
      arrive one after another beside it, into a worker whose small memory budget (`SPILL_GIB`) they
      pass: memory only, and with a disk tier taking every snapshot; p99 and median of each, rounds
      alternating which goes first.
+  8. `restore_itl`: the same streaming row's gaps while a long prompt whose snapshots are on disk
+     only (a worker primed it into a directory each build's worker starts on a copy of, memory at
+     `SPILL_GIB`) is sent `--restores` times beside it, each a restore from disk; against the gaps
+     outside those windows; with `--baseline PROGRAM` the same for another build, rounds alternating.
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
     python bench/scripts/agent_bench.py --only restart --rounds 5
     python bench/scripts/agent_bench.py --only memory --baseline /tmp/base/.venv/bin/mtpstack
+    python bench/scripts/agent_bench.py --only restore_itl --baseline /tmp/base/.venv/bin/mtpstack
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -56,9 +61,9 @@ from pathlib import Path
 from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
-SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl"]
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
 #: The scenarios that start workers of their own rather than use the two servers.
-OWN_WORKERS = {"restart", "memory", "spill_itl"}
+OWN_WORKERS = {"restart", "memory", "spill_itl", "restore_itl"}
 #: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it.
 SPILL_GIB = 0.01
 #: What a worker's disk tier logs when it stops (`prefix_disk.DiskTier.close`): its writes' count, MB, seconds, sync seconds.
@@ -211,6 +216,10 @@ def format_lines(report: dict) -> list[str]:
             lines.append(f"a row's gaps beside a spilling flood, {v}: median {fmt(sp[v]['median_s'], ' s', 3)}, p99 {fmt(sp[v]['p99_s'], ' s', 3)}"
                          f" ({fmt(sp[v]['disk_writes'], '', 0)} disk writes)")
         lines.append(f"  p99 with the disk tier / memory only: {fmt(sp['p99_disk_over_memory'], 'x', 2)}")
+    for build, r in s.get("restore_itl", {}).items():
+        lines.append(f"a row's gaps beside a restore from disk, {build} ({fmt(r['read_mb'], ' MB', 1)} a restore in "
+                     f"{fmt(r['restore_s'], ' s', 3)}): median {fmt(r['median_s'], ' s', 3)}, max {fmt(r['max_s'], ' s', 3)}; "
+                     f"outside the restores median {fmt(r['outside_median_s'], ' s', 3)}: {fmt(r['inside_over_outside'], 'x', 2)}")
     for build, m in s.get("memory", {}).items():
         over = f"{m['growth_over_gauge']:.2f}x" if m["growth_over_gauge"] else "n/a"
         lines.append(f"memory, {build}: after {m['prompts']} prompts resident +{m['rss_growth_mib'][-1]:.0f} MiB "
@@ -221,13 +230,18 @@ def format_lines(report: dict) -> list[str]:
 
 def itl_window(times: list[float], start: float, end: float) -> dict:
     """Gaps between a stream's chunk arrival `times` that end inside [start, end], and those outside."""
-    gaps = [(b, b - a) for a, b in zip(times, times[1:])]
-    inside = sorted(g for t, g in gaps if start <= t <= end)
-    outside = [g for t, g in gaps if not start <= t <= end]
+    return itl_windows(times, [(start, end)])
+
+
+def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
+    """Gaps between a stream's chunk arrival `times` that end inside any of `windows`, and those outside."""
+    gaps = [(b, b - a, any(s <= b <= e for s, e in windows)) for a, b in zip(times, times[1:])]
+    inside = sorted(g for _, g, within in gaps if within)
+    outside = [g for _, g, within in gaps if not within]
     if not inside:
         return {"median_s": None, "p99_s": None, "n": 0}
     p99 = inside[min(len(inside) - 1, round(0.99 * (len(inside) - 1)))]
-    return {"median_s": statistics.median(inside), "p99_s": p99, "n": len(inside),
+    return {"median_s": statistics.median(inside), "p99_s": p99, "max_s": inside[-1], "n": len(inside),
             "outside_median_s": statistics.median(outside) if outside else None}
 
 
@@ -374,6 +388,71 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
             "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
+async def decoding_row(session, url: str, label: str, times: list) -> asyncio.Task:
+    """A streaming row (4,000 tokens, its chunks' times in `times`) that has decoded its first 20."""
+    decoding = asyncio.create_task(stream_completion(session, url, "bench", f"# {label}\nimport os\n", 4000, times, ignore_eos=True))
+    while len(times) < 20:
+        if decoding.done():
+            await decoding
+            raise RuntimeError(f"{url}: the decoding row ended after {len(times)} tokens")
+        await asyncio.sleep(0.01)
+    return decoding
+
+
+async def stopped(decoding: asyncio.Task) -> None:
+    decoding.cancel()
+    try:
+        await decoding
+    except (asyncio.CancelledError, Exception):
+        pass
+
+
+async def restore_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
+    """A decoding row's gaps while a prompt is restored from disk beside it `--restores` times, for this
+    checkout and `--baseline` (each on a copy of one primed directory), the order alternating by round."""
+    from mtpstack import series
+
+    names = [series.PREFIX_CACHE_DISK_HITS, series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
+    messages = [{"role": "system", "content": system_prompt(900 + rnd, args.tools)}, {"role": "user", "content": "what is failing?"}]
+    primed = workdir / f"restore-primed-{rnd}"
+    w = native_worker(target, head, args.depth, workdir, f"restore-{rnd}-prime", cache_gib=SPILL_GIB, cache_dir=primed)
+    try:
+        await stream_chat(session, w.url, "bench", messages, 1)
+    finally:
+        w.stop()  # its writes finished: the snapshots are on disk
+    builds = {"this checkout": None, **({"baseline": args.baseline} if args.baseline else {})}
+    out = {}
+    for b, build in enumerate(list(builds) if rnd % 2 == 0 else list(builds)[::-1]):
+        cache = Path(shutil.copytree(primed, workdir / f"restore-{rnd}-{b}"))
+        w = native_worker(target, head, args.depth, workdir, f"restore-{rnd}-{b}", program=builds[build], cache_gib=SPILL_GIB,
+                          cache_dir=cache)
+        try:
+            times: list[float] = []
+            decoding = await decoding_row(session, w.url, f"restore {rnd}", times)
+            before, windows = scrape(w.url, names), []
+            for _ in range(args.restores):
+                r = await stream_chat(session, w.url, "bench", messages, 1)
+                windows.append((r["sent"], r["first"]))
+            after = scrape(w.url, names)
+            await stopped(decoding)
+        finally:
+            w.stop()
+        hits = after[names[0]] - before[names[0]]
+        out[build] = {**itl_windows(times, windows), "disk_hits": hits, "read_mb": (after[names[1]] - before[names[1]]) / 1e6 / max(hits, 1),
+                      "restore_s": (after[names[2]] - before[names[2]]) / max(hits, 1)}
+    return out
+
+
+def restore_summary(rounds: list[dict]) -> dict:
+    builds = [b for b in rounds[0]] if rounds else []
+    out = {b: {k: summarize([r[b][k] for r in rounds if r[b].get(k) is not None])
+               for k in ("median_s", "p99_s", "max_s", "outside_median_s", "disk_hits", "read_mb", "restore_s")} for b in builds}
+    for b in builds:
+        out[b]["inside_over_outside"] = summarize([r[b]["median_s"] / r[b]["outside_median_s"] for r in rounds
+                                                   if r[b].get("median_s") and r[b].get("outside_median_s")])
+    return out
+
+
 async def spill_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
     """The decoding row's gaps while the flood arrives: memory only, and with a disk tier."""
     from mtpstack import series
@@ -384,22 +463,12 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
                           cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None)
         try:
             times: list[float] = []
-            decoding = asyncio.create_task(stream_completion(session, w.url, "bench", f"# spill {rnd}\nimport os\n", 4000, times,
-                                                             ignore_eos=True))
-            while len(times) < 20:
-                if decoding.done():
-                    await decoding
-                    raise RuntimeError(f"{w.url}: the decoding row ended after {len(times)} tokens")
-                await asyncio.sleep(0.01)
+            decoding = await decoding_row(session, w.url, f"spill {rnd}", times)
             start = time.perf_counter()
             for i in range(args.spill_prompts):
                 await stream_chat(session, w.url, "bench", [{"role": "user", "content": system_prompt(700 + rnd * 50 + i, args.tools // 2)}], 1)
             end = time.perf_counter()
-            decoding.cancel()
-            try:
-                await decoding
-            except (asyncio.CancelledError, Exception):
-                pass
+            await stopped(decoding)
             writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
         finally:
             w.stop()
@@ -477,7 +546,8 @@ async def run(args) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
         if on - OWN_WORKERS:
             prompt_tokens = await shared_servers(session, args, target, workdir, on, samples)
-        for scenario, label, one_round in (("restart", "restart", restart_round), ("spill_itl", "spill", spill_round)):
+        for scenario, label, one_round in (("restart", "restart", restart_round), ("spill_itl", "spill", spill_round),
+                                           ("restore_itl", "restore", restore_round)):
             if scenario not in on:
                 continue
             samples[scenario] = []
@@ -497,6 +567,8 @@ async def run(args) -> dict:
         summary["memory"] = memory_summary(samples["memory"])
     if samples.get("spill_itl"):
         summary["spill_itl"] = spill_summary(samples["spill_itl"])
+    if samples.get("restore_itl"):
+        summary["restore_itl"] = restore_summary(samples["restore_itl"])
     return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": summary}
 
@@ -556,9 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--thinking", nargs="+", choices=list(THINKING), default=list(THINKING),
                    help="the turns with the template's thinking off and/or on (default: both)")
     p.add_argument("--spill-prompts", type=int, default=4, help="`spill_itl`: distinct prompts sent beside the row (default: 4)")
+    p.add_argument("--restores", type=int, default=4, help="`restore_itl`: restores from disk beside the row (default: 4)")
     p.add_argument("--flood", type=int, default=8, help="`memory`: distinct prompts sent (default: 8)")
     p.add_argument("--flood-tokens", type=int, default=8192, help="`memory`: tokens per prompt (default: 8192)")
-    p.add_argument("--baseline", help="`memory`: also flood a worker run by this `mtpstack` (another build)")
+    p.add_argument("--baseline", help="`memory`, `restore_itl`: the same with a worker run by this `mtpstack` (another build)")
     p.add_argument("--out", help="write the JSON report here instead of stdout")
     args = p.parse_args(argv)
     if args.quick:
