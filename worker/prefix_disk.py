@@ -24,9 +24,11 @@ the header (JSON: the key, for a stretch its parent, start and tokens; the tree'
 array's dtype, shape and offset, and the arrays' CRC-32), then the arrays' bytes. A reader checks
 everything it reads. Every file (the entries, the folder's `id` and `validity.json`) is written
 under a temporary name, synced (`fsync`; on macOS `F_FULLFSYNC`, which also empties the drive's
-cache), renamed and the rename synced in its folder (`_durable_write`), so a name holds a whole
-file through a power cut too, and a node's stretch is on disk before its end state is written; a
-`kill -9` mid-write leaves only a temporary file, removed at the next start. A short, torn,
+cache), renamed and the renames synced in their folder, so a name holds a whole file through a
+power cut too. The tier's thread writes the files of the snapshots queued together, then syncs
+and renames them as one batch (`_commit`: one folder sync for all, before any read and at most
+`COMMIT_BYTES` apart); the index counts them as soon as they are written. A `kill -9` or power cut
+mid-batch leaves only temporary files, removed at the next start. A short, torn,
 corrupt or foreign file (a filesystem that reorders writes can still leave one) is a miss: counted
 (`errors`), logged (the first `LOGGED_BAD_ENTRIES`), removed with the entries below it.
 
@@ -77,6 +79,8 @@ TMP_SUFFIX = ".tmp"
 FOLDER_PREFIX = "v"
 #: Bytes of queued writes beyond which a new write is dropped (its snapshot stays in memory only).
 PENDING_BYTES = 256 << 20
+#: Bytes of written files the tier's thread syncs and renames at the latest as one batch.
+COMMIT_BYTES = 64 << 20
 #: A full disk is tried again after this long.
 RETRY_SECONDS = 60.0
 #: Bad entries logged one by one; after that only counted.
@@ -254,6 +258,9 @@ class DiskTier:
         self._foreign_bytes = 0
         self._queued: dict[tuple[bytes, bool], int] = {}  # (key, has state) -> bytes of a write not done yet
         self._queued_bytes = 0
+        #: Files written under their temporary names since the last commit: (temporary, final, key, state or not, bytes).
+        self._staged: list[tuple[Path, Path, bytes, bool, int]] = []
+        self._staged_writes = 0
         self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
@@ -584,11 +591,15 @@ class DiskTier:
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
+            if job.kind != "write" and self._staged:
+                self._commit_staged()  # what a read, a flush or the stop may see is on disk
             if job.kind == "stop":
                 return
             try:
                 if job.kind == "write":
                     self._write(*job.payload)
+                    if self._staged and (self._jobs.empty() or sum(s[4] for s in self._staged) >= COMMIT_BYTES):
+                        self._commit_staged()
                 elif job.kind == "read":
                     self._read(*job.payload)
                 elif job.kind == "flush":
@@ -630,7 +641,7 @@ class DiskTier:
                     return
                 path = self._path(key, suffix)
                 try:
-                    _durable_write(path, parts, self.stats)
+                    self._staged.append((_stage(path, parts, self.stats), path, key, suffix == STATE_SUFFIX, size))
                 except OSError as e:
                     self._write_failed(e)
                     return
@@ -646,10 +657,30 @@ class DiskTier:
                         self._remove_file(path)
                         return
                     self._touch_chain(self._chain(key))
-            self.stats.writes += 1
+            self._staged_writes += 1  # counted in `writes` once its batch is in place
         finally:
             with self._lock:
                 self._queued_bytes -= self._queued.pop((key, state is not None), 0)
+
+    def _commit_staged(self) -> None:
+        """Put the staged files still wanted in place as one batch (`_commit`); the others (evicted since
+        they were written) are removed. A batch that fails takes its entries out of the index."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+            writes, self._staged_writes = self._staged_writes, 0
+            wanted = [(tmp, path) for tmp, path, key, state, _ in staged
+                      if key in self._entries and (self._entries[key].resumable or not state)]
+        for tmp in {s[0] for s in staged} - {t for t, _ in wanted}:
+            _unlink(tmp)
+        try:
+            _commit(wanted, self.stats)
+            self.stats.writes += writes
+        except OSError as e:
+            with self._lock:
+                doomed = [p for s in staged if s[2] in self._entries for p in self._drop_subtree(s[2])]
+            for path in [t for t, _ in wanted] + doomed:
+                self._remove_file(path)
+            self._write_failed(e)
 
     def _writable_now(self) -> bool:
         if self.writable:
@@ -791,39 +822,67 @@ def _size(parts: list) -> int:
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
-def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
-    """`parts` as the file `path`, all of it or nothing, through a power cut: written under a temporary
-    name, synced, renamed, and the rename synced in its folder. The seconds go to `stats`."""
+def _stage(path: Path, parts: list, stats: DiskStats) -> Path:
+    """`parts` written to a temporary name beside `path` (not synced): `_commit` puts it in place."""
     started = time.perf_counter()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
     try:
         with open(tmp, "wb") as f:
             for part in parts:
                 f.write(part)
-            f.flush()
-            synced = time.perf_counter()
-            _sync(f.fileno())
-            sync_seconds = time.perf_counter() - synced
-        os.replace(tmp, path)
     except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        _unlink(tmp)
         raise
-    synced = time.perf_counter()
-    folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _sync(folder)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # a filesystem that cannot sync a folder
-            raise
-    finally:
-        os.close(folder)
-    now = time.perf_counter()
-    stats.sync_seconds += sync_seconds + now - synced
-    stats.write_seconds += now - started
+    stats.write_seconds += time.perf_counter() - started
     stats.written_bytes += _size(parts)
+    return tmp
+
+
+def _commit(moves: list[tuple[Path, Path]], stats: DiskStats) -> None:
+    """Staged files put in place through a power cut: each synced, then renamed to its name, then each
+    folder synced once for all its renames (one batch's files cost one folder sync, not one each)."""
+    started = time.perf_counter()
+    synced = 0.0
+    for tmp, _ in moves:
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            t = time.perf_counter()
+            _sync(fd)
+            synced += time.perf_counter() - t
+        finally:
+            os.close(fd)
+    for tmp, path in moves:
+        os.replace(tmp, path)
+    for folder in dict.fromkeys(path.parent for _, path in moves):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            t = time.perf_counter()
+            _sync(fd)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # a filesystem that cannot sync a folder
+                raise
+        finally:
+            synced += time.perf_counter() - t
+            os.close(fd)
+    stats.sync_seconds += synced
+    stats.write_seconds += time.perf_counter() - started
+
+
+def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
+    """`parts` as the file `path`, all of it or nothing, through a power cut (a batch of one)."""
+    tmp = _stage(path, parts, stats)
+    try:
+        _commit([(tmp, path)], stats)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _parent(header: dict) -> bytes | None:

@@ -249,7 +249,7 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
     def refuse(path, parts, stats):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(prefix_disk, "_durable_write", refuse)
+    monkeypatch.setattr(prefix_disk, "_stage", refuse)
     with caplog.at_level(logging.WARNING, logger="mtpstack.worker"):
         store_prompt(tier)  # no exception: the first write fails, the others are dropped
         store_prompt(tier, prompt=[8] * 30)
@@ -264,11 +264,11 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
 
 def test_a_full_disk_is_tried_again_later(tmp_path, monkeypatch):
     tier = open_tier(tmp_path)
-    real = prefix_disk._durable_write
-    monkeypatch.setattr(prefix_disk, "_durable_write", lambda path, parts, stats: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    real = prefix_disk._stage
+    monkeypatch.setattr(prefix_disk, "_stage", lambda path, parts, stats: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     store_prompt(tier)
     assert not tier.writable and tier.stats.writes == 0
-    monkeypatch.setattr(prefix_disk, "_durable_write", real)
+    monkeypatch.setattr(prefix_disk, "_stage", real)
     monkeypatch.setattr(prefix_disk.time, "monotonic", lambda: tier._retry_at + 1)
     store_prompt(tier)
     assert tier.writable and tier.stats.writes == 3
@@ -312,7 +312,7 @@ KILLED_WRITER = textwrap.dedent("""
         tmp = path.with_name("." + path.name + ".1.x" + prefix_disk.TMP_SUFFIX)
         stall(tmp)
 
-    prefix_disk._durable_write = slow
+    prefix_disk._stage = slow
     big = mx.zeros((64, 1024, 1024))
     mx.eval(big)
     tier.store(chain_key(None, [1, 2, 3]), None, 0, [1, 2, 3], [big], [big])

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def test_another_builds_file_or_a_failed_checksum_is_a_miss_and_removed(tmp_path
     tier.close()
 
 
-def test_each_file_is_synced_before_its_rename_and_the_rename_synced_in_its_folder(tmp_path, monkeypatch):
+def recorded(monkeypatch) -> list:
+    """Each fsync (of what path) and rename the tier makes, in order."""
     events = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -139,6 +141,11 @@ def test_each_file_is_synced_before_its_rename_and_the_rename_synced_in_its_fold
 
     monkeypatch.setattr(prefix_disk.os, "fsync", fsync)
     monkeypatch.setattr(prefix_disk.os, "replace", replace)
+    return events
+
+
+def test_each_file_is_synced_before_its_rename_and_the_renames_synced_in_their_folder(tmp_path, monkeypatch):
+    events = recorded(monkeypatch)
     one_snapshot(tmp_path / "cache")
     folder = str(next((tmp_path / "cache").iterdir()))
     renames = [e for e in events if e[0] == "rename"]
@@ -146,7 +153,61 @@ def test_each_file_is_synced_before_its_rename_and_the_rename_synced_in_its_fold
     for _, tmp, final in renames:
         at = events.index(("rename", tmp, final))
         assert ("sync", tmp) in events[:at], tmp  # the data first
-        assert events[at + 1] == ("sync", folder), final  # then the name
+        after = next(e for e in events[at:] if e[0] != "rename")
+        assert after == ("sync", folder), final  # then the name, before anything else is written
+    # The node's two files are one batch: both synced, both renamed, one folder sync.
+    node = events[next(i for i, e in enumerate(events) if e[0] == "sync" and ".kv." in e[1]):]
+    assert [e[0] for e in node] == ["sync", "sync", "rename", "rename", "sync"], node
+
+
+def test_snapshots_queued_together_are_one_batch_with_one_folder_sync(tmp_path, monkeypatch):
+    tier = DiskTier(tmp_path, 1 << 30, FACTS).open()
+    events = recorded(monkeypatch)
+
+    class Gate:  # a job that holds the tier's thread until the three nodes are queued, as one prefill queues them
+        go = threading.Event()
+
+        def set(self):
+            self.go.wait(30)
+
+    tier._put(0, "flush", Gate())
+    parent = None
+    for i in range(3):
+        key = chain_key(parent, [i, i + 1])
+        segment, state = arrays(i, 2)
+        tier.store(key, parent, 2 * i, [i, i + 1], segment, state)
+        parent = key
+    Gate.go.set()
+    assert tier.flush(30)
+    folder = str(tier.folder)
+    assert sum(e[0] == "rename" for e in events) == 6 and events.count(("sync", folder)) == 1, events
+    assert tier.find([0, 1, 1, 2, 2, 3, 9]).length == 6
+    tier.close()
+
+
+def test_a_snapshot_read_while_its_batch_is_open_is_put_in_place_first(tmp_path, monkeypatch):
+    tier = DiskTier(tmp_path, 1 << 30, FACTS).open()
+    segment, state = arrays(0, 3)
+    real = prefix_disk._commit
+    commits = []
+    monkeypatch.setattr(prefix_disk, "_commit", lambda moves, stats: (commits.append(len(moves)), real(moves, stats)))
+    tier.store(chain_key(None, TOKENS), None, 0, TOKENS, segment, state)
+    while (hit := tier.find(TOKENS + [1])) is None:  # in the index as soon as its files are written
+        pass
+    loaded = tier.load(hit, TOKENS + [1]).result(30)
+    assert loaded is not None and same(to_mlx(loaded.end_state), state) and commits and tier.stats.errors == 0
+    tier.close()
+
+
+def test_a_batch_that_cannot_be_put_in_place_leaves_nothing_indexed_or_behind(tmp_path, monkeypatch):
+    tier = DiskTier(tmp_path, 1 << 30, FACTS).open()
+    monkeypatch.setattr(prefix_disk, "_commit", lambda moves, stats: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    segment, state = arrays(0, 3)
+    tier.store(chain_key(None, TOKENS), None, 0, TOKENS, segment, state)
+    assert tier.flush(30)
+    assert tier.find(TOKENS + [1]) is None and tier.stats.entries == 0 and tier.stats.errors == 1
+    assert sorted(f.name for f in tier.folder.iterdir()) == ["id", "validity.json"]
+    tier.close()
 
 
 def test_the_seconds_writing_and_syncing_are_counted(tmp_path):
