@@ -28,8 +28,8 @@ cache), renamed and the renames synced in their folder, so a name holds a whole 
 power cut too. The tier's thread writes the files of the snapshots queued together, then syncs
 and renames them as one batch (`_commit`: one folder sync for all, before any read and at most
 `COMMIT_BYTES` apart); the index counts them as soon as they are written. A `kill -9` or power cut
-mid-batch leaves only temporary files, removed at the next start. A short, torn,
-corrupt or foreign file (a filesystem that reorders writes can still leave one) is a miss: counted
+mid-batch leaves only temporary files, removed at the next start. A short, torn, corrupt or
+foreign file (a filesystem that reorders writes can still leave one) is a miss: counted
 (`errors`), logged (the first `LOGGED_BAD_ENTRIES`), removed with the entries below it.
 
 Threads. The generation thread calls `find` (the index, in memory) and `store`/`load`, which
