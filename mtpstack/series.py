@@ -46,7 +46,8 @@ PREFIX_CACHE_BYTES = "mtpstack_worker_prefix_cache_bytes"
 #: The prefix cache's disk tier (`--prefix-cache-dir`): prompts resumed from disk, nodes written,
 #: snapshots removed for its budget (and other models' files), bad files and failed writes, its bytes
 #: (other models' included, as its budget counts them), and a histogram of a restore's seconds
-#: (from the lookup to the row's caches in place).
+#: (from the lookup to the row's caches in place); the seconds its thread spent writing files and,
+#: of those, syncing them (their fsyncs, which make a write survive a power cut).
 PREFIX_CACHE_DISK_HITS = "mtpstack_worker_prefix_cache_disk_hits_total"
 PREFIX_CACHE_DISK_WRITES = "mtpstack_worker_prefix_cache_disk_writes_total"
 PREFIX_CACHE_DISK_EVICTIONS = "mtpstack_worker_prefix_cache_disk_evictions_total"
@@ -54,3 +55,5 @@ PREFIX_CACHE_DISK_ERRORS = "mtpstack_worker_prefix_cache_disk_errors_total"
 PREFIX_CACHE_DISK_BYTES = "mtpstack_worker_prefix_cache_disk_bytes"
 PREFIX_CACHE_DISK_READ_BYTES = "mtpstack_worker_prefix_cache_disk_read_bytes_total"
 PREFIX_CACHE_DISK_RESTORE_SECONDS = "mtpstack_worker_prefix_cache_disk_restore_seconds"
+PREFIX_CACHE_DISK_WRITE_SECONDS = "mtpstack_worker_prefix_cache_disk_write_seconds_total"
+PREFIX_CACHE_DISK_SYNC_SECONDS = "mtpstack_worker_prefix_cache_disk_sync_seconds_total"

@@ -1,13 +1,19 @@
 """Fixtures every test folder shares: the tiny real model pairs, built once per run (seed 0).
 
 Session-scoped and shared, so a test must not change their files: copy them first
-(`tests/worker/conftest.py`'s `pair_copier`)."""
+(`tests/worker/conftest.py`'s `pair_copier`). Also the run's skip ledger (`tests/skips.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config) -> None:
+    from tests.skips import SkipLedger  # the skips grouped by reason at the end; in CI, unexpected ones fail the run
+
+    config.pluginmanager.register(SkipLedger(), "skip-ledger")
 
 
 @pytest.fixture(scope="session")

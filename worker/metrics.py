@@ -86,13 +86,17 @@ class Metrics:
             Counter(series.PREFIX_CACHE_DISK_ERRORS, "Bad files found (each a miss, removed) and failed writes on the disk tier.",
                     registry=r),
             Counter(series.PREFIX_CACHE_DISK_READ_BYTES, "Bytes of snapshots read back from the disk tier.", registry=r),
+            Counter(series.PREFIX_CACHE_DISK_WRITE_SECONDS, "Seconds the disk tier's thread spent writing files, syncs included.",
+                    registry=r),
+            Counter(series.PREFIX_CACHE_DISK_SYNC_SECONDS, "Seconds of those writes spent syncing the files and their folder.",
+                    registry=r),
         ]
         self.disk_bytes = Gauge(series.PREFIX_CACHE_DISK_BYTES,
                                 "Bytes in the disk tier's directory its budget counts (other models' included).", registry=r)
         self.disk_restore = Histogram(series.PREFIX_CACHE_DISK_RESTORE_SECONDS,
                                       "Seconds from a lookup to a row's caches restored from the disk tier.",
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
-        self._disk_seen = (0, 0, 0, 0, 0)
+        self._disk_seen = (0,) * len(self.disk)
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
             self.drafted_by_position.labels(position=str(position))
@@ -114,7 +118,7 @@ class Metrics:
         self.cache_bytes.set(stats.bytes)
         if disk is not None:
             d = disk.stats
-            now = (d.hits, d.writes, d.evictions, d.errors, d.read_bytes)
+            now = (d.hits, d.writes, d.evictions, d.errors, d.read_bytes, d.write_seconds, d.sync_seconds)
             for counter, new, old in zip(self.disk, now, self._disk_seen):
                 if new > old:
                     counter.inc(new - old)

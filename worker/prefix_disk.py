@@ -22,16 +22,22 @@ useless, and a chain is ordered from the root down, message boundaries last.
 Format (`LAYOUT` 1), each file: `MAGIC`, the header's length and CRC-32 (two little-endian u32),
 the header (JSON: the key, for a stretch its parent, start and tokens; the tree's skeleton, each
 array's dtype, shape and offset, and the arrays' CRC-32), then the arrays' bytes. A reader checks
-everything it reads. A file is written under a temporary name and renamed, so a name always holds
-a whole file; a `kill -9` mid-write leaves only a temporary file, removed at the next start. A
-short, corrupt or foreign file is a miss: counted (`errors`), logged (the first
-`LOGGED_BAD_ENTRIES`), removed with the entries below it.
+everything it reads. Every file (the entries, the folder's `id` and `validity.json`) is written
+under a temporary name, synced (`fsync`; on macOS `F_FULLFSYNC`, which also empties the drive's
+cache), renamed and the renames synced in their folder, so a name holds a whole file through a
+power cut too. The tier's thread writes the files of the snapshots queued together, then syncs
+and renames them as one batch (`_commit`: one folder sync for all, before any read and at most
+`COMMIT_BYTES` apart); the index counts them as soon as they are written. A `kill -9` or power cut
+mid-batch leaves only temporary files, removed at the next start. A short, torn, corrupt or
+foreign file (a filesystem that reorders writes can still leave one) is a miss: counted
+(`errors`), logged (the first `LOGGED_BAD_ENTRIES`), removed with the entries below it.
 
 Threads. The generation thread calls `find` (the index, in memory) and `store`/`load`, which
 queue work for the tier's own thread and never block: writes copy nothing (the arrays' buffers,
 already evaluated, are written as they are) and are dropped when the backlog passes
-`pending_bytes`; a read hands back numpy arrays through a `Future`, which the generation thread
-turns into mlx arrays (`to_mlx`): only that thread touches mlx. Reads go before writes.
+`pending_bytes`; a read hands back its arrays through a `Future`, as numpy arrays or, asked to
+(`load(convert=in_mlx)`, as the worker asks), as mlx arrays made and evaluated on the tier's thread,
+so that a restore costs the generation thread no copy: it only joins them. Reads go before writes.
 
 Failures are never errors for a request: a directory that cannot be written (read-only, full, no
 permission) is a warning and the worker serves from memory (a full disk is retried after
@@ -41,6 +47,7 @@ permission) is a warning and the worker serves from memory (a full disk is retri
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import itertools
 import json
@@ -72,6 +79,8 @@ TMP_SUFFIX = ".tmp"
 FOLDER_PREFIX = "v"
 #: Bytes of queued writes beyond which a new write is dropped (its snapshot stays in memory only).
 PENDING_BYTES = 256 << 20
+#: Bytes of written files the tier's thread syncs and renames at the latest as one batch.
+COMMIT_BYTES = 64 << 20
 #: A full disk is tried again after this long.
 RETRY_SECONDS = 60.0
 #: Bad entries logged one by one; after that only counted.
@@ -140,7 +149,7 @@ class RawArray:
 
 
 def to_mlx(tree):
-    """A tree read from disk with mlx arrays at its leaves (the generation thread's part of a restore)."""
+    """A tree read from disk with mlx arrays at its leaves (a copy of each; bfloat16 viewed on the CPU)."""
     import mlx.core as mx
 
     if tree is None:
@@ -148,7 +157,7 @@ def to_mlx(tree):
     if isinstance(tree, list):
         return [to_mlx(t) for t in tree]
     array = mx.array(tree.data)
-    return array.view(getattr(mx, tree.dtype)) if tree.dtype == "bfloat16" else array
+    return array.view(getattr(mx, tree.dtype), stream=mx.cpu) if tree.dtype == "bfloat16" else array
 
 
 @dataclass
@@ -189,6 +198,18 @@ class Loaded:
     end_state: object
 
 
+def in_mlx(loaded: "Loaded") -> "Loaded":
+    """`loaded` with mlx arrays, evaluated on the thread that calls this (the tier's, through `load`'s
+    `convert`): mlx (0.31.2 and later) gives each thread its own streams, and an array evaluated on one
+    is an input like any other on the generation thread's, while an unevaluated one would not be."""
+    import mlx.core as mx
+
+    segments = [to_mlx(s) for s in loaded.segments]
+    end_state = to_mlx(loaded.end_state)
+    mx.eval(segments, end_state)
+    return Loaded(loaded.tokens, segments, end_state)
+
+
 @dataclass
 class DiskStats:
     hits: int = 0
@@ -199,6 +220,9 @@ class DiskStats:
     entries: int = 0
     dropped: int = 0  # writes not made: the backlog was full or the directory not writable
     read_bytes: int = 0  # bytes of snapshots read back (a restore's throughput: over its seconds)
+    write_seconds: float = 0.0  # the tier's thread writing files, their syncs included
+    sync_seconds: float = 0.0  # of which syncing them (the files' and their folders' fsyncs)
+    written_bytes: int = 0
     restore_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
@@ -234,6 +258,9 @@ class DiskTier:
         self._foreign_bytes = 0
         self._queued: dict[tuple[bytes, bool], int] = {}  # (key, has state) -> bytes of a write not done yet
         self._queued_bytes = 0
+        #: Files written under their temporary names since the last commit: (temporary, final, key, state or not, bytes).
+        self._staged: list[tuple[Path, Path, bytes, bool, int]] = []
+        self._staged_writes = 0
         self._jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
@@ -282,9 +309,9 @@ class DiskTier:
             self.cache_id = secrets.token_hex(8)
             if self.writable:
                 try:
-                    self._atomic_write(path, [self.cache_id.encode()])
-                    self._atomic_write(self.folder / "validity.json",
-                                       [json.dumps({"layout": LAYOUT, **self.facts}, indent=1, sort_keys=True).encode()])
+                    _durable_write(path, [self.cache_id.encode()], self.stats)
+                    _durable_write(self.folder / "validity.json",
+                                   [json.dumps({"layout": LAYOUT, **self.facts}, indent=1, sort_keys=True).encode()], self.stats)
                 except OSError:
                     pass
 
@@ -478,12 +505,13 @@ class DiskTier:
             self._touch_chain(chain)
             return DiskHit(chain[-1].end, chain)
 
-    def load(self, hit: DiskHit, prompt: list[int], skip: int = 0) -> Future:
+    def load(self, hit: DiskHit, prompt: list[int], skip: int = 0, convert=None) -> Future:
         """Read `hit`'s chain on the tier's thread: the stretches of all but its first `skip` entries
-        (which the caller holds) and the last one's end state. The future's result is a `Loaded`, or
-        None when an entry was gone or bad (a bad one is counted, logged and removed)."""
+        (which the caller holds) and the last one's end state. The future's result is a `Loaded` (passed
+        through `convert` on that thread, e.g. `in_mlx`), or None when an entry was gone or bad (a bad
+        one is counted, logged and removed) or `convert` failed."""
         future: Future = Future()
-        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future))
+        self._put(0, "read", (hit, list(prompt[: hit.length]), skip, future, convert))
         return future
 
     def has(self, key: bytes, state: bool = False) -> bool:
@@ -551,6 +579,9 @@ class DiskTier:
         self._put(10, "stop")
         self._thread.join(timeout)
         self._thread = None
+        d = self.stats
+        log.info("prefix cache: the disk tier stops: %d writes, %.1f MB in %.3f s, %.3f s of it syncing", d.writes,
+                 d.written_bytes / 1e6, d.write_seconds, d.sync_seconds)
 
     # -- the tier's thread -------------------------------------------------------------------
 
@@ -560,11 +591,15 @@ class DiskTier:
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
+            if job.kind != "write" and self._staged:
+                self._commit_staged()  # what a read, a flush or the stop may see is on disk
             if job.kind == "stop":
                 return
             try:
                 if job.kind == "write":
                     self._write(*job.payload)
+                    if self._staged and (self._jobs.empty() or sum(s[4] for s in self._staged) >= COMMIT_BYTES):
+                        self._commit_staged()
                 elif job.kind == "read":
                     self._read(*job.payload)
                 elif job.kind == "flush":
@@ -589,7 +624,7 @@ class DiskTier:
             if state is not None:
                 files.append((STATE_SUFFIX, state.encode(common)))
             for suffix, parts in files:
-                size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+                size = _size(parts)
                 with self._lock:
                     if suffix == KV_SUFFIX and parent is not None and parent not in self._entries:
                         self.stats.dropped += 1  # its parent went meanwhile: it could never be restored
@@ -606,7 +641,7 @@ class DiskTier:
                     return
                 path = self._path(key, suffix)
                 try:
-                    self._atomic_write(path, parts)
+                    self._staged.append((_stage(path, parts, self.stats), path, key, suffix == STATE_SUFFIX, size))
                 except OSError as e:
                     self._write_failed(e)
                     return
@@ -622,21 +657,30 @@ class DiskTier:
                         self._remove_file(path)
                         return
                     self._touch_chain(self._chain(key))
-            self.stats.writes += 1
+            self._staged_writes += 1  # counted in `writes` once its batch is in place
         finally:
             with self._lock:
                 self._queued_bytes -= self._queued.pop((key, state is not None), 0)
 
-    def _atomic_write(self, path: Path, parts: list) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    def _commit_staged(self) -> None:
+        """Put the staged files still wanted in place as one batch (`_commit`); the others (evicted since
+        they were written) are removed. A batch that fails takes its entries out of the index."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+            writes, self._staged_writes = self._staged_writes, 0
+            wanted = [(tmp, path) for tmp, path, key, state, _ in staged
+                      if key in self._entries and (self._entries[key].resumable or not state)]
+        for tmp in {s[0] for s in staged} - {t for t, _ in wanted}:
+            _unlink(tmp)
         try:
-            with open(tmp, "wb") as f:
-                for part in parts:
-                    f.write(part)
-            os.replace(tmp, path)
-        except BaseException:
-            self._remove_file(tmp)
-            raise
+            _commit(wanted, self.stats)
+            self.stats.writes += writes
+        except OSError as e:
+            with self._lock:
+                doomed = [p for s in staged if s[2] in self._entries for p in self._drop_subtree(s[2])]
+            for path in [t for t, _ in wanted] + doomed:
+                self._remove_file(path)
+            self._write_failed(e)
 
     def _writable_now(self) -> bool:
         if self.writable:
@@ -659,7 +703,7 @@ class DiskTier:
         else:
             self._warn(f"write:{e.errno}", f"prefix cache: a snapshot could not be written to `{self.folder}`: {e}")
 
-    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future) -> None:
+    def _read(self, hit: DiskHit, prompt: list[int], skip: int, future: Future, convert) -> None:
         tokens, segments, end_state, read = [], [], None, 0
         for i, entry in enumerate(hit.chain):
             path = self._path(entry.key, KV_SUFFIX)
@@ -695,7 +739,8 @@ class DiskTier:
                 os.utime(self._path(entry.key, STATE_SUFFIX if entry.resumable else KV_SUFFIX))
             except OSError:
                 pass  # the recency a restart orders by; nothing lost without it
-        future.set_result(Loaded(tokens, segments, end_state))
+        loaded = Loaded(tokens, segments, end_state)
+        future.set_result(convert(loaded) if convert is not None else loaded)
 
     # -- small things --------------------------------------------------------------------
 
@@ -755,6 +800,89 @@ class _Payload:
             crc = zlib.crc32(v, crc)
         header = json.dumps({**fields, "skeleton": self.skeleton, "arrays": arrays, "crc": crc}, separators=(",", ":")).encode()
         return [MAGIC, _PREFIX.pack(len(header), zlib.crc32(header)), header, *self.views]
+
+
+#: macOS's `fsync` leaves the data in the drive's cache; this fcntl flushes that too (None elsewhere).
+_FULLFSYNC = getattr(fcntl, "F_FULLFSYNC", None)
+
+
+def _sync(fd: int) -> None:
+    """What `fd` holds, on the device: `F_FULLFSYNC` where the platform has it, else (or where the
+    filesystem refuses it) `fsync`."""
+    if _FULLFSYNC is not None:
+        try:
+            fcntl.fcntl(fd, _FULLFSYNC)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
+def _size(parts: list) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def _stage(path: Path, parts: list, stats: DiskStats) -> Path:
+    """`parts` written to a temporary name beside `path` (not synced): `_commit` puts it in place."""
+    started = time.perf_counter()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    stats.write_seconds += time.perf_counter() - started
+    stats.written_bytes += _size(parts)
+    return tmp
+
+
+def _commit(moves: list[tuple[Path, Path]], stats: DiskStats) -> None:
+    """Staged files put in place through a power cut: each synced, then renamed to its name, then each
+    folder synced once for all its renames (one batch's files cost one folder sync, not one each)."""
+    started = time.perf_counter()
+    synced = 0.0
+    for tmp, _ in moves:
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            t = time.perf_counter()
+            _sync(fd)
+            synced += time.perf_counter() - t
+        finally:
+            os.close(fd)
+    for tmp, path in moves:
+        os.replace(tmp, path)
+    for folder in dict.fromkeys(path.parent for _, path in moves):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            t = time.perf_counter()
+            _sync(fd)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):  # a filesystem that cannot sync a folder
+                raise
+        finally:
+            synced += time.perf_counter() - t
+            os.close(fd)
+    stats.sync_seconds += synced
+    stats.write_seconds += time.perf_counter() - started
+
+
+def _durable_write(path: Path, parts: list, stats: DiskStats) -> None:
+    """`parts` as the file `path`, all of it or nothing, through a power cut (a batch of one)."""
+    tmp = _stage(path, parts, stats)
+    try:
+        _commit([(tmp, path)], stats)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _parent(header: dict) -> bytes | None:

@@ -9,8 +9,9 @@ complete leaves nothing behind (`forget`). The prefix cache itself (`mtpstack.wo
 keeps the tree and the budget and knows nothing of caches or rows.
 
 With a disk tier, a prompt whose deepest snapshot is on disk and not in memory waits (`ready`)
-while the tier's thread reads it; every other row goes on meanwhile. The chain read back goes into
-memory (the next turn finds it there) and the row resumes from it.
+while the tier's thread reads it and makes its mlx arrays (`prefix_disk.in_mlx`); every other row
+goes on meanwhile. The chain read back goes into memory (the next turn finds it there) and the row
+resumes from it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mtpstack.worker.prefix_cache import Hit, Node, PrefixCache, Stretch
-from mtpstack.worker.prefix_disk import DiskHit, to_mlx
+from mtpstack.worker.prefix_disk import DiskHit, in_mlx
 from mtpstack.worker.sequence import Sequence
 
 
@@ -122,7 +123,7 @@ class Snapshots:
             if node.key != entry.key:
                 break
             held.append(node.stretch)  # kept alive here, even if memory evicts it before the read ends
-        self._fetching[seq] = _Fetch(hit, held, disk.load(hit, seq.prompt, skip=len(held)), time.monotonic())
+        self._fetching[seq] = _Fetch(hit, held, disk.load(hit, seq.prompt, skip=len(held), convert=in_mlx), time.monotonic())
         return False
 
     def _in_flight(self, seq: Sequence, floor: int) -> tuple[int, list[Stretch]]:
@@ -231,13 +232,12 @@ class Snapshots:
         stretches = []
         for i, entry in enumerate(chain):
             last = i == len(chain) - 1
-            segment = held[i].segment if i < len(held) else to_mlx(loaded.segments[i])
-            end_state = to_mlx(loaded.end_state) if last else None
+            segment = held[i].segment if i < len(held) else loaded.segments[i]  # mlx, evaluated on the tier's thread
+            end_state = loaded.end_state if last else None
             if i < len(held) and not last:
                 stretches.append(held[i])
             else:
                 stretches.append(Stretch(tokens=loaded.tokens[i], segment=segment, end_state=end_state, boundary=entry.boundary))
-        mx.eval([s.segment for s in stretches[len(held):]], stretches[-1].end_state)  # on this thread: mlx's only
         self.cache.insert(None, stretches)  # the next turn finds it in memory
         hit = self.cache.lookup(seq.prompt)
         if hit is None or hit.length < fetch.hit.length:

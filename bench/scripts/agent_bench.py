@@ -18,7 +18,9 @@ Scenarios with workers of their own (native only, one worker at a time, started 
   5. `restart`: a conversation's first turn on a worker with a disk tier, the worker stopped and
      started again on its directory, its next turn; against the same next turn prefilled whole by a
      fresh worker. Reports both times to first token, their ratio and the restore's GB/s
-     (`mtpstack_worker_prefix_cache_disk_read_bytes_total` over the restore seconds' sum).
+     (`mtpstack_worker_prefix_cache_disk_read_bytes_total` over the restore seconds' sum); and the
+     first worker's writes (from the line its disk tier logs when it stops): their seconds and the
+     share of them its fsyncs took.
   6. `memory`: `--flood` distinct `--flood-tokens`-token prompts one after another into one worker at
      the default budget (the shipped demo pair): its resident memory (VmRSS, VmHWM) against
      `mtpstack_worker_prefix_cache_bytes` after each; with `--baseline PROGRAM` the same for another
@@ -27,11 +29,16 @@ Scenarios with workers of their own (native only, one worker at a time, started 
      arrive one after another beside it, into a worker whose small memory budget (`SPILL_GIB`) they
      pass: memory only, and with a disk tier taking every snapshot; p99 and median of each, rounds
      alternating which goes first.
+  8. `restore_itl`: the same streaming row's gaps while a long prompt whose snapshots are on disk
+     only (a worker primed it into a directory each build's worker starts on a copy of, memory at
+     `SPILL_GIB`) is sent `--restores` times beside it, each a restore from disk; against the gaps
+     outside those windows; with `--baseline PROGRAM` the same for another build, rounds alternating.
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
     python bench/scripts/agent_bench.py --only restart --rounds 5
     python bench/scripts/agent_bench.py --only memory --baseline /tmp/base/.venv/bin/mtpstack
+    python bench/scripts/agent_bench.py --only restore_itl --baseline /tmp/base/.venv/bin/mtpstack
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -43,6 +50,7 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -53,11 +61,13 @@ from pathlib import Path
 from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
-SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl"]
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
 #: The scenarios that start workers of their own rather than use the two servers.
-OWN_WORKERS = {"restart", "memory", "spill_itl"}
+OWN_WORKERS = {"restart", "memory", "spill_itl", "restore_itl"}
 #: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it.
 SPILL_GIB = 0.01
+#: What a worker's disk tier logs when it stops (`prefix_disk.DiskTier.close`): its writes' count, MB, seconds, sync seconds.
+TIER_STOPS = re.compile(r"the disk tier stops: (\d+) writes, ([\d.]+) MB in ([\d.]+) s, ([\d.]+) s of it syncing")
 #: `--thinking`: the template's `enable_thinking` for the turns.
 THINKING = {"off": False, "on": True}
 TURNS = 6
@@ -139,6 +149,10 @@ def restart_summary(rounds: list[dict]) -> dict:
         "restart_over_cold": summarize([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
         "restore_s": summarize([r["restore_s"] for r in rounds if r.get("restore_s")]),
         "restore_gb_s": summarize([r["read_bytes"] / r["restore_s"] / 1e9 for r in rounds if r.get("restore_s") and r.get("read_bytes")]),
+        "write_s": summarize([r["write_s"] for r in rounds if r.get("write_s")]),
+        "sync_s": summarize([r["sync_s"] for r in rounds if r.get("write_s")]),
+        "sync_share": summarize([r["sync_s"] / r["write_s"] for r in rounds if r.get("write_s")]),
+        "written_mb": summarize([r["written_mb"] for r in rounds if r.get("write_s")]),
         "cached_tokens": summarize([r["cached_tokens"] for r in rounds]),
         "prompt_tokens": summarize([r["prompt_tokens"] for r in rounds]),
     }
@@ -193,12 +207,19 @@ def format_lines(report: dict) -> list[str]:
         lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): next turn "
                      f"{fmt(r['restart_ttft_s'], ' s', 3)} against {fmt(r['cold_ttft_s'], ' s', 3)} prefilled whole: "
                      f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {fmt(r['restore_s'], ' s', 3)} at {fmt(r['restore_gb_s'], ' GB/s', 2)}")
+        if r.get("write_s", {}).get("n"):
+            lines.append(f"  the first turn's writes ({fmt(r['written_mb'], ' MB', 1)}): {fmt(r['write_s'], ' s', 3)}, of it syncing "
+                         f"{fmt(r['sync_s'], ' s', 3)}: {fmt(r['sync_share'], '', 2)} of the write time")
     if "spill_itl" in s:
         sp = s["spill_itl"]
         for v in ("memory", "disk"):
             lines.append(f"a row's gaps beside a spilling flood, {v}: median {fmt(sp[v]['median_s'], ' s', 3)}, p99 {fmt(sp[v]['p99_s'], ' s', 3)}"
                          f" ({fmt(sp[v]['disk_writes'], '', 0)} disk writes)")
         lines.append(f"  p99 with the disk tier / memory only: {fmt(sp['p99_disk_over_memory'], 'x', 2)}")
+    for build, r in s.get("restore_itl", {}).items():
+        lines.append(f"a row's gaps beside a restore from disk, {build} ({fmt(r['read_mb'], ' MB', 1)} a restore in "
+                     f"{fmt(r['restore_s'], ' s', 3)}): median {fmt(r['median_s'], ' s', 3)}, max {fmt(r['max_s'], ' s', 3)}; "
+                     f"outside the restores median {fmt(r['outside_median_s'], ' s', 3)}: {fmt(r['inside_over_outside'], 'x', 2)}")
     for build, m in s.get("memory", {}).items():
         over = f"{m['growth_over_gauge']:.2f}x" if m["growth_over_gauge"] else "n/a"
         lines.append(f"memory, {build}: after {m['prompts']} prompts resident +{m['rss_growth_mib'][-1]:.0f} MiB "
@@ -209,13 +230,18 @@ def format_lines(report: dict) -> list[str]:
 
 def itl_window(times: list[float], start: float, end: float) -> dict:
     """Gaps between a stream's chunk arrival `times` that end inside [start, end], and those outside."""
-    gaps = [(b, b - a) for a, b in zip(times, times[1:])]
-    inside = sorted(g for t, g in gaps if start <= t <= end)
-    outside = [g for t, g in gaps if not start <= t <= end]
+    return itl_windows(times, [(start, end)])
+
+
+def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
+    """Gaps between a stream's chunk arrival `times` that end inside any of `windows`, and those outside."""
+    gaps = [(b, b - a, any(s <= b <= e for s, e in windows)) for a, b in zip(times, times[1:])]
+    inside = sorted(g for _, g, within in gaps if within)
+    outside = [g for _, g, within in gaps if not within]
     if not inside:
         return {"median_s": None, "p99_s": None, "n": 0}
     p99 = inside[min(len(inside) - 1, round(0.99 * (len(inside) - 1)))]
-    return {"median_s": statistics.median(inside), "p99_s": p99, "n": len(inside),
+    return {"median_s": statistics.median(inside), "p99_s": p99, "max_s": inside[-1], "n": len(inside),
             "outside_median_s": statistics.median(outside) if outside else None}
 
 
@@ -301,6 +327,15 @@ def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str,
     return proc
 
 
+def tier_writes(log_path: Path) -> dict:
+    """A stopped worker's disk-tier writes, from the last line its tier logged when it stopped ({}: none)."""
+    found = list(TIER_STOPS.finditer(log_path.read_text(errors="replace"))) if log_path.exists() else []
+    if not found:
+        return {}
+    writes, mb, seconds, sync = found[-1].groups()
+    return {"writes": int(writes), "written_mb": float(mb), "write_s": float(seconds), "sync_s": float(sync)}
+
+
 def scrape(url: str, names: list[str]) -> dict[str, float]:
     import urllib.request
 
@@ -323,6 +358,7 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
         first = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
     finally:
         w.stop()  # SIGTERM: the worker finishes its queued writes within its grace
+    writes = tier_writes(w.log_path)
     messages = messages + [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": FOLLOW_UPS[0]}]
 
     async def restarted() -> dict:
@@ -348,8 +384,73 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
     else:
         hot, cold_s = await restarted(), await cold()
     usage = hot["usage"]
-    return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"],
+    return {"restart_ttft_s": hot["ttft"], "cold_ttft_s": cold_s, "read_bytes": hot["read_bytes"], "restore_s": hot["restore_s"], **writes,
             "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+async def decoding_row(session, url: str, label: str, times: list) -> asyncio.Task:
+    """A streaming row (4,000 tokens, its chunks' times in `times`) that has decoded its first 20."""
+    decoding = asyncio.create_task(stream_completion(session, url, "bench", f"# {label}\nimport os\n", 4000, times, ignore_eos=True))
+    while len(times) < 20:
+        if decoding.done():
+            await decoding
+            raise RuntimeError(f"{url}: the decoding row ended after {len(times)} tokens")
+        await asyncio.sleep(0.01)
+    return decoding
+
+
+async def stopped(decoding: asyncio.Task) -> None:
+    decoding.cancel()
+    try:
+        await decoding
+    except (asyncio.CancelledError, Exception):
+        pass
+
+
+async def restore_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
+    """A decoding row's gaps while a prompt is restored from disk beside it `--restores` times, for this
+    checkout and `--baseline` (each on a copy of one primed directory), the order alternating by round."""
+    from mtpstack import series
+
+    names = [series.PREFIX_CACHE_DISK_HITS, series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
+    messages = [{"role": "system", "content": system_prompt(900 + rnd, args.tools)}, {"role": "user", "content": "what is failing?"}]
+    primed = workdir / f"restore-primed-{rnd}"
+    w = native_worker(target, head, args.depth, workdir, f"restore-{rnd}-prime", cache_gib=SPILL_GIB, cache_dir=primed)
+    try:
+        await stream_chat(session, w.url, "bench", messages, 1)
+    finally:
+        w.stop()  # its writes finished: the snapshots are on disk
+    builds = {"this checkout": None, **({"baseline": args.baseline} if args.baseline else {})}
+    out = {}
+    for b, build in enumerate(list(builds) if rnd % 2 == 0 else list(builds)[::-1]):
+        cache = Path(shutil.copytree(primed, workdir / f"restore-{rnd}-{b}"))
+        w = native_worker(target, head, args.depth, workdir, f"restore-{rnd}-{b}", program=builds[build], cache_gib=SPILL_GIB,
+                          cache_dir=cache)
+        try:
+            times: list[float] = []
+            decoding = await decoding_row(session, w.url, f"restore {rnd}", times)
+            before, windows = scrape(w.url, names), []
+            for _ in range(args.restores):
+                r = await stream_chat(session, w.url, "bench", messages, 1)
+                windows.append((r["sent"], r["first"]))
+            after = scrape(w.url, names)
+            await stopped(decoding)
+        finally:
+            w.stop()
+        hits = after[names[0]] - before[names[0]]
+        out[build] = {**itl_windows(times, windows), "disk_hits": hits, "read_mb": (after[names[1]] - before[names[1]]) / 1e6 / max(hits, 1),
+                      "restore_s": (after[names[2]] - before[names[2]]) / max(hits, 1)}
+    return out
+
+
+def restore_summary(rounds: list[dict]) -> dict:
+    builds = [b for b in rounds[0]] if rounds else []
+    out = {b: {k: summarize([r[b][k] for r in rounds if r[b].get(k) is not None])
+               for k in ("median_s", "p99_s", "max_s", "outside_median_s", "disk_hits", "read_mb", "restore_s")} for b in builds}
+    for b in builds:
+        out[b]["inside_over_outside"] = summarize([r[b]["median_s"] / r[b]["outside_median_s"] for r in rounds
+                                                   if r[b].get("median_s") and r[b].get("outside_median_s")])
+    return out
 
 
 async def spill_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
@@ -362,22 +463,12 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
                           cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None)
         try:
             times: list[float] = []
-            decoding = asyncio.create_task(stream_completion(session, w.url, "bench", f"# spill {rnd}\nimport os\n", 4000, times,
-                                                             ignore_eos=True))
-            while len(times) < 20:
-                if decoding.done():
-                    await decoding
-                    raise RuntimeError(f"{w.url}: the decoding row ended after {len(times)} tokens")
-                await asyncio.sleep(0.01)
+            decoding = await decoding_row(session, w.url, f"spill {rnd}", times)
             start = time.perf_counter()
             for i in range(args.spill_prompts):
                 await stream_chat(session, w.url, "bench", [{"role": "user", "content": system_prompt(700 + rnd * 50 + i, args.tools // 2)}], 1)
             end = time.perf_counter()
-            decoding.cancel()
-            try:
-                await decoding
-            except (asyncio.CancelledError, Exception):
-                pass
+            await stopped(decoding)
             writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
         finally:
             w.stop()
@@ -455,7 +546,8 @@ async def run(args) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
         if on - OWN_WORKERS:
             prompt_tokens = await shared_servers(session, args, target, workdir, on, samples)
-        for scenario, label, one_round in (("restart", "restart", restart_round), ("spill_itl", "spill", spill_round)):
+        for scenario, label, one_round in (("restart", "restart", restart_round), ("spill_itl", "spill", spill_round),
+                                           ("restore_itl", "restore", restore_round)):
             if scenario not in on:
                 continue
             samples[scenario] = []
@@ -475,6 +567,8 @@ async def run(args) -> dict:
         summary["memory"] = memory_summary(samples["memory"])
     if samples.get("spill_itl"):
         summary["spill_itl"] = spill_summary(samples["spill_itl"])
+    if samples.get("restore_itl"):
+        summary["restore_itl"] = restore_summary(samples["restore_itl"])
     return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": summary}
 
@@ -534,9 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--thinking", nargs="+", choices=list(THINKING), default=list(THINKING),
                    help="the turns with the template's thinking off and/or on (default: both)")
     p.add_argument("--spill-prompts", type=int, default=4, help="`spill_itl`: distinct prompts sent beside the row (default: 4)")
+    p.add_argument("--restores", type=int, default=4, help="`restore_itl`: restores from disk beside the row (default: 4)")
     p.add_argument("--flood", type=int, default=8, help="`memory`: distinct prompts sent (default: 8)")
     p.add_argument("--flood-tokens", type=int, default=8192, help="`memory`: tokens per prompt (default: 8192)")
-    p.add_argument("--baseline", help="`memory`: also flood a worker run by this `mtpstack` (another build)")
+    p.add_argument("--baseline", help="`memory`, `restore_itl`: the same with a worker run by this `mtpstack` (another build)")
     p.add_argument("--out", help="write the JSON report here instead of stdout")
     args = p.parse_args(argv)
     if args.quick:

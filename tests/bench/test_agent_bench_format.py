@@ -28,3 +28,28 @@ def test_the_constrained_table_shows_median_mad_range_and_acceptance():
     assert "5 rounds (+1 warm-up discarded), depth 3" in lines[0]
     row = lines[2]
     assert row.startswith("drafter+schema") and "197.1 ± 36.1" in row and "160.9-295.4" in row and row.endswith("270/600")
+
+
+def test_the_restart_bench_reads_the_write_seconds_a_stopping_disk_tier_logs(tmp_path, caplog):
+    import logging
+
+    import mlx.core as mx
+
+    from mtpstack.worker.prefix_disk import DiskTier, chain_key
+
+    agent_bench = load_script("agent_bench")
+    tier = DiskTier(tmp_path / "cache", 1 << 30, {"target": "t"}).open()
+    tier.store(chain_key(None, [1, 2]), None, 0, [1, 2], [mx.ones((1, 2, 2, 4))], [mx.ones((4,))])
+    with caplog.at_level(logging.INFO, logger="mtpstack.worker"):
+        tier.close()
+    log = tmp_path / "worker.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    got = agent_bench.tier_writes(log)
+    assert got["writes"] == 1 and 0 <= got["sync_s"] <= got["write_s"] and got["written_mb"] >= 0.0
+    assert agent_bench.tier_writes(tmp_path / "none.log") == {}
+    rounds = [{"restart_ttft_s": 1.0, "cold_ttft_s": 2.0, "restore_s": 0.1, "read_bytes": 1e8, "cached_tokens": 9,
+               "prompt_tokens": 10, **got, "write_s": 0.5, "sync_s": 0.1}]
+    summary = agent_bench.restart_summary(rounds)
+    assert summary["sync_share"]["median"] == 0.2
+    assert "of it syncing 0.100 s (0.100-0.100, n=1): 0.20 (0.20-0.20, n=1) of the write time" in "\n".join(
+        agent_bench.format_lines({"rounds": 1, "warmup": 0, "summary": {"restart": summary}}))

@@ -30,6 +30,18 @@ def test_the_itl_window_keeps_only_gaps_that_end_while_the_long_prompt_is_prefil
     assert agent_bench.itl_window(times, 5.0, 6.0)["n"] == 0
 
 
+def test_gaps_inside_several_windows_count_as_inside_and_the_restore_table_names_each_build():
+    times = [0.0, 0.1, 0.2, 0.6, 0.7, 0.8, 1.3, 1.4]
+    w = agent_bench.itl_windows(times, [(0.15, 0.65), (1.0, 1.35)])
+    assert w["n"] == 3 and w["max_s"] == pytest.approx(0.5) and w["outside_median_s"] == pytest.approx(0.1)
+    rounds = [{"this checkout": {**w, "disk_hits": 4, "read_mb": 25.0, "restore_s": 0.05},
+               "baseline": {**w, "max_s": 0.9, "disk_hits": 4, "read_mb": 25.0, "restore_s": 0.08}}]
+    summary = agent_bench.restore_summary(rounds)
+    assert summary["baseline"]["max_s"]["median"] == 0.9 and summary["this checkout"]["inside_over_outside"]["median"] == pytest.approx(4.0)
+    text = "\n".join(agent_bench.format_lines({"summary": {"restore_itl": summary}, "rounds": 1, "warmup": 0}))
+    assert "beside a restore from disk, baseline (25.0 MB (25.0-25.0, n=1) a restore" in text and "max 0.900 s" in text
+
+
 def test_the_table_names_both_servers_and_their_ratio():
     summary = agent_bench.summarize_samples({
         "native+mtp": samples([[1.0, 0.1]], [(0.1, 1.0)], [0.5], [{"median_s": 0.2, "p99_s": 0.3, "outside_median_s": 0.01}]),

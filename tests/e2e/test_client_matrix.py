@@ -18,6 +18,7 @@ from devkit.client_matrix import run_clients
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
 from tests.e2e.conftest import running_stack
+from tests.skips import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,10 +28,7 @@ def clients_python() -> Path:
     venv = Path(os.environ.get("MTPSTACK_CLIENTS_VENV", ROOT / ".venv-clients"))
     python = venv / "bin" / "python"
     if not python.exists():
-        message = f"the client libraries' virtualenv is missing ({venv}): run scripts/bootstrap-clients"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        require(f"the client libraries' virtualenv is missing ({venv}): run scripts/bootstrap-clients")
     return python
 
 

@@ -1,7 +1,8 @@
 """Helpers for the Nix tests: real Nix (`nix-instantiate`), offline.
 
 Tests that need Nix skip when `nix-instantiate` is missing; module tests also
-need nixpkgs' `lib` (NIXPKGS_LIB pointing at a nixpkgs or nixpkgs.lib checkout).
+need nixpkgs' `lib`: NIXPKGS_LIB (a nixpkgs or nixpkgs.lib checkout), by default the pinned copy
+beside the checkout (`../shared/nixpkgs-lib`, which CI provides). In CI both are failures, not skips.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.skips import require
+
 ROOT = Path(__file__).resolve().parents[2]
 NIX_LIB = ROOT / "modules" / "lib"
 EXAMPLES = ROOT / "examples" / "nix"
 EVAL_MODULE = Path(__file__).with_name("eval-module.nix")
+#: nixpkgs' `lib` when NIXPKGS_LIB is unset: the pinned copy beside the checkout (its `PIN` says which).
+DEFAULT_NIXPKGS_LIB = ROOT.parent / "shared" / "nixpkgs-lib"
 
 
 def nix_env() -> dict[str, str]:
@@ -61,17 +66,16 @@ def nix_string(value: str) -> str:
 @pytest.fixture(scope="session")
 def nix() -> None:
     if shutil.which("nix-instantiate") is None:
-        pytest.skip("`nix-instantiate` is not on PATH (Debian: apt-get install nix-bin)")
+        require("`nix-instantiate` is not on PATH (Debian: apt-get install nix-bin; `.ci/run` installs it)")
 
 
 @pytest.fixture(scope="session")
 def nixpkgs_lib(nix) -> Path:
     value = os.environ.get("NIXPKGS_LIB")
-    if not value:
-        pytest.skip("NIXPKGS_LIB is not set: point it at a nixpkgs lib checkout to run the module tests")
-    path = Path(value)
+    path = Path(value) if value else DEFAULT_NIXPKGS_LIB.resolve()
     if not (path / "lib" / "default.nix").is_file():
-        pytest.skip(f"NIXPKGS_LIB does not hold `lib/default.nix`: {path}")
+        where = f"NIXPKGS_LIB ({path})" if value else f"NIXPKGS_LIB is unset and the default {path}"
+        require(f"{where} does not hold nixpkgs' `lib/default.nix`: point NIXPKGS_LIB at a nixpkgs or nixpkgs.lib checkout")
     return path / "lib"
 
 

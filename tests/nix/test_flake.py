@@ -121,9 +121,11 @@ TOOL_FLAKE = """{
 
 def test_the_example_fleet_flake_ships_colmena_and_deploy_rs_from_its_own_inputs(nixh, nixpkgs_lib, tmp_path):
     """`nix eval` of examples/fleet's outputs, offline: every input replaced (`--override-input`), the
-    mtpstack input by this repository's flake, whose nixpkgs follows the example's."""
+    mtpstack input by this repository's flake (from git: its tracked files, not the virtualenvs and caches
+    `scripts/test` leaves in the checkout, which a `path:` input would copy and hash on every eval), whose
+    nixpkgs follows the example's."""
     stand_in = make_stand_in(nixpkgs_lib, tmp_path, sys.executable)
-    overrides = ["--override-input", "nixpkgs", f"path:{stand_in}", "--override-input", "mtpstack", f"path:{ROOT}"]
+    overrides = ["--override-input", "nixpkgs", f"path:{stand_in}", "--override-input", "mtpstack", f"git+file://{ROOT}"]
     for name, package, app in (("colmena", "colmena", "colmena"), ("deploy-rs", "deploy-rs", "deploy-rs"), ("nix-darwin", "darwin", "darwin")):
         flake = tmp_path / name
         flake.mkdir()

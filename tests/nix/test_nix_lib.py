@@ -14,6 +14,7 @@ import pytest
 
 from mtpstack.validator import config as model
 from mtpstack.validator.load import validate_data
+from tests.skips import require
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nix
@@ -107,7 +108,7 @@ NASTY_ARGS = ["a b", "100%", "%n", "$HOME", "${X}", 'q"uote', "back\\slash", "é
 
 def test_exec_start_quoting_is_accepted_by_systemd(nixh, tmp_path):
     if shutil.which("systemd-analyze") is None:
-        pytest.skip("`systemd-analyze` is not on PATH")
+        require("`systemd-analyze` is not on PATH (Debian: apt-get install systemd; `.ci/run` installs it)")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "mtpstack").write_text("#!/bin/sh\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from devkit import nix_pins
+from tests.skips import require
 
 pytestmark = pytest.mark.nix
 
@@ -25,10 +26,7 @@ def fetched(pins) -> Path:
     folder = Path(os.environ.get("MTPSTACK_NIX_PINS_DIR", nix_pins.DEFAULT_DIR))
     missing = [f.filename for f in nix_pins.pinned_files(pins) if not (folder / f.filename).is_file()]
     if missing:
-        why = f"the pinned files are not in {folder} (`python -m devkit.nix_pins fetch`, run by scripts/test): {', '.join(missing)}"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+        require(f"the pinned files are not in {folder} (`python -m devkit.nix_pins fetch`, run by scripts/test): {', '.join(missing)}")
     return folder
 
 

@@ -92,6 +92,37 @@ def test_the_caller_can_skip_the_stretches_it_holds(tier):
     assert loaded.segments[:2] == [None, None] and loaded.segments[2] is not None and loaded.end_state is not None
 
 
+def test_a_read_hands_back_mlx_arrays_made_and_evaluated_on_the_tiers_thread(tier):
+    import threading
+
+    stored = store_prompt(tier)
+    threads = []
+
+    def convert(loaded):
+        threads.append(threading.current_thread().name)
+        return prefix_disk.in_mlx(loaded)
+
+    hit = tier.find(PROMPT)
+    loaded = tier.load(hit, PROMPT, skip=1, convert=convert).result(30)
+    assert threads == ["prefix-disk"] and loaded.segments[0] is None
+    for (_, segment, _), got in zip(stored[1:], loaded.segments[1:]):
+        assert same(got, segment)  # used here, on another thread than the one that made them
+    assert same(loaded.end_state, stored[-1][2])
+    assert loaded.segments[1][0][0][1].dtype == mx.bfloat16
+    joined = mx.concatenate([loaded.segments[1][0][0][0], loaded.segments[2][0][0][0]], axis=2)
+    assert joined.shape[2] == 21 and bool(mx.array_equal(joined[:, :, :8], stored[1][1][0][0][0]))
+
+
+def test_a_conversion_that_fails_is_a_miss_not_a_stuck_row(tier):
+    store_prompt(tier)
+
+    def convert(loaded):
+        raise MemoryError("no room for the arrays")
+
+    assert tier.load(tier.find(PROMPT), PROMPT, convert=convert).result(30) is None
+    assert tier.stats.errors == 1 and tier.find(PROMPT).length == 29  # the entries stay: nothing was wrong with them
+
+
 def test_a_restarted_tier_finds_its_entries_at_once(tmp_path):
     first = open_tier(tmp_path)
     stored = store_prompt(first)
@@ -215,10 +246,10 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
     tier = open_tier(tmp_path)
     store_prompt(tier, prompt=[9] * 30)
 
-    def refuse(self, path, parts):
+    def refuse(path, parts, stats):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(DiskTier, "_atomic_write", refuse)
+    monkeypatch.setattr(prefix_disk, "_stage", refuse)
     with caplog.at_level(logging.WARNING, logger="mtpstack.worker"):
         store_prompt(tier)  # no exception: the first write fails, the others are dropped
         store_prompt(tier, prompt=[8] * 30)
@@ -233,11 +264,11 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
 
 def test_a_full_disk_is_tried_again_later(tmp_path, monkeypatch):
     tier = open_tier(tmp_path)
-    real = DiskTier._atomic_write
-    monkeypatch.setattr(DiskTier, "_atomic_write", lambda self, path, parts: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    real = prefix_disk._stage
+    monkeypatch.setattr(prefix_disk, "_stage", lambda path, parts, stats: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     store_prompt(tier)
     assert not tier.writable and tier.stats.writes == 0
-    monkeypatch.setattr(DiskTier, "_atomic_write", real)
+    monkeypatch.setattr(prefix_disk, "_stage", real)
     monkeypatch.setattr(prefix_disk.time, "monotonic", lambda: tier._retry_at + 1)
     store_prompt(tier)
     assert tier.writable and tier.stats.writes == 3
@@ -272,9 +303,7 @@ KILLED_WRITER = textwrap.dedent("""
 
     tier = DiskTier(sys.argv[1], 1 << 30, FACTS).open()
     store_prompt(tier)  # three whole entries first
-    real = DiskTier._atomic_write
-
-    def slow(self, path, parts):
+    def slow(path, parts, stats):
         def stall(tmp):
             with open(tmp, "wb") as f:
                 f.write(parts[0]); f.flush()
@@ -283,7 +312,7 @@ KILLED_WRITER = textwrap.dedent("""
         tmp = path.with_name("." + path.name + ".1.x" + prefix_disk.TMP_SUFFIX)
         stall(tmp)
 
-    DiskTier._atomic_write = slow
+    prefix_disk._stage = slow
     big = mx.zeros((64, 1024, 1024))
     mx.eval(big)
     tier.store(chain_key(None, [1, 2, 3]), None, 0, [1, 2, 3], [big], [big])
