@@ -209,9 +209,60 @@ in
         default = defaults.proxy.apiKeysFile;
         example = "/run/secrets/mtpstack-api-keys";
         description = ''
-          File of accepted API keys, one per line, outside the Nix store (a
-          string, so it is never copied there); `null`: no authentication. On
-          NixOS the proxy unit reads it as a systemd credential.
+          File of accepted API keys, outside the Nix store (a string, so it is
+          never copied there): one `NAME KEY` line per key (a key alone is
+          tenant `default`); `null`: no authentication. On NixOS a privileged
+          step of the proxy unit copies it, at start and on `systemctl reload`,
+          where only the unit's user can read it; nix-darwin's daemon (root)
+          reads it in place.
+        '';
+      };
+      tenants = mkOption {
+        type = types.attrsOf (
+          types.submodule {
+            options = {
+              maxConcurrent = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = defaults.tenant.maxConcurrent;
+                example = 4;
+                description = "Requests of this tenant in flight (waiting or admitted) across the fleet at once; beyond: 429. `null`: unlimited.";
+              };
+              tokensPerMinute = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = defaults.tenant.tokensPerMinute;
+                example = 200000;
+                description = "Prompt tokens not served from a prefix cache plus completion tokens, per sliding minute; beyond: 429. `null`: unlimited.";
+              };
+              requestsPerMinute = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = defaults.tenant.requestsPerMinute;
+                example = 60;
+                description = "Requests per sliding minute; beyond: 429. `null`: unlimited.";
+              };
+              weight = mkOption {
+                type = types.ints.between 1 1000;
+                default = defaults.tenant.weight;
+                example = 2;
+                description = "Share of a gate when several tenants wait on it: slots go round-robin by weight, first come first served within a tenant.";
+              };
+            };
+          }
+        );
+        default = defaults.proxy.tenants;
+        example = literalExpression ''{ alice = { maxConcurrent = 2; weight = 2; }; ci.requestsPerMinute = 30; }'';
+        description = ''
+          Limits and queue weight per tenant, a name in `apiKeysFile`; a tenant
+          not listed is unlimited with weight 1. A change reloads the proxy
+          (`systemctl reload`, SIGHUP) instead of restarting it.
+        '';
+      };
+      fairQueueing = mkOption {
+        type = types.bool;
+        default = defaults.proxy.fairQueueing;
+        example = false;
+        description = ''
+          When several tenants wait for one model, serve them round-robin by
+          `weight`; `false`: one first-come line per model.
         '';
       };
     };
