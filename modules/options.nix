@@ -19,6 +19,14 @@ let
   width = types.ints.between defaults.widthMin defaults.widthMax;
   # nixpkgs before 25.05 lacks externalPath: fall back to a string.
   externalPath = types.externalPath or types.str;
+  # A tenant's limit (proxy.tenants.<name>): a positive count, or null for none.
+  limit =
+    name: example: description:
+    mkOption {
+      type = types.nullOr types.ints.positive;
+      default = defaults.tenant.${name};
+      inherit example description;
+    };
   pins = import ./pins.nix;
   # The workers with a `jaccl` rank on this machine: its package must carry
   # MLX's JACCL, which only the macOS 26 Metal wheels have (modules/pins.nix).
@@ -221,24 +229,9 @@ in
         type = types.attrsOf (
           types.submodule {
             options = {
-              maxConcurrent = mkOption {
-                type = types.nullOr types.ints.positive;
-                default = defaults.tenant.maxConcurrent;
-                example = 4;
-                description = "Requests of this tenant in flight (waiting or admitted) across the fleet at once; beyond: 429. `null`: unlimited.";
-              };
-              tokensPerMinute = mkOption {
-                type = types.nullOr types.ints.positive;
-                default = defaults.tenant.tokensPerMinute;
-                example = 200000;
-                description = "Prompt tokens not served from a prefix cache plus completion tokens, per sliding minute; beyond: 429. `null`: unlimited.";
-              };
-              requestsPerMinute = mkOption {
-                type = types.nullOr types.ints.positive;
-                default = defaults.tenant.requestsPerMinute;
-                example = 60;
-                description = "Requests per sliding minute; beyond: 429. `null`: unlimited.";
-              };
+              maxConcurrent = limit "maxConcurrent" 4 "Requests of this tenant in flight (waiting or admitted) across the fleet at once; beyond: 429. `null`: unlimited.";
+              tokensPerMinute = limit "tokensPerMinute" 200000 "Prompt tokens not served from a prefix cache plus completion tokens, per sliding minute; beyond: 429. `null`: unlimited.";
+              requestsPerMinute = limit "requestsPerMinute" 60 "Requests per sliding minute; beyond: 429. `null`: unlimited.";
               weight = mkOption {
                 type = types.ints.between 1 1000;
                 default = defaults.tenant.weight;
