@@ -221,8 +221,8 @@ in
           never copied there): one `NAME KEY` line per key (a key alone is
           tenant `default`); `null`: no authentication. On NixOS a privileged
           step of the proxy unit copies it, at start and on `systemctl reload`,
-          where only the unit's user can read it; nix-darwin's daemon (root)
-          reads it in place.
+          where only the unit's user can read it; nix-darwin's daemon reads it
+          in place (it must be readable by `_mtpstack`).
         '';
       };
       tenants = mkOption {

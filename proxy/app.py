@@ -93,7 +93,7 @@ def create_app(
         admissions=admissions,
         metrics=metrics,
         health_interval=health_interval,
-        tenants=Tenants.from_config(config),
+        tenants=Tenants(config),
         clients=clients,
         affinities={m: Affinity() for m in admissions} if p.routing == AFFINITY else {},
     )

@@ -18,7 +18,7 @@ from http import HTTPStatus
 
 from mtpstack.proxy.admission import Rejected
 from mtpstack.proxy.auth import load_api_keys
-from mtpstack.validator import DEFAULT_TENANT, FleetConfig, KeyLine, TenantConfig
+from mtpstack.validator import DEFAULT_TENANT, FleetConfig, TenantConfig
 
 #: The limits' window and its resolution.
 WINDOW_SECONDS = 60
@@ -128,23 +128,21 @@ class Tenant:
 
 
 class Tenants:
-    """The keys and the tenants' settings in effect; `reload` swaps them whole (SIGHUP)."""
+    """The keys and the tenants' settings in effect; `prepare` then `install` swaps them whole (SIGHUP)."""
 
-    def __init__(self, config: FleetConfig, lines: list[KeyLine] | None) -> None:
+    def __init__(self, config: FleetConfig) -> None:
+        """The keys of `config`'s keys file (read now: `ApiKeysError` when it cannot be used) and its tenants."""
         self._secret = os.urandom(32)
         #: Every tenant ever named by name (its usage outlives a reload that drops its key).
         self.all: dict[str, Tenant] = {}
         #: Those that sent a request, in order of their first: what the fleet status shows.
         self.active: dict[str, Tenant] = {}
-        self.keyed = lines is not None
+        #: A keys file is set: a request needs a key; else every request is `default`'s.
+        self.keyed = False
+        self.keys = 0
         self._digests: dict[bytes, Tenant] = {}
         self.default = self._tenant(DEFAULT_TENANT)
-        self._install(config, lines)
-
-    @classmethod
-    def from_config(cls, config: FleetConfig) -> "Tenants":
-        path = config.proxy.api_keys_file
-        return cls(config, load_api_keys(path) if path else None)
+        self.install(config, self.prepare(config))
 
     def _tenant(self, name: str) -> Tenant:
         t = self.all.get(name)
@@ -155,23 +153,22 @@ class Tenants:
     def _digest(self, key: bytes) -> bytes:
         return hmac.new(self._secret, key, hashlib.sha256).digest()
 
-    def _install(self, config: FleetConfig, lines: list[KeyLine] | None) -> None:
+    def prepare(self, config: FleetConfig) -> dict[bytes, str] | None:
+        """The keys file of `config` read and digested, key digest -> tenant name (None: no keys file).
+        Touches nothing in effect, so a reload runs it off the event loop (100,000 keys take seconds).
+        Raises `ApiKeysError` when the file cannot be used."""
+        path = config.proxy.api_keys_file
+        return None if not path else {self._digest(line.key): line.tenant for line in load_api_keys(path)}
+
+    def install(self, config: FleetConfig, digests: dict[bytes, str] | None) -> None:
+        """Take `prepare`'s keys and `config`'s tenants at once. A request in flight keeps the
+        `Tenant` it got; a tenant's usage outlives a reload that drops its key."""
         settings = config.proxy.tenants
-        digests: dict[bytes, Tenant] = {}
-        for line in lines or ():
-            digests[self._digest(line.key)] = self._tenant(line.tenant)
+        self._digests = {digest: self._tenant(name) for digest, name in (digests or {}).items()}
         for name, t in self.all.items():
             t.settings = settings.get(name, _UNLIMITED)
-        self._digests = digests
-        self.keyed = lines is not None
-        self.keys = len(digests)
-
-    def reload(self, config: FleetConfig) -> None:
-        """Read the keys file again and take `config`'s tenants; raises and keeps
-        the old set when the file cannot be used (`ApiKeysError`). A request in flight keeps the `Tenant` it got."""
-        path = config.proxy.api_keys_file
-        lines = load_api_keys(path) if path else None
-        self._install(config, lines)
+        self.keyed = digests is not None
+        self.keys = len(self._digests)
 
     def lookup(self, presented: bytes | None) -> Tenant | None:
         """The tenant of a presented key; without a keys file every request is `default`'s."""
