@@ -277,3 +277,30 @@ async def test_sighup_rereads_keys_and_tenants_keeping_in_flight_requests_and_a_
     finally:
         proc.stop()
         fake.stop()
+
+
+ANTHROPIC_CLIENT = """
+import json, sys
+import anthropic
+client = anthropic.Anthropic(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+ask = lambda: client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+ask()
+try:
+    ask()
+    print(json.dumps({"refused": False}))
+except anthropic.RateLimitError as e:
+    print(json.dumps({"refused": True, "status": e.status_code, "type": e.body["error"]["type"],
+                      "message": e.body["error"]["message"], "retry_after": e.response.headers.get("retry-after")}))
+"""
+
+
+async def test_the_official_anthropic_client_sees_a_rate_limit_error_naming_its_tenant(make_fleet, keys, clients_python):
+    python = clients_python
+    f = await tenant_fleet(make_fleet, keys, tenants={"bob": {"requestsPerMinute": 1}})
+    proc = await asyncio.create_subprocess_exec(str(python), "-c", ANTHROPIC_CLIENT, str(f.client.make_url("")).rstrip("/"), BOB,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    seen = json.loads(out)
+    assert seen["refused"] and seen["status"] == 429 and seen["type"] == "rate_limit_error"
+    assert "`bob`" in seen["message"] and "requestsPerMinute" in seen["message"] and 1 <= int(seen["retry_after"]) <= 60
