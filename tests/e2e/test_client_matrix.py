@@ -9,7 +9,6 @@ docs/agent-api.md's table is the same run beside mlx_lm.server (`python -m devki
 
 from __future__ import annotations
 
-
 from devkit.client_matrix import run_clients
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
