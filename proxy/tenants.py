@@ -27,7 +27,7 @@ _UNLIMITED = TenantConfig()
 TENANTS_SHOWN = 100
 
 
-class _Window:
+class Window:
     """Counts over the last `WINDOW_SECONDS` whole seconds, in one bucket per second."""
 
     __slots__ = ("buckets", "stamps")
@@ -68,8 +68,8 @@ class Tenant:
     #: Requests that passed its limits and are not finished (waiting or admitted).
     inflight: int = 0
     #: The limits' windows, made when a limit is first checked (a tenant without limits has none).
-    requests: _Window | None = None
-    tokens: _Window | None = None
+    requests: Window | None = None
+    tokens: Window | None = None
     #: Usage since start, for `/v1/fleet/status`: requests by status, tokens, queue seconds.
     by_status: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
@@ -88,12 +88,12 @@ class Tenant:
         if s.max_concurrent is not None and self.inflight >= s.max_concurrent:
             raise self._refuse("tenant_max_concurrent", f"{s.max_concurrent} requests in flight at once (`maxConcurrent`)", retry_after())
         if s.requests_per_minute is not None:
-            self.requests = self.requests or _Window()
+            self.requests = self.requests or Window()
             if self.requests.total(now) >= s.requests_per_minute:
                 raise self._refuse("tenant_requests_per_minute", f"{s.requests_per_minute} requests per minute (`requestsPerMinute`)",
                                    self.requests.retry_after(now, s.requests_per_minute))
         if s.tokens_per_minute is not None:
-            self.tokens = self.tokens or _Window()
+            self.tokens = self.tokens or Window()
             if self.tokens.total(now) >= s.tokens_per_minute:
                 raise self._refuse("tenant_tokens_per_minute", f"{s.tokens_per_minute} tokens per minute (`tokensPerMinute`)",
                                    self.tokens.retry_after(now, s.tokens_per_minute))
@@ -112,7 +112,7 @@ class Tenant:
         self.cached_tokens += cached
         self.completion_tokens += completion
         if self.settings.tokens_per_minute is not None:
-            self.tokens = self.tokens or _Window()
+            self.tokens = self.tokens or Window()
             self.tokens.add(now, max(0, prompt - cached) + completion)
 
     def finished(self, status: int, queue_seconds: float | None) -> None:

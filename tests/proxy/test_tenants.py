@@ -202,9 +202,9 @@ async def test_the_official_openai_client_sees_a_rate_limit_error(make_fleet, ke
 
 
 def test_the_tenants_windows_say_when_a_request_fits_again():
-    from mtpstack.proxy.tenants import _Window
+    from mtpstack.proxy.tenants import Window
 
-    w = _Window()
+    w = Window()
     w.add(1000.2, 3)
     w.add(1030.5, 2)
     assert w.total(1030.9) == 5 and w.total(1059.9) == 5
