@@ -386,10 +386,12 @@ async def _admitted(request: web.Request, state: ProxyState, ex: Exchange, endpo
     affinity = state.affinities.get(ex.model)
     keys = affinity_keys(endpoint.path, payload) if affinity is not None else None
     preferred = affinity.preferred(keys.lookup) if keys is not None else None
+    # Fair queueing off: every request in one tenant's line, first come first served.
+    turn = (tenant.name, tenant.weight) if state.config.proxy.fair_queueing else ("", 1)
     queued = time.monotonic()
     try:
         upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight,
-                                           tenant=tenant.name if state.config.proxy.fair_queueing else "", share=tenant.weight)
+                                           tenant=turn[0], share=turn[1])
     finally:
         ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)
@@ -436,7 +438,7 @@ async def _failover(state: ProxyState, admission: ModelAdmission, ex: Exchange, 
     log.info(json.dumps({"event": "failover", "request_id": ex.rid, "from": failed.name, "reason": unsent.rejected.message}))
     queued = time.monotonic()
     try:
-        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight, retry=True)  # first in line
+        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight, retry=True)
     finally:
         waited = time.monotonic() - queued
         ex.queue_wait = (ex.queue_wait or 0.0) + waited
