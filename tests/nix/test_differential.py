@@ -180,6 +180,15 @@ PINNED_FLEETS = [
                   "distributed": {"hosts": ["gw", "mac1"], "backend": "jaccl", "ibvDevices": [[None, ["rdma_en3", "rdma_en4"]], ["rdma_en3", None]]}},
         },
     },
+    # A well-formed ring across two IPv4 hosts, so each run compares a ring's environment whatever the draw.
+    {
+        "proxy": {"deployOn": "gw"},
+        "hosts": {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "10.0.0.11"}},
+        "workers": {
+            "r": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 5, "host": "0.0.0.0",
+                  "prefixCache": {"maxGiB": 0}, "distributed": {"hosts": ["mac1", "gw"]}},
+        },
+    },
 ]
 
 
