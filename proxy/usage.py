@@ -39,10 +39,26 @@ def from_object(usage) -> Usage | None:
     return None
 
 
+_DECODER = json.JSONDecoder()
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*\{')
+
+
 def from_body(data: bytes) -> Usage | None:
-    """A plain answer's `usage` (a Responses answer's is at the top level too)."""
-    if b'"usage"' not in data:
+    """A plain answer's `usage` (a Responses answer's is at the top level too). Every API writes it
+    last, so the last `"usage": {` is decoded alone (quotes inside strings are escaped: only a key
+    reads so); anything else unusual, and the whole body is parsed."""
+    i = data.rfind(b'"usage"')
+    if i < 0:
         return None
+    key = _USAGE_KEY.match(data, i)
+    if key is not None:
+        try:
+            usage, _ = _DECODER.raw_decode(data[key.end() - 1:].decode())
+            found = from_object(usage)
+            if found is not None:
+                return found
+        except (ValueError, UnicodeDecodeError):
+            pass
     try:
         body = json.loads(data)
     except ValueError:
