@@ -19,7 +19,9 @@ written in that many pieces, a short pause apart (so the proxy reads it in sever
 `hold`: a name; the request keeps its slot until the test calls `FakeState.release(name)` (a slot
 held for as long as a test needs, where a `delay` can run out first on a loaded machine);
 `hold_first`: the same for a stream's first chunk, once its head is out (a prefill that lasts until
-the test says).
+the test says); `prompt_tokens`, `cached_tokens`: the usage it reports (default 10 and 0; one completion
+token per chunk, one for a plain answer), as the native worker does: a plain answer's `usage` in its
+API's shape, and with `X-Mtpstack-Usage: 1` (the proxy's) a `: usage` comment in each event (`mtpstack.usage`).
 
 Run alone: `python -m devkit.fake_upstream --port 8101 --gate 2 [--chunks 256 --interval 0.004]`.
 """
@@ -37,6 +39,7 @@ from http import HTTPStatus
 from aiohttp import web
 
 from mtpstack.endpoints import ENDPOINTS
+from mtpstack.usage import USAGE_HEADER, with_usage
 from mtpstack.validator import MAX_HEADER_BYTES
 
 #: Like the native worker's `--admission-grace-seconds`, shortened for tests.
@@ -124,6 +127,18 @@ def final_event(endpoint: str, sequence_number: int, pad: int = 0) -> bytes:
     return b"data: [DONE]\n\n"
 
 
+def _usage_object(endpoint: str, prompt: int, cached: int, completion: int) -> dict:
+    """A plain answer's `usage` in its API's shape, as the native worker writes it."""
+    if endpoint == "messages":
+        return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+                "output_tokens": completion}
+    if endpoint == "responses":
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": completion,
+                "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
 _CHUNK_CACHE: dict[tuple[int, str], bytes] = {}
 
 
@@ -185,6 +200,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             headers={"Retry-After": "1"},
         )
     left = False
+    prompt, cached = int(ctl.get("prompt_tokens", 10)), int(ctl.get("cached_tokens", 0))
+    counted = request.headers.get(USAGE_HEADER) == "1"
     try:
         if "hold" in ctl:
             await s._hold(str(ctl["hold"])).wait()
@@ -207,6 +224,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 "object": "chat.completion" if endpoint == "chat" else "text_completion",
                 "model": payload.get("model"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": _usage_object(endpoint, prompt, cached, 1),
             }
             return web.json_response(body, status=status)
         chunks = int(ctl.get("chunks", s.chunks))
@@ -226,7 +244,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 request.transport.abort()  # the worker "dies": no [DONE], no chunk terminator
                 return resp
             s.chunks_written = i + 1
-            await resp.write(padding + (_stamped(i) if s.stamp else chunk_bytes(i, endpoint)))
+            data = padding + (_stamped(i) if s.stamp else chunk_bytes(i, endpoint))
+            await resp.write(with_usage(data, prompt, cached, i + 1) if counted else data)
             if interval:
                 await asyncio.sleep(interval)
         s.served += 1
@@ -235,6 +254,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         _leave(s)
         left = True
         final = final_event(endpoint, chunks, int(ctl.get("final_pad", 0)))
+        if counted:
+            final = with_usage(final, prompt, cached, chunks)
         linger, split = float(ctl.get("linger", 0)), int(ctl.get("split", 1))
         if linger or split > 1:
             step = -(-len(final) // split)

@@ -57,6 +57,8 @@ let
     inherit hardening;
     inherit (cfg) hostName;
     inherit (pkgs) writeText;
+    shell = pkgs.runtimeShell;
+    coreutilsBin = "${pkgs.coreutils}/bin";
     workerHardening = {
       MemoryDenyWriteExecute = false; # mlx compiles CPU kernels at run time and maps them executable
     };

@@ -19,6 +19,14 @@ let
   width = types.ints.between defaults.widthMin defaults.widthMax;
   # nixpkgs before 25.05 lacks externalPath: fall back to a string.
   externalPath = types.externalPath or types.str;
+  # A tenant's limit (proxy.tenants.<name>): a positive count, or null for none.
+  limit =
+    name: example: description:
+    mkOption {
+      type = types.nullOr types.ints.positive;
+      default = defaults.tenant.${name};
+      inherit example description;
+    };
   pins = import ./pins.nix;
   # The workers with a `jaccl` rank on this machine: its package must carry
   # MLX's JACCL, which only the macOS 26 Metal wheels have (modules/pins.nix).
@@ -209,9 +217,45 @@ in
         default = defaults.proxy.apiKeysFile;
         example = "/run/secrets/mtpstack-api-keys";
         description = ''
-          File of accepted API keys, one per line, outside the Nix store (a
-          string, so it is never copied there); `null`: no authentication. On
-          NixOS the proxy unit reads it as a systemd credential.
+          File of accepted API keys, outside the Nix store (a string, so it is
+          never copied there): one `NAME KEY` line per key (a key alone is
+          tenant `default`); `null`: no authentication. On NixOS a privileged
+          step of the proxy unit copies it, at start and on `systemctl reload`,
+          where only the unit's user can read it; nix-darwin's daemon reads it
+          in place (it must be readable by `_mtpstack`).
+        '';
+      };
+      tenants = mkOption {
+        type = types.attrsOf (
+          types.submodule {
+            options = {
+              maxConcurrent = limit "maxConcurrent" 4 "Requests of this tenant in flight (waiting or admitted) across the fleet at once; beyond: 429. `null`: unlimited.";
+              tokensPerMinute = limit "tokensPerMinute" 200000 "Prompt tokens not served from a prefix cache plus completion tokens, per sliding minute; beyond: 429. `null`: unlimited.";
+              requestsPerMinute = limit "requestsPerMinute" 60 "Requests per sliding minute; beyond: 429. `null`: unlimited.";
+              weight = mkOption {
+                type = types.ints.between 1 1000;
+                default = defaults.tenant.weight;
+                example = 2;
+                description = "Share of a gate when several tenants wait on it: slots go round-robin by weight, first come first served within a tenant.";
+              };
+            };
+          }
+        );
+        default = defaults.proxy.tenants;
+        example = literalExpression ''{ alice = { maxConcurrent = 2; weight = 2; }; ci.requestsPerMinute = 30; }'';
+        description = ''
+          Limits and queue weight per tenant, a name in `apiKeysFile`; a tenant
+          not listed is unlimited with weight 1. A change reloads the proxy
+          (`systemctl reload`, SIGHUP) instead of restarting it.
+        '';
+      };
+      fairQueueing = mkOption {
+        type = types.bool;
+        default = defaults.proxy.fairQueueing;
+        example = false;
+        description = ''
+          When several tenants wait for one model, serve them round-robin by
+          `weight`; `false`: one first-come line per model.
         '';
       };
     };

@@ -93,10 +93,15 @@ class ModelAdmission:
     clock: Callable[[], float] = time.monotonic
     #: Seconds a request waits for its preferred worker's slot while another worker has one free.
     prefer_wait_seconds: float = 0.0
-    #: Each waiter with the worker it prefers (or None), the slots it needs (its `n`), and whether
-    #: it still holds out for that worker (until `prefer_wait_seconds` have passed).
-    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None, int, bool]] = field(default_factory=deque)
+    #: Each waiter with the worker it prefers (or None), the slots it needs (its `n`), whether it
+    #: still holds out for that worker (until `prefer_wait_seconds` have passed), and its place in
+    #: line (`_tag`): the line is kept in that order, which is the order slots are handed out in.
+    _waiters: deque[tuple[asyncio.Future[Upstream], Upstream | None, int, bool, float]] = field(default_factory=deque)
     _service_seconds: float | None = None
+    #: Fair queueing (start-time fair queueing over tenants): the place in line of the waiter served
+    #: last, and each tenant's last place handed out, which its next waiter's follows by 1 / weight.
+    _virtual: float = 0.0
+    _last_tag: dict[str, float] = field(default_factory=dict)
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -134,11 +139,14 @@ class ModelAdmission:
         return best
 
     # -- admission ---------------------------------------------------------------------
-    async def acquire(self, prefer: Upstream | None = None, weight: int = 1, retry: bool = False) -> Upstream:
+    async def acquire(self, prefer: Upstream | None = None, weight: int = 1, retry: bool = False,
+                      tenant: str = "", share: int = 1) -> Upstream:
         """`weight` slots on one worker of this model (a request's `n` choices are rows of one
-        batch), on `prefer` when it has them free; waits in line, first come first served, when no
-        gate has. `weight` must not exceed `widest`. `retry`: the request was admitted before and
-        its worker never took it; it goes ahead of everyone waiting."""
+        batch), on `prefer` when it has them free; waits in line when no gate has: first come first
+        served within a `tenant`, and tenants' turns round-robin by their `share` (a tenant of share
+        2 gets two slots for another's one; one tenant alone: plain first come first served). `weight`
+        must not exceed `widest`. `retry`: the request was admitted before and its worker never took
+        it; it goes ahead of everyone waiting."""
         if not self.healthy:
             raise Rejected(
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -149,7 +157,7 @@ class ModelAdmission:
         hold = self._holds_out(prefer, weight) and not retry
         # Those holding out for their own (full) workers want no free slot, so they do not keep a
         # newcomer from one, nor count against it when the queue is full of them.
-        if (not self._waiters or retry or all(holding for _, _, _, holding in self._waiters)) and not hold:
+        if (not self._waiters or retry or all(w[3] for w in self._waiters)) and not hold:
             upstream = self._pick(prefer, weight)
             if upstream is not None:
                 self._take(upstream, weight)
@@ -164,9 +172,9 @@ class ModelAdmission:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Upstream] = loop.create_future()
         if retry:
-            self._waiters.appendleft((fut, prefer, weight, False))
+            self._waiters.appendleft((fut, prefer, weight, False, -math.inf))
         else:
-            self._waiters.append((fut, prefer, weight, hold))
+            self._enqueue((fut, prefer, weight, hold, self._tag(tenant, share)))
         self._queue_changed()
         timer = loop.call_later(self.timeout_seconds, self._expire, fut)
         # Never so long that the queue's timeout refuses it while another worker is free.
@@ -188,6 +196,26 @@ class ModelAdmission:
             if lapse is not None:
                 lapse.cancel()
 
+    def _tag(self, tenant: str, share: int) -> float:
+        """A new waiter's place in line: one turn of its tenant's (1 / share) after the later of the
+        tenant's last place and the place now being served, so a tenant with many waiting delays
+        another's newcomer by one turn, not by all of them."""
+        last = self._last_tag
+        tag = max(self._virtual, last.get(tenant, self._virtual)) + 1.0 / share
+        last[tenant] = tag
+        if len(last) > 4 * len(self._waiters) + 64:  # places already passed say nothing: bounded by those waiting
+            for name in [n for n, t in last.items() if t <= self._virtual]:
+                del last[name]
+        return tag
+
+    def _enqueue(self, waiter: tuple) -> None:
+        """Into the line by place (`_tag`), after every waiter with the same place or an earlier one."""
+        tag = waiter[4]
+        i = len(self._waiters)
+        while i > 0 and self._waiters[i - 1][4] > tag:
+            i -= 1
+        self._waiters.insert(i, waiter)
+
     def _holds_out(self, prefer: Upstream | None, weight: int) -> bool:
         """Whether a request preferring `prefer` waits for it rather than take another worker now:
         waiting is on, and `prefer` is healthy, full, and wide enough for it."""
@@ -196,9 +224,9 @@ class ModelAdmission:
 
     def _lapse(self, fut: asyncio.Future[Upstream]) -> None:
         """`fut`'s wait for its preferred worker is over: from now on any free worker will do."""
-        for i, (waiter, prefer, weight, _) in enumerate(self._waiters):
+        for i, (waiter, prefer, weight, _, tag) in enumerate(self._waiters):
             if waiter is fut:
-                self._waiters[i] = (waiter, prefer, weight, False)
+                self._waiters[i] = (waiter, prefer, weight, False, tag)
                 self._dispatch()
                 return
 
@@ -216,8 +244,8 @@ class ModelAdmission:
         )
 
     def _forget(self, fut: asyncio.Future[Upstream]) -> None:
-        for i, (waiter, _, _, _) in enumerate(self._waiters):
-            if waiter is fut:
+        for i, w in enumerate(self._waiters):
+            if w[0] is fut:
                 del self._waiters[i]
                 self._queue_changed()
                 return
@@ -245,7 +273,7 @@ class ModelAdmission:
         changed = False
         i = 0
         while i < len(self._waiters):
-            fut, prefer, weight, holding = self._waiters[i]
+            fut, prefer, weight, holding, tag = self._waiters[i]
             if fut.done():
                 del self._waiters[i]
                 changed = True
@@ -263,6 +291,7 @@ class ModelAdmission:
             del self._waiters[i]
             changed = True
             self._take(upstream, weight)
+            self._virtual = max(self._virtual, tag)
             fut.set_result(upstream)
         if changed:
             self._queue_changed()
@@ -283,7 +312,7 @@ class ModelAdmission:
             self._dispatch()
         elif not self.healthy:
             while self._waiters:
-                fut, _, _, _ = self._waiters.popleft()
+                fut = self._waiters.popleft()[0]
                 if not fut.done():
                     fut.set_exception(
                         Rejected(

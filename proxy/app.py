@@ -19,7 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from aiohttp import hdrs, web
 
 from mtpstack.proxy.admission import ModelAdmission, Rejected, Upstream
-from mtpstack.proxy.auth import key_accepted, load_api_keys, presented_key
+from mtpstack.proxy.auth import presented_key
 from mtpstack.proxy.deadline import ClientDeadlines, deadline_of
 from mtpstack.proxy.deadline import middleware as client_deadline_middleware
 from mtpstack.proxy.dashboard import dashboard
@@ -31,6 +31,7 @@ from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.relay import ClientGone, Exchange, Unsent, relay
 from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
 from mtpstack.proxy.state import STATE, ProxyState
+from mtpstack.proxy.tenants import Tenant, Tenants
 from mtpstack.proxy.upstream import UpstreamClient
 from mtpstack.endpoints import ENDPOINTS, Endpoint
 from mtpstack.logs import EVENT
@@ -92,7 +93,7 @@ def create_app(
         admissions=admissions,
         metrics=metrics,
         health_interval=health_interval,
-        api_keys=load_api_keys(p.api_keys_file) if p.api_keys_file else None,
+        tenants=Tenants(config),
         clients=clients,
         affinities={m: Affinity() for m in admissions} if p.routing == AFFINITY else {},
     )
@@ -157,10 +158,16 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 def _auth_failure(request: web.Request, state: ProxyState, rid: str, family: str = "openai") -> web.Response | None:
-    if state.api_keys is None:
-        return None
-    if key_accepted(presented_key(request.headers), state.api_keys):
-        return None
+    return None if _tenant_of(request, state) is not None else _unauthorized(rid, family)
+
+
+def _tenant_of(request: web.Request, state: ProxyState) -> Tenant | None:
+    """The tenant whose key the request carries (`default` when no keys file is set), or None."""
+    return state.tenants.lookup(presented_key(request.headers))
+
+
+def _unauthorized(rid: str, family: str) -> web.Response:
+    # Names no tenant: whoever sent a wrong key learns nothing of anyone's.
     return error_response(
         HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key; send `Authorization: Bearer KEY` or `x-api-key: KEY`",
         rid=rid,
@@ -279,6 +286,13 @@ def _client_left(ex: Exchange) -> None:
 
 def _finish(state: ProxyState, ex: Exchange) -> None:
     state.metrics.count_request(ex.model, ex.status)
+    tenant = ex.tenant
+    if tenant is not None:
+        used = ex.used()
+        if used is not None:
+            tenant.charge(time.monotonic(), *used)
+        state.tenants.finished(tenant, ex.status, ex.queue_wait)
+        state.metrics.count_tenant(tenant.name, ex.status, ex.queue_wait, used)
     # An error answered, or a stream the proxy ended with an error event (its status was 200).
     if ex.code is not None and ex.status != CLIENT_CLOSED:
         state.metrics.count_refusal(ex.model, ex.code)
@@ -342,10 +356,11 @@ def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
 
 
 async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoint: Endpoint) -> web.StreamResponse:
-    denied = _auth_failure(request, state, ex.rid, endpoint.family)
-    if denied is not None:
+    tenant = _tenant_of(request, state)
+    if tenant is None:
         ex.code = "invalid_api_key"
-        return denied
+        return _unauthorized(ex.rid, endpoint.family)
+    ex.tenant = tenant
     p = state.config.proxy
     body = await _read_body(request, p.max_body_bytes, p.timeouts.client_seconds)
     payload, ex.model = _parse(body, state)
@@ -356,14 +371,27 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
         upstream = _least_busy_healthy(admission)
         ex.worker = upstream.name
         return await relay(request, state, upstream, body, ex)
+    weight = _choices(payload, endpoint, admission)
+    tenant.admit(time.monotonic(), admission.retry_after)  # its limits: a 429 of its own
+    try:
+        return await _admitted(request, state, ex, endpoint, payload, body, admission, tenant, weight)
+    finally:
+        tenant.inflight -= 1
 
+
+async def _admitted(request: web.Request, state: ProxyState, ex: Exchange, endpoint: Endpoint, payload: dict, body: bytes,
+                    admission: ModelAdmission, tenant: Tenant, weight: int) -> web.StreamResponse:
+    """A generating request within its tenant's limits: a slot on a worker of its model (in its
+    tenant's turn), the answer relayed, and on to another worker if its own never took it."""
     affinity = state.affinities.get(ex.model)
     keys = affinity_keys(endpoint.path, payload) if affinity is not None else None
     preferred = affinity.preferred(keys.lookup) if keys is not None else None
-    weight = _choices(payload, endpoint, admission)
+    # Fair queueing off: every request in one tenant's line, first come first served.
+    turn = (tenant.name, tenant.weight) if state.config.proxy.fair_queueing else ("", 1)
     queued = time.monotonic()
     try:
-        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight)
+        upstream = await admission.acquire(state.upstreams[preferred] if preferred is not None else None, weight,
+                                           tenant=turn[0], share=turn[1])
     finally:
         ex.queue_wait = time.monotonic() - queued
         state.metrics.observe_queue_wait(ex.model, ex.queue_wait)

@@ -14,6 +14,7 @@ from aiohttp import web
 from mtpstack.errors import print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.proxy.app import create_app
+from mtpstack.proxy.auth import ApiKeysError
 from mtpstack.proxy.eventloop import AUTO, CHOICES, EventLoop, choose, running_loop_name
 from mtpstack.proxy.state import STATE
 from mtpstack.validator import MAX_HEADER_BYTES, ConfigError, FleetConfig, load_config
@@ -60,12 +61,53 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(config)  # an `ApiKeysError` is printed by `mtpstack.cli.main`
     try:
         with asyncio.Runner(loop_factory=event_loop.factory) as runner:
-            return runner.run(serve(app, config, event_loop))
+            return runner.run(serve(app, config, event_loop, config_file=args.config))
     except OSError as e:
         return print_error(f"cannot listen on {config.proxy.host}:{config.proxy.port}: {e.strerror or e}", "change `proxy.port` or stop what uses it")
 
 
-async def serve(app: web.Application, config: FleetConfig, event_loop: EventLoop | None = None) -> int:
+async def reload_tenants(app: web.Application, config_file: str) -> bool:
+    """SIGHUP: read the config and the keys file again and take their keys and tenants; the rest of
+    the config needs a restart. A config the validator refuses, or a keys file that cannot be used,
+    keeps the set in effect, and the log says why. Requests in flight keep the tenant they came as.
+    The files are read and checked in a thread (a keys file of 100,000 tenants takes seconds), so the
+    proxy keeps serving meanwhile; the new set is taken in one step on the event loop."""
+    state = app[STATE]
+
+    def read():
+        config, report = load_config(config_file)
+        if config is None or not report.ok:
+            return None, report, None
+        return config, report, state.tenants.prepare(config)
+
+    try:
+        config, report, digests = await asyncio.to_thread(read)
+    except ApiKeysError as e:
+        log.error(json.dumps({"event": "reload_failed", "reason": f"{e}; the keys and tenants in effect are kept"}))
+        return False
+    if config is None:
+        log.error(json.dumps({"event": "reload_failed", "reason": "the config has errors; the keys and tenants in effect are kept",
+                              "report": report.render_text()}))
+        return False
+    state.tenants.install(config, digests)
+    log.info(json.dumps({"event": "reloaded", "tenants": len(config.proxy.tenants), "keys": state.tenants.keys,
+                         "warnings": [f.message for f in report.warnings]}))
+    return True
+
+
+def _on_sighup(app: web.Application, config_file: str, reloads: list) -> None:
+    """One reload at a time: a signal during one runs another after it (the files may have changed again)."""
+    previous = reloads[0] if reloads else None
+
+    async def after_previous() -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await reload_tenants(app, config_file)
+
+    reloads[:] = [asyncio.get_running_loop().create_task(after_previous())]
+
+
+async def serve(app: web.Application, config: FleetConfig, event_loop: EventLoop | None = None, config_file: str | None = None) -> int:
     p = config.proxy
     # Client disconnects cancel the handler, which closes the upstream request and frees the
     # slot at once. On a stop signal: close the socket, let in-flight requests finish up to
@@ -77,6 +119,8 @@ async def serve(app: web.Application, config: FleetConfig, event_loop: EventLoop
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config_file is not None:
+        loop.add_signal_handler(signal.SIGHUP, _on_sighup, app, config_file, [])
     state = app[STATE]
     server = None
     try:
@@ -99,7 +143,7 @@ async def serve(app: web.Application, config: FleetConfig, event_loop: EventLoop
         if server is not None:
             server.close()
         await runner.cleanup()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     log.info(json.dumps({"event": "stopped"}))
     return 0

@@ -298,6 +298,7 @@ class FleetCollector:
             for m in w["weights"]["mismatches"]:
                 problems.append(f"worker `{name}` weights: {m}")
         refusals = state.metrics.refusal_counts()
+        tenants, not_shown = state.tenants.snapshot()
         models = {}
         for model, a in state.admissions.items():
             recent = [s for s in self.history[model] if now - s[0] <= HISTORY_SECONDS]
@@ -325,6 +326,8 @@ class FleetCollector:
             "models": models,
             # Refused before a served model was known (no key, bad JSON, an unknown model...).
             "refusals_without_model": refusals.get(NO_MODEL, {}),
+            "tenants": tenants,
+            "tenants_not_shown": not_shown,
             "workers": workers,
         }
 

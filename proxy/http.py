@@ -17,6 +17,7 @@ from aiohttp import hdrs, web
 from mtpstack.endpoints import Endpoint, family_of
 from mtpstack.refusals import error_body, family_status, internal_error, routing_refusal, stream_error
 from mtpstack.requestid import REQUEST_ID, request_id
+from mtpstack.usage import USAGE_HEADER
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -32,7 +33,7 @@ HOP_BY_HOP = frozenset(
 #: Request headers the proxy sets itself or keeps to itself: the length is recomputed, the
 #: host is the worker's, and API keys are for the proxy only (workers never see them).
 REQUEST_DROP = HOP_BY_HOP | {
-    h.lower() for h in (hdrs.HOST, hdrs.CONTENT_LENGTH, hdrs.AUTHORIZATION, "X-Api-Key", REQUEST_ID, hdrs.EXPECT)
+    h.lower() for h in (hdrs.HOST, hdrs.CONTENT_LENGTH, hdrs.AUTHORIZATION, "X-Api-Key", REQUEST_ID, hdrs.EXPECT, USAGE_HEADER)
 }
 #: Response headers aiohttp writes itself for the client connection.
 RESPONSE_DROP = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, REQUEST_ID)}

@@ -62,6 +62,15 @@ class ProxyMetrics:
             "Requests a worker never took (refused, reset before reading it, no connection), sent on to another "
             "worker of the model, by the worker that failed.", ["worker"], registry=r,
         )
+        t = ["tenant"]
+        self.tenant_requests = Counter(f"{PREFIX}tenant_requests_total", "Requests answered, by tenant (whose key) and HTTP status.",
+                                       ["tenant", "status"], registry=r)
+        self.tenant_prompt = Counter(f"{PREFIX}tenant_prompt_tokens_total",
+                                     "Prompt tokens of the tenant's requests, those served from a prefix cache included (the worker's usage).", t, registry=r)
+        self.tenant_cached = Counter(f"{PREFIX}tenant_cached_tokens_total", "Prompt tokens of the tenant's requests served from a prefix cache.", t, registry=r)
+        self.tenant_completion = Counter(f"{PREFIX}tenant_completion_tokens_total",
+                                         "Completion tokens the tenant's clients were sent (the worker's usage).", t, registry=r)
+        self.tenant_queue = Counter(f"{PREFIX}tenant_queue_seconds_total", "Seconds the tenant's requests waited for a slot.", t, registry=r)
 
         #: Resolved label children: `labels()` costs a lock and a dict build per call, and label
         #: values here come from the config (or a status code), so the set is small and fixed.
@@ -76,6 +85,16 @@ class ProxyMetrics:
 
     def count_request(self, model: str, status: int) -> None:
         self._child(self.requests, model, str(status)).inc()
+
+    def count_tenant(self, tenant: str, status: int, queue_seconds: float | None, used: tuple[int, int, int] | None) -> None:
+        self._child(self.tenant_requests, tenant, str(status)).inc()
+        if queue_seconds:
+            self._child(self.tenant_queue, tenant).inc(queue_seconds)
+        if used is not None:
+            prompt, cached, completion = used
+            self._child(self.tenant_prompt, tenant).inc(prompt)
+            self._child(self.tenant_cached, tenant).inc(cached)
+            self._child(self.tenant_completion, tenant).inc(completion)
 
     def count_refusal(self, model: str, code: str) -> None:
         self._child(self.refusals, model, code).inc()

@@ -22,12 +22,18 @@ from mtpstack.proxy.fleet import FLEET, NO_MODEL
 from mtpstack.proxy.health import mark_unhealthy
 from mtpstack.proxy.http import REQUEST_DROP, RESPONSE_DROP, filter_headers, sse_error_event
 from mtpstack.proxy.state import ProxyState
+from mtpstack.proxy.tenants import Tenant
+from mtpstack.proxy.usage import USAGE_HEADER, Usage
+from mtpstack.proxy.usage import from_body as usage_from_body
+from mtpstack.proxy.usage import from_stream as usage_from_stream
 from mtpstack.proxy.upstream import (UpstreamClosed, UpstreamConnectTimeout, UpstreamRefused, UpstreamReset, UpstreamResponse,
                                     UpstreamUnsent)
 from mtpstack.requestid import REQUEST_ID
 
 log = logging.getLogger("mtpstack.proxy")
 
+#: Asks a native worker for the tokens used so far in each event of a stream (`mtpstack.usage`).
+ASK_USAGE = (USAGE_HEADER, "1")
 #: Client socket buffer above which the proxy stops reading from the worker.
 CLIENT_HIGH_WATER = 256 * 1024
 #: How often a paused stream looks whether the client has caught up; only runs while paused.
@@ -68,8 +74,18 @@ class Exchange:
     #: Called once the worker holds the request's prompt (its answer began): the routing's record of
     #: a beginning other conversations share (`mtpstack.proxy.routing.Keys.shared`).
     on_held: Callable[[], None] | None = None
-    #: What a stream wrote to the client (`_StreamSink`), for `delivered`.
+    #: What a stream wrote to the client (`_StreamSink`), for `delivered` and the tokens it was sent.
     written: _StreamSink | None = None
+    #: Whose key the request came with (`mtpstack.proxy.tenants.Tenant`), once it passed its limits.
+    tenant: Tenant | None = None
+    #: A plain answer's usage (`mtpstack.proxy.usage`): prompt, cached and completion tokens.
+    usage: Usage | None = None
+
+    def used(self) -> Usage | None:
+        """The tokens the client was sent: a plain answer's usage, else its stream's last word on it."""
+        if self.usage is None and self.written is not None:
+            self.usage = usage_from_stream(self.written.tail())
+        return self.usage
 
     def delivered(self) -> bool:
         """The stream's final event (`Endpoint.final_events`) went out to the client whole: the client
@@ -92,6 +108,7 @@ class Exchange:
             "code": self.code if self.code is not None else self.worker_code,
             "stream": self.stream,
             "routing": self.routing,
+            "tenant": None if self.tenant is None else self.tenant.name,
             "queue_wait_ms": None if self.queue_wait is None else round(self.queue_wait * 1000, 3),
             "first_byte_ms": None if self.first_byte is None else round(self.first_byte * 1000, 3),
             "duration_ms": round((now - self.arrived) * 1000, 3),
@@ -123,6 +140,7 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
     name = upstream.name
     headers = filter_headers(request.headers.items(), REQUEST_DROP)
     headers.append((REQUEST_ID, ex.rid))
+    headers.append(ASK_USAGE)
     if request.remote:
         headers.append((hdrs.X_FORWARDED_FOR, request.remote))
     sent = ex.sent = time.monotonic()
@@ -164,6 +182,7 @@ async def relay(request: web.Request, state: ProxyState, upstream: Upstream, bod
             ex.worker_code = _error_code(data)
         else:
             ex.held()
+            ex.usage = usage_from_body(data)
         return web.Response(status=up.status, body=data, headers=out_headers)
     finally:
         up.close()  # a no-op for a finished answer, whose connection went back to the pool
@@ -238,6 +257,7 @@ class _StreamSink:
         self.dog = dog
         self.resp = resp
         self.last = b""
+        self.prev = b""  # the chunk before `last`: a final event's usage comment came with the one before
         self.paused = False
         self.at_boundary = True  # the stream's first byte begins an event
         self.run: bytes | bytearray = b""  # the run being written: its first chunk, or its chunks joined
@@ -251,6 +271,7 @@ class _StreamSink:
         t.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         self.dog.last = self.dog.loop.time()
         if self.at_boundary and data.endswith(b"\n\n") and len(data) > 2:  # whole events, as nearly every chunk is
+            self.prev = self.last
             self.last = self.run_first = self.run_last = data
         else:
             self.wrote(data)
@@ -261,6 +282,7 @@ class _StreamSink:
 
     def wrote(self, data: bytes) -> None:
         """`data` went out to the client (through this sink, or written by the relay itself)."""
+        self.prev = self.last
         self.last = data
         if self.at_boundary:
             self.run = data
@@ -275,6 +297,15 @@ class _StreamSink:
                 self.run_first, self.run_last = self.run, data
         else:
             self.at_boundary = False
+
+    def tail(self) -> bytes:
+        """The last bytes written that are kept, oldest first: the last whole run, then the last two chunks."""
+        recent = (self.prev, self.last)
+        parts: list[bytes | bytearray] = []
+        for chunk in (self.run_first, self.run_last):
+            if all(chunk is not p for p in (*parts, *recent)):
+                parts.append(chunk)
+        return b"".join([*parts, *recent])
 
     def final_event_out(self, finals: tuple[bytes, ...]) -> bool:
         """Whether the last whole run holds an event starting with one of `finals`."""

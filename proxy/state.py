@@ -11,6 +11,7 @@ from mtpstack.proxy.admission import ModelAdmission, Upstream
 from mtpstack.proxy.deadline import ClientDeadlines
 from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.routing import Affinity
+from mtpstack.proxy.tenants import Tenants
 from mtpstack.proxy.upstream import UpstreamClient
 from mtpstack.validator import FleetConfig
 
@@ -22,7 +23,8 @@ class ProxyState:
     admissions: dict[str, ModelAdmission]
     metrics: ProxyMetrics
     health_interval: float
-    api_keys: tuple[bytes, ...] | None
+    #: Whose keys are accepted, their limits and their usage (`mtpstack.proxy.tenants`).
+    tenants: Tenants
     #: Which worker served which conversation, per model; empty under `proxy.routing: first-free`.
     affinities: dict[str, Affinity] = field(default_factory=dict)
     #: One HTTP client (keep-alive pool) per worker, by worker name.

@@ -5,6 +5,7 @@ Session-scoped and shared, so a test must not change their files: copy them firs
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,16 @@ def hybrid_pair(tmp_path_factory) -> tuple[Path, Path]:
     from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
 
     return build_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def clients_python() -> Path:
+    """The interpreter of the client libraries' own virtualenv (`.venv-clients`: the Anthropic SDK and
+    the other clients pin their own versions); skipped without it, a failure under CI."""
+    venv = Path(os.environ.get("MTPSTACK_CLIENTS_VENV", Path(__file__).resolve().parents[1] / ".venv-clients"))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        from tests.skips import require
+
+        require(f"the client libraries' virtualenv is missing ({venv}): run scripts/bootstrap-clients")
+    return python

@@ -23,13 +23,15 @@ from mtpstack.validator.config import (
     PolicyConfig,
     ProxyConfig,
     QueueConfig,
+    TENANT_NAME_PATTERN,
+    TenantConfig,
     TargetSpec,
     TimeoutsConfig,
     format_gib,
     WorkerProfile,
     effective_context,
 )
-from mtpstack.validator.coupling import gate_for, gate_source
+from mtpstack.validator.coupling import fleet_width, gate_for, gate_source
 from mtpstack.validator.deep import local_dir
 from mtpstack.validator.families import (
     BY_HEAD_TYPE,
@@ -42,6 +44,7 @@ from mtpstack.validator.families import (
     target_cache_kinds,
 )
 from mtpstack.validator.findings import CODES, Finding, Report, display_name, format_path
+from mtpstack.validator.keys import DEFAULT_TENANT, KeyLine, KeysFileError, read_keys_file
 from mtpstack.validator.load import ConfigError, load_config, load_valid_config, validate_data, validate_file
 from mtpstack.validator.modeldir import (
     BUNDLED_MTP_PREFIX,
@@ -94,6 +97,13 @@ __all__ = [
     "PolicyConfig",
     "PrefixCacheSpec",
     "ProxyConfig",
+    "DEFAULT_TENANT",
+    "KeyLine",
+    "KeysFileError",
+    "TENANT_NAME_PATTERN",
+    "TenantConfig",
+    "read_keys_file",
+    "fleet_width",
     "QueueConfig",
     "Report",
     "SETTINGS",

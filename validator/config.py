@@ -34,6 +34,8 @@ DEPTH_DEFAULT = 3
 Depth = Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})]
 #: A workload class name in `drafter.depth`: it travels in `--draft-depth-map NAME=D,...` and in a header.
 DEPTH_CLASS_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+#: A tenant's name in `proxy.tenants` and in the keys file: it becomes a Prometheus label value.
+TENANT_NAME_PATTERN = DEPTH_CLASS_PATTERN
 
 Width = Annotated[int, Field(json_schema_extra={"minimum": WIDTH_MIN, "maximum": WIDTH_MAX})]
 #: The smallest per-worker context cap; there is no upper bound but the model's own maximum (`--deep`).
@@ -131,6 +133,17 @@ class HostConfig(StrictModel):
     )
 
 
+class TenantConfig(StrictModel):
+    max_concurrent: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Requests of this tenant in flight (waiting or admitted) across the fleet at once; beyond: 429. Null: unlimited.")
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Prompt tokens not served from a prefix cache plus completion tokens, per sliding minute; beyond: 429. Null: unlimited.")
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Requests per sliding minute; beyond: 429. Null: unlimited.")
+    weight: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1, description="Share of a gate when several tenants wait on it: slots go round-robin by weight, first come first served within a tenant.")
+
+
 class ProxyConfig(StrictModel):
     host: Host = Field("127.0.0.1", description="Address the proxy listens on.")
     deploy_on: DeployOn = Field(None, description=_DEPLOY_ON)
@@ -167,7 +180,13 @@ class ProxyConfig(StrictModel):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     max_body_bytes: int = Field(1_048_576, ge=1, description="Largest request body accepted; larger: 413 body_too_large.")
     shutdown_grace_seconds: float = Field(30.0, ge=0, description="How long in-flight requests may finish after a stop signal.")
-    api_keys_file: str | None = Field(None, description="File of accepted API keys, one per line; null: no authentication.")
+    api_keys_file: str | None = Field(
+        None, description="File of accepted API keys, one `NAME KEY` per line (a key alone: tenant `default`); null: no authentication.")
+    tenants: dict[str, TenantConfig] = Field(
+        default_factory=dict,
+        description="Limits and queue weight per tenant (a name in apiKeysFile); a tenant not listed is unlimited with weight 1.")
+    fair_queueing: bool = Field(
+        True, description="When several tenants wait for one model, serve them round-robin by weight (false: one first-come line per model).")
 
 
 class PolicyConfig(StrictModel):

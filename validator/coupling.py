@@ -24,3 +24,9 @@ def gate_source(proxy: ProxyConfig, model: str) -> tuple[str, ...]:
 
 def is_coupled(proxy: ProxyConfig, worker: WorkerProfile) -> bool:
     return worker.max_num_seqs == gate_for(proxy, worker.model)
+
+
+def fleet_width(config) -> int:
+    """Requests the whole fleet admits at once: the sum of every worker's gate. A tenant may use every
+    served model, so its `maxConcurrent` is held to this (`tenant-beyond-fleet`)."""
+    return sum(gate_for(config.proxy, w.model) for w in config.workers.values())

@@ -19,7 +19,7 @@ CODES = frozenset({
     "host-runs-nothing", "internal-error", "invalid-type", "invalid-value", "memory-check-skipped", "missing-key",
     "mlx-lm-cannot-cap-context", "mlx-lm-cannot-load-mtp", "mlx-lm-depth-map", "mlx-lm-serializes-drafts",
     "model-config-missing", "mtp-family", "mtp-family-not-served", "mtp-head-mismatch", "out-of-range", "port-conflict", "prefix-cache-dir-shared", "prefix-cache-disk-space", "proxy-not-placed",
-    "recurrent-draft-model", "unknown-host", "unknown-key", "unknown-model-limit", "unreadable", "vocab-mismatch",
+    "recurrent-draft-model", "api-keys-file", "tenant-beyond-fleet", "tenant-name", "tenant-without-key", "unknown-host", "unknown-key", "unknown-model-limit", "unreadable", "vocab-mismatch",
     "worker-unreachable",
 })
 

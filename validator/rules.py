@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import re
 
 from mtpstack.runtime import WILDCARD_HOSTS
-from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, DEPTH_MAX, DEPTH_MIN, PORT_MAX, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
-from mtpstack.validator.coupling import gate_for, gate_source
+from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, TENANT_NAME_PATTERN, DEPTH_MAX, DEPTH_MIN, PORT_MAX, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from mtpstack.validator.coupling import fleet_width, gate_for, gate_source
+from mtpstack.validator.keys import KeysFileError, read_keys_file
 from mtpstack.validator.findings import Finding, display_key, display_name, format_path
 from mtpstack.validator.placement import is_loopback, is_placed, is_remote, parts_on, rank_on
 
@@ -44,6 +45,7 @@ def check(config: FleetConfig) -> list[Finding]:
         check_distributed,
         check_ports,
         check_prefix_cache_dirs,
+        check_tenants,
     ):
         findings.extend(rule(config))
     return findings
@@ -440,3 +442,38 @@ def check_prefix_cache_dirs(config: FleetConfig) -> Iterator[Finding]:
                                 message=f"workers `{display_name(other)}` and `{display_name(name)}` would share the prefix-cache directory `{folder}`{on}",
                                 hint=f"give each worker its own `prefixCache.dir` (or set it to null: the Nix modules and `mtpstack up` then give each its own)",
                                 related=(("workers", other, "prefixCache", "dir"),))
+
+
+def check_tenants(config: FleetConfig) -> Iterator[Finding]:
+    """`proxy.tenants`: names as the keys file spells them, a `maxConcurrent` the fleet can run at once,
+    and (when the keys file can be read here) a well-formed file that names every configured tenant."""
+    proxy = config.proxy
+    width = fleet_width(config)
+    for name, tenant in proxy.tenants.items():
+        path = ("proxy", "tenants", name)
+        if not re.fullmatch(TENANT_NAME_PATTERN, name):
+            yield Finding.error(code="tenant-name", path=path,
+                                message=f"a tenant name may hold only letters, digits, `_`, `.` and `-` (1-64 characters), got: {name!r}",
+                                hint="rename the tenant here and in the keys file")
+        if tenant.max_concurrent is not None and tenant.max_concurrent > width:
+            yield Finding.error(code="tenant-beyond-fleet", path=path + ("maxConcurrent",),
+                                message=(f"tenant `{display_name(name)}` may have {tenant.max_concurrent} requests in flight, but the fleet's "
+                                         f"workers admit {width} at once in all (the sum of their gates)"),
+                                hint=f"lower `{format_path(path + ('maxConcurrent',))}` to at most {width}, or set it to null for no limit")
+    if proxy.api_keys_file is None:
+        return
+    keys_path = ("proxy", "apiKeysFile")
+    try:
+        lines = read_keys_file(proxy.api_keys_file)
+    except KeysFileError as e:
+        if not os.path.exists(proxy.api_keys_file):
+            return  # a secret of the host that runs the proxy, not of this one: the proxy checks it at start
+        yield Finding.error(code="api-keys-file", path=keys_path, message=e.message, hint=e.hint)
+        return
+    named = {line.tenant for line in lines}
+    for name in proxy.tenants:
+        if name not in named:
+            yield Finding.warning(code="tenant-without-key", path=("proxy", "tenants", name),
+                                  message=f"no line of the keys file `{proxy.api_keys_file}` names tenant `{display_name(name)}`, so its settings apply to no request",
+                                  hint=f"add a `{display_name(name)} KEY` line to the keys file, or remove the tenant",
+                                  related=(keys_path,))

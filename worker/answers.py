@@ -35,6 +35,11 @@ def _usage(parsed: ParsedRequest, seqs: list) -> dict:
     }
 
 
+def _seq_usage(parsed: ParsedRequest, handle: RequestHandle) -> Callable[[], tuple[int, int, int]]:
+    """The tokens one sequence has used so far, for the stream's usage comment (`mtpstack.usage`)."""
+    return lambda: (len(parsed.prompt), handle.seq.cached_tokens, len(handle.seq.tokens))
+
+
 def _ids(kind: str) -> tuple[str, str, int]:
     prefix, obj = ("chatcmpl", "chat.completion") if kind == "chat" else ("cmpl", "text_completion")
     return f"{prefix}-{uuid.uuid4().hex[:24]}", obj, int(time.time())
@@ -155,7 +160,8 @@ async def stream(request: web.Request, parsed: ParsedRequest, handles: list[Requ
             await resp.write(chunk(index, {}, answer.finish_reason(finish)))
 
     try:
-        resp = await open_stream(request, handle.rid)
+        resp = await open_stream(request, handle.rid, lambda: (len(parsed.prompt), handle.seq.cached_tokens,
+                                                               sum(len(h.seq.tokens) for h in handles)))
         failed = None
         async with keepalive(resp):
             for index, answer in enumerate(texts):
@@ -193,7 +199,7 @@ async def respond_to_responses(request: web.Request, parsed: ParsedRequest, hand
     builder = parsed.builder
     resp = None
     try:
-        resp = await open_stream(request, handle.rid) if parsed.stream else None
+        resp = await open_stream(request, handle.rid, _seq_usage(parsed, handle)) if parsed.stream else None
         send = event_writer(resp)
         async with keepalive(resp):
             await send(builder.start())
@@ -231,7 +237,7 @@ async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handl
     prompt = len(parsed.prompt)
     resp = None
     try:
-        resp = await open_stream(request, handle.rid) if parsed.stream else None
+        resp = await open_stream(request, handle.rid, _seq_usage(parsed, handle)) if parsed.stream else None
         send = event_writer(resp)
         async with keepalive(resp, beat=PING):
             event = await handle.events.get()  # the first comes once the prompt is prefilled

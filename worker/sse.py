@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import json
 from http import HTTPStatus
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from aiohttp import hdrs, web
 
+from mtpstack.usage import USAGE_HEADER, with_usage
 from mtpstack.worker.http import REQUEST_ID
 
 #: A stream must reach the client event by event: nothing may cache it, and nginx must not buffer it.
@@ -28,18 +29,26 @@ DONE = frame("[DONE]")
 
 
 class EventStream(web.StreamResponse):
-    """A stream response that knows when it last wrote (`keepalive` reads it)."""
+    """A stream response that knows when it last wrote (`keepalive` reads it), and, when the proxy
+    asked (`mtpstack.usage`), puts the tokens used so far in a comment inside each event it writes."""
 
     last_write = 0.0
+    #: `(prompt, cached, completion)` tokens so far, or None: no usage comment.
+    usage: Callable[[], tuple[int, int, int]] | None = None
 
     async def write(self, data) -> None:
         self.last_write = asyncio.get_running_loop().time()
+        if self.usage is not None:
+            data = with_usage(bytes(data), *self.usage())
         await super().write(data)
 
 
-async def open_stream(request: web.Request, rid: str) -> EventStream:
-    """A 200 event stream for `request`, its headers sent, carrying the request's id."""
+async def open_stream(request: web.Request, rid: str, usage: Callable[[], tuple[int, int, int]] | None = None) -> EventStream:
+    """A 200 event stream for `request`, its headers sent, carrying the request's id; `usage` counts
+    the tokens so far, for the comment a proxy asks for with `X-Mtpstack-Usage`."""
     resp = EventStream(status=HTTPStatus.OK, headers={**STREAM_HEADERS, REQUEST_ID: rid})
+    if usage is not None and request.headers.get(USAGE_HEADER) == "1":
+        resp.usage = usage
     await resp.prepare(request)
     resp.last_write = asyncio.get_running_loop().time()
     return resp

@@ -17,7 +17,9 @@ mtpstack to nginx. Raw values go to the JSON file, the table to stdout, progress
 
 `--loops uvloop,asyncio` runs one `mtpstack proxy` per event loop (`--loop`), named
 `mtpstack-uvloop` and `mtpstack-asyncio`, in the same interleaved rounds, and gives the first's
-ratio to each other beside their ratios to nginx.
+ratio to each other beside their ratios to nginx. `--baseline PYTHON` adds another checkout's proxy,
+started by that checkout's interpreter (`/work/main/.venv/bin/python`: `main`'s), as
+`mtpstack-baseline` in the same rounds: a change's cost side by side with the code before it.
 
 `--dashboard-poll` keeps one operator's page open on the mtpstack proxy for the whole run: it
 loads `/dashboard` and then polls `/v1/fleet/status` once a second, as the page does.
@@ -357,6 +359,9 @@ async def bench(args: argparse.Namespace) -> dict:
     ports = {k: free_port() for k in ("up_instant", "up_paced", "nginx_instant", "nginx_paced")}
     # One `mtpstack proxy` per `--loops` entry (one with its default loop without it), each on its own port.
     ours = {f"mtpstack-{loop}": ["--loop", loop] for loop in args.loops} if args.loops else {"mtpstack": []}
+    pythons = dict.fromkeys(ours, py)
+    if args.baseline:  # another checkout's proxy (its own venv's interpreter) in the same rounds
+        ours["mtpstack-baseline"], pythons["mtpstack-baseline"] = [], args.baseline
     ports.update({name: free_port() for name in ours})
     up_pids: dict[str, int] = {}
     load_start = list(os.getloadavg())
@@ -381,7 +386,7 @@ async def bench(args: argparse.Namespace) -> dict:
         pids: dict[str, int] = {}
         for name, extra in ours.items():
             (workdir / f"{name}.json").write_text(json.dumps({**config, "proxy": {**config["proxy"], "port": ports[name]}}))
-            mtp = start(name, [py, "-m", "mtpstack", "proxy", "--config", str(workdir / f"{name}.json"), *extra], workdir, ports[name])
+            mtp = start(name, [pythons[name], "-m", "mtpstack", "proxy", "--config", str(workdir / f"{name}.json"), *extra], workdir, ports[name])
             procs.append(mtp)
             await wait_ready(mtp, "/readyz")
             pids[name] = mtp.pid
@@ -490,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
     ap.add_argument("--loops", type=loops_arg, default=None, metavar="LOOP,LOOP",
                     help="one `mtpstack proxy` per event loop (`--loop`: uvloop, asyncio), side by side, e.g. `uvloop,asyncio`")
+    ap.add_argument("--baseline", metavar="PYTHON", default=None,
+                    help="also run the proxy of another checkout, by its venv's interpreter (e.g. /work/main/.venv/bin/python), "
+                         "as `mtpstack-baseline` in the same rounds")
     ap.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the mtpstack proxy throughout")
     args = ap.parse_args(argv)
     result = asyncio.run(bench(args))

@@ -11,6 +11,7 @@ let
   firewall = import ./firewall.nix;
   distributed = import ./distributed.nix;
   proxy = import ./proxy.nix;
+  tenants = import ./tenants.nix;
 in
 {
   defaults = import ./defaults.nix;
@@ -25,6 +26,7 @@ in
     firewall
     distributed
     proxy
+    tenants
     ;
 
   # Every check the modules assert, as NixOS-style { assertion, message }.
@@ -44,6 +46,7 @@ in
         + " in `${optionPath (prefix ++ [ "workers" ])}`";
     }) badNames
     ++ coupling.assertions prefix config
+    ++ tenants.assertions prefix config
     ++ map (e: {
       assertion = false;
       inherit (e) message;

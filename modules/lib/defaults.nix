@@ -22,7 +22,16 @@
     maxBodyBytes = 1048576;
     shutdownGraceSeconds = 30;
     apiKeysFile = null;
+    tenants = { };
+    fairQueueing = true;
     deployOn = null;
+  };
+  # Filled into each of `proxy.tenants`: null is no limit.
+  tenant = {
+    maxConcurrent = null;
+    tokensPerMinute = null;
+    requestsPerMinute = null;
+    weight = 1;
   };
   policy = {
     allowedBackends = [ "native" ];

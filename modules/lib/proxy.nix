@@ -24,7 +24,8 @@ let
   # hold against the proxy's copy of the config (proxy/fleet.py,
   # `weights_check`). tests/nix/test_restarts.py holds the proxy to this list.
   view = config: {
-    inherit (config) proxy;
+    # Not the tenants: a change of theirs reloads the proxy (SIGHUP), see `reloadView`.
+    proxy = builtins.removeAttrs config.proxy [ "tenants" ];
     workers = builtins.mapAttrs (name: w: {
       inherit (w) model backend maxNumSeqs port;
       dial = placement.dialHost config name;
@@ -32,6 +33,11 @@ let
       drafter = if w.drafter == null then null else { inherit (w.drafter) path kind; };
     }) config.workers;
   };
+
+  # What the proxy re-reads on a reload (SIGHUP: `systemctl reload`, or
+  # `launchctl kill HUP` on nix-darwin) without dropping its connections,
+  # queues or routing: the tenants (and the keys file, which is no option).
+  reloadView = config: { inherit (config.proxy) tenants; };
 
   # How long the service manager waits for the proxy to stop before it kills
   # it: the grace in-flight requests get, plus 10 s for the rest of its exit.
@@ -42,6 +48,7 @@ in
     etcName
     configPath
     view
+    reloadView
     stopTimeoutSeconds
     ;
 }

@@ -19,6 +19,7 @@ let
         // {
           queue = defaults.proxy.queue // (proxy.queue or { });
           timeouts = defaults.proxy.timeouts // (proxy.timeouts or { });
+          tenants = builtins.mapAttrs (_: t: defaults.tenant // t) (proxy.tenants or { });
         };
       policy = defaults.policy // (settings.policy or { });
       workers = builtins.mapAttrs renderWorker workers;

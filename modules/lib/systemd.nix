@@ -30,12 +30,28 @@ let
       [ (distributed.rankOn w hostName) ];
   proxyUnit = "mtpstack-proxy";
 
-  # Where the proxy finds the API keys: systemd copies the operator's file
-  # (outside the store) into the unit's credentials directory.
-  apiKeysCredential = "/run/credentials/${proxyUnit}.service/api-keys";
+  # Where the proxy finds the API keys: a privileged step of its unit (`+`:
+  # root, outside the unit's sandbox) copies the operator's file (outside the
+  # store) into the unit's runtime directory, readable by the unit's dynamic
+  # user alone, at start and again on `systemctl reload` before the proxy
+  # re-reads it on SIGHUP. (A systemd credential is fixed for the unit's run:
+  # new keys would need a restart.)
+  proxyRuntimeDir = "/run/${proxyUnit}";
+  apiKeysCredential = "${proxyRuntimeDir}/api-keys";
 
-  # The config as the proxy unit reads it: the API keys file is the
-  # credential's path.
+  # Copies the keys file ($1) into the runtime directory ($2) as `api-keys`,
+  # owned by the directory's owner (the dynamic user), replacing the old copy
+  # at once: the proxy never reads half a file.
+  copyKeysScript = coreutilsBin: ''
+    set -eu
+    umask 077
+    dir=$2
+    ${coreutilsBin}/install -m 0400 -o "$(${coreutilsBin}/stat -c %u "$dir")" -g "$(${coreutilsBin}/stat -c %g "$dir")" -T -- "$1" "$dir/api-keys.new"
+    ${coreutilsBin}/mv -f -T -- "$dir/api-keys.new" "$dir/api-keys"
+  '';
+
+  # The config as the proxy unit reads it: the API keys file is the copy's
+  # path.
   runtimeConfig =
     config:
     if config.proxy.apiKeysFile == null then
@@ -84,6 +100,9 @@ let
       workerHardening ? { },
       hostName ? null,
       writeText ? builtins.toFile,
+      # A shell and coreutils for the keys file's copy and the reload's signal.
+      shell ? "/bin/sh",
+      coreutilsBin ? "/usr/bin",
     }:
     let
       parts = placement.partsOn config hostName;
@@ -171,13 +190,35 @@ let
             ExecStart = escapeExecArgs (argv.resolve binDir (argv.proxyArgv configFile));
             TimeoutStopSec = proxyLib.stopTimeoutSeconds config;
           }
+          // {
+            # SIGHUP: the proxy re-reads its keys and tenants (docs/proxy.md).
+            ExecReload = copyKeys ++ [ "${coreutilsBin}/kill -HUP $MAINPID" ];
+          }
           // (
             if config.proxy.apiKeysFile == null then
               { }
             else
-              { LoadCredential = [ "api-keys:${config.proxy.apiKeysFile}" ]; }
+              {
+                RuntimeDirectory = [ proxyUnit ];
+                RuntimeDirectoryMode = "0700";
+                ExecStartPre = copyKeys;
+              }
           );
+        # A change of the tenants reloads the proxy instead (proxy.nix).
+        reloadTriggers = [ (builtins.toJSON (proxyLib.reloadView config)) ];
       };
+      copyKeys =
+        if config.proxy.apiKeysFile == null then
+          [ ]
+        else
+          [
+            ("+" + escapeExecArgs [
+              shell
+              (writeText "mtpstack-proxy-copy-keys" (copyKeysScript coreutilsBin))
+              config.proxy.apiKeysFile
+              proxyRuntimeDir
+            ])
+          ];
     in
     builtins.listToAttrs workerUnitList
     // (if parts.proxy then { ${proxyUnit} = proxy; } else { });
@@ -191,6 +232,8 @@ in
     ranksHere
     proxyUnit
     apiKeysCredential
+    proxyRuntimeDir
+    copyKeysScript
     runtimeConfig
     units
     ;

@@ -9,27 +9,10 @@ docs/agent-api.md's table is the same run beside mlx_lm.server (`python -m devki
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
 from devkit.client_matrix import run_clients
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
 from tests.e2e.conftest import running_stack
-from tests.skips import require
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def clients_python() -> Path:
-    venv = Path(os.environ.get("MTPSTACK_CLIENTS_VENV", ROOT / ".venv-clients"))
-    python = venv / "bin" / "python"
-    if not python.exists():
-        require(f"the client libraries' virtualenv is missing ({venv}): run scripts/bootstrap-clients")
-    return python
 
 
 def failures(report: dict) -> list[str]:

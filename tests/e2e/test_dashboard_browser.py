@@ -153,6 +153,11 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
     disk = metric(worker, "mtpstack_worker_prefix_cache_disk_bytes")
     page_shows(browser, "[data-worker=w0] [data-field=prefix-cache]", lambda t: ("from disk" in t) == (disk is not None),
                "the disk tier's hit rate")
+    # Usage per tenant (a key alone is tenant `default`), the worker's own counts of the stream, as /metrics has them.
+    for field, name in (("prompt-tokens", "prompt_tokens"), ("cached-tokens", "cached_tokens"), ("completion-tokens", "completion_tokens")):
+        n = metric(get_text(keyed_stack.proxy_url + "/metrics"), f"mtpstack_proxy_tenant_{name}_total", tenant="default")
+        assert n is not None and (n > 0 or field == "cached-tokens")
+        page_shows(browser, f"[data-tenant=default] [data-field={field}]", f"{n:g}", f"the tenant's {name} as /metrics counts them")
     assert screenshot(browser, "dashboard.png", tmp_path).stat().st_size > 10_000
 
 

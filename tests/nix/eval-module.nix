@@ -31,6 +31,8 @@ let
   pkgs = {
     writeText = name: text: "${(fakeDrv name text).outPath}";
     runCommand = name: env: script: fakeDrv name [ env script ];
+    coreutils = fakeDrv "coreutils" "";
+    runtimeShell = "/bin/sh";
     # The package's own passthru says whether its mlx has JACCL: the macOS 26
     # build of the Metal wheels (modules/package.nix, tests/nix/test_package.py).
     callPackage =

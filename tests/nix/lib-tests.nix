@@ -433,7 +433,7 @@ let
       expr = (restartedBy widened).proxy;
       expected = true;
     };
-    apiKeysBecomeACredential = {
+    apiKeysAreCopiedAtStartAndOnReload = {
       expr =
         let
           withKeys = mtp.render { proxy.apiKeysFile = "/run/secrets/keys"; };
@@ -442,15 +442,42 @@ let
               config = withKeys;
               configFile = "/c";
               binDir = "/b";
+              writeText = name: _: "/store/${name}";
+              coreutilsBin = "/cu";
             }).mtpstack-proxy;
         in
         {
-          credential = proxyUnit.serviceConfig.LoadCredential;
+          inherit (proxyUnit.serviceConfig) ExecStartPre ExecReload RuntimeDirectory;
+          credential = proxyUnit.serviceConfig ? LoadCredential;
           path = (mtp.systemd.runtimeConfig withKeys).proxy.apiKeysFile;
         };
       expected = {
-        credential = [ "api-keys:/run/secrets/keys" ];
-        path = "/run/credentials/mtpstack-proxy.service/api-keys";
+        ExecStartPre = [ "+\"/bin/sh\" \"/store/mtpstack-proxy-copy-keys\" \"/run/secrets/keys\" \"/run/mtpstack-proxy\"" ];
+        ExecReload = [
+          "+\"/bin/sh\" \"/store/mtpstack-proxy-copy-keys\" \"/run/secrets/keys\" \"/run/mtpstack-proxy\""
+          "/cu/kill -HUP $MAINPID"
+        ];
+        RuntimeDirectory = [ "mtpstack-proxy" ];
+        credential = false;
+        path = "/run/mtpstack-proxy/api-keys";
+      };
+    };
+    tenantsReloadTheProxyAndRestartNothing = {
+      expr =
+        let
+          unitsWith = tenants: unitsOf (mtp.render { inherit (fleet) workers; proxy = fleet.proxy // { inherit tenants; }; });
+          before = unitsWith { };
+          after = unitsWith { alice.weight = 2; };
+        in
+        {
+          restart = before.mtpstack-proxy.restartTriggers == after.mtpstack-proxy.restartTriggers;
+          reload = before.mtpstack-proxy.reloadTriggers == after.mtpstack-proxy.reloadTriggers;
+          signal = before.mtpstack-proxy.serviceConfig.ExecReload;
+        };
+      expected = {
+        restart = true;
+        reload = false;
+        signal = [ "/usr/bin/kill -HUP $MAINPID" ];
       };
     };
     launchdProgramArguments = {

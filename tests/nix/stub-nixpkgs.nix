@@ -57,6 +57,8 @@ let
       runCommand = name: env: script: build name script env;
       mkShell = args: build "shell" "touch $out" { nativeBuildInputs = args.packages ++ (args.inputsFrom or [ ]); };
       nix = tool "nix";
+      coreutils = tool "coreutils";
+      runtimeShell = "/bin/sh";
       nixfmt = tool "nixfmt";
       config = { };
     };

@@ -125,6 +125,12 @@ def fleets(draw) -> dict:
     proxy.update(draw(optional("deployOn", deploy_on)))
     proxy.update(draw(optional("routing", st.sampled_from(["affinity", "first-free"]))))
     proxy.update(draw(optional("affinityWaitSeconds", st.sampled_from([0, 2.5, 10]))))
+    tenant = st.fixed_dictionaries({}, optional={
+        "maxConcurrent": st.one_of(st.none(), st.integers(1, 20)), "weight": st.integers(1, 1000),
+        "requestsPerMinute": st.one_of(st.none(), st.integers(1, 10**6)), "tokensPerMinute": st.one_of(st.none(), st.integers(1, 10**9)),
+    })
+    proxy.update(draw(optional("tenants", st.dictionaries(st.sampled_from(["alice", "ci.bot-1", "default", "a b", "x" * 65]), tenant, max_size=3))))
+    proxy.update(draw(optional("fairQueueing", st.booleans())))
     fleet = {"proxy": proxy, "workers": draw(st.dictionaries(worker_names, workers(), min_size=1, max_size=4))}
     addresses = st.fixed_dictionaries(
         {"address": st.sampled_from(ADDRESSES)}, optional={"memoryGiB": st.sampled_from([16, 64, 0.5])}
@@ -174,6 +180,15 @@ PINNED_FLEETS = [
                   "distributed": {"hosts": ["gw", "mac1"], "backend": "jaccl", "ibvDevices": [[None, ["rdma_en3", "rdma_en4"]], ["rdma_en3", None]]}},
         },
     },
+    # A well-formed ring across two IPv4 hosts, so each run compares a ring's environment whatever the draw.
+    {
+        "proxy": {"deployOn": "gw"},
+        "hosts": {"gw": {"address": "10.0.0.1"}, "mac1": {"address": "10.0.0.11"}},
+        "workers": {
+            "r": {"model": "m", "target": {"path": "t", "bits": 4}, "maxNumSeqs": 1, "port": 5, "host": "0.0.0.0",
+                  "prefixCache": {"maxGiB": 0}, "distributed": {"hosts": ["mac1", "gw"]}},
+        },
+    },
 ]
 
 
@@ -198,6 +213,8 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
                 (mtp.launchd.daemons {{ inherit config; configFile = "/c"; binDir = "/bin"; }});
               placementErrors = map (e: {{ inherit (e) code path; }}) (mtp.placement.errors [ ] config);
               placementWarnings = map (w: w.path) (mtp.placement.warnings [ ] config);
+              tenantsBeyondFleet = mtp.tenants.beyondFleet config;
+              tenantNames = mtp.tenants.badNames config;
               partsOn = builtins.listToAttrs (map (h: {{ name = h; value = mtp.placement.partsOn config h; }})
                 (builtins.fromJSON {nixh.string(json.dumps(HOST_NAMES))}));
               dialHost = builtins.mapAttrs (name: _: mtp.placement.dialHost config name) config.workers;
@@ -220,6 +237,7 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     distributed_seen = 0
     flags_seen: set[str] = set()
     environments_seen: set[str] = set()
+    tenant_rules_seen: set[str] = set()
     for fleet, nix in zip(fleets_, results):
         config, report = validate_data(fleet, "<fleet>")
         assert config is not None, (fleet, report.render_text())
@@ -228,6 +246,9 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
         assert nix["mismatched"] == sorted(n for n, w in config.workers.items() if not is_coupled(config.proxy, w)), fleet
         assert nix["argv"] == {name: worker_argv(w) for name, w in config.workers.items()}, fleet
         assert nix["rendered"] == config.model_dump(by_alias=True, mode="json"), fleet
+        for code, key in (("tenant-beyond-fleet", "tenantsBeyondFleet"), ("tenant-name", "tenantNames")):
+            assert nix[key] == sorted(f.path[2] for f in report.findings if f.code == code), fleet
+        tenant_rules_seen.update(k for k in ("tenantsBeyondFleet", "tenantNames") if nix[k])
         for name, w in config.workers.items():
             argv = worker_argv(w)
             resolved = ["/bin/" + argv[0], *argv[1:]]
@@ -268,3 +289,4 @@ def test_nix_and_python_agree_on_random_fleets(nixh, tmp_path):
     # Every flag a config can set was drawn, so each of them was compared.
     assert {s.flag for s in WORKER_SETTINGS if s.config} <= flags_seen
     assert environments_seen == {"ring", "jaccl"}
+    assert tenant_rules_seen == {"tenantsBeyondFleet", "tenantNames"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -158,9 +159,50 @@ def test_units_are_hardened_with_a_state_directory_and_no_blas_preload(nixh, nix
     assert sorted(proxy["wants"]) == workers and set(workers) <= set(proxy["after"])
 
 
-def test_api_keys_reach_the_proxy_as_a_credential(nixh, nixpkgs_lib):
-    services = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")["services"]
-    assert services["mtpstack-proxy"]["serviceConfig"]["LoadCredential"] == ["api-keys:/run/secrets/mtpstack-api-keys"]
+def test_api_keys_are_copied_for_the_proxy_at_start_and_on_reload(nixh, nixpkgs_lib):
+    result = nixh.eval_module(nixpkgs_lib, "nixos", f"import {MIXED}")
+    sc = result["services"]["mtpstack-proxy"]["serviceConfig"]
+    # a privileged step (`+`) copies the operator's file where only the unit's dynamic user reads it
+    copy = sc["ExecStartPre"]
+    assert len(copy) == 1 and copy[0].startswith('+"/bin/sh" "/nix/store/')
+    assert copy[0].endswith('"/run/secrets/mtpstack-api-keys" "/run/mtpstack-proxy"')
+    assert sc["RuntimeDirectory"] == ["mtpstack-proxy"] and sc["RuntimeDirectoryMode"] == "0700"
+    # `systemctl reload`: the copy again, then SIGHUP, on which the proxy re-reads keys and tenants
+    assert sc["ExecReload"] == [copy[0], "/nix/store/" + sc["ExecReload"][1].split("/nix/store/", 1)[1]]
+    assert sc["ExecReload"][1].endswith("-coreutils/bin/kill -HUP $MAINPID")
+    assert "LoadCredential" not in sc
+    assert nixh.eval(f"(import {nixh.lib}).systemd.apiKeysCredential") == "/run/mtpstack-proxy/api-keys"
+
+
+def test_the_copy_script_replaces_the_keys_for_the_directorys_owner_readable_by_it_alone(nixh, tmp_path):
+    script = tmp_path / "copy-keys.sh"
+    script.write_text(nixh.eval(f'(import {nixh.lib}).systemd.copyKeysScript "{Path(shutil.which("install")).parent}"'))
+    keys, run = tmp_path / "keys", tmp_path / "run"
+    run.mkdir(mode=0o700)
+    for text in ("alice sk-1\n", "bob sk-2\n"):  # at start, then on reload: the new file replaces the old
+        keys.write_text(text)
+        subprocess.run(["/bin/sh", str(script), str(keys), str(run)], check=True)
+        copy = run / "api-keys"
+        assert copy.read_text() == text and copy.stat().st_mode & 0o777 == 0o400
+        assert (copy.stat().st_uid, copy.stat().st_gid) == (run.stat().st_uid, run.stat().st_gid)
+    assert sorted(p.name for p in run.iterdir()) == ["api-keys"]
+
+
+def test_tenants_render_with_their_defaults_and_a_tenant_beyond_the_fleet_is_refused(nixh, nixpkgs_lib):
+    settings = f'''{{ lib, ... }}: {{ imports = [ {MIXED} ];
+      services.mtpstack.proxy.tenants = {{ alice = {{ weight = 2; maxConcurrent = 3; }}; ci.requestsPerMinute = 30; }}; }}'''
+    result = nixh.eval_module(nixpkgs_lib, "nixos", settings)
+    tenants = result["renderedConfig"]["proxy"]["tenants"]
+    assert tenants == {
+        "alice": {"maxConcurrent": 3, "tokensPerMinute": None, "requestsPerMinute": None, "weight": 2},
+        "ci": {"maxConcurrent": None, "tokensPerMinute": None, "requestsPerMinute": 30, "weight": 1},
+    }
+    assert result["renderedConfig"]["proxy"]["fairQueueing"] is True
+    too_many = settings.replace("maxConcurrent = 3;", "maxConcurrent = 99;")
+    with pytest.raises(nixh.NixError) as e:
+        nixh.eval_module(nixpkgs_lib, "nixos", too_many)
+    assert "tenant `alice` may have 99 requests in flight" in e.value.stderr
+    assert "`services.mtpstack.proxy.tenants.alice.maxConcurrent`" in e.value.stderr
 
 
 def test_an_api_keys_file_in_the_store_is_rejected(nixh, nixpkgs_lib):

@@ -193,3 +193,18 @@ def test_an_edit_in_the_proxys_view_changes_what_the_python_proxy_acts_on(nixh):
         assert views[0] != views[1], what
         new = FleetConfig.model_validate(after)
         assert proxy_reads(old) != proxy_reads(new) or weights_check(old.workers["qwen-mtp"], identity_of(new.workers["qwen-mtp"])), what
+
+
+def test_editing_the_tenants_reloads_the_proxy_and_restarts_nothing(nixh, nixpkgs_lib, platform, base):
+    edited = evaluate(nixh, nixpkgs_lib, platform, "services.mtpstack.proxy.tenants.alice = { weight = 2; maxConcurrent = 1; };")
+    assert edited["etc"]["mtpstack/fleet.json"] != base["etc"]["mtpstack/fleet.json"]
+    if platform == "darwin":
+        # launchd has no reload: the daemon keeps running; `launchctl kill HUP` takes the edit (docs/nix.md)
+        assert changed(units(base, platform), units(edited, platform)) == []
+        return
+    assert changed(units(base, platform), units(edited, platform)) == ["mtpstack-proxy"]
+    before, after = base["services"]["mtpstack-proxy"], edited["services"]["mtpstack-proxy"]
+    # only X-Reload-Triggers differ: switch-to-configuration reloads the unit (ExecReload: SIGHUP)
+    assert before["reloadTriggers"] != after["reloadTriggers"]
+    assert {**before, "reloadTriggers": None} == {**after, "reloadTriggers": None}
+    assert before["serviceConfig"]["ExecReload"][-1].endswith("/bin/kill -HUP $MAINPID")

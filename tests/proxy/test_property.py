@@ -5,6 +5,8 @@ gate, and every request is answered."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
@@ -23,6 +25,8 @@ request_st = st.fixed_dictionaries(
         "disconnect_ms": st.one_of(st.none(), st.integers(0, 25)),
         # A conversation key (or none: the prompt decides): routing prefers a worker per key.
         "key": st.one_of(st.none(), st.sampled_from(["a", "b"])),
+        # Whose key it carries: tenants take turns by weight at a full gate.
+        "tenant": st.sampled_from(["t1", "t2", "t3"]),
     }
 )
 pattern_st = st.fixed_dictionaries(
@@ -32,6 +36,8 @@ pattern_st = st.fixed_dictionaries(
         "max_waiting": st.integers(0, 6),
         "timeout_ms": st.integers(20, 200),
         "routing": st.sampled_from(["affinity", "first-free"]),
+        "affinity_wait_ms": st.sampled_from([0, 30]),
+        "fair": st.booleans(),
         "requests": st.lists(request_st, min_size=1, max_size=24),
     }
 )
@@ -42,9 +48,13 @@ async def scenario(pattern: dict) -> None:
     servers = [TestServer(make_app(f)) for f in fakes]
     for s in servers:
         await s.start_server()
+    keys = Path(tempfile.mkdtemp(prefix="property-keys-")) / "keys"
+    keys.write_text("t1 sk-1\nt2 sk-2\nt3 sk-3\n")
     config = FleetConfig.model_validate(
         {
             "proxy": {
+                "apiKeysFile": str(keys), "tenants": {"t2": {"weight": 3}}, "fairQueueing": pattern["fair"],
+                "affinityWaitSeconds": pattern["affinity_wait_ms"] / 1000,
                 "concurrencyLimit": pattern["gate"],
                 "queue": {"maxWaiting": pattern["max_waiting"], "timeoutSeconds": pattern["timeout_ms"] / 1000},
                 "routing": pattern["routing"],
@@ -76,7 +86,8 @@ async def scenario(pattern: dict) -> None:
             body = {"model": "m", "stream": r["stream"], "x_fake": {"tag": i, "chunks": 3, "interval": r["service_ms"] / 3000, "delay": r["service_ms"] / 1000}}
             if r["key"] is not None:
                 body["prompt_cache_key"] = r["key"]
-            async with session.post(proxy.make_url("/v1/chat/completions"), json=body) as resp:
+            headers = {"Authorization": f"Bearer sk-{r['tenant'][1]}"}
+            async with session.post(proxy.make_url("/v1/chat/completions"), json=body, headers=headers) as resp:
                 await resp.read()
                 answers.append(resp.status)
 
@@ -104,6 +115,7 @@ async def scenario(pattern: dict) -> None:
     assert set(answers) <= {200, 429}, answers
     assert all(u.inflight == 0 for u in state.upstreams.values())
     assert state.admissions["m"].waiting == 0
+    assert all(t.inflight == 0 for t in state.tenants.all.values())
     assert total() <= n and total() >= n - cancelled
     for f in fakes:
         assert f.violations == 0 and f.max_active <= f.gate, f.stats()

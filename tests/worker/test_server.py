@@ -231,3 +231,24 @@ def test_a_longer_earlier_prompt_never_changes_a_later_answer(worker):
     worker.post_json("/v1/completions", {**short, "prompt": "import os\nimport sys\n"})
     _, _, again = worker.post_json("/v1/completions", short)
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+async def test_asked_by_the_proxy_each_event_but_the_last_carries_the_tokens_so_far(worker, path):
+    # `X-Mtpstack-Usage: 1` (the proxy's): a `: usage PROMPT CACHED COMPLETION` comment inside each event, rising,
+    # ending at the stream's own usage; the final event as the API ends a stream; nothing without the header
+    body = {"model": "tiny", "temperature": 0, "stream": True}
+    body |= {"input": "def fib(n):", "max_output_tokens": 12} if path == "/v1/responses" else {"messages": CHAT, "max_tokens": 12}
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        async with s.post(worker.url + path, json=body, headers={"X-Mtpstack-Usage": "1"}) as r:
+            text = (await r.read()).decode()
+        async with s.post(worker.url + path, json=body) as r:
+            assert ": usage" not in (await r.read()).decode()
+    events = [e for e in text.split("\n\n") if e]
+    counts = [tuple(map(int, line.split()[2:])) for e in events for line in e.split("\n") if line.startswith(": usage ")]
+    assert counts and ": usage" not in events[-1]
+    assert all(e.split("\n")[-1].startswith(": usage ") for e in events[:-1] if not e.startswith(": keep-alive"))
+    prompt = {p for p, _, _ in counts}
+    assert len(prompt) == 1 and prompt.pop() > 0
+    completions = [c for _, _, c in counts]
+    assert completions == sorted(completions) and 0 < completions[-1] <= 12
