@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from pathlib import Path
 
 import yaml
@@ -514,12 +515,21 @@ def random_messages_request(rng: random.Random, model: str = "m") -> tuple[str, 
     return path, json.dumps(body, allow_nan=True).encode(errors="surrogatepass")
 
 
+#: Anthropic's own refusal of a prompt that does not fit, whole: the one that names no field (Claude
+#: Code compacts on exactly these words).
+ANTHROPIC_TOO_LONG = re.compile(r"prompt is too long: \d+ tokens > \d+ maximum")
+
+
 def anthropic_refusal_names_a_field(payload) -> bool:
-    """A 400 in Anthropic's error shape whose message starts with the field it is about (`param: ...`)."""
+    """A 400 in Anthropic's error shape whose message starts with the field it is about (`param: ...`),
+    or is Anthropic's own `prompt is too long: N tokens > M maximum`."""
     if not isinstance(payload, dict) or payload.get("type") != "error":
         return False
     error = payload.get("error")
     if not isinstance(error, dict) or error.get("type") != "invalid_request_error":
         return False
-    field, sep, rest = str(error.get("message", "")).partition(": ")
+    message = str(error.get("message", ""))
+    if ANTHROPIC_TOO_LONG.fullmatch(message):
+        return True
+    field, sep, rest = message.partition(": ")
     return bool(sep and rest and field and " " not in field)

@@ -67,6 +67,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/messages/count_tokens", "messages", "Anthropic Messages API", units="anthropic",
              family="anthropic", native_only=True, choices=False, generates=False),
 )
+#: Paths clients probe for reachability before their first request (Claude Code sends `HEAD /api/hello`
+#: at start, other tools `HEAD /`): both services answer them 200 `{"status": "ok"}`, as the proxy's
+#: `/healthz`, never a 404 in their logs.
+REACHABILITY_PATHS: tuple[str, ...] = ("/", "/api/hello")
 #: The rows by path.
 BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from mtpstack.errors import UserError, print_error
 from mtpstack.logs import render_line
-from mtpstack.runtime import Process, StartError, log_tail, url_of, wait_all_ready
+from mtpstack.runtime import Process, StartError, http_status, log_tail, url_of, wait_all_ready
 from mtpstack.validator import (
     FleetConfig,
     WorkerProfile,
@@ -254,6 +254,18 @@ class Stack:
             ready_path="/readyz",
         )
 
+    def context_windows(self) -> dict[str, int]:
+        """The context each served model has here, in tokens: the smallest of its ready workers' (`/identity`
+        `context_length`: the model's own maximum, or `maxContextTokens` when lower). A model whose workers
+        do not say is left out."""
+        windows: dict[str, int] = {}
+        for m in self.workers:
+            _, ident = http_status(m.url + "/identity")
+            ctx = ident.get("context_length")
+            if m.model is not None and isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
+                windows[m.model] = min(ctx, windows.get(m.model, ctx))
+        return windows
+
     def with_cache_dir(self, name: str, w: WorkerProfile) -> WorkerProfile:
         """A native worker without `prefixCache.dir` keeps its disk tier in this run directory,
         `prefix-cache/<worker>`, so a conversation's cache outlives a restart of `mtpstack up`."""
@@ -414,7 +426,41 @@ class Stack:
         print(f"up: {text}", file=self.out, flush=True)
 
 
-def ready_banner(config: FleetConfig, host: str | None = None) -> str:
+#: Codex CLI compacts its conversation once a turn's tokens pass this share of the window it is told.
+CODEX_COMPACT_SHARE = 0.9
+#: The output cap opencode is told (Claude Code and opencode send 32,000; the worker cuts any cap to the room left).
+OPENCODE_OUTPUT = 32000
+
+
+def agent_lines(url: str, model: str, window: int) -> list[str]:
+    """How each agent is pointed at the proxy on `url` and told the context `window` the worker serves for
+    `model`, so it compacts its conversation before the window fills: Claude Code by
+    `CLAUDE_CODE_AUTO_COMPACT_WINDOW`, Codex CLI by `model_context_window` (and the limit at which it
+    compacts, `model_auto_compact_token_limit`), opencode by its model's `limit.context`. A prompt that
+    still does not fit is refused in the words each of them compacts on (docs/agent-api.md)."""
+    opencode = {"provider": {"mtpstack": {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": f"{url}/v1"},
+                                          "models": {model: {"limit": {"context": window, "output": OPENCODE_OUTPUT}}}}}}
+    return [
+        f"Claude Code ({model}: a context of {window} tokens):",
+        f"  ANTHROPIC_BASE_URL={url} ANTHROPIC_AUTH_TOKEN=x ANTHROPIC_MODEL={model} ANTHROPIC_SMALL_FAST_MODEL={model} "
+        f"CLAUDE_CODE_AUTO_COMPACT_WINDOW={window} claude",
+        "Codex CLI, in ~/.codex/config.toml:",
+        f'  model = "{model}"',
+        '  model_provider = "mtpstack"',
+        f"  model_context_window = {window}",
+        f"  model_auto_compact_token_limit = {int(window * CODEX_COMPACT_SHARE)}",
+        "  [model_providers.mtpstack]",
+        '  name = "mtpstack"',
+        f'  base_url = "{url}/v1"',
+        '  wire_api = "responses"',
+        "opencode, in opencode.json:",
+        "  " + json.dumps(opencode),
+    ]
+
+
+def ready_banner(config: FleetConfig, host: str | None = None, windows: dict[str, int] | None = None) -> str:
+    """What `up` prints when ready: where to reach the fleet, and, for the first model whose context window
+    is known (`windows`: the served model name -> the tokens its workers serve), each agent's line."""
     with_proxy, names = parts_on(config, host)
     if not with_proxy:
         proxy_host = config.proxy.deploy_on
@@ -432,8 +478,11 @@ def ready_banner(config: FleetConfig, host: str | None = None) -> str:
         "try:",
         f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
         f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"def fib(n):\"}}], \"max_tokens\": 32}}'",
-        "status: mtpstack status; stop: Ctrl-C",
     ]
+    known = [m for m in config.models if (windows or {}).get(m)]
+    if known:
+        lines += agent_lines(url, known[0], windows[known[0]])
+    lines.append("status: mtpstack status; stop: Ctrl-C")
     return "\n".join(lines)
 
 
@@ -454,7 +503,7 @@ def run_up(config_file: Path | None, run_dir: Path, health_timeout: float, host:
     code = 0
     try:
         stack.start()
-        print(ready_banner(config, host), flush=True)
+        print(ready_banner(config, host, stack.context_windows()), flush=True)
         stack.supervise()
         stack.say("stopping: proxy first, then workers")
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@
 Routes: a POST for each row of the endpoint table (`mtpstack.endpoints`: admitted here, routed, and
 relayed to a worker by `mtpstack.proxy.relay`; a row that does not generate, Anthropic's
 `count_tokens`, relayed to a healthy worker without a slot), GET /v1/models, /v1/fleet/status, /dashboard,
-/healthz, /readyz, /metrics.
+/healthz, /readyz, /metrics, and the reachability probes `/` and `/api/hello` (`mtpstack.endpoints`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Aff
 from mtpstack.proxy.state import STATE, ProxyState
 from mtpstack.proxy.tenants import Tenant, Tenants
 from mtpstack.proxy.upstream import UpstreamClient
-from mtpstack.endpoints import ENDPOINTS, Endpoint
+from mtpstack.endpoints import ENDPOINTS, REACHABILITY_PATHS, Endpoint
 from mtpstack.logs import EVENT
 from mtpstack.refusals import NOT_AN_OBJECT, body_too_large, shown_name
 from mtpstack.requestid import REQUEST_ID, request_id
@@ -114,6 +114,8 @@ def create_app(
     app.router.add_get("/v1/fleet/status", fleet_status)
     app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/healthz", healthz)
+    for path in REACHABILITY_PATHS:  # clients' probes (Claude Code's `HEAD /api/hello`): the proxy answers
+        app.router.add_get(path, healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
     return app

@@ -28,7 +28,7 @@ from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.protocol import messages, responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
-from mtpstack.worker.parsing import SEED_LIMIT, ParsedRequest, count_prompt, parse_request
+from mtpstack.worker.parsing import SEED_LIMIT, ContextExceeded, ParsedRequest, count_prompt, parse_request
 from mtpstack.worker.protocol.grammar import Busy
 
 log = logging.getLogger("mtpstack.worker")
@@ -72,6 +72,11 @@ async def health(request: web.Request) -> web.Response:
     if gen.busy() and since > config.stall_seconds:
         return web.json_response({**body, "status": "stalled", "seconds_since_progress": round(since, 1)}, status=503)
     return web.json_response({**body, "status": "ok"})
+
+
+async def reachable(request: web.Request) -> web.Response:
+    """A client's reachability probe (`mtpstack.endpoints.REACHABILITY_PATHS`; HEAD too): the service answers."""
+    return web.json_response({"status": "ok"})
 
 
 async def identity(request: web.Request) -> web.Response:
@@ -226,6 +231,8 @@ async def _completion(request: web.Request, endpoint: Endpoint, surface: Surface
         if surface.builder is not None:
             parsed.builder = surface.builder(parsed, app[CONFIG].served_model_name, original)
     except ApiError as e:
+        if isinstance(e, ContextExceeded):
+            e.param, e.message = e.worded(endpoint.api)
         if surface.reword is not None:
             e.param, e.message = surface.reword(e.param, e.message)
         if e.status in (400, 404, 413) or e.code == "worker_busy":

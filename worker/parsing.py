@@ -43,11 +43,30 @@ def _unsupported(message: str, param: str) -> ApiError:
     return ApiError(400, "unsupported_parameter", message, param)
 
 
-def _context_name(config: WorkerConfig, ctx: int) -> str:
-    """What limits the context, as an error message names it."""
-    if config.max_context_tokens is not None and ctx == config.max_context_tokens:
-        return "worker's context limit (`--max-context-tokens`)"
-    return "model's context"
+class ContextExceeded(ApiError):
+    """A prompt that leaves no room in the context (`tokens` >= `limit`), answered in the words each
+    API's clients act on (`worded`): Anthropic's `prompt is too long: N tokens > M maximum`, on which
+    Claude Code compacts the conversation, and OpenAI's `context_length_exceeded` with "maximum context
+    length" (Codex CLI keys on the code, Claude Code and opencode on either phrase)."""
+
+    def __init__(self, tokens: int, limit: int, param: str, capped: bool):
+        self.tokens, self.limit, self.capped = tokens, limit, capped
+        super().__init__(400, "context_length_exceeded", self._openai("chat"), param)
+
+    def _openai(self, api: str) -> str:
+        what = {"chat": "messages", "completions": "prompt"}.get(api, "input")
+        cap = " (this worker's `--max-context-tokens`)" if self.capped else ""
+        lead = "Your input exceeds the context window of this model. " if api == "responses" else ""
+        return (f"{lead}This model's maximum context length is {self.limit} tokens{cap}. However, your {what} "
+                f"resulted in {self.tokens} tokens. Please reduce the length of the {what}.")
+
+    def worded(self, api: str) -> tuple[str | None, str]:
+        """(param, message) as the API `api` (`Endpoint.api`) words the refusal. Anthropic's message is
+        its own, whole and unprefixed (Claude Code matches it from start to end); its maximum is the
+        longest prompt that leaves room for one token of answer, so N > M always holds."""
+        if api == "messages":
+            return None, f"prompt is too long: {self.tokens} tokens > {self.limit - 1} maximum"
+        return self.param, self._openai(api)
 
 
 def _number(body: dict, key: str, kind, lo=None, hi=None):
@@ -193,11 +212,8 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         # (Claude Code and opencode send 32,000), so it is cut to the room the prompt leaves and the
         # answer ends with `finish_reason: "length"` there. Only a prompt that leaves no room is refused.
         if len(prompt) >= ctx:
-            raise ApiError(
-                400, "context_length_exceeded",
-                f"the prompt ({len(prompt)} tokens) leaves no room in the {_context_name(config, ctx)}: {ctx} tokens",
-                prompt_key,
-            )
+            capped = config.max_context_tokens is not None and ctx == config.max_context_tokens
+            raise ContextExceeded(len(prompt), ctx, prompt_key, capped)
         max_tokens = min(max_tokens, ctx - len(prompt))
     agent.fit(max_tokens)
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from mtpstack.endpoints import ENDPOINTS
+from mtpstack.endpoints import ENDPOINTS, REACHABILITY_PATHS
 from mtpstack.errors import UserError
 from mtpstack.validator import MAX_HEADER_BYTES
 from mtpstack.worker import handlers
@@ -41,6 +41,8 @@ def create_app(config: WorkerConfig) -> web.Application:
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
+    for path in REACHABILITY_PATHS:
+        app.router.add_get(path, handlers.reachable)
     app.router.add_get("/identity", handlers.identity)
     app.router.add_get("/metrics", handlers.metrics)
     return app

@@ -11,6 +11,11 @@ its own. Then the fleet stops, so every round's first turn is cold:
 
     flock /work/bench.lock python bench/scripts/claude_code_bench.py --rounds 3 --out claude.json
 
+`--first-party` runs Claude Code in its first-party mode, as against a gateway it takes for Anthropic's
+own address: its `_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL` (read in its bundle beside the base-URL check,
+`api.anthropic.com`) set, so its first system block, the billing line, carries per-request fields
+(`cch=`, `cc_prompt_id=`, `cc_turn_index=`, ...); the report then names the fields the relay saw change.
+
 Needs Claude Code (`scripts/bootstrap-npm`, run by `scripts/test`: `.claude-code/`, or `--claude`).
 Prints per turn the median and min-max over rounds, and the load average before and after.
 """
@@ -92,7 +97,8 @@ class Recorder:
         arrived = time.perf_counter()
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        record = {"path": request.path, "status": None, "ttft_s": None, "usage": None, "final_usage": None}
+        record = {"path": request.path, "status": None, "ttft_s": None, "usage": None, "final_usage": None,
+                  "billing": billing_of(body)}
         async with self._session.request(request.method, self.upstream + request.path_qs, data=body, headers=headers) as up:
             record["status"] = up.status
             resp = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items()
@@ -109,6 +115,28 @@ class Recorder:
         if request.path.startswith("/v1/messages") and not request.path.endswith("count_tokens"):
             self.records.append(record)
         return resp
+
+
+def billing_of(body: bytes) -> str | None:
+    """The billing line Claude Code sends as its first system block, if any (pure)."""
+    try:
+        system = json.loads(body).get("system")
+    except (ValueError, AttributeError):
+        return None
+    first = system[0] if isinstance(system, list) and system and isinstance(system[0], dict) else {}
+    text = first.get("text")
+    return text if isinstance(text, str) and text.startswith("x-anthropic-billing-header:") else None
+
+
+def changing_fields(lines: list[str | None]) -> list[str]:
+    """The fields of the billing lines that differ between requests, in the order first seen (pure)."""
+    seen: dict[str, set[str]] = {}
+    for line in lines:
+        for field in (line or "").split(":", 1)[-1].split(";"):
+            key, _, value = field.strip().partition("=")
+            if key:
+                seen.setdefault(key, set()).add(value)
+    return [k for k, values in seen.items() if len(values) > 1]
 
 
 def observe(record: dict, event: bytes, elapsed: float) -> None:
@@ -167,7 +195,9 @@ def report(result: dict) -> list[str]:
         turns = [r[label] for r in result["rounds"] if r.get(label)]
         if turns:
             lines.append(turn_row(label, turns))
-    lines.append(f"Claude Code {result['claude_version']}; load average before {result['loadavg_before']}, "
+    mode = "first-party mode, billing fields changing per request: " + (", ".join(result.get("changing_fields") or []) or "none") \
+        if result.get("first_party") else "default mode"
+    lines.append(f"Claude Code {result['claude_version']} ({mode}); load average before {result['loadavg_before']}, "
                  f"after {result['loadavg_after']}.")
     return lines
 
@@ -181,7 +211,11 @@ def _fleet(work: Path) -> tuple[Path, dict]:
     return path, config
 
 
-def one_round(claude: Path, work: Path) -> dict:
+#: Claude Code's own switch for its first-party mode (it otherwise checks the base URL for `api.anthropic.com`).
+FIRST_PARTY_ENV = {"_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1"}
+
+
+def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
     fleet, config = _fleet(work)
     proxy = url_of("127.0.0.1", config["proxy"]["port"])
     up = Process([sys.executable, "-m", "mtpstack", "up", str(fleet), "--run-dir", str(work / "run")],
@@ -204,7 +238,7 @@ def one_round(claude: Path, work: Path) -> dict:
                 env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "NO_COLOR": "1",
                        "ANTHROPIC_BASE_URL": rec.url, "ANTHROPIC_AUTH_TOKEN": "bench", "ANTHROPIC_MODEL": DEMO_MODEL,
                        "ANTHROPIC_SMALL_FAST_MODEL": DEMO_MODEL, "DISABLE_TELEMETRY": "1",
-                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(FIRST_PARTY_ENV if first_party else {})}
                 before = len(rec.records)
                 argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3", "--allowedTools", "Bash,Read"]
                 done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -220,6 +254,7 @@ def one_round(claude: Path, work: Path) -> dict:
                                  "output_tokens": (request["final_usage"] or {}).get("output_tokens"),
                                  "requests": len(rec.records) - before, "exit": done.returncode}
                     print(f"  {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+            out["billing"] = [r["billing"] for r in rec.records]
         return out
     finally:
         up.interrupt()
@@ -231,15 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--claude", type=Path, default=Path(os.environ.get("MTPSTACK_CLAUDE") or CLAUDE),
                    help="the `claude` binary (default: .claude-code/, from scripts/bootstrap-npm)")
     p.add_argument("--out", type=Path, help="where to write every turn (JSON)")
+    p.add_argument("--first-party", action="store_true", help="Claude Code in its first-party mode (per-request billing fields)")
     args = p.parse_args(argv)
     if not args.claude.exists() and shutil.which(str(args.claude)) is None:
         p.error(f"no Claude Code at {args.claude}; run scripts/bootstrap-npm or pass --claude")
     version = subprocess.run([str(args.claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
-    result = {"claude_version": version, "loadavg_before": Path("/proc/loadavg").read_text().split()[:3], "rounds": []}
+    result = {"claude_version": version, "first_party": args.first_party,
+              "loadavg_before": Path("/proc/loadavg").read_text().split()[:3], "rounds": []}
     for i in range(args.rounds):
         print(f"round {i + 1} of {args.rounds}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="claude-bench-") as tmp:
-            result["rounds"].append(one_round(args.claude, Path(tmp)))
+            result["rounds"].append(one_round(args.claude, Path(tmp), args.first_party))
+    result["changing_fields"] = changing_fields([b for r in result["rounds"] for b in r.pop("billing")])
     result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -42,8 +42,9 @@ from devkit.demo.bpe import TOKENIZER_FILES
 from devkit.demo.family import MARKERS, write_family_tokenizer
 from mtpstack.errors import UserError, print_error
 
-#: The extended demo's context: Codex sends about 17k tokens with its tools.
-CONTEXT = 32768
+#: The extended demo's context: Claude Code sends 22-38k tokens before a conversation's first word, Codex
+#: about 17k, and a session fills the rest (the target's forward does not depend on it: plain RoPE).
+CONTEXT = 131072
 EMBEDDINGS = "language_model.model.embed_tokens.weight"
 #: Sample of the training text the direction and the margin are measured on.
 SAMPLE_CHARS = 20_000

@@ -46,3 +46,14 @@ def test_the_report_has_a_row_per_turn_with_median_and_range():
     assert lines[3] == "| first, after the tool's result | 12,000 | 3.00 (3.00-3.00) | 11,800 (11,800-11,800) | 1 |"
     assert lines[4] == "| next 1 | 12,000 | 5.00 (4.00-6.00) | 11,925 (11,900-11,950) | 2 |"
     assert "2.1.332" in lines[-1]
+
+
+def test_the_billing_line_is_read_off_the_body_and_its_changing_fields_are_named():
+    line = "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli; cch=24d9b; cc_turn_index=1;"
+    other = "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli; cch=d6d52; cc_turn_index=2;"
+    body = json.dumps({"system": [{"type": "text", "text": line}, {"type": "text", "text": "You are Claude Code."}]}).encode()
+    assert _script.billing_of(body) == line
+    assert _script.billing_of(json.dumps({"system": "plain"}).encode()) is None
+    assert _script.billing_of(b"not json") is None
+    assert _script.changing_fields([line, other, None]) == ["cch", "cc_turn_index"]
+    assert _script.changing_fields([line, line]) == []

@@ -105,8 +105,10 @@ def test_the_context_holds_an_agents_prompt():
     target = json.loads((DEMO_TARGET / "config.json").read_text())
     head = json.loads((DEMO_HEAD / "config.json").read_text())
     tokenizer_config = json.loads((DEMO_TARGET / "tokenizer_config.json").read_text())
-    # Codex CLI sends about 17k tokens with its tools.
-    assert target["text_config"]["max_position_embeddings"] == tokenizer_config["model_max_length"] >= 32768
+    # Claude Code sends 22-38k tokens before the conversation's first word (by version, tools and the
+    # repository's instructions), Codex CLI about 17k; a session fills the rest. The prompt pass stays
+    # correct out there: `python -m devkit.demo.long_context` (docs/demo-models.md).
+    assert target["text_config"]["max_position_embeddings"] == tokenizer_config["model_max_length"] >= 131072
     assert head["text_config"]["max_position_embeddings"] == target["text_config"]["max_position_embeddings"]
 
 

@@ -59,6 +59,16 @@ def answered_requests(proxy_url: str, model: str, seconds: float = 10.0) -> tupl
         time.sleep(0.2)
 
 
+def demo_config(**worker) -> dict:
+    """The demo fleet as `mtpstack up` ships it, on free ports, its worker's profile updated with `worker`."""
+    from mtpstack.up import default_fleet
+
+    config = default_fleet()
+    config["proxy"]["port"] = free_port()
+    config["workers"]["demo"].update(port=free_port(), **worker)
+    return config
+
+
 class Stack:
     """A running `mtpstack up` and the addresses of what it started."""
 

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import openai
 import pytest
 
 from mtpstack.runtime import free_port
 from mtpstack.up import DEMO_MODEL, default_fleet
-from tests.e2e.conftest import running_stack
+from tests.e2e.conftest import running_stack, wait_until
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
@@ -22,12 +23,39 @@ CITY = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def stack(tmp_path_factory):
     config = default_fleet()
     config["proxy"]["port"] = free_port()
     config["workers"]["demo"]["port"] = free_port()
     with running_stack(tmp_path_factory.mktemp("demo"), config) as stack:
-        yield openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_up_prints_each_agents_line_with_the_context_window_the_demo_serves(stack):
+    """The window `up` prints is what the worker serves (its `/identity`), and at least 128k tokens: today's
+    agents in a real repository send 22-38k tokens before the first word of the conversation."""
+    window = json.loads(urllib.request.urlopen(stack.worker_url("demo") + "/identity", timeout=30).read())["context_length"]
+    assert window >= 131072
+    wait_until(lambda: "opencode" in (stack.root / "up.out").read_text(), 30, "the ready banner")
+    banner = (stack.root / "up.out").read_text()
+    assert (f"ANTHROPIC_BASE_URL={stack.proxy_url} " in banner and f"ANTHROPIC_MODEL={DEMO_MODEL} " in banner
+            and f"CLAUDE_CODE_AUTO_COMPACT_WINDOW={window} claude" in banner), banner
+    assert f"model_context_window = {window}\n" in banner and f"model_auto_compact_token_limit = {int(window * 0.9)}\n" in banner
+    assert f'base_url = "{stack.proxy_url}/v1"' in banner
+    opencode = json.loads(banner.split("opencode, in opencode.json:\n", 1)[1].splitlines()[0])
+    assert opencode["provider"]["mtpstack"]["models"][DEMO_MODEL]["limit"]["context"] == window
+
+
+@pytest.mark.parametrize("path", ["/", "/api/hello"])
+def test_claude_codes_reachability_probe_is_answered_by_the_proxy_and_the_worker(stack, path):
+    for url in (stack.proxy_url, stack.worker_url("demo")):
+        with urllib.request.urlopen(urllib.request.Request(url + path, method="HEAD"), timeout=30) as resp:
+            assert resp.status == 200, url + path
 
 
 def chat(client, **kw):

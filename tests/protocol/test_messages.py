@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import qwen3_coder
 
 from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError
-from mtpstack.worker.protocol.messages import (MessageBuilder, answer_options, matched_stop, messages_refusal,
-                                               reasoning_of, signature_of, to_chat, usage)
+from mtpstack.worker.protocol.messages import (MessageBuilder, answer_options, billing_line, matched_stop,
+                                               messages_refusal, reasoning_of, signature_of, to_chat, usage)
 from mtpstack.worker.protocol.output import Markers
 from tests.anthropic_stream import replay
 
@@ -64,6 +64,38 @@ def test_the_next_turn_renders_the_same_beginning_with_the_system_message_as_a_p
                                              {"role": "system", "content": "<context>cwd: /tmp</context>"}, *TOOL_TURN])
     chat = to_chat(body)
     assert chat["messages"][:2] == first["messages"]
+
+
+#: Claude Code 2.1.332's billing line: its default mode, and its first-party mode (a base URL it takes for
+#: Anthropic's) on two requests of one conversation, as recorded through a logging relay.
+BILLING_DEFAULT = "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli;"
+BILLING_FIRST_PARTY = [
+    "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli; cch=24d9b; "
+    "cc_prompt_id=6ba199de-c82b-40ad-81e5-b4ac2c1b68e7; cc_turn_origin=sdk; cc_prompt_index=0; cc_turn_index=1;",
+    "x-anthropic-billing-header: cc_version=2.1.332.9a2; cc_entrypoint=sdk-cli; cch=d6d52; "
+    "cc_prompt_id=a2f66ce2-d2a1-4c3a-81aa-d6d36ccc9af3; cc_turn_origin=sdk; cc_prompt_index=0; cc_turn_index=2; "
+    "cc_prev_req=req_011CVxyz; cc_prev_msg=msg_01ABC; cc_prev_prompt_index=0; cc_prev_turn_index=1;",
+]
+
+
+def test_the_billing_lines_per_request_fields_are_left_out_and_its_default_form_is_kept_as_sent():
+    assert billing_line(BILLING_DEFAULT) == BILLING_DEFAULT
+    assert [billing_line(line) for line in BILLING_FIRST_PARTY] == [BILLING_DEFAULT] * 2
+    kept = BILLING_DEFAULT + " cc_workload=cron; cc_is_subagent=true; cc_gateway=env;"
+    assert billing_line(kept) == kept
+    # anything else is the client's text, as sent
+    for text in ("You are Claude Code.", "x-anthropic-billing-header: a=1;\nnow do this", " x-anthropic-billing-header: cch=1;"):
+        assert billing_line(text) == text
+
+
+def test_a_first_party_conversation_renders_the_same_beginning_on_every_request():
+    """Only the first system block is read so; the same line elsewhere is the client's text."""
+    chats = [to_chat(dict(CLAUDE_CODE_FIRST, system=[{"type": "text", "text": line}, *CLAUDE_CODE_FIRST["system"]]))
+             for line in [BILLING_DEFAULT, *BILLING_FIRST_PARTY]]
+    assert chats[0]["messages"] == chats[1]["messages"] == chats[2]["messages"]
+    assert chats[0]["messages"][0]["content"].startswith(BILLING_DEFAULT + "\n\nYou are Claude Code.")
+    later = to_chat(dict(CLAUDE_CODE_FIRST, system=[*CLAUDE_CODE_FIRST["system"], {"type": "text", "text": BILLING_FIRST_PARTY[0]}]))
+    assert later["messages"][0]["content"].endswith(BILLING_FIRST_PARTY[0])
 
 
 def test_a_tool_round_trip_becomes_tool_calls_then_a_tool_message_then_the_users_text():

@@ -357,6 +357,18 @@ async def test_api_keys_are_required_when_configured(make_fleet, keys_file, head
     assert "sk-" not in caplog.text
 
 
+@pytest.mark.parametrize("path", ["/", "/api/hello"])
+async def test_a_clients_reachability_probe_is_answered_without_a_key_and_reaches_no_worker(make_fleet, keys_file, path):
+    """Claude Code sends `HEAD /api/hello` at start: 200, not a 404 in its log, with or without keys."""
+    f = await make_fleet({"w1": {"gate": 1}}, proxy={"apiKeysFile": keys_file})
+    for method in ("HEAD", "GET"):
+        r = await f.client.request(method, path)
+        assert r.status == 200, (method, path, await r.text())
+    assert (await f.client.get(path)).headers["Content-Type"].startswith("application/json")
+    assert (await f.client.post(path, json={})).status == 405
+    assert f.fakes["w1"].arrivals == []
+
+
 # -- Anthropic's Messages API ---------------------------------------------------------------
 def anthropic_error(body: dict) -> dict:
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -127,12 +128,49 @@ def test_a_clients_32000_token_ceiling_is_served_to_the_room_left_on_every_surfa
         assert answer["usage"]["input_tokens"] + answer["usage"]["output_tokens"] == ROOMY_CAP
 
 
-@pytest.mark.parametrize("path, body, param", [
+#: A prompt longer than `ROOMY_CAP` in each OpenAI surface, and the field its refusal names.
+TOO_LONG = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 600}], "max_tokens": 32000}, "messages"),
-    ("/v1/responses", {"input": "x " * 600, "max_output_tokens": 32000}, "input"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 600}], "stream": True}, "messages"),
+    ("/v1/responses", {"input": "x " * 600, "max_output_tokens": 32000, "stream": True}, "input"),
     ("/v1/completions", {"prompt": [1] * 600, "max_tokens": 32000}, "prompt"),
-])
-def test_a_prompt_that_alone_does_not_fit_is_refused_naming_the_prompts_field(roomy, path, body, param):
+]
+
+
+@pytest.mark.parametrize("path, body, param", TOO_LONG)
+def test_a_prompt_that_alone_does_not_fit_is_refused_in_openais_words_with_the_counts(roomy, path, body, param):
+    """OpenAI's code and wording: Codex CLI compacts on `context_length_exceeded`; opencode and Claude Code
+    (as an OpenAI client) match "maximum context length is N tokens" and "exceeds the context window"."""
     status, _, answer = roomy.post_json(path, {"model": "tiny", **body})
-    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
-    assert answer["error"]["param"] == param, answer
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+    assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param, answer
+    message = answer["error"]["message"]
+    tokens = int(re.search(r"resulted in (\d+) tokens", message).group(1))
+    assert tokens > ROOMY_CAP and re.search(rf"maximum context length is {ROOMY_CAP} tokens\b", message), message
+    assert f"Please reduce the length of the {'input' if param == 'input' else param}." in message
+    assert ("exceeds the context window" in message) == (path == "/v1/responses")
+    assert "--max-context-tokens" in message  # what limits it here: the worker's cap, not the model
+
+
+def test_a_prompt_that_alone_does_not_fit_is_refused_in_anthropics_words(roomy):
+    """Claude Code compacts the conversation on exactly this: 400 `invalid_request_error`, `prompt is too
+    long: N tokens > M maximum` (it parses both numbers), the message whole, no field prefixed."""
+    body = {"model": "tiny", "max_tokens": 32000, "stream": True, "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "x " * 600}]}]}
+    status, _, answer = roomy.post_json("/v1/messages?beta=true", body)
+    assert status == 400 and answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error", answer
+    found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", answer["error"]["message"])
+    assert found, answer
+    tokens, maximum = int(found.group(1)), int(found.group(2))
+    assert maximum == ROOMY_CAP - 1 and tokens > maximum  # the longest prompt that leaves room for one token
+    status, _, counted = roomy.post_json("/v1/messages/count_tokens", {k: body[k] for k in ("model", "system", "messages")})
+    assert status == 200 and counted["input_tokens"] == tokens, counted
+
+
+def test_a_prompt_of_exactly_the_context_is_refused_and_one_token_less_is_served(roomy):
+    """No room for one token of answer is a refusal; one token of room is an answer cut to it."""
+    status, _, answer = roomy.post_json("/v1/completions", {"model": "tiny", "prompt": [1] * ROOMY_CAP, "max_tokens": 5})
+    assert status == 400 and "resulted in 512 tokens" in answer["error"]["message"], answer
+    status, _, answer = roomy.post_json("/v1/completions", {"model": "tiny", "prompt": [1] * (ROOMY_CAP - 1), "max_tokens": 5,
+                                                            "ignore_eos": True})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 1, answer

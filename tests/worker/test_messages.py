@@ -188,3 +188,26 @@ def test_unknown_fields_are_ignored_and_logged_once(worker):
     log = worker.proc.log_path.read_text()
     assert log.count("field `frobnicate_v9` is accepted and ignored") == 1
     assert "field `container`" not in log
+
+
+def test_claude_codes_first_party_billing_line_does_not_break_the_cached_prefix(worker):
+    """In its first-party mode Claude Code's first system block changes on every request (`cch=`,
+    `cc_prompt_id=`, `cc_turn_index=`, ...); the worker reads it without those fields, so the next
+    request of the conversation reuses the whole prompt the first one prefilled."""
+    from tests.protocol.test_messages import BILLING_FIRST_PARTY
+
+    def body(line: str, messages: list) -> dict:
+        return {"model": "tiny", "temperature": 0, "max_tokens": 4, "thinking": {"type": "disabled"},
+                "system": [{"type": "text", "text": line}, *CLAUDE_CODE["system"]], "messages": messages,
+                "tools": CLAUDE_CODE["tools"]}
+
+    first = message(worker, **body(BILLING_FIRST_PARTY[0], CLAUDE_CODE["messages"]))
+    history = CLAUDE_CODE["messages"] + [{"role": "assistant", "content": first["content"]},
+                                         {"role": "user", "content": "and the tests?"}]
+    again = message(worker, **body(BILLING_FIRST_PARTY[1], history))
+    first_prompt = sum(first["usage"][k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    assert again["usage"]["cache_read_input_tokens"] >= 0.95 * first_prompt, (first["usage"], again["usage"])
+    # a field the line keeps (its version) does change what the model reads: nothing of the prefix is shared
+    other = BILLING_FIRST_PARTY[1].replace("cc_version=2.1.332.9a2", "cc_version=2.1.333.9a2")
+    control = message(worker, **body(other, history))
+    assert control["usage"]["cache_read_input_tokens"] < 0.1 * first_prompt, control["usage"]

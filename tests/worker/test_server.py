@@ -37,6 +37,17 @@ def test_models_lists_the_served_model_name(worker):
     assert [m["id"] for m in body["data"]] == ["tiny"]
 
 
+@pytest.mark.parametrize("path", ["/", "/api/hello"])
+def test_a_clients_reachability_probe_is_answered(worker, path):
+    """Claude Code's `HEAD /api/hello` (and `HEAD /`) against a worker it is pointed at directly: 200, not 404."""
+    import urllib.request
+
+    for method in ("HEAD", "GET"):
+        with urllib.request.urlopen(urllib.request.Request(worker.url + path, method=method), timeout=30) as resp:
+            assert resp.status == 200
+            assert resp.read() == (b"" if method == "HEAD" else b'{"status": "ok"}')
+
+
 def test_the_served_model_is_retrieved_by_id_and_another_is_a_json_404(worker, client):
     assert client.models.retrieve("tiny").model_dump() == client.models.list().data[0].model_dump()
     with pytest.raises(openai.NotFoundError) as missing:

@@ -17,6 +17,10 @@ templates take one system message, at the start (Qwen3.5's raises otherwise), an
 that moved to the start would change the prompt's beginning, and so the prefix cache's reuse, each
 time it changes.
 
+Claude Code's first system block, its billing line, is read in a normalised form (`billing_line`): the
+one change made to what the client sent, so that the fields it changes per request do not break the
+prompt's prefix.
+
 A thinking block's `signature` carries its own text (compressed): with `display: omitted` a client
 sends the block back with empty `thinking`, and the history is still rendered as the model wrote it.
 """
@@ -192,6 +196,30 @@ def _assistant(content, where: str) -> dict:
     return msg
 
 
+#: How Claude Code's first system block starts: a line of accounting metadata for Anthropic (`key=value;`
+#: fields), not an instruction (`billing_line`).
+BILLING_PREFIX = "x-anthropic-billing-header:"
+#: The fields of that line kept in what the model reads: the ones that stay the same through a
+#: conversation (its version and entry point; whether it is a subagent's, a gateway's, a project's).
+#: Every other field is dropped: in Claude Code's first-party mode (a base URL it takes for Anthropic's)
+#: the line gains per-request ones (`cch=` a hash of the body, `cc_prompt_id=`, `cc_turn_origin=`,
+#: `cc_prompt_index=`, `cc_turn_index=`, `cc_prev_req=`, `cc_prev_msg=`, ...), which would change the
+#: prompt's first tokens on every request and so leave nothing of it to reuse from the prefix cache.
+BILLING_KEPT = ("cc_version", "cc_entrypoint", "cc_workload", "cc_is_subagent", "cc_gateway", "cc_project",
+                "cc_project_src", "cc_dispatch_entrypoint")
+
+
+def billing_line(text: str) -> str:
+    """Claude Code's billing line in its normalised form: `x-anthropic-billing-header:` and the fields of
+    `BILLING_KEPT`, in the order sent, each as ` key=value;`. The line of its default mode (only
+    `cc_version` and `cc_entrypoint`) is left as it is; any other text is returned unchanged."""
+    if not text.startswith(BILLING_PREFIX) or "\n" in text:
+        return text
+    fields = [f.strip() for f in text[len(BILLING_PREFIX):].split(";")]
+    kept = [f for f in fields if f and f.split("=", 1)[0] in BILLING_KEPT]
+    return BILLING_PREFIX + "".join(f" {f};" for f in kept)
+
+
 def _system(system) -> list[str]:
     if system is None:
         return []
@@ -203,7 +231,7 @@ def _system(system) -> list[str]:
     for j, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ProtocolError(f"`system` blocks must be text blocks with a string `text`: system[{j}]", "system")
-        texts.append(block["text"])
+        texts.append(billing_line(block["text"]) if j == 0 else block["text"])
     return texts
 
 
