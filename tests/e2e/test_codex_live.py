@@ -55,26 +55,27 @@ def test_codex_exec_ends_its_turn_with_a_final_message(tmp_path):
 
 
 #: A window the test's session outgrows, and the point past which Codex is told to compact: its first
-#: turn (its instructions and tools, about 16,500 demo tokens, then the long listing of its `ls`)
-#: passes the limit, and its next turn, with a second listing, would not fit the window uncompacted.
+#: turn (its instructions and tools, about 16,500 demo tokens, then a message carrying ~3,000 tokens of
+#: notes) passes the limit, and its next turn would not fit the window uncompacted. The notes ride in the
+#: message, not in a tool's output, so the limit is passed whether or not the toy model calls a tool
+#: (it does for some working directories' prompts and not for others: a listing made it flaky).
 SMALL_WINDOW = 21000
 COMPACT_LIMIT = 18000
 
 
 def test_a_session_past_its_compaction_limit_compacts_and_goes_on_with_exit_0(tmp_path):
     """Codex is told the window as `mtpstack up` prints it (`model_context_window`,
-    `model_auto_compact_token_limit`). Its turn's usage passes the limit after the long listing, so it
+    `model_auto_compact_token_limit`). Its turn's usage passes the limit with the long notes, so it
     compacts the conversation (its session file records a `compacted` item) and the turn, and the
     session's next turn (`codex exec resume --last`), end with exit 0: no request outgrew the window."""
     home, work, root = tmp_path / "codex-home", tmp_path / "work", tmp_path / "stack"
     for d in (work, root):
         d.mkdir()
-    for i in range(150):  # a listing of about 3,000 demo tokens
-        (work / f"notes-{i:03d}-about-the-quarterly-planning-meeting.txt").write_text("hello\n")
+    notes = "".join(f"note {i:03d}: about the quarterly planning meeting.\n" for i in range(150))  # ~3,000 demo tokens
     lines = f"model_context_window = {SMALL_WINDOW}\nmodel_auto_compact_token_limit = {COMPACT_LIMIT}\n"
     with running_stack(root, demo_config(maxContextTokens=SMALL_WINDOW)) as stack:
         home = codex_home(home, stack, lines)
-        runs = [codex(["--skip-git-repo-check", "--color", "never", "list the files"], work, home),
+        runs = [codex(["--skip-git-repo-check", "--color", "never", f"{notes}\nlist the files"], work, home),
                 codex(["--skip-git-repo-check", "--color", "never", "resume", "--last", "thanks"], work, home)]
         _, counts = answered_requests(stack.proxy_url, DEMO_MODEL)
     for done in runs:
