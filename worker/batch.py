@@ -26,6 +26,7 @@ import logging
 import mlx.core as mx
 
 from mtpstack.worker.caches import add_row, batch_caches, commit, filter_rows, prepare_chunk, take_row
+from mtpstack.worker.depth_policy import DepthPolicy
 from mtpstack.worker.drafting import Drafter
 from mtpstack.worker.sequence import Sequence, StepResult, greedy_tokens
 from mtpstack.worker.snapshots import Snapshots
@@ -44,6 +45,8 @@ class Batch:
         self.caches = batch_caches(engine.cache_kinds)
         self.drafter: Drafter | None = engine.make_drafter()
         self.rows: list[Sequence] = []
+        self.last_depth = 0  # the depth the last step ran at, and each row's own (`/metrics`)
+        self.last_plans: list[int] = []
 
     def join(self, seq: Sequence, target: list[tuple], draft: list[tuple] | None) -> None:
         """A sequence whose prompt is in becomes a row, with its caches' rows (`caches.take_row`)."""
@@ -67,14 +70,38 @@ class Batch:
                 seq.in_batch = False
         self.rows = [self.rows[i] for i in keep]
 
-    def decode(self) -> list[RowOutcome]:
-        """One draft-and-verify step of every row: one target forward for the whole batch.
+    @property
+    def policy(self) -> DepthPolicy | None:
+        """The worker's depth policy, where a row's depth is `auto` (made here for an engine built without one:
+        it then measures each depth's cost from its first steps)."""
+        engine = self.engine
+        if getattr(engine, "depth_policy", None) is None and any(seq.adaptive for seq in self.rows):
+            engine.depth_policy = DepthPolicy(engine.draft_depth, max(1, len(self.rows)))
+        return getattr(engine, "depth_policy", None)
+
+    def plans(self, depth: int | None = None) -> list[int]:
+        """What each row drafts this step: its fixed depth, or for `auto` rows what the step's depth allows.
+        `depth`: the step's depth decided elsewhere (rank 0's, on a distributed worker's other ranks);
+        else the policy picks it from the rows' acceptance and the measured step costs."""
+        rows = [seq for seq in self.rows if not seq.finished]
+        policy = self.policy
+        if policy is None or not any(seq.adaptive for seq in rows):
+            return [seq.plan() for seq in self.rows]
+        if depth is None:
+            caps = [seq.plan() for seq in rows]
+            fixed = [None if seq.adaptive else cap for seq, cap in zip(rows, caps)]
+            depth = policy.choose(caps, fixed, [policy.row_rates(seq) for seq in rows])
+        return [seq.plan(depth) for seq in self.rows]
+
+    def decode(self, depth: int | None = None) -> list[RowOutcome]:
+        """One draft-and-verify step of every row: one target forward for the whole batch (`depth`: see `plans`).
 
         Each row's result, or the error its own work raised (its sampling hook, its output): such a
         row ends ("error") and the others' steps stand. An error of the shared forward is raised."""
         rows, engine = self.rows, self.engine
-        plans = [seq.plan() for seq in rows]
+        plans = self.plans(depth)
         depth = max(plans)
+        self.last_depth, self.last_plans = depth, plans
         inputs = mx.array([[seq.y] for seq in rows], dtype=mx.uint32)
         drafts = self.drafter.draft(rows, depth) if depth else None
         if drafts is not None and engine.agree is not None:
@@ -119,6 +146,12 @@ class Batch:
         commit(self.caches, [n + 1 for n in accepted], depth + 1)
         if depth:
             self.drafter.accept(rows, depth, accepted, sampled, drafts, hidden)
+        elif self.drafter is not None and any(seq.adaptive for seq in rows):
+            self.drafter.skip(rows, sampled, hidden)  # the policy chose no draft: the drafter catches up later
+        if depth and (policy := getattr(engine, "depth_policy", None)) is not None:
+            for i, (seq, k, n) in enumerate(zip(rows, plans, accepted)):
+                if i not in errors:
+                    policy.observe_row(seq, k, n)
         # The kept states and the drafter's next proposals are computed while the rows' output is
         # written below, not waited for; the next step's work is built on them.
         mx.async_eval([c.state for c in self.caches], self.drafter.arrays(rows) if self.drafter is not None else [])

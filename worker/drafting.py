@@ -23,7 +23,7 @@ whatever is proposed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import mlx.core as mx
@@ -50,6 +50,7 @@ class Drafter(Protocol):
     def filter(self, rows: list[int]) -> None: ...
     def draft(self, rows: list, depth: int) -> mx.array: ...
     def accept(self, rows: list, depth: int, accepted: list[int], sampled: mx.array, drafts: mx.array, hidden: mx.array) -> None: ...
+    def skip(self, rows: list, sampled: mx.array, hidden: mx.array) -> None: ...
     def arrays(self, rows: list) -> list: ...
 
 
@@ -59,6 +60,9 @@ class HeadRow:
 
     token: mx.array  # [1] uint32
     hidden: mx.array  # [1, 1, H]
+    #: Positions a step without drafting went past, (target hidden [1, 1, H], next token [1]): the head
+    #: takes them in one forward before it drafts again (`HeadDrafter.skip`).
+    behind: list = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +76,10 @@ def _pick(x: mx.array, index: list[int]) -> mx.array:
     """Row r's position `index[r]` of x [rows, T, ...] -> [rows, 1, ...]."""
     at = mx.array(index, dtype=mx.int32).reshape((-1, 1) + (1,) * (x.ndim - 2))
     return mx.take_along_axis(x, at, axis=1)
+
+
+#: The most positions a row's head state may trail its target before it catches up without drafting.
+MAX_BEHIND = 64
 
 
 class HeadDrafter:
@@ -133,7 +141,37 @@ class HeadDrafter:
     def filter(self, rows: list[int]) -> None:
         filter_rows(self.caches, rows)
 
+    def skip(self, rows, sampled, hidden) -> None:
+        """A step that drafted nothing (depth 0, `auto`): each row's new position waits for the head's next
+        draft, so a stretch of plain decoding costs no head forward and leaves no gap in the head's cache."""
+        for i, row in enumerate(rows):
+            row.draft.behind.append((hidden[i : i + 1, :1], sampled[i : i + 1, :1]))
+        if max(len(r.draft.behind) for r in rows) >= MAX_BEHIND:
+            self._catch_up(rows)
+
+    def _catch_up(self, rows) -> None:
+        """The positions the head went past, every row's in one forward (right-padded); new seeds from each
+        row's last."""
+        lengths = [len(r.draft.behind) for r in rows]
+        width = max(lengths)
+        if not width:
+            return
+        ref = next(r.draft.behind[0][0] for r in rows if r.draft.behind)
+        pad_state = mx.zeros((1, 1, ref.shape[2]), ref.dtype)
+        pad_token = mx.zeros((1, 1), mx.uint32)
+        states = mx.concatenate([mx.concatenate([h for h, _ in r.draft.behind] + [pad_state] * (width - n), axis=1)
+                                 for r, n in zip(rows, lengths)])
+        tokens = mx.concatenate([mx.concatenate([t.astype(mx.uint32) for _, t in r.draft.behind] + [pad_token] * (width - n), axis=1)
+                                 for r, n in zip(rows, lengths)])
+        out = self.head(self.embed(tokens), states, self.caches)
+        commit(self.caches, lengths, width)
+        for r, row in enumerate(rows):
+            if lengths[r]:
+                row.draft = HeadRow(*self._seed(_pick(out[r : r + 1], [lengths[r] - 1])))
+
     def draft(self, rows: list, depth: int) -> mx.array:
+        if any(r.draft.behind for r in rows):
+            self._catch_up(rows)
         token = mx.concatenate([r.draft.token.reshape(1, 1) for r in rows])
         state = mx.concatenate([r.draft.hidden for r in rows])
         proposals = [token]
@@ -231,6 +269,11 @@ class ModelDrafter:
                 drop.append(depth - 1 - n)
         for cache in self.caches:
             cache.rollback(drop)
+
+    def skip(self, rows, sampled, hidden) -> None:
+        """A step that drafted nothing: the draft model reads its new tokens with its next draft."""
+        for row, token in zip(rows, sampled[:, 0].tolist()):
+            row.draft.pending.append(token)
 
     def arrays(self, rows: list) -> list:
         return []

@@ -73,9 +73,10 @@ class Scheduler:
             self.prefilling.remove_finished()
         return dropped
 
-    def step(self, budget: int | None = None) -> list[Outcome]:
+    def step(self, budget: int | None = None, depth: int | None = None) -> list[Outcome]:
         """One step of each active sequence; finished or cancelled ones leave the active set. `budget`: the
-        prompt tokens the step may prefill beside decoding rows (default: the pacer's, `Pacer.budget_tokens`)."""
+        prompt tokens the step may prefill beside decoding rows (default: the pacer's, `Pacer.budget_tokens`);
+        `depth`: the decoding rows' draft depth where it is `auto` (default: the policy's, `Batch.plans`)."""
         results: list[Outcome] = []
         for seq in list(self.active):
             if seq.cancelled:
@@ -94,11 +95,13 @@ class Scheduler:
         if decoding:
             started = time.perf_counter()
             try:
-                results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode()))
+                results.extend((seq, result, error) for seq, (result, error) in zip(decoding, batch.decode(depth)))
                 self.decode_steps += 1
                 seconds = time.perf_counter() - started
                 self.decode_seconds += seconds
                 self.pacer.decoded(seconds)
+                if (policy := getattr(batch.engine, "depth_policy", None)) is not None:
+                    policy.observe_step(len(decoding), batch.last_depth, seconds)
                 if len(decoding) > 1:
                     self.batched_steps += 1
             except Exception as e:  # the shared forward failed: every row of it; the loop goes on

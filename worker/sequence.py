@@ -35,7 +35,8 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
-    depth: int = 0  # already capped at the worker's depth
+    depth: int = 0  # already capped at the worker's depth; with `auto`, the most a step may draft
+    auto: bool = False  # the step's depth is chosen by the worker's policy (`mtpstack.worker.depth_policy`)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
 
@@ -74,6 +75,7 @@ class Sequence:
         self.prefilling = False  # a row of the scheduler's prefill batch
         self.y: int | None = None  # the last emitted token, the target's next input
         self.draft = None  # the drafter's own state for this row (`mtpstack.worker.drafting`); opaque here
+        self.acceptance = None  # its live acceptance per draft position, once it drafted (`depth_policy.Acceptance`)
         self.in_batch = False
         self.tokens: list[int] = []
         self.text = ""
@@ -153,11 +155,18 @@ class Sequence:
 
     # -- decoding -------------------------------------------------------------------------
 
-    def plan(self) -> int:
-        """How many tokens this row drafts next step: never more than could be emitted (k + 1 <= left)."""
+    def plan(self, depth: int | None = None) -> int:
+        """How many tokens this row drafts next step: never more than could be emitted (k + 1 <= left).
+        `depth`: the step's depth the policy chose, which a row of `auto` depth drafts up to its own cap."""
         if not self.use_drafter:
             return 0
-        return max(0, min(self.params.depth, self.params.max_tokens - len(self.tokens) - 1))
+        cap = self.params.depth if depth is None or not self.params.auto else min(depth, self.params.depth)
+        return max(0, min(cap, self.params.max_tokens - len(self.tokens) - 1))
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the worker's policy picks this row's depth step by step (`auto`)."""
+        return self.use_drafter and self.params.auto
 
     @property
     def greedy(self) -> bool:
