@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from mtpstack.worker.depth_calibration import calibrate
 from mtpstack.worker.depth_policy import (
     PROBE_EVERY,
     Acceptance,
     DepthPolicy,
     Pool,
     StepCosts,
-    calibrate,
     expected_tokens,
 )
 
