@@ -79,17 +79,26 @@ in
               type =
                 let
                   depth = types.ints.between defaults.depthMin defaults.depthMax;
+                  one = types.either depth (types.enum [ "auto" ]);
                 in
-                types.either depth (types.attrsOf depth);
-              example = literalExpression "{ code = 4; prose = 2; default = 3; }";
+                types.either one (types.attrsOf one);
+              example = literalExpression "{ code = 4; prose = \"auto\"; default = 3; }";
               description = ''
                 Draft depth: tokens the drafter proposes per verification
-                step (${toString defaults.depthMin}-${toString defaults.depthMax}); or a depth per workload class, with `default`
+                step (${toString defaults.depthMin}-${toString defaults.depthMax}), or `"auto"`: each step as
+                deep as the rows' live acceptance pays for, 0 included, up to
+                `maxDepth`; or a depth per workload class, with `default`
                 required for requests of no listed class. A request names its
                 class in `mtpstack_class` or `X-Mtpstack-Class`, else the
                 worker classifies its prompt (`code` or `prose`). Backend
-                `mlx-lm` takes a single depth only.
+                `mlx-lm` takes a single number only.
               '';
+            };
+            maxDepth = mkOption {
+              type = types.ints.between defaults.depthMin defaults.depthMax;
+              default = defaults.drafter.maxDepth;
+              example = 6;
+              description = "The deepest an `auto` depth drafts; the head is loaded for it. Unused without `auto`.";
             };
             kind = mkOption {
               type = types.enum defaults.drafterKinds;

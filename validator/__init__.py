@@ -8,6 +8,8 @@ from mtpstack.validator.argv import draft_kind_from_argv, worker_argv
 from mtpstack.validator.bounds import MAX_HEADER_BYTES, BodyError, parse_json_body
 from mtpstack.validator.claim import Mismatch, WeightsClaim, compare_identity, identity_disagreements, parse_depth_map, weights_from_argv
 from mtpstack.validator.config import (
+    DEPTH_AUTO,
+    DEPTH_AUTO_MAX_DEFAULT,
     DEPTH_DEFAULT,
     DEPTH_CLASS_PATTERN,
     DEPTH_MAX,
@@ -80,6 +82,8 @@ __all__ = [
     "Bits",
     "BodyError",
     "ConfigError",
+    "DEPTH_AUTO",
+    "DEPTH_AUTO_MAX_DEFAULT",
     "DEPTH_DEFAULT",
     "DEPTH_CLASS_PATTERN",
     "DEPTH_MAX",

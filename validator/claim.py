@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpstack.runtime import url_of
+from mtpstack.validator.config import DEPTH_AUTO
 from mtpstack.validator.settings import SETTINGS
 
 
@@ -22,13 +23,14 @@ class WeightsClaim:
     backend: str  # "native" or "mlx-lm"
     target: str
     drafter: str | None
-    depth: int | None
+    #: A number of tokens or `auto`; None where the backend's own default applies.
+    depth: int | str | None
     max_num_seqs: int | None
     host: str | None = None
     port: int | None = None
     served_model_name: str | None = None
     #: `--draft-depth-map`: the depth per workload class beside `depth` (the `default` class); empty without.
-    depth_map: dict[str, int] = field(default_factory=dict)
+    depth_map: dict[str, int | str] = field(default_factory=dict)
 
     @property
     def url(self) -> str | None:
@@ -37,15 +39,15 @@ class WeightsClaim:
         return url_of(self.host or "127.0.0.1", self.port)
 
 
-def parse_depth_map(text: str) -> dict[str, int]:
-    """`code=4,prose=2` (`--draft-depth-map`, written by `mtpstack.validator.settings.format_depth_map`) -> `{"code": 4, "prose": 2}`.
+def parse_depth_map(text: str) -> dict[str, int | str]:
+    """`code=4,prose=auto` (`--draft-depth-map`, written by `mtpstack.validator.settings.format_depth_map`) -> `{"code": 4, "prose": "auto"}`.
     Raises `ValueError` on an entry that is not `CLASS=DEPTH`."""
     out: dict[str, int] = {}
     for entry in text.split(",") if text else []:
         name, sep, value = entry.partition("=")
-        if not sep or not name or not value.isdigit():
+        if not sep or not name or not (value.isdigit() or value == DEPTH_AUTO):
             raise ValueError(f"not `CLASS=DEPTH`: {entry!r}")
-        out[name] = int(value)
+        out[name] = DEPTH_AUTO if value == DEPTH_AUTO else int(value)
     return out
 
 
@@ -104,7 +106,8 @@ def weights_from_argv(argv: list[str]) -> WeightsClaim:
     drafter = flags.get("draft-model") or None
     if backend == "native":
         key = {name: s.key for name, s in SETTINGS.items()}
-        depth = as_int(key["draft_depth"])
+        depth = flags.get(key["draft_depth"]) or None
+        depth = None if depth is None else (DEPTH_AUTO if depth.lower() == DEPTH_AUTO else int(depth))
         if drafter is not None and depth is None:
             depth = SETTINGS["draft_depth"].default  # what `mtpstack worker` takes without the flag
         max_num_seqs = as_int(key["max_num_seqs"])

@@ -31,7 +31,14 @@ DEPTH_MIN, DEPTH_MAX = 1, 8
 #: The depth of a worker started without `--draft-depth` (a config always names one).
 #: mlx_lm.server's own `--num-draft-tokens` default is its own, not this.
 DEPTH_DEFAULT = 3
+#: `drafter.depth = "auto"`: the worker picks each step's depth from live acceptance and step costs.
+DEPTH_AUTO = "auto"
+#: The deepest an `auto` depth drafts unless `drafter.maxDepth` says otherwise: past 4 the demo and
+#: published heads accept too little for a deeper step to pay (docs/worker.md, "Adaptive draft depth").
+DEPTH_AUTO_MAX_DEFAULT = 4
 Depth = Annotated[int, Field(json_schema_extra={"minimum": DEPTH_MIN, "maximum": DEPTH_MAX})]
+#: A depth as a config writes it: a number of tokens, or `auto`.
+DepthSetting = Depth | Literal["auto"]
 #: A workload class name in `drafter.depth`: it travels in `--draft-depth-map NAME=D,...` and in a header.
 DEPTH_CLASS_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 #: A tenant's name in `proxy.tenants` and in the keys file: it becomes a Prometheus label value.
@@ -210,11 +217,16 @@ class DrafterSpec(StrictModel):
         ),
     )
     bits: Bits = Field(description="Quantization of the drafter; keep it at 6 bits or above the target's.")
-    depth: Depth | dict[str, Depth] = Field(
+    depth: DepthSetting | dict[str, DepthSetting] = Field(
         description=(
-            f"Draft depth: tokens the drafter proposes per verification step ({DEPTH_MIN}-{DEPTH_MAX}); or a depth per workload class, "
-            "`{code: 4, prose: 2, default: 3}` (`default` required; native backend only)."
+            f"Draft depth: tokens the drafter proposes per verification step ({DEPTH_MIN}-{DEPTH_MAX}), or `auto`: each step "
+            "as deep as the rows' live acceptance pays for, 0 included (native backend only); or a depth per workload class, "
+            "`{code: 4, prose: auto, default: 3}` (`default` required; native backend only)."
         )
+    )
+    max_depth: Depth = Field(
+        DEPTH_AUTO_MAX_DEFAULT,
+        description=f"The deepest an `auto` depth drafts ({DEPTH_MIN}-{DEPTH_MAX}); the head is loaded for it. Unused without `auto`.",
     )
     kind: DrafterKindSetting = Field(
         "auto",
@@ -226,19 +238,29 @@ class DrafterSpec(StrictModel):
 
 
     @property
-    def default_depth(self) -> int:
-        """The depth of a request of no listed class: `depth`, or the map's `default`."""
-        if isinstance(self.depth, int):
+    def default_depth(self) -> int | str:
+        """The depth of a request of no listed class: `depth`, or the map's `default` (a number or `auto`)."""
+        if not isinstance(self.depth, dict):
             return self.depth
         # A map without `default` is refused (`depth-map-no-default`); the largest value stands in meanwhile.
-        return self.depth.get("default", max(self.depth.values(), default=DEPTH_MIN))
+        return self.depth.get("default", max((d for d in self.depth.values() if isinstance(d, int)), default=DEPTH_MIN))
 
     @property
-    def class_depths(self) -> dict[str, int]:
+    def class_depths(self) -> dict[str, int | str]:
         """The classes with a depth of their own (all but `default`), sorted by name; empty for a plain depth."""
-        if isinstance(self.depth, int):
+        if not isinstance(self.depth, dict):
             return {}
         return {name: self.depth[name] for name in sorted(self.depth) if name != "default"}
+
+    @property
+    def depths(self) -> list[int | str]:
+        """Every depth it names: the plain depth, or each class's."""
+        return list(self.depth.values()) if isinstance(self.depth, dict) else [self.depth]
+
+    @property
+    def auto(self) -> bool:
+        """Whether some depth is `auto` (the worker then takes `--draft-max-depth`)."""
+        return DEPTH_AUTO in self.depths
 
 
 def format_gib(value: float) -> str:

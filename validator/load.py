@@ -83,23 +83,29 @@ def _keys_of(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-#: pydantic's tags for the two branches of `drafter.depth` (an integer, or a depth per class).
-_DEPTH_TAGS = ("int", "dict[str,int]")
+def _is_depth_tag(part) -> bool:
+    """pydantic's tag for a branch of `drafter.depth` (a number, `auto`, or a depth per class) in an error's path."""
+    return isinstance(part, str) and (part in ("int", "literal['auto']") or part.startswith("dict[str,"))
 
 
 def _untag_depth(errors: list[dict]) -> list[dict]:
-    """Errors of `drafter.depth` without pydantic's branch tags, keeping only the branch the value meant:
-    a mapping is judged as a map, anything else as an integer."""
-    out = []
+    """Errors of `drafter.depth` as one per value, without pydantic's branch tags: a mapping is judged as a
+    map, anything else as a depth, and a value that is neither a number nor `auto` is one `depth_type` error."""
+    out, seen = [], set()
     for err in errors:
         loc = tuple(err["loc"])
-        at = next((i for i in range(2, len(loc)) if loc[i - 2 : i] == ("drafter", "depth") and loc[i] in _DEPTH_TAGS), None)
-        if at is None:
+        at = next((i for i in range(2, len(loc)) if loc[i - 2 : i] == ("drafter", "depth")), None)
+        if at is None or not any(_is_depth_tag(p) for p in loc[at:]):
             out.append(err)
             continue
-        if (loc[at] == "int" and isinstance(err.get("input"), dict)) or err["type"] == "dict_type":
+        if err["type"] == "dict_type" or (isinstance(err.get("input"), dict) and not str(loc[-1]).startswith("dict[")):
             continue  # the other branch's complaint about the same value
-        out.append({**err, "loc": loc[:at] + loc[at + 1 :]})
+        untagged = loc[:at] + tuple(p for p in loc[at:] if not _is_depth_tag(p))
+        if untagged in seen:
+            continue
+        seen.add(untagged)
+        kind = "depth_type" if err["type"] in ("int_type", "literal_error") else err["type"]
+        out.append({**err, "loc": untagged, "type": kind})
     return out
 
 
@@ -136,6 +142,11 @@ def _structural(err: dict, source: Source) -> Finding:
         if isinstance(value, str) and value.isdigit() and value in expected.split(", "):
             hint = f"write {value} without quotes"
         return Finding.error(code="invalid-value", path=loc, message=f"must be one of: {expected}; got: {_describe(value)}",
+                             hint=hint, line=line)
+    if kind == "depth_type":
+        hint = "write the number without quotes" if isinstance(value, str) and value.strip().isdigit() else None
+        return Finding.error(code="invalid-type", path=loc,
+                             message=f"expected a draft depth (a number of tokens or `auto`), got: {_describe(value)}",
                              hint=hint, line=line)
     if kind in _TYPE_NAMES:
         hint = None

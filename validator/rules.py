@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import re
 
 from mtpstack.runtime import WILDCARD_HOSTS
-from mtpstack.validator.config import CONTEXT_MIN, DEPTH_CLASS_PATTERN, TENANT_NAME_PATTERN, DEPTH_MAX, DEPTH_MIN, PORT_MAX, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
+from mtpstack.validator.config import CONTEXT_MIN, DEPTH_AUTO, DEPTH_AUTO_MAX_DEFAULT, DEPTH_CLASS_PATTERN, TENANT_NAME_PATTERN, DEPTH_MAX, DEPTH_MIN, PORT_MAX, WIDTH_MAX, WIDTH_MIN, Bits, FleetConfig
 from mtpstack.validator.coupling import fleet_width, gate_for, gate_source
 from mtpstack.validator.keys import KeysFileError, read_keys_file
 from mtpstack.validator.findings import Finding, display_key, display_name, format_path
@@ -69,9 +69,12 @@ def check_ranges(config: FleetConfig) -> Iterator[Finding]:
         if worker.drafter is not None:
             depth = worker.drafter.depth
             path = ("workers", name, "drafter", "depth")
-            for key, value in ([((), depth)] if isinstance(depth, int) else [((c,), v) for c, v in depth.items()]):
-                if not DEPTH_MIN <= value <= DEPTH_MAX:
+            for key, value in _depth_entries(depth):
+                if value != DEPTH_AUTO and not DEPTH_MIN <= value <= DEPTH_MAX:
                     yield _out_of_range(path + key, value, DEPTH_MIN, DEPTH_MAX, "the draft depth")
+            if not DEPTH_MIN <= worker.drafter.max_depth <= DEPTH_MAX:
+                yield _out_of_range(("workers", name, "drafter", "maxDepth"), worker.drafter.max_depth, DEPTH_MIN, DEPTH_MAX,
+                                    "the deepest automatic depth")
         if worker.max_context_tokens is not None and worker.max_context_tokens < CONTEXT_MIN:
             path = ("workers", name, "maxContextTokens")
             yield Finding.error(code="out-of-range", path=path,
@@ -289,9 +292,13 @@ def check_hosts(config: FleetConfig) -> Iterator[Finding]:
 
 
 def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
-    """`drafter.depth` as a map: `default` present, plain class names, and the native backend."""
+    """`drafter.depth` as a map: `default` present, plain class names, and the native backend; `auto`:
+    the native backend, and `maxDepth` given only where some depth is `auto`."""
     for name, worker in config.workers.items():
-        if worker.drafter is None or isinstance(worker.drafter.depth, int):
+        if worker.drafter is None:
+            continue
+        yield from _check_auto_depth(name, worker)
+        if not isinstance(worker.drafter.depth, dict):
             continue
         depths = worker.drafter.depth
         path = ("workers", name, "drafter", "depth")
@@ -309,6 +316,35 @@ def check_depth_map(config: FleetConfig) -> Iterator[Finding]:
                                 message="`mlx_lm.server` drafts at one depth for every request; it cannot serve a depth per workload class",
                                 hint="use backend `native` for a depth per class, or give a single depth",
                                 related=(("workers", name, "backend"),))
+
+
+def _depth_entries(depth) -> list[tuple[tuple[str, ...], int | str]]:
+    """`drafter.depth`'s values with their paths below it: `[((), 3)]`, or `[(("code",), 4), ...]` for a map."""
+    return [((c,), v) for c, v in depth.items()] if isinstance(depth, dict) else [((), depth)]
+
+
+def _check_auto_depth(name: str, worker) -> Iterator[Finding]:
+    path = ("workers", name, "drafter", "depth")
+    if worker.drafter.auto and worker.backend == "mlx-lm":
+        yield Finding.error(code="mlx-lm-depth-auto", path=path,
+                            message="`mlx_lm.server` drafts a fixed `--num-draft-tokens`; it cannot choose each step's depth (`auto`)",
+                            hint="use backend `native` for `auto`, or give a number of tokens",
+                            related=(("workers", name, "backend"),))
+    fixed = [(key, d) for key, d in _depth_entries(worker.drafter.depth) if d != DEPTH_AUTO]
+    max_path = ("workers", name, "drafter", "maxDepth")
+    for key, d in fixed if worker.drafter.auto else []:
+        if d > worker.drafter.max_depth:
+            yield Finding.error(code="max-depth-below-fixed", path=max_path,
+                                message=f"`maxDepth` {worker.drafter.max_depth} is below the fixed depth {d} of "
+                                        f"`{format_path(path + key)}`: the head is loaded for the deepest of them",
+                                hint=f"raise `{format_path(max_path)}` to {d} or more, or lower `{format_path(path + key)}`",
+                                related=(path + key,))
+    # Against the default, not against being written: the Nix modules render every option.
+    if not worker.drafter.auto and worker.drafter.max_depth != DEPTH_AUTO_MAX_DEFAULT:
+        yield Finding.warning(code="max-depth-unused", path=("workers", name, "drafter", "maxDepth"),
+                              message="`maxDepth` bounds only an `auto` depth, and no depth of this drafter is `auto`",
+                              hint=f"set `{format_path(path)}` (or a class's) to `auto`, or remove `maxDepth`",
+                              related=(path,))
 
 
 def check_distributed(config: FleetConfig) -> Iterator[Finding]:

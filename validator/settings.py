@@ -17,6 +17,8 @@ from typing import get_args
 from pydantic.fields import FieldInfo
 
 from mtpstack.validator.config import (
+    DEPTH_AUTO,
+    DEPTH_AUTO_MAX_DEFAULT,
     DEPTH_DEFAULT,
     DEPTH_MAX,
     DEPTH_MIN,
@@ -32,7 +34,16 @@ from mtpstack.validator.config import (
 from mtpstack.validator.modeldir import DRAFTER_KINDS
 
 
-def format_depth_map(depths: dict[str, int]) -> str:
+def parse_depth(text: str) -> int | str:
+    """`--draft-depth`'s argument: a number of tokens, or `auto` (any case)."""
+    return DEPTH_AUTO if text.strip().lower() == DEPTH_AUTO else int(text)
+
+
+# argparse names the type in its message: "invalid depth (a number or `auto`) value: 'x'".
+parse_depth.__name__ = "depth (a number or `auto`)"
+
+
+def format_depth_map(depths: dict[str, int | str]) -> str:
     """`{"prose": 2, "code": 4}` -> `code=4,prose=2`: one plain argument, sorted as Nix sorts attribute names;
     `mtpstack.validator.claim.parse_depth_map` reads it back."""
     return ",".join(f"{name}={depths[name]}" for name in sorted(depths))
@@ -81,7 +92,7 @@ class Setting:
     def out_of_range(self, value) -> str | None:
         """Why `value` is outside the accepted range (the message `mtpstack worker` prints), or None."""
         lo, hi = self.minimum, self.maximum
-        if value is None or (lo is None and hi is None):
+        if value is None or isinstance(value, str) or (lo is None and hi is None):
             return None
         # Written so that NaN fails: it compares false with every bound.
         if lo is not None and hi is not None:
@@ -135,13 +146,19 @@ WORKER_SETTINGS: tuple[Setting, ...] = (
     Setting("draft_model", "--draft-model", "drafter: a local directory or a cached hub id", config="drafter.path"),
     Setting("drafter_bits", "--drafter-bits", "the drafter's quantization as configured (reported on /identity)",
             config="drafter.bits"),
-    Setting("draft_depth", "--draft-depth", f"tokens drafted per step, 0 to {DEPTH_MAX}", type=int, default=DEPTH_DEFAULT,
+    Setting("draft_depth", "--draft-depth",
+            f"tokens drafted per step, 0 to {DEPTH_MAX}; `auto`: each step as deep as the rows' live acceptance pays for, "
+            "0 included", type=parse_depth, default=DEPTH_DEFAULT,
             minimum=0, maximum=DEPTH_MAX, config="drafter.depth", value=_drafter(lambda d: d.default_depth)),
-    # Checked when parsed (`parse_depth_map`): each class's depth from DEPTH_MIN to DEPTH_MAX.
+    # Checked when parsed (`parse_depth_map`): each class's depth from DEPTH_MIN to DEPTH_MAX, or `auto`.
     Setting("draft_depth_map", "--draft-depth-map",
-            f"depth per workload class ({DEPTH_MIN} to {DEPTH_MAX}), `code=4,prose=2`; `--draft-depth` serves every "
-            "other class", default="", config="drafter.depth",
+            f"depth per workload class ({DEPTH_MIN} to {DEPTH_MAX}, or `auto`), `code=4,prose=auto`; `--draft-depth` "
+            "serves every other class", default="", config="drafter.depth",
             value=_drafter(lambda d: format_depth_map(d.class_depths) if d.class_depths else None)),
+    # Carried only where some depth is `auto`: a fixed depth has nothing to bound.
+    Setting("draft_max_depth", "--draft-max-depth", "the deepest an `auto` depth drafts; the head is loaded for it",
+            type=int, default=DEPTH_AUTO_MAX_DEFAULT, minimum=DEPTH_MIN, maximum=DEPTH_MAX, config="drafter.maxDepth",
+            value=_drafter(lambda d: d.max_depth if d.auto else None)),
     Setting("draft_kind", "--draft-kind",
             "mtp: an MTP head (a standalone qwen3_5_mtp folder, or --draft-model equal to --model for a head bundled in "
             "the target's checkpoint); model: a separate draft model; auto: detected (default)",

@@ -83,15 +83,20 @@ class Batch:
         """What each row drafts this step: its fixed depth, or for `auto` rows what the step's depth allows.
         `depth`: the step's depth decided elsewhere (rank 0's, on a distributed worker's other ranks);
         else the policy picks it from the rows' acceptance and the measured step costs."""
-        rows = [seq for seq in self.rows if not seq.finished]
-        policy = self.policy
-        if policy is None or not any(seq.adaptive for seq in rows):
-            return [seq.plan() for seq in self.rows]
         if depth is None:
-            caps = [seq.plan() for seq in rows]
-            fixed = [None if seq.adaptive else cap for seq, cap in zip(rows, caps)]
-            depth = policy.choose(caps, fixed, [policy.row_rates(seq) for seq in rows])
+            depth = self.choose_depth()
         return [seq.plan(depth) for seq in self.rows]
+
+    def choose_depth(self) -> int | None:
+        """The next step's depth where a row's is `auto` (the policy's pick), else None: each row's own.
+        Rank 0 of a distributed worker sends it to the others, whose rows then step alike."""
+        rows = [seq for seq in self.rows if not seq.finished and not seq.cancelled]
+        if not any(seq.adaptive for seq in rows):
+            return None
+        policy = self.policy
+        caps = [seq.plan() for seq in rows]
+        fixed = [None if seq.adaptive else cap for seq, cap in zip(rows, caps)]
+        return policy.choose(caps, fixed, [policy.row_rates(seq) for seq in rows])
 
     def decode(self, depth: int | None = None) -> list[RowOutcome]:
         """One draft-and-verify step of every row: one target forward for the whole batch (`depth`: see `plans`).

@@ -18,6 +18,7 @@ from mtpstack.errors import UserError, print_error
 from mtpstack.logs import configure as configure_logs
 from mtpstack.validator import (
     DEPTH_MAX,
+    DEPTH_AUTO,
     DEPTH_MIN,
     SETTINGS,
     WORKER_SETTINGS,
@@ -101,9 +102,12 @@ def run_worker(args: argparse.Namespace) -> int:
     except ValueError as e:
         return print_error(f"`{depth_map_flag}` is {e}", "write it as `code=4,prose=2`")
     for cls, depth in depth_map.items():
-        if not CLASS_PATTERN.fullmatch(cls) or not DEPTH_MIN <= depth <= DEPTH_MAX:
+        if not CLASS_PATTERN.fullmatch(cls) or not (depth == DEPTH_AUTO or DEPTH_MIN <= depth <= DEPTH_MAX):
             return print_error(f"`{depth_map_flag}`: `{cls}={depth}` needs a class of letters, digits, `_`, `.`, `-` "
-                               f"and a depth from {DEPTH_MIN} to {DEPTH_MAX}")
+                               f"and a depth from {DEPTH_MIN} to {DEPTH_MAX} or `auto`")
+    if DEPTH_AUTO in (args.draft_depth, *depth_map.values()) and not args.draft_model:
+        return print_error(f"`{SETTINGS['draft_depth'].flag} auto` chooses how deep a drafter drafts, and no drafter is loaded",
+                           f"pass `{SETTINGS['draft_model'].flag} PATH`, or a depth of 0 to decode without drafting")
     from mtpstack.worker.config import WorkerConfig
     from mtpstack.worker.server import serve
 

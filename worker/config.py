@@ -22,9 +22,10 @@ def _default(name: str):
 class WorkerConfig:
     model: str
     draft_model: str | None = None
-    draft_depth: int = _default("draft_depth")
+    draft_depth: int | str = _default("draft_depth")
     #: `--draft-depth-map`: the depth per workload class; `draft_depth` is the depth of every other class.
-    draft_depth_map: dict[str, int] = field(default_factory=dict)
+    draft_depth_map: dict[str, int | str] = field(default_factory=dict)
+    draft_max_depth: int = 4
     draft_kind: str = _default("draft_kind")
     target_bits: str | None = None
     drafter_bits: str | None = None
@@ -60,4 +61,8 @@ class WorkerConfig:
     @property
     def deepest_draft_depth(self) -> int:
         """The depth of the deepest class: the drafter is loaded at it, and each request drafts at its own."""
-        return max([self.draft_depth, *self.draft_depth_map.values()])
+        depths = [self.draft_depth, *self.draft_depth_map.values()]
+        return max(self.draft_max_depth if d == "auto" else d for d in depths)
+
+    def depth_for(self, cls: str) -> int | str:
+        return self.draft_depth_map.get(cls, self.draft_depth)

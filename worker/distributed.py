@@ -278,7 +278,7 @@ def shard_target(group, strategy: str):
 def load_engine(config: WorkerConfig, group, strategy: str):
     """This rank's engine and scheduler (`loading.build_engine`, as one host builds them): its part of
     the target, the drafter whole, no prefix cache, and rank 0's agreement."""
-    from mtpstack.worker.loading import build_engine
+    from mtpstack.worker.loading import build_engine, prepare_depth_policy
 
     engine, scheduler = build_engine(config, prepare_target=shard_target(group, strategy), prefix_cache=False)
     lm = getattr(engine.target.model, "language_model", engine.target.model)
@@ -291,6 +291,7 @@ def load_engine(config: WorkerConfig, group, strategy: str):
         head = engine.parts.lm_head
         engine.parts.lm_head = lambda h: gather_last_axis(head(h), sharding)
     engine.agree = Channel(group).agree
+    prepare_depth_policy(engine, config)
     return engine, scheduler
 
 
@@ -361,9 +362,9 @@ class DistributedGenerationLoop(GenerationLoop):
         with self.watchdog.meeting("the stop", PEER_TIMEOUT_SECONDS):
             self.channel.broadcast({"stop": True})
 
-    def _meet(self, step: bool) -> int | None:
+    def _meet(self, step: bool) -> tuple[int | None, int | None]:
         """Tell the other ranks what runs next; returns the step's prefill budget (rank 0's pacer decides
-        it for every rank, so their chunks are the same)."""
+        it for every rank, so their chunks are the same) and its draft depth where rows are `auto`."""
         sched = self.scheduler
         added, alive = [], []
         for seq in sched.active:
@@ -375,15 +376,17 @@ class DistributedGenerationLoop(GenerationLoop):
             else:
                 alive.append(sid)
         budget = (sched.pacer.budget_tokens() or 0) if step else None  # 0: none measured yet, the least share
+        # The draft depth of `auto` rows: rank 0's policy picks it from its own step times, for every rank.
+        depth = sched.batch.choose_depth() if step and sched.batch is not None else None
         with self.watchdog.meeting("the step's announcement", PEER_TIMEOUT_SECONDS):
-            self.channel.broadcast({"alive": alive, "add": added, "step": step, "budget": budget})
+            self.channel.broadcast({"alive": alive, "add": added, "step": step, "budget": budget, "depth": depth})
         self._last_meeting = time.monotonic()
-        return budget
+        return budget, depth
 
     def _step(self) -> list:
-        budget = self._meet(step=True)
+        budget, depth = self._meet(step=True)
         with self.watchdog.meeting("a step", self.config.stall_seconds):
-            return self.scheduler.step(budget)
+            return self.scheduler.step(budget, depth)
 
     def _idle(self) -> None:
         if time.monotonic() - self._last_meeting >= IDLE_MEETING_SECONDS:
@@ -451,7 +454,7 @@ def follow(config: WorkerConfig) -> int:
                 sched.add(seq)
             if message["step"]:
                 with watchdog.meeting("a step", config.stall_seconds):
-                    sched.step(message.get("budget") or 0)
+                    sched.step(message.get("budget") or 0, message.get("depth"))
             else:
                 time.sleep(FOLLOWER_NAP_SECONDS)
             active = {id(s) for s in sched.active}

@@ -112,16 +112,19 @@ class GenerationLoop:
         self.inbox.put(handle)
 
     def _load(self) -> None:
-        from mtpstack.worker.loading import build_engine
+        from mtpstack.worker.loading import build_engine, prepare_depth_policy
 
         c = self.config
         started = time.monotonic()
         self.engine, self.scheduler = build_engine(c)
+        prepare_depth_policy(self.engine, c)
         self.identity = build_identity(c, self.engine, self.scheduler.prefix_cache)
         self.metrics.drafter_info(self.engine)
-        log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %d, layers: %s)", c.model,
+        # The calibrated step costs and the starting acceptance, on /metrics before the first request.
+        self.metrics.draft_depth(None, 0, self.engine.depth_policy)
+        log.info("loaded `%s` in %.2f s (drafter: %s, kind %s, depth %s, layers: %s)", c.model,
                  time.monotonic() - started, c.draft_model or "none", self.engine.draft_kind or "-",
-                 self.engine.draft_depth, ", ".join(f"{k} x{self.engine.cache_kinds.count(k)}" for k in dict.fromkeys(self.engine.cache_kinds)))
+                 f"auto, up to {self.engine.draft_depth}" if self.engine.depth_policy else self.engine.draft_depth, ", ".join(f"{k} x{self.engine.cache_kinds.count(k)}" for k in dict.fromkeys(self.engine.cache_kinds)))
 
     def _run(self) -> None:
         try:
@@ -169,6 +172,7 @@ class GenerationLoop:
                 self.metrics.target_steps.inc(sched.decode_steps - steps)
                 self.metrics.target_step_seconds.inc(sched.decode_seconds - seconds)
             self.metrics.pacing(sched.pacer, sched.prefill_seconds - prefill)
+            self.metrics.draft_depth(sched.batch, sched.decode_steps - steps, getattr(self.engine, "depth_policy", None))
             self.metrics.prefix_cache(sched.prefix_cache.stats, sched.prefix_cache.disk)
             for seq, result, error in results:
                 if result is not None:

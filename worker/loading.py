@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 
-from mtpstack.validator import DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
+from mtpstack.validator import DEPTH_AUTO, DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
 from mtpstack.worker.caches import CacheNotSupported, install_rollback
 from mtpstack.worker.config import WorkerConfig, effective_context
 from mtpstack.worker.drafting import Drafter, HeadDrafter, ModelDrafter
@@ -125,6 +125,8 @@ class Engine:
         #: A distributed worker's agreement (`mtpstack.worker.distributed`): token arrays in, rank 0's
         #: values out on every rank, so every rank's rows advance alike; None on one host.
         self.agree = None
+        #: The adaptive depth's policy (`--draft-depth auto`, `prepare_depth_policy`); None without.
+        self.depth_policy = None
 
     @classmethod
     def load(
@@ -257,6 +259,19 @@ def build_engine(config: WorkerConfig, *, prepare_target=None, prefix_cache: boo
                      disk.total_bytes / 2**30, config.prefix_cache_disk_gib)
     cache = PrefixCache(budget, disk=disk)
     return engine, Scheduler(config.max_num_seqs, prefix_cache=cache)
+
+
+def prepare_depth_policy(engine: Engine, config: WorkerConfig) -> None:
+    """Where a depth is `auto` (`--draft-depth`, or a class's in `--draft-depth-map`): the engine's policy,
+    with each depth's step cost measured now (`depth_calibration.calibrate`; every rank of a distributed
+    worker runs the same steps, once its agreement is in place)."""
+    from mtpstack.worker.depth_calibration import calibrate
+    from mtpstack.worker.depth_policy import DepthPolicy
+
+    if engine.drafter is None or DEPTH_AUTO not in (config.draft_depth, *config.draft_depth_map.values()):
+        return
+    costs = calibrate(engine, config.max_num_seqs, engine.draft_depth)
+    engine.depth_policy = DepthPolicy(engine.draft_depth, config.max_num_seqs, costs)
 
 
 def cache_validity(engine: Engine) -> dict:

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from mtpstack.refusals import NOT_AN_OBJECT
+from mtpstack.validator import DEPTH_AUTO
 from mtpstack.worker.classify import CLASS_FIELD, CLASS_HEADER, CLASS_PATTERN, CODE, PROSE, classify_request
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.http import ApiError, bad_request, model_not_found
@@ -239,7 +240,11 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     ignore_eos = _flag(body, "ignore_eos")
 
     cls = request_class(body, class_header, config)
-    class_depth = min(config.draft_depth_map.get(cls, config.draft_depth), engine.draft_depth)
+    configured = config.depth_for(cls)
+    # `auto`: the worker's policy picks each step's depth up to `--draft-max-depth`; a request's own
+    # `num_draft_tokens` is a fixed depth, as it is beside an integer.
+    auto = configured == DEPTH_AUTO and depth_req is None
+    class_depth = min(config.draft_max_depth if configured == DEPTH_AUTO else configured, engine.draft_depth)
     depth = class_depth if depth_req is None else min(depth_req, class_depth)
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -247,6 +252,7 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         top_p=1.0 if not top_p else top_p,
         seed=seed,
         depth=depth,
+        auto=auto,
         stop=stop,
         ignore_eos=ignore_eos,
     )

@@ -16,8 +16,21 @@ let
     if !(isMap d) then
       d
     else
-      d.default or (builtins.foldl' (a: b: if b > a then b else a) 1 (builtins.attrValues d));
+      d.default or (builtins.foldl' (a: b: if b > a then b else a) 1 (
+        builtins.filter builtins.isInt (builtins.attrValues d)
+      ));
   classDepths = d: if isMap d then removeAttrs d [ "default" ] else { };
+  # `--draft-max-depth` only where some depth is `auto`: a fixed depth has nothing to bound.
+  hasAuto = d: builtins.elem "auto" (if isMap d then builtins.attrValues d else [ d ]);
+  maxDepthArgv =
+    drafter:
+    if hasAuto drafter.depth then
+      [
+        "--draft-max-depth"
+        (toString drafter.maxDepth)
+      ]
+    else
+      [ ];
   depthMapArgv =
     d:
     let
@@ -56,6 +69,7 @@ let
           (toString (defaultDepth w.drafter.depth))
         ]
         ++ depthMapArgv w.drafter.depth
+        ++ maxDepthArgv w.drafter
         ++ [
           "--draft-kind"
           w.drafter.kind

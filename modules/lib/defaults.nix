@@ -70,6 +70,8 @@
   # Filled into a worker's drafter when one is set.
   drafter = {
     kind = "auto";
+    # The deepest an `auto` depth drafts (DEPTH_AUTO_MAX_DEFAULT).
+    maxDepth = 4;
   };
 
   # Where the NixOS units (systemd's StateDirectory) and the nix-darwin

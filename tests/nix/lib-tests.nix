@@ -337,6 +337,7 @@ let
         bits = 6;
         depth = 3;
         kind = "auto";
+        maxDepth = 4;
       };
     };
     renderKeepsPartialTimeouts = {

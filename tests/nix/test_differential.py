@@ -90,12 +90,13 @@ def workers(draw) -> dict:
         "maxNumSeqs": draw(widths),
         "port": draw(st.one_of(st.integers(1, 65535), st.integers(55530, 55540))),
     }
-    depth_map = st.dictionaries(st.sampled_from(["code", "prose", "tools", "a.b-c_1"]), st.integers(1, 8), max_size=3).map(
+    depth = st.one_of(st.integers(1, 8), st.just("auto"))
+    depth_map = st.dictionaries(st.sampled_from(["code", "prose", "tools", "a.b-c_1"]), depth, max_size=3).map(
         lambda classes: {**classes, "default": classes.get("prose", 3)}
     )
     drafter = st.fixed_dictionaries(
-        {"path": args, "bits": bits, "depth": st.one_of(st.integers(1, 8), depth_map)},
-        optional={"kind": st.sampled_from(["auto", "mtp", "model"])},
+        {"path": args, "bits": bits, "depth": st.one_of(depth, depth_map)},
+        optional={"kind": st.sampled_from(["auto", "mtp", "model"]), "maxDepth": st.integers(1, 8)},
     )
     for key, strategy in [
         ("backend", st.sampled_from(["native", "mlx-lm"])),

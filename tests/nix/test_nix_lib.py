@@ -92,6 +92,7 @@ def test_the_nix_ranges_and_choices_are_the_config_models(nixh):
     d = nixh.eval(file=nixh.lib / "defaults.nix")
     assert (d["widthMin"], d["widthMax"]) == (model.WIDTH_MIN, model.WIDTH_MAX)
     assert (d["depthMin"], d["depthMax"]) == (model.DEPTH_MIN, model.DEPTH_MAX)
+    assert d["drafter"]["maxDepth"] == model.DEPTH_AUTO_MAX_DEFAULT
     assert d["backends"] == list(typing.get_args(model.Backend))
     assert d["routings"] == list(typing.get_args(model.Routing))
     assert d["drafterKinds"] == list(typing.get_args(model.DrafterKindSetting))

@@ -93,8 +93,8 @@ def test_worker_exec_start_carries_the_weight_paths_and_depth(nixh, nixpkgs_lib)
     assert argv[0].endswith("-mtpstack/bin/mtpstack")
     assert argv[1:] == [
         "worker", "--model", TARGET, "--target-bits", "4",
-        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "3", "--draft-kind", "auto",
-        "--max-num-seqs", "2", "--prefix-cache-gib", "2",
+        "--draft-model", DRAFTER, "--drafter-bits", "6", "--draft-depth", "auto", "--draft-max-depth", "4",
+        "--draft-kind", "auto", "--max-num-seqs", "2", "--prefix-cache-gib", "2",
         # On NixOS the disk tier is on by default, in the worker's state directory.
         "--prefix-cache-dir", "/var/lib/mtpstack/workers/qwen-mtp/prefix-cache", "--prefix-cache-disk-gib", "32",
         "--served-model-name", "qwen3.8-27b", "--host", "127.0.0.1", "--port", "8101",
@@ -105,20 +105,40 @@ def test_a_declared_drafter_kind_reaches_the_worker_and_the_rendered_config(nixh
     result = nixh.eval_module(nixpkgs_lib, "nixos", f"import {BUNDLED}")
     argv = shlex.split(result["services"]["mtpstack-worker-qwen35-bundled"]["serviceConfig"]["ExecStart"])
     assert argv[argv.index("--draft-model") + 1] == argv[argv.index("--model") + 1]  # the bundled head
-    assert argv[argv.index("--draft-depth") + 2 : argv.index("--draft-depth") + 4] == ["--draft-kind", "mtp"]
+    assert argv[argv.index("--draft-depth") + 1 : argv.index("--draft-depth") + 6] == ["auto", "--draft-max-depth", "4", "--draft-kind", "mtp"]
     drafters = {n: w["drafter"]["kind"] for n, w in result["renderedConfig"]["workers"].items()}
     assert drafters == {"qwen35-bundled": "mtp", "qwen3-small-drafter": "model"}
     default = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter='{ path = "d"; bits = 6; depth = 3; }'))
     assert default["renderedConfig"]["workers"]["w"]["drafter"]["kind"] == "auto"
 
 
-def test_a_depth_per_class_reaches_the_worker_as_one_plain_argument_and_the_rendered_config(nixh, nixpkgs_lib):
-    drafter = '{ path = "d"; bits = 6; depth = { prose = 2; code = 4; default = 3; }; }'
+@pytest.mark.parametrize(("drafter", "argv_part", "rendered"), [
+    ('{ path = "d"; bits = 6; depth = { prose = 2; code = 4; default = 3; }; }',
+     ["--draft-depth", "3", "--draft-depth-map", "code=4,prose=2", "--draft-kind", "auto"],
+     {"depth": {"code": 4, "default": 3, "prose": 2}}),
+    # `auto` for one class: its bound follows the map.
+    ('{ path = "d"; bits = 6; depth = { code = 4; default = "auto"; }; maxDepth = 6; }',
+     ["--draft-depth", "auto", "--draft-depth-map", "code=4", "--draft-max-depth", "6"],
+     {"depth": {"code": 4, "default": "auto"}, "maxDepth": 6}),
+], ids=["classes", "auto"])
+def test_a_depth_per_class_reaches_the_worker_as_one_plain_argument_and_the_rendered_config(nixh, nixpkgs_lib, drafter,
+                                                                                              argv_part, rendered):
     result = nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter=drafter))
     argv = shlex.split(result["services"]["mtpstack-worker-w"]["serviceConfig"]["ExecStart"])
     i = argv.index("--draft-depth")
-    assert argv[i : i + 6] == ["--draft-depth", "3", "--draft-depth-map", "code=4,prose=2", "--draft-kind", "auto"]
-    assert result["renderedConfig"]["workers"]["w"]["drafter"]["depth"] == {"code": 4, "default": 3, "prose": 2}
+    assert argv[i : i + 6] == argv_part
+    got = result["renderedConfig"]["workers"]["w"]["drafter"]
+    assert {k: got[k] for k in rendered} == rendered
+
+
+@pytest.mark.parametrize(("drafter", "message"), [
+    ('{ path = "d"; bits = 6; depth = "deep"; }', 'value "auto"'),
+    ('{ path = "d"; bits = 6; depth = "auto"; maxDepth = 9; }', "between 1 and 8"),
+])
+def test_a_depth_word_other_than_auto_or_a_bound_out_of_range_fails_evaluation(nixh, nixpkgs_lib, drafter, message):
+    with pytest.raises(nixh.NixError) as err:
+        nixh.eval_module(nixpkgs_lib, "nixos", one_worker(drafter=drafter))
+    assert message in str(err.value)
 
 
 def test_max_context_tokens_reaches_the_worker_after_its_width_and_the_rendered_config(nixh, nixpkgs_lib):
@@ -226,7 +246,7 @@ def test_darwin_program_arguments_carry_the_weight_paths(nixh, nixpkgs_lib):
     assert args[0].endswith("-mtpstack/bin/mtpstack")
     assert args[args.index("--model") + 1] == TARGET
     assert args[args.index("--draft-model") + 1] == DRAFTER
-    assert args[args.index("--draft-depth") + 1] == "3"
+    assert args[args.index("--draft-depth") + 1] == "auto"
     assert (sc["KeepAlive"], sc["RunAtLoad"], sc["Label"]) == (True, True, "org.nixos.mtpstack-worker-qwen-mtp")
     assert sc["StandardErrorPath"].startswith("/var/log/mtpstack/")
     proxy = result["daemons"]["mtpstack-proxy"]["serviceConfig"]["ProgramArguments"]

@@ -97,3 +97,10 @@ def test_the_weights_proof_reads_the_depth_map_back():
     assert weights_from_argv(worker_argv(profile())).depth_map == {}
     with pytest.raises(ValueError):
         parse_depth_map("code=4,prose")
+
+
+def test_auto_carries_its_bound_and_a_fixed_depth_does_not():
+    argv = worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": {"code": 4, "default": "auto"}, "maxDepth": 6}))
+    at = argv.index("--draft-depth")
+    assert argv[at : at + 6] == ["--draft-depth", "auto", "--draft-depth-map", "code=4", "--draft-max-depth", "6"]
+    assert "--draft-max-depth" not in worker_argv(profile(drafter={"path": "/m/d", "bits": 6, "depth": 3, "maxDepth": 6}))

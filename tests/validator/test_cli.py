@@ -70,7 +70,7 @@ def test_json_input_has_no_line_numbers(tmp_path):
 
 def test_warnings_pass_unless_strict(tmp_path):
     cfg = tmp_path / "fleet.yaml"
-    text = (EXAMPLES / "valid" / "fleet.yaml").read_text().replace("bits: 6, depth: 3", "bits: 4, depth: 3")
+    text = (EXAMPLES / "valid" / "fleet.yaml").read_text().replace("bits: 6, depth: auto", "bits: 4, depth: auto")
     cfg.write_text(text)
     plain = run("validate", str(cfg))
     assert plain.returncode == 0 and "warning[drafter-precision]" in plain.stdout

@@ -359,3 +359,52 @@ def test_one_directory_on_two_hosts_is_two_directories(fleet):
     assert "prefix-cache-dir-shared" not in codes(fleet)
     fleet["workers"]["b"]["deployOn"] = "h1"
     assert "prefix-cache-dir-shared" in codes(fleet)
+
+
+@pytest.mark.parametrize("depth", ["auto", {"code": "auto", "prose": 2, "default": 3}, {"code": 4, "default": "auto"}])
+def test_auto_is_a_depth_alone_and_for_any_class(fleet, depth):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = depth
+    assert codes(fleet) == []
+
+
+def test_mlx_lm_refuses_auto_naming_the_backend(fleet):
+    fleet["policy"] = {"allowedBackends": ["native", "mlx-lm"]}
+    fleet["proxy"]["modelConcurrencyLimits"]["qwen3.8-27b"] = 1
+    worker = fleet["workers"]["qwen-mtp"]
+    worker.update(backend="mlx-lm", maxNumSeqs=1)
+    worker["drafter"].update(kind="model", depth="auto")
+    [f] = only(fleet, "mlx-lm-depth-auto")
+    assert f.severity == "error" and f.path == ("workers", "qwen-mtp", "drafter", "depth")
+    assert f.related == (("workers", "qwen-mtp", "backend"),) and "native" in f.hint
+
+
+@pytest.mark.parametrize("max_depth", [0, 9])
+def test_max_depth_is_range_checked_at_its_own_path(fleet, max_depth):
+    fleet["workers"]["qwen-mtp"]["drafter"].update(depth="auto", maxDepth=max_depth)
+    [f] = only(fleet, "out-of-range")
+    assert f.path == ("workers", "qwen-mtp", "drafter", "maxDepth") and "1 to 8" in f.hint
+
+
+def test_max_depth_below_a_fixed_class_depth_beside_auto_names_both(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"].update(depth={"code": 6, "default": "auto"}, maxDepth=4)
+    [f] = only(fleet, "max-depth-below-fixed")
+    assert f.severity == "error" and f.path == ("workers", "qwen-mtp", "drafter", "maxDepth")
+    assert f.related == (("workers", "qwen-mtp", "drafter", "depth", "code"),) and "to 6 or more" in f.hint
+    fleet["workers"]["qwen-mtp"]["drafter"]["maxDepth"] = 6
+    assert codes(fleet) == []
+
+
+def test_max_depth_without_auto_is_a_warning_and_its_default_is_not(fleet):
+    fleet["workers"]["qwen-mtp"]["drafter"].update(depth=3, maxDepth=6)
+    [f] = only(fleet, "max-depth-unused")
+    assert f.severity == "warning" and "auto" in f.hint
+    fleet["workers"]["qwen-mtp"]["drafter"]["maxDepth"] = 4  # what the Nix modules render when it is not set
+    assert codes(fleet) == []
+
+
+@pytest.mark.parametrize("depth", ["fast", "Auto ", {"code": "deep", "default": 3}])
+def test_a_word_other_than_auto_is_one_type_error_that_names_auto(fleet, depth):
+    fleet["workers"]["qwen-mtp"]["drafter"]["depth"] = depth
+    _, report = validate_data(fleet)
+    [f] = report.findings
+    assert f.code == "invalid-type" and "`auto`" in f.message

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mtpstack.validator.config import DEPTH_DEFAULT, DEPTH_MAX
+from mtpstack.validator import DEPTH_AUTO_MAX_DEFAULT, DEPTH_DEFAULT, DEPTH_MAX, parse_depth_map
 from mtpstack.worker.cli import register
 
 
@@ -34,7 +34,22 @@ def test_the_help_states_the_configs_default_and_limit():
     subparsers = argparse.ArgumentParser(prog="mtpstack").add_subparsers()
     register(subparsers)
     help_text = subparsers.choices["worker"].format_help()
-    assert f"0 to {DEPTH_MAX} (default: {DEPTH_DEFAULT})" in " ".join(help_text.split())
+    flat = " ".join(help_text.split())
+    depth_help = flat[flat.index("--draft-depth DRAFT_DEPTH tokens"):flat.index("--draft-depth-map DRAFT_DEPTH_MAP depth")]
+    assert f"0 to {DEPTH_MAX};" in depth_help and "`auto`" in depth_help and depth_help.endswith(f"(default: {DEPTH_DEFAULT}) ")
+    assert f"the deepest an `auto` depth drafts; the head is loaded for it (default: {DEPTH_AUTO_MAX_DEFAULT})" in flat
+
+
+def test_a_depth_that_is_neither_a_number_nor_auto_is_refused_naming_both():
+    run = _worker("--draft-depth", "deep")
+    assert run.returncode != 0 and "invalid depth (a number or `auto`) value: 'deep'" in run.stderr
+
+
+def test_auto_is_taken_as_a_depth_and_in_a_class_map():
+    subparsers = argparse.ArgumentParser(prog="mtpstack").add_subparsers()
+    register(subparsers)
+    args = subparsers.choices["worker"].parse_args(["--model", "/m", "--draft-depth", "AUTO", "--draft-depth-map", "code=auto,prose=2"])
+    assert args.draft_depth == "auto" and parse_depth_map(args.draft_depth_map) == {"code": "auto", "prose": 2}
 
 
 def test_the_engine_refuses_a_depth_beyond_the_configs_limit():
@@ -43,3 +58,9 @@ def test_the_engine_refuses_a_depth_beyond_the_configs_limit():
 
     with pytest.raises(ValueError, match=f"between 0 and {DEPTH_MAX}"):
         Engine.load("/nonexistent", "/nonexistent", draft_depth=DEPTH_MAX + 1)
+
+
+@pytest.mark.parametrize("flags", [("--draft-depth", "auto"), ("--draft-depth-map", "code=auto")])
+def test_auto_without_a_drafter_is_refused_naming_the_flag_that_fixes_it(flags):
+    run = _worker(*flags)
+    assert run.returncode == 1 and "no drafter is loaded" in run.stderr and "--draft-model PATH" in run.stderr

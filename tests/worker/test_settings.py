@@ -21,7 +21,7 @@ from mtpstack.worker.config import WorkerConfig
 EVERYTHING = {
     "model": "served",
     "target": {"path": "/m/target", "bits": 4},
-    "drafter": {"path": "/m/head", "bits": 6, "depth": {"code": 5, "default": 2}, "kind": "mtp"},
+    "drafter": {"path": "/m/head", "bits": 6, "depth": {"code": 5, "prose": "auto", "default": 2}, "maxDepth": 6, "kind": "mtp"},
     "maxNumSeqs": 3,
     "maxContextTokens": 4096,
     "prefixCache": {"maxGiB": 0.5, "diskGiB": 64, "dir": "/var/cache/w"},
