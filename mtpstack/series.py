@@ -38,6 +38,15 @@ PREFILL_SECONDS = "mtpstack_worker_prefill_seconds_total"
 #: steps that gave decoding rows tokens (what a neighbour's prefill costs a stream).
 PREFILL_TOKENS_PER_SECOND = "mtpstack_worker_prefill_tokens_per_second"
 DECODE_LONGEST_GAP = "mtpstack_worker_decode_longest_gap_seconds"
+#: The draft depth (`--draft-depth auto`: the policy's pick, `mtpstack.worker.depth_policy`): the last
+#: decode step's depth, each decoding row's drafted tokens in it (labelled `row`, 0 to the width - 1),
+#: decode steps by `depth`, and what the policy chose from: its acceptance estimate per `position` and
+#: a verify step's measured seconds per `depth` at the last step's width.
+DRAFT_DEPTH = "mtpstack_worker_draft_depth"
+DRAFT_DEPTH_BY_ROW = "mtpstack_worker_draft_depth_by_row"
+DRAFT_DEPTH_STEPS = "mtpstack_worker_draft_depth_steps_total"
+DRAFT_ACCEPTANCE_ESTIMATE = "mtpstack_worker_draft_acceptance_estimate"
+VERIFY_STEP_SECONDS = "mtpstack_worker_verify_step_seconds"
 PREFIX_CACHE_LOOKUPS = "mtpstack_worker_prefix_cache_lookups_total"
 PREFIX_CACHE_HITS = "mtpstack_worker_prefix_cache_hits_total"
 PREFIX_CACHE_TOKENS_REUSED = "mtpstack_worker_prefix_cache_tokens_reused_total"

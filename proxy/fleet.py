@@ -124,6 +124,29 @@ def draft_depth(samples: Samples) -> int | None:
     return None
 
 
+def _by_label(samples: Samples, name: str, label: str) -> dict[int, float]:
+    return {int(labels[label]): value for labels, value in labelled(samples, name) if labels.get(label, "").isdigit()}
+
+
+def live_depth(samples: Samples) -> dict | None:
+    """The depth the worker's decode steps run at and why: the last step's, each decoding row's in it,
+    the steps by depth, and, where a depth is `auto`, what its policy chose from (its acceptance
+    estimate per position, a verify step's measured seconds per depth). None for a worker without the
+    series (mlx_lm.server, an older mtpstack)."""
+    depth = sample(samples, series.DRAFT_DEPTH)
+    if depth is None:
+        return None
+    rows = _by_label(samples, series.DRAFT_DEPTH_BY_ROW, "row")
+    estimate = _by_label(samples, series.DRAFT_ACCEPTANCE_ESTIMATE, "position")
+    return {
+        "depth": int(depth),
+        "rows": [int(rows[r]) for r in sorted(rows)],
+        "steps_by_depth": {str(d): n for d, n in sorted(_by_label(samples, series.DRAFT_DEPTH_STEPS, "depth").items())},
+        "acceptance_estimate": [estimate[p] for p in sorted(estimate)],
+        "step_seconds": {str(d): v for d, v in sorted(_by_label(samples, series.VERIFY_STEP_SECONDS, "depth").items())},
+    }
+
+
 def _model_summary(identity_model: dict | None) -> dict | None:
     if not identity_model:
         return None
@@ -377,6 +400,7 @@ class FleetCollector:
             },
             "width": {"max_num_seqs": width, "active": None if active is None else int(active)},
             "draft_depth": draft_depth(samples) or identity.get("draft_depth"),
+            "live_depth": live_depth(samples),
             "acceptance": acceptance(samples),
             "prefix_cache": prefix_cache(samples),
             "tokens_per_second": spread(r for t, r in track.rates if now - t <= WINDOW_SECONDS),

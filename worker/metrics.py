@@ -97,6 +97,15 @@ class Metrics:
                                       "Seconds from a lookup to a row's caches restored from the disk tier.",
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self._disk_seen = (0,) * len(self.disk)
+        self.depth = Gauge(series.DRAFT_DEPTH, "The draft depth of the last decode step.", registry=r)
+        self.depth_by_row = Gauge(series.DRAFT_DEPTH_BY_ROW, "Tokens each decoding row drafted in the last decode step.",
+                                  ["row"], registry=r)
+        self.depth_steps = Counter(series.DRAFT_DEPTH_STEPS, "Decode steps, by their draft depth.", ["depth"], registry=r)
+        self.acceptance_estimate = Gauge(series.DRAFT_ACCEPTANCE_ESTIMATE, "The adaptive depth's estimate of acceptance "
+                                         "at each draft position, given the ones before it were accepted.", ["position"], registry=r)
+        self.verify_seconds = Gauge(series.VERIFY_STEP_SECONDS, "The adaptive depth's measured seconds of a verify step at "
+                                    "each depth, at the last step's batch width.", ["depth"], registry=r)
+        self._rows_shown = 0
         for position in range(1, max_depth + 1):
             self.by_position.labels(position=str(position))
             self.drafted_by_position.labels(position=str(position))
@@ -126,6 +135,23 @@ class Metrics:
             self.disk_bytes.set(disk.total_bytes)
             for seconds in disk.drain_restores():
                 self.disk_restore.observe(seconds)
+
+    def draft_depth(self, batch, steps: int, policy) -> None:
+        """After a step that ran `steps` decode forwards (0 or 1): its depth and each row's, and the policy's view."""
+        if steps and batch is not None:
+            self.depth.set(batch.last_depth)
+            self.depth_steps.labels(depth=str(batch.last_depth)).inc(steps)
+            for row, k in enumerate(batch.last_plans):
+                self.depth_by_row.labels(row=str(row)).set(k)
+            for row in range(len(batch.last_plans), self._rows_shown):
+                self.depth_by_row.remove(str(row))
+            self._rows_shown = len(batch.last_plans)
+        if policy is not None:
+            view = policy.describe()
+            for position, rate in enumerate(view["acceptance"], start=1):
+                self.acceptance_estimate.labels(position=str(position)).set(rate)
+            for depth, seconds in view["cost"].items():
+                self.verify_seconds.labels(depth=str(depth)).set(seconds)
 
     def pacing(self, pacer, prefill_seconds: float) -> None:
         """After a step: the prefill's time in it and the last minute's figures (`mtpstack.worker.pacing`)."""

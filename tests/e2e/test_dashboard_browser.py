@@ -126,6 +126,9 @@ def test_the_page_shows_the_figures_metrics_shows(browser, keyed_stack, tmp_path
             lambda t, a=accepted, d=drafted: t.startswith(f"position {position}: {a:g} accepted of {d:g} drafted"),
             f"position {position} to show the worker's counts",
         )
+    depth = metric(worker, "mtpstack_worker_draft_depth")
+    page_shows(browser, "[data-worker=w0] [data-field=live-depth]", lambda t, d=depth: t.startswith(f"{d:g}"),
+               "the last step's draft depth as /metrics has it")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed_stack.proxy_url + "/v1", api_key="sk-wrong", max_retries=0).completions.create(
             model="tiny", prompt="x", max_tokens=1)

@@ -286,3 +286,29 @@ async def test_the_status_needs_the_key_and_the_page_does_not(make_fleet, keys_f
     assert "/v1/fleet/status" in html and "key-form" in html
     assert "http://" not in html and "https://" not in html  # nothing loaded from elsewhere: works offline
     assert "sk-dash-key" not in caplog.text
+
+
+def test_the_live_depth_is_read_from_the_series_the_worker_exports():
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from mtpstack.worker.depth_policy import DepthPolicy, StepCosts
+    from mtpstack.worker.metrics import Metrics
+
+    from mtpstack.proxy.fleet import live_depth
+
+    metrics = Metrics(max_depth=3)
+    costs = StepCosts(2, 3)
+    for depth, seconds in enumerate([0.010, 0.013, 0.015, 0.018]):
+        costs.seed(2, depth, seconds)
+    policy = DepthPolicy(3, 2, costs)
+    policy.choose([3, 1], [None, None], [[0.9] * 3, [0.9] * 3])
+    for depth, rows in ((2, [2, 1]), (3, [3, 1, 0]), (3, [3, 1])):  # a third row came and went
+        metrics.draft_depth(SimpleNamespace(last_depth=depth, last_plans=rows), 1, policy)
+    d = live_depth(parse_samples(generate_latest(metrics.registry).decode()))
+    assert d["depth"] == 3 and d["rows"] == [3, 1]
+    assert d["steps_by_depth"] == {"2": 1.0, "3": 2.0}
+    assert d["step_seconds"] == pytest.approx({"0": 0.010, "1": 0.013, "2": 0.015, "3": 0.018})
+    assert len(d["acceptance_estimate"]) == 3
+    assert live_depth(parse_samples(WORKER_METRICS)) is None  # a worker without the series
