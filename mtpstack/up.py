@@ -38,6 +38,7 @@ from mtpstack.errors import UserError, print_error
 from mtpstack.logs import render_line
 from mtpstack.runtime import Process, StartError, http_status, log_tail, url_of, wait_all_ready
 from mtpstack.validator import (
+    DEPTH_AUTO,
     FleetConfig,
     WorkerProfile,
     did_you_mean,
@@ -78,7 +79,7 @@ def default_fleet() -> dict:
             "demo": {
                 "model": DEMO_MODEL,
                 "target": {"path": str(DEMO_TARGET), "bits": "fp32"},
-                "drafter": {"path": str(DEMO_HEAD), "bits": "fp32", "depth": 3, "kind": "mtp"},
+                "drafter": {"path": str(DEMO_HEAD), "bits": "fp32", "depth": DEPTH_AUTO, "kind": "mtp"},
                 "maxNumSeqs": 2,
                 "host": "127.0.0.1",
                 "port": 8101,

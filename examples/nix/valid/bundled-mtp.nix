@@ -16,7 +16,7 @@
         drafter = {
           path = "/srv/models/Qwen3.5-9B";
           bits = "bf16";
-          depth = 2;
+          depth = "auto";
           kind = "mtp";
         };
         maxNumSeqs = 2;

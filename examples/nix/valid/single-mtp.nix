@@ -14,7 +14,7 @@
       drafter = {
         path = "lukaskremla/Qwen3.8-27B-MTP-6bit-MLX";
         bits = 6;
-        depth = 3;
+        depth = "auto";
       };
       maxNumSeqs = 2;
       port = 8101;
