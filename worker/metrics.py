@@ -13,7 +13,17 @@ class Metrics:
 
     def __init__(self, max_depth: int):
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._drafting_series(self.registry, max_depth)
+        self._prefill_series(self.registry)
+        self._cache_series(self.registry)
+        self._depth_series(self.registry)
+        for position in range(1, max_depth + 1):
+            self.by_position.labels(position=str(position))
+            self.drafted_by_position.labels(position=str(position))
+        self.rejected.labels(code="worker_full")
+
+    def _drafting_series(self, r: CollectorRegistry, max_depth: int) -> None:
+        """Tokens, drafts and acceptance, requests and refusals, the drafter and the decode steps."""
         self.generated = Counter(series.TOKENS_GENERATED, "Tokens emitted to clients.", registry=r)
         self.drafted = Counter(series.TOKENS_DRAFTED, "Tokens proposed by the drafter.", registry=r)
         self.accepted = Counter(series.TOKENS_ACCEPTED, "Drafted tokens the target confirmed.", registry=r)
@@ -62,6 +72,9 @@ class Metrics:
         self.accepted_by_class = Counter(
             series.TOKENS_ACCEPTED_BY_CLASS, "Drafted tokens the target confirmed, by workload class.", ["class"], registry=r
         )
+
+    def _prefill_series(self, r: CollectorRegistry) -> None:
+        """The prefill and what it does to decoding rows (`mtpstack.worker.pacing`)."""
         self.prefilled = Counter(series.PREFILL_TOKENS, "Prompt tokens run through the target's prefill "
                                  "(not those resumed from the prefix cache or another row's prefill).", registry=r)
         self.prefill_seconds = Counter(series.PREFILL_SECONDS, "Seconds the generation thread spent in prefill forwards.",
@@ -70,6 +83,9 @@ class Metrics:
                                   "Prompt tokens per second of prefill forwards over the last minute.", registry=r)
         self.longest_gap = Gauge(series.DECODE_LONGEST_GAP, "The longest wait between two steps that gave decoding "
                                  "rows tokens, over the last minute.", registry=r)
+
+    def _cache_series(self, r: CollectorRegistry) -> None:
+        """The prefix cache and its disk tier."""
         self.cache_lookups = Counter(series.PREFIX_CACHE_LOOKUPS, "Prompts looked up in the prefix cache.", registry=r)
         self.cache_hits = Counter(series.PREFIX_CACHE_HITS, "Prompts that resumed from a prefix-cache snapshot.", registry=r)
         self.cache_tokens = Counter(series.PREFIX_CACHE_TOKENS_REUSED,
@@ -97,6 +113,9 @@ class Metrics:
                                       "Seconds from a lookup to a row's caches restored from the disk tier.",
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
         self._disk_seen = (0,) * len(self.disk)
+
+    def _depth_series(self, r: CollectorRegistry) -> None:
+        """The draft depth each step and row runs, and what the adaptive depth chose it from."""
         self.depth = Gauge(series.DRAFT_DEPTH, "The draft depth of the last decode step.", registry=r)
         self.depth_by_row = Gauge(series.DRAFT_DEPTH_BY_ROW, "Tokens each decoding row drafted in the last decode step.",
                                   ["row"], registry=r)
@@ -106,10 +125,6 @@ class Metrics:
         self.verify_seconds = Gauge(series.VERIFY_STEP_SECONDS, "The adaptive depth's measured seconds of a verify step at "
                                     "each depth, at the last step's batch width.", ["depth"], registry=r)
         self._rows_shown = 0
-        for position in range(1, max_depth + 1):
-            self.by_position.labels(position=str(position))
-            self.drafted_by_position.labels(position=str(position))
-        self.rejected.labels(code="worker_full")
 
     def drafter_info(self, engine) -> None:
         if engine.drafter is not None:

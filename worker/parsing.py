@@ -157,12 +157,9 @@ def count_prompt(body, engine, config: WorkerConfig) -> int:
         raise ApiError(400, e.code, e.message, e.param) from None
 
 
-def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
-    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
-    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
-    from mtpstack.worker.sequence import SamplingParams
-
-    _checked_model(body, config)
+def _choices(body: dict, config: WorkerConfig) -> int:
+    """`n` (each choice a row of the batch, so at most its width), `best_of` 1, and no field this worker
+    does not serve."""
     n = _number(body, "n", int, 1, MAX_COUNT) or 1
     if n > config.max_num_seqs:
         raise _unsupported(f"`n` may be at most this worker's batch width ({config.max_num_seqs}): each choice is a row "
@@ -173,28 +170,25 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     for key in UNSUPPORTED_IF_SET:
         if body.get(key) not in (None, False, [], 0, ""):
             raise _unsupported(f"this worker does not support `{key}`", key)
-    _valid_unicode(body)
-    try:
-        agent = prepare(body, kind, engine)
-    except ProtocolError as e:
-        raise ApiError(400, e.code, e.message, e.param) from None
+    return n
 
-    if kind == "chat":
-        prompt = agent.prompt
-    else:
-        raw = body.get("prompt")
-        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
-            raw = raw[0]
-        if isinstance(raw, str):
-            text = _text(raw, "prompt")
-            prompt = _tokenize(lambda: engine.text_prompt(text), "prompt")
-        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-            prompt = [int(t) for t in raw]
-        elif isinstance(raw, list) and len(raw) > 1 and all(isinstance(t, (str, list)) for t in raw):
-            raise _unsupported("only one prompt per request is supported", "prompt")
-        else:
-            raise bad_request("`prompt` must be a string or a list of token ids", "prompt")
-    prompt_key = "messages" if kind == "chat" else "prompt"
+
+def _completion_prompt(body: dict, engine) -> list[int]:
+    """A completion's `prompt`: one string (alone or in a list of one), or a list of token ids."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if isinstance(raw, str):
+        text = _text(raw, "prompt")
+        return _tokenize(lambda: engine.text_prompt(text), "prompt")
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return [int(t) for t in raw]
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(t, (str, list)) for t in raw):
+        raise _unsupported("only one prompt per request is supported", "prompt")
+    raise bad_request("`prompt` must be a string or a list of token ids", "prompt")
+
+
+def _checked_prompt(prompt: list[int], engine, prompt_key: str) -> None:
     if not prompt:
         raise bad_request("the prompt is empty", prompt_key)
     vocab = engine.vocab_size
@@ -203,25 +197,25 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         bad = low if low < 0 else high
         raise bad_request(f"token id {shown(bad)} is outside the vocabulary: ids run from 0 to {vocab - 1}", prompt_key)
 
+
+def _max_tokens(body: dict, kind: str, engine, config: WorkerConfig, prompt: list[int], prompt_key: str) -> int:
     max_key = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, max_key, int, 1, MAX_COUNT)
     if max_tokens is None:
         max_tokens = config.default_max_tokens
     ctx = engine.context_length
-    if ctx is not None:
-        # `max_tokens` is a cap, not a demand: clients send their own ceiling whatever the model
-        # (Claude Code and opencode send 32,000), so it is cut to the room the prompt leaves and the
-        # answer ends with `finish_reason: "length"` there. Only a prompt that leaves no room is refused.
-        if len(prompt) >= ctx:
-            capped = config.max_context_tokens is not None and ctx == config.max_context_tokens
-            raise ContextExceeded(len(prompt), ctx, prompt_key, capped)
-        max_tokens = min(max_tokens, ctx - len(prompt))
-    agent.fit(max_tokens)
+    if ctx is None:
+        return max_tokens
+    # `max_tokens` is a cap, not a demand: clients send their own ceiling whatever the model
+    # (Claude Code and opencode send 32,000), so it is cut to the room the prompt leaves and the
+    # answer ends with `finish_reason: "length"` there. Only a prompt that leaves no room is refused.
+    if len(prompt) >= ctx:
+        capped = config.max_context_tokens is not None and ctx == config.max_context_tokens
+        raise ContextExceeded(len(prompt), ctx, prompt_key, capped)
+    return min(max_tokens, ctx - len(prompt))
 
-    temperature = _number(body, "temperature", float, 0, 2)
-    top_p = _number(body, "top_p", float, 0, 1)
-    seed = _number(body, "seed", int, 0, SEED_LIMIT - 1)
-    depth_req = _number(body, "num_draft_tokens", int, 0, MAX_COUNT)
+
+def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -229,7 +223,11 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
         raise bad_request("`stop` must be a string or a list of up to 4 strings", "stop")
-    stop = [_text(s, "stop") for s in stop if s]
+    return [_text(s, "stop") for s in stop if s]
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    """`stream`, and `stream_options.include_usage`."""
     stream = _flag(body, "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
@@ -237,15 +235,46 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
     include_usage = opts.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise bad_request(f"`stream_options.include_usage` must be a boolean: {shown(include_usage)}", "stream_options")
-    ignore_eos = _flag(body, "ignore_eos")
+    return stream, bool(include_usage)
 
-    cls = request_class(body, class_header, config)
+
+def _depth(body: dict, cls: str, engine, config: WorkerConfig) -> tuple[int, bool]:
+    """The request's depth and whether the worker's policy chooses it: its class's depth, lowered (never
+    raised) by `num_draft_tokens`. `auto`: the policy picks each step's depth up to `--draft-max-depth`; a
+    request's own `num_draft_tokens` is a fixed depth, as it is beside an integer."""
+    depth_req = _number(body, "num_draft_tokens", int, 0, MAX_COUNT)
     configured = config.depth_for(cls)
-    # `auto`: the worker's policy picks each step's depth up to `--draft-max-depth`; a request's own
-    # `num_draft_tokens` is a fixed depth, as it is beside an integer.
     auto = configured == DEPTH_AUTO and depth_req is None
     class_depth = min(config.draft_max_depth if configured == DEPTH_AUTO else configured, engine.draft_depth)
-    depth = class_depth if depth_req is None else min(depth_req, class_depth)
+    return (class_depth if depth_req is None else min(depth_req, class_depth)), auto
+
+
+def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: str | None = None) -> ParsedRequest:
+    """Every field checked before anything reaches mlx: a token id past the vocabulary crashes
+    the process, an out-of-range seed or a NaN reaches native code; each refusal names its field."""
+    from mtpstack.worker.sequence import SamplingParams
+
+    _checked_model(body, config)
+    n = _choices(body, config)
+    _valid_unicode(body)
+    try:
+        agent = prepare(body, kind, engine)
+    except ProtocolError as e:
+        raise ApiError(400, e.code, e.message, e.param) from None
+    prompt = agent.prompt if kind == "chat" else _completion_prompt(body, engine)
+    prompt_key = "messages" if kind == "chat" else "prompt"
+    _checked_prompt(prompt, engine, prompt_key)
+    max_tokens = _max_tokens(body, kind, engine, config, prompt, prompt_key)
+    agent.fit(max_tokens)
+
+    temperature = _number(body, "temperature", float, 0, 2)
+    top_p = _number(body, "top_p", float, 0, 1)
+    seed = _number(body, "seed", int, 0, SEED_LIMIT - 1)
+    stop = _stops(body)
+    stream, include_usage = _streaming(body)
+    ignore_eos = _flag(body, "ignore_eos")
+    cls = request_class(body, class_header, config)
+    depth, auto = _depth(body, cls, engine, config)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0 if temperature is None else temperature,
@@ -256,4 +285,4 @@ def parse_request(body, kind: str, engine, config: WorkerConfig, class_header: s
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    return ParsedRequest(kind, prompt, params, stream, bool(include_usage), agent, cls=cls, n=n)
+    return ParsedRequest(kind, prompt, params, stream, include_usage, agent, cls=cls, n=n)
