@@ -273,7 +273,7 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     if isinstance(configured, dict):
         configured = configured.get("default")
     notes: list[str] = []
-    depths: dict[str, int] = {}
+    depths: dict[str, int | str] = {}
     width = profile.get("maxNumSeqs")
     at = width if width in widths_of(results) else 1
     for key, rec in recommended_depths(results, margin).items():
@@ -296,7 +296,7 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     lines += [f"# {n}" for n in notes]
     lines += ["", "# YAML", "workers:", f"  {worker}:", "    drafter:", "      depth:"]
     lines += [f"        {k}: {v}" for k, v in depths.items()]
-    nix = "; ".join(f"{k} = {v}" for k, v in sorted(depths.items()))
+    nix = "; ".join(f"{k} = {json.dumps(v)}" for k, v in sorted(depths.items()))
     name = worker if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_'-]*", worker) else json.dumps(worker)
     lines += ["", "# Nix", f"services.mtpstack.workers.{name}.drafter.depth = {{ {nix}; }};"]
     return lines
@@ -444,12 +444,13 @@ def _target_hash(config: dict) -> str | None:
 def plot_points(results: dict, workload: str, metric: str = PRIMARY_METRIC) -> list[tuple[int, str, Summary]]:
     """(x, tick label, summary) per configuration; no drafter sits at x = 0. Pure, for tests."""
     out = []
-    for c in measured(results):
-        v = values(c, workload, metric)
-        if not v:
-            continue
-        depth = c.get("depth")
-        out.append((0 if depth is None else int(depth), "none" if depth is None else str(depth), summarize(v)))
+    found = [(c.get("depth"), values(c, workload, metric)) for c in measured(results)]
+    found = [(d, v) for d, v in found if v]
+    # `auto` sits one past the deepest fixed depth.
+    past = 1 + max((d for d, _ in found if isinstance(d, int)), default=0)
+    for depth, v in found:
+        x = 0 if depth is None else depth if isinstance(depth, int) else past
+        out.append((x, "none" if depth is None else str(depth), summarize(v)))
     return sorted(out, key=lambda p: p[0])
 
 

@@ -203,8 +203,15 @@ class Candidate:
     """One configuration's passes for the depth recommendation."""
 
     label: str
-    depth: int | None  # None: no drafter
+    depth: int | str | None  # None: no drafter; "auto": the worker's adaptive depth
     values: tuple[float, ...]
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Simplest first: no drafter, then each depth by size, then `auto`."""
+        if self.depth is None:
+            return (0, 0)
+        return (1, self.depth) if isinstance(self.depth, int) else (2, 0)
 
 
 def recommend(
@@ -231,7 +238,7 @@ def recommend(
     # Paired passes (an alternated sweep): pass i of every configuration ran in the same round.
     rule = decide_paired if paired else decide
     adopted = [c for c in candidates if rule(baseline.values, c.values, **kw).adopt]
-    eligible = [baseline] + sorted(adopted, key=lambda c: (c.depth is not None, c.depth or 0))
+    eligible = [baseline] + sorted(adopted, key=lambda c: c.order)
     best = max(everyone, key=lambda c: median(c.values))
     for c in eligible:
         if c is best or not rule(c.values, best.values, **kw).adopt:

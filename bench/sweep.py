@@ -45,7 +45,7 @@ from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_RE
 from mtpstack.errors import UserError
 from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url_of
-from mtpstack.validator import FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
+from mtpstack.validator import DEPTH_AUTO, FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
 from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights
 from mtpstack.worker.proof import prove_weights
@@ -84,6 +84,8 @@ class ProcessReused(SweepError):
 class Prompt:
     id: str
     prompt: str
+    #: Request fields beside the message (a tool-call turn's `tools`), as the line gives them.
+    body: dict | None = field(default=None, hash=False, compare=False)
 
 
 def load_prompts(workload: str, prompts_dir: Path | None = None) -> list[Prompt]:
@@ -97,9 +99,13 @@ def load_prompts(workload: str, prompts_dir: Path | None = None) -> list[Prompt]
             continue
         try:
             rec = json.loads(line)
-            prompts.append(Prompt(str(rec["id"]), str(rec["prompt"])))
-        except (ValueError, KeyError, TypeError):
-            raise SweepError(f"bad prompt line in `{path}` at line {i}", 'each line is `{"id": "...", "prompt": "..."}`') from None
+            body = rec.get("body")
+            if body is not None and not isinstance(body, dict):
+                raise TypeError
+            prompts.append(Prompt(str(rec["id"]), str(rec["prompt"]), body))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SweepError(f"bad prompt line in `{path}` at line {i}",
+                             'each line is `{"id": "...", "prompt": "..."}`, with an optional `"body": {...}`') from None
     if not prompts:
         raise SweepError(f"the prompt set `{path}` is empty")
     return prompts
@@ -131,14 +137,32 @@ def parse_depths(text: str) -> list[int]:
 @dataclass(frozen=True)
 class Configuration:
     label: str
-    depth: int | None  # None: no drafter
+    depth: int | str | None  # None: no drafter; "auto": the worker's adaptive depth
 
     @staticmethod
-    def of(depth: int | None) -> Configuration:
+    def of(depth: int | str | None) -> Configuration:
         return Configuration("no-drafter" if depth is None else f"depth {depth}", depth)
 
+    @property
+    def request_fields(self) -> dict | None:
+        """What a request carries to run at this configuration in a worker serving them all: a fixed
+        depth is its `num_draft_tokens`, `auto` a request without it."""
+        return {"num_draft_tokens": self.depth} if isinstance(self.depth, int) else None
 
-def with_depth(profile: WorkerProfile, depth: int | None) -> WorkerProfile:
+
+def alternated_profile(profile: WorkerProfile, configs: Sequence[Configuration]) -> WorkerProfile:
+    """The one worker an alternated sweep runs every configuration in: drafting at the deepest fixed depth,
+    or, where `auto` is one of them, at `auto` with a `maxDepth` that reaches the deepest fixed depth too
+    (a request's `num_draft_tokens` lowers its depth, never raises it)."""
+    fixed = [c.depth for c in configs if isinstance(c.depth, int)]
+    if not any(c.depth == DEPTH_AUTO for c in configs):
+        return with_depth(profile, max(fixed))
+    assert profile.drafter is not None
+    reach = max([profile.drafter.max_depth, *fixed])
+    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": DEPTH_AUTO, "max_depth": reach})})
+
+
+def with_depth(profile: WorkerProfile, depth: int | str | None) -> WorkerProfile:
     if depth is None:
         return profile.model_copy(update={"drafter": None})
     assert profile.drafter is not None
@@ -304,8 +328,10 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
                       extra: dict | None = None) -> dict:
-    """One greedy streamed chat completion, timed per chunk; `extra` joins the body (`num_draft_tokens`)."""
+    """One greedy streamed chat completion, timed per chunk; the prompt's own fields (`tools`) and `extra`
+    (`num_draft_tokens`) join the body."""
     body = {
+        **(prompt.body or {}),
         **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": prompt.prompt}],
@@ -335,7 +361,10 @@ async def run_request(session: aiohttp.ClientSession, url: str, model: str, prom
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                # A tool-call turn streams its call's arguments (the JSON the model writes), not content.
+                piece = delta.get("content") or "".join(
+                    str((call.get("function") or {}).get("arguments") or "") for call in delta.get("tool_calls") or [])
                 if piece:
                     now = time.monotonic()
                     t_first = t_first or now
@@ -596,8 +625,7 @@ class Sweep:
                 "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
         try:
             if design == "alternated":
-                deepest = max(configs, key=lambda c: c.depth or 0)
-                expected = Expected(with_depth(self.profile, deepest.depth), expected_target or self.pinned.get("target"),
+                expected = Expected(alternated_profile(self.profile, configs), expected_target or self.pinned.get("target"),
                                     expected_drafter or self.pinned.get("drafter"))
                 self.results["configurations"] = asyncio.run(self._alternated(configs, base, prompts, expected))
                 configs = []
@@ -727,7 +755,7 @@ class Sweep:
 
                         async def one(i: int) -> dict:
                             return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
-                                                  {"num_draft_tokens": configs[i].depth})
+                                                  configs[i].request_fields)
 
                         for i in range(len(configs)):
                             records[i]["workloads"][key]["warmup"] = await one(i)

@@ -108,8 +108,9 @@ def test_compare_says_when_nothing_matches():
 
 
 def test_plot_points_put_no_drafter_at_zero_and_the_figure_is_written(tmp_path):
-    res = results(config("depth 3", 3, WIN), config("no-drafter", None, BASE))
-    assert [(x, t) for x, t, _ in rpt.plot_points(res, "code")] == [(0, "none"), (3, "3")]
+    res = results(config("depth 3", 3, WIN), config("no-drafter", None, BASE), config("depth auto", "auto", WIN))
+    # `auto` one past the deepest fixed depth.
+    assert [(x, t) for x, t, _ in rpt.plot_points(res, "code")] == [(0, "none"), (3, "3"), (4, "auto")]
     path = rpt.plot_sweep(res, tmp_path / "sweep.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
 
@@ -185,3 +186,12 @@ def test_a_paired_verdict_names_its_statistic_and_the_unpaired_estimate_says_it_
     spread = [summarize([15.0, 22.0, 30.0, 18.0, 26.0]), summarize([20.0, 21.0, 22.0, 23.0, 24.0])]
     assert "if unpaired; these passes are paired" in rpt.noise_note(spread, paired=True)
     assert "paired" not in rpt.noise_note(spread)
+
+
+def test_a_configured_auto_is_kept_as_default_and_written_quoted_for_nix():
+    slow, fast = [20.0, 21.0, 22.0, 23.0, 24.0], [30.0, 30.5, 31.0, 31.5, 32.0]
+    res = results(config("depth auto", "auto", slow, pid=100), config("depth 4", 4, fast, pid=101), baseline="depth auto")
+    res["meta"]["profile"] = {"drafter": {"depth": "auto"}, "maxNumSeqs": 1}
+    text = "\n".join(rpt.emit_config(res))
+    assert "services.mtpstack.workers.w.drafter.depth = { code = 4; default = \"auto\"; };" in text
+    assert "        default: auto" in text

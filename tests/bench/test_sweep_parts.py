@@ -37,10 +37,20 @@ def test_unreadable_depths_are_refused_with_an_example(text):
 
 def test_the_plan_puts_the_baseline_first_and_measures_it_once(example):
     configs, base = sw.plan(example, "qwen-mtp", [1, 2, 3], "configured")
-    assert base.label == "depth 3"
-    assert [c.label for c in configs] == ["depth 3", "depth 1", "depth 2"]
+    assert base.label == "depth auto"  # the example drafts at `auto`
+    assert [c.label for c in configs] == ["depth auto", "depth 1", "depth 2", "depth 3"]
     configs, base = sw.plan(example, "qwen-mtp", [1, 2], "no-drafter")
     assert [c.label for c in configs] == ["no-drafter", "depth 1", "depth 2"]
+
+
+def test_an_alternated_sweep_with_auto_runs_one_auto_worker_that_reaches_every_fixed_depth(example):
+    configs, _ = sw.plan(example, "qwen-mtp", [1, 6], "configured")
+    profile = sw.alternated_profile(example.workers["qwen-mtp"], configs)
+    assert (profile.drafter.depth, profile.drafter.max_depth) == ("auto", 6)
+    assert [c.request_fields for c in configs] == [None, {"num_draft_tokens": 1}, {"num_draft_tokens": 6}]
+    # Without `auto` among them: the deepest fixed depth, as before.
+    fixed = sw.alternated_profile(example.workers["qwen-mtp"], [sw.Configuration.of(2), sw.Configuration.of(4)])
+    assert fixed.drafter.depth == 4
 
 
 def test_an_unknown_worker_gets_a_did_you_mean(example):

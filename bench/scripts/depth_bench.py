@@ -1,0 +1,239 @@
+"""Adaptive draft depth against every fixed depth: does `auto` find the depth that pays, and never cost?
+
+For each pair (the demo target widened with its own head, and the same target with a head that pays
+little: noise in its input projection, `devkit.demo.weak_head`), every configuration, fixed depths
+`--depths` and `auto`, runs in a fresh worker process of one profile (`drafter.depth = "auto"`,
+`maxDepth` the deepest fixed depth, `maxNumSeqs` the widest `--widths`): a fixed depth is a request's
+`num_draft_tokens`, `auto` a request without it, so every process has the same argv and its weights
+are proven from it (`mtpstack.bench.sweep.check_weights`). Configurations rotate their order each
+round; in each process, per width and workload (code, prose, a tool-call turn with `tools`), one
+warm-up request, then one measured pass of `--prompts` prompts greedy, each answer run to `--max-tokens`
+(`ignore_eos`: the demo target ends most answers within ten tokens), at width w shared by w clients. The figure is the pass's tokens over its wall time (time to first token
+included, as a user waits for it), median (min-max) over rounds; beside `auto`, its ratio to the best
+fixed depth and to depth 0, and the depths its steps ran at (`mtpstack_worker_draft_depth_steps_total`).
+
+    python bench/scripts/depth_bench.py --out bench-depth           # 2 pairs x 3 workloads x widths 1, 4
+    python bench/scripts/depth_bench.py --rounds 3 --pairs demo-wide --widths 1
+
+Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (tok/s against depth per
+workload, `auto` drawn at the depth its steps ran at on average).
+"""
+
+from __future__ import annotations
+
+import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import aiohttp
+
+import worker_bench as wb
+
+AUTO = "auto"
+WORKLOADS = ("code", "prose", "tool")
+#: The weak pair's head: noise of this many standard deviations in its input projection (acceptance
+#: about 0.25 at depth 3 on the demo target, against 0.64 for the head as trained).
+WEAK_NOISE = 1.0
+PAIRS = ("demo-wide", "weak-head")
+#: The warm-up request's length: enough to compile every step shape, short beside a measured pass.
+WARMUP_TOKENS = 16
+
+
+def prepare(workdir: Path, args) -> dict[str, tuple[Path, Path]]:
+    from devkit.demo.weak_head import weaken_head
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+
+    target = wb.widen_target(DEMO_TARGET, workdir / "wide-target", args)
+    pairs = {"demo-wide": (target, DEMO_HEAD), "weak-head": (target, weaken_head(DEMO_HEAD, workdir / "weak-head", noise=WEAK_NOISE))}
+    return {name: pairs[name] for name in args.pairs}
+
+
+def profile_for(target: Path, head: Path, max_depth: int, width: int, port: int):
+    from mtpstack.validator import WorkerProfile
+
+    return WorkerProfile.model_validate({
+        "model": "bench", "target": {"path": str(target), "bits": "fp32"},
+        "drafter": {"path": str(head), "bits": "fp32", "depth": AUTO, "maxDepth": max_depth, "kind": "mtp"},
+        "maxNumSeqs": width, "host": "127.0.0.1", "port": port,
+    })
+
+
+async def depth_steps(session, url: str) -> dict[str, float]:
+    from mtpstack import series
+    from mtpstack.proxy.prometheus import labelled, parse_samples
+
+    async with session.get(url + "/metrics") as resp:
+        samples = parse_samples(await resp.text())
+    return {labels["depth"]: value for labels, value in labelled(samples, series.DRAFT_DEPTH_STEPS)}
+
+
+async def measure(proc, config, prompts: dict, args) -> dict:
+    """One process: per width and workload a warm-up request and a measured pass."""
+    from mtpstack.bench.sweep import run_pass
+
+    # Every answer runs to --max-tokens: the demo target ends most answers within ten tokens, and a pass
+    # of those would time prefill and HTTP, not the decoding the depth changes.
+    extra = {"ignore_eos": True, **({} if config == AUTO else {"num_draft_tokens": config})}
+    out = {}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for width in args.widths:
+            for workload in args.workloads:
+                await run_pass(session, proc.url, "bench", prompts[workload][:1], WARMUP_TOKENS, 1, extra)
+                before = await depth_steps(session, proc.url)
+                p = await run_pass(session, proc.url, "bench", prompts[workload], args.max_tokens, width, extra)
+                after = await depth_steps(session, proc.url)
+                steps = {d: after[d] - before.get(d, 0.0) for d in after if after[d] - before.get(d, 0.0) > 0}
+                out[f"{workload}@{width}"] = {"tps": p["e2e_tps"], "acceptance": p["acceptance"], "steps_by_depth": steps,
+                                              "outputs": [r["output_sha256"] for r in p["requests"]]}
+    return out
+
+
+def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
+    from mtpstack.bench.sweep import Expected, check_weights, local_hash, load_prompts
+    from mtpstack.runtime import Process, free_port, url_of
+    from mtpstack.validator import worker_argv
+    from mtpstack.worker.launcher import resolve_command, worker_env
+
+    prompts = {w: load_prompts(w)[: args.prompts] for w in args.workloads}
+    configs = [*args.depths, AUTO]
+    passes: dict[str, dict[str, list[dict]]] = {str(c): {} for c in configs}
+    for r in range(args.rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for config in order:
+            port = free_port()
+            profile = profile_for(target, head, max(args.depths), max(args.widths), port)
+            proc = Process(resolve_command(worker_argv(profile)), log_path=logdir / f"{name}-{config}-{r}.log", name=f"{name} {config}",
+                           kind="worker", url=url_of("127.0.0.1", port), env=worker_env())
+            proc.start()
+            try:
+                proc.wait_ready("/health", 600, state="healthy")
+                check_weights(proc.pid, proc.url, Expected(profile, local_hash(str(target)), local_hash(str(head))))
+                got = asyncio.run(measure(proc, config, prompts, args))
+            finally:
+                proc.stop()
+            for key, value in got.items():
+                passes[str(config)].setdefault(key, []).append(value)
+            print(f"{name} round {r + 1} {config}: " + ", ".join(f"{k} {v['tps']:.1f}" for k, v in got.items()), file=sys.stderr)
+    return passes
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(passes: dict, depths: list[int]) -> dict:
+    """Per workload and width: each configuration's spread, `auto`'s ratios and the depths its steps ran at."""
+    out = {}
+    for key in passes[AUTO]:
+        cells = {c: spread([p["tps"] for p in passes[c][key]]) for c in passes}
+        best = max((str(d) for d in depths), key=lambda d: cells[d]["median"])
+        steps: dict[str, float] = {}
+        for p in passes[AUTO][key]:
+            for d, n in p["steps_by_depth"].items():
+                steps[d] = steps.get(d, 0.0) + n
+        total = sum(steps.values()) or 1.0
+        out[key] = {
+            "tps": cells, "best_fixed": int(best),
+            "auto_over_best": cells[AUTO]["median"] / cells[best]["median"],
+            "auto_over_depth0": cells[AUTO]["median"] / cells["0"]["median"] if "0" in cells else None,
+            "auto_depths": {d: n / total for d, n in sorted(steps.items())},
+            "auto_mean_depth": sum(int(d) * n for d, n in steps.items()) / total,
+            # Greedy output is the target's at every depth: the same text per prompt in every configuration.
+            "same_output": len({tuple(p["outputs"]) for c in passes for p in passes[c][key]}) == 1,
+        }
+    return out
+
+
+def fmt(s: dict) -> str:
+    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+
+
+def report_lines(results: dict) -> list[str]:
+    lines = []
+    for pair, summary in results["summary"].items():
+        configs = list(next(iter(summary.values()))["tps"])
+        lines += [f"## {pair}", "", "| workload @ width | " + " | ".join(f"depth {c}" if c != AUTO else "auto" for c in configs)
+                  + " | auto / best fixed | auto / depth 0 | auto's depths (share of steps) | same output |",
+                  "|---" * (len(configs) + 5) + "|"]
+        for key, row in summary.items():
+            depths = ", ".join(f"{d}: {share:.0%}" for d, share in row["auto_depths"].items())
+            ratio0 = "-" if row["auto_over_depth0"] is None else f"{row['auto_over_depth0']:.2f}"
+            lines.append(f"| {key} | " + " | ".join(fmt(row["tps"][c]) for c in configs)
+                         + f" | {row['auto_over_best']:.2f} (best: {row['best_fixed']}) | {ratio0} | {depths} | {row['same_output']} |")
+        lines.append("")
+    return lines
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = list(results["summary"])
+    widths = sorted({int(k.split("@")[1]) for s in results["summary"].values() for k in s})
+    fig, axes = plt.subplots(len(pairs), len(widths), figsize=(5 * len(widths), 3.6 * len(pairs)), squeeze=False)
+    for i, pair in enumerate(pairs):
+        for j, width in enumerate(widths):
+            ax = axes[i][j]
+            for key, row in results["summary"][pair].items():
+                workload, w = key.split("@")
+                if int(w) != width:
+                    continue
+                fixed = sorted((int(c), s["median"]) for c, s in row["tps"].items() if c != AUTO)
+                line, = ax.plot([d for d, _ in fixed], [v for _, v in fixed], marker="o", label=workload)
+                ax.plot([row["auto_mean_depth"]], [row["tps"][AUTO]["median"]], marker="*", markersize=14, color=line.get_color(),
+                        linestyle="none")
+            ax.set_title(f"{pair}, width {width}  (star: auto, at its mean depth)", fontsize=9)
+            ax.set_xlabel("draft depth")
+            ax.set_ylabel("tokens/s")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-depth"))
+    parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS))
+    parser.add_argument("--depths", default="0,1,2,3,4", help="fixed depths beside auto (auto's maxDepth is the deepest)")
+    parser.add_argument("--widths", default="1,4")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts of each workload per pass")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--mlp-multiplier", type=int, default=8)
+    parser.add_argument("--extra-layers", type=int, default=10)
+    args = parser.parse_args(argv)
+    try:
+        args.depths = sorted({int(d) for d in args.depths.split(",")})
+        args.widths = sorted({int(w) for w in args.widths.split(",")})
+    except ValueError:
+        parser.error("--depths and --widths are lists of integers, e.g. `0,1,2,3,4` and `1,4`")
+    if args.depths[0] < 0 or args.depths[-1] < 1 or not 1 <= args.widths[0] <= args.widths[-1] <= 4:
+        parser.error("depths are 0 or more with one of at least 1; widths lie between 1 and 4")
+    wb.ensure_preload()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pairs = prepare(args.out / "models", args)
+    results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "pairs": {name: [str(t), str(h)] for name, (t, h) in pairs.items()}, "passes": {}, "summary": {}}
+    for name, (target, head) in pairs.items():
+        results["passes"][name] = run_pair(name, target, head, args, args.out)
+        results["summary"][name] = summarize(results["passes"][name], args.depths)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    lines = report_lines(results)
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    plot(results, args.out / "depth.png")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
