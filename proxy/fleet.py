@@ -34,7 +34,7 @@ from mtpstack.proxy.prometheus import Samples, labelled, parse_samples, sample
 from mtpstack.proxy.routing import hit_rate
 from mtpstack.proxy.state import ProxyState
 from mtpstack.proxy.upstream import UpstreamClient, UpstreamError
-from mtpstack.validator import WorkerProfile, worker_argv
+from mtpstack.validator import DEPTH_AUTO, WorkerProfile, worker_argv
 from mtpstack.validator import identity_disagreements, weights_from_argv
 
 log = logging.getLogger("mtpstack.proxy")
@@ -399,7 +399,9 @@ class FleetCollector:
                 "mismatches": mismatches,
             },
             "width": {"max_num_seqs": width, "active": None if active is None else int(active)},
-            "draft_depth": draft_depth(samples) or identity.get("draft_depth"),
+            # `auto` as the worker says it (its drafter is loaded at maxDepth, which the series would show).
+            "draft_depth": identity.get("draft_depth") if identity.get("draft_depth") == DEPTH_AUTO
+            else draft_depth(samples) or identity.get("draft_depth"),
             "live_depth": live_depth(samples),
             "acceptance": acceptance(samples),
             "prefix_cache": prefix_cache(samples),

@@ -184,6 +184,12 @@ async def test_the_status_shows_each_worker_as_its_identity_and_metrics_report_i
     assert s["models"]["m"]["gate"] == [2] and s["models"]["m"]["queued"] == 0
 
 
+async def test_an_auto_worker_shows_auto_not_the_depth_its_head_is_loaded_at(make_fleet):
+    f = await make_fleet({"w1": {"gate": 2, "identity": identity_of(2) | {"draft_depth": "auto"}, "metrics": WORKER_METRICS}})
+    assert "depth=\"2\"" in WORKER_METRICS  # the drafter series says 2 (the deepest it drafts)
+    assert (await status_of(f))["workers"]["w1"]["draft_depth"] == "auto"
+
+
 async def test_the_status_shows_the_affinity_hit_rate_per_model_beside_each_workers_prefix_cache(make_fleet):
     f = await make_fleet({"w1": {"gate": 1, "identity": identity_of(1), "metrics": WORKER_METRICS + PREFIX_CACHE_METRICS},
                           "w2": {"gate": 1, "metrics": WORKER_METRICS}})
