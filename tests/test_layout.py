@@ -61,7 +61,7 @@ def test_the_package_list_covers_every_package_folder():
 # that are not the CLI: version, errors, runtime, logs, request ids) below them all.
 
 #: The CLI layer: it may import anything, and nothing below it imports it.
-CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.__main__"}
+CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.banner", "mtpstack.__main__"}
 #: What each layer may import (besides itself and third-party code).
 MAY_IMPORT = {
     "base": {"base"},
