@@ -104,7 +104,7 @@ async def test_a_new_api_family_is_one_renderer_both_middlewares_answer_its_endp
 
 
 def test_a_long_model_name_is_echoed_cut_the_same_way_by_both_services():
-    from mtpstack.proxy.app import not_served
+    from mtpstack.proxy.intake import not_served
     from mtpstack.refusals import SHOWN_NAME
     from mtpstack.worker.http import model_not_found
 
