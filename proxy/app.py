@@ -26,7 +26,7 @@ from mtpstack.proxy.dashboard import dashboard
 from mtpstack.proxy import fleet
 from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx
-from mtpstack.proxy.http import error_response, errors_as_json, sse_error_event
+from mtpstack.proxy.http import sse_error_event
 from mtpstack.proxy.intake import CLIENT_TIMEOUT, choices, not_served, parse, read_body, refuse_what_backends_ignore
 from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.relay import ClientGone, Exchange, Unsent, relay
@@ -39,6 +39,7 @@ from mtpstack.logs import EVENT
 from mtpstack.requestid import REQUEST_ID, request_id
 from mtpstack.runtime import url_of
 from mtpstack.validator import FleetConfig, dial_host, gate_for
+from mtpstack.web import error_response, errors_as_json
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -97,7 +98,7 @@ def create_app(
     )
 
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
-    app = web.Application(middlewares=[errors_as_json, client_deadline_middleware(lambda a: a[STATE].deadlines)])
+    app = web.Application(middlewares=[errors_as_json("proxy"), client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
     app[FLEET] = FleetCollector(state, fleet_interval)
     app.cleanup_ctx.append(_clients_ctx)

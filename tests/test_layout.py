@@ -58,18 +58,23 @@ def test_the_package_list_covers_every_package_folder():
 
 # -- layers -------------------------------------------------------------------------------
 # validator <- proxy / worker / bench <- CLI, with BASE (the modules directly in `mtpstack/`
-# that are not the CLI: version, errors, runtime, logs, request ids) below them all.
+# that are not the CLI: version, errors, runtime, logs, request ids) below them all, and WEB (what
+# the two services' aiohttp apps share) beside the validator, above the base.
 
 #: The CLI layer: it may import anything, and nothing below it imports it.
 CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.banner", "mtpstack.__main__"}
+#: The services' shared aiohttp parts (the JSON-error middleware, the error response): not the base,
+#: which is stdlib only, since they import aiohttp.
+WEB = {"mtpstack.web"}
 #: What each layer may import (besides itself and third-party code).
 MAY_IMPORT = {
     "base": {"base"},
     "validator": {"base", "validator"},
-    "proxy": {"base", "validator"},
-    "worker": {"base", "validator"},
+    "web": {"base"},
+    "proxy": {"base", "validator", "web"},
+    "worker": {"base", "validator", "web"},
     "bench": {"base", "validator"},
-    "cli": {"base", "validator", "proxy", "worker", "bench", "cli"},
+    "cli": {"base", "validator", "web", "proxy", "worker", "bench", "cli"},
 }
 #: The worker's parts the bench needs to start and prove workers: process handling and the weights
 #: proof, none of which loads mlx.
@@ -100,6 +105,8 @@ MODULES = product_modules()
 def layer(module: str) -> str:
     if module in CLI:
         return "cli"
+    if module in WEB:
+        return "web"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in BARE else "base"
 
