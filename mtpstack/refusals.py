@@ -5,9 +5,9 @@ A refusal is a status, a stable `code`, a message and (for a field's fault) the 
 `error_body` renders it in the shape of the endpoint's API family (`mtpstack.endpoints`: OpenAI's
 `{"error": {message, type, code, param}}`, Anthropic's `{"type": "error", "error": {type, message}}`);
 each family names the kinds of `error_kind` its own way. A new API family is one more renderer in
-`ERROR_BODIES` and one more column in `ERROR_TYPES`, never a second status rule. The services wrap the body in their own aiohttp responses (`mtpstack.worker.http`,
-`mtpstack.proxy.http`), also for aiohttp's own refusals (`routing_refusal`) and a handler's
-unexpected failure (`internal_error`).
+`ERROR_BODIES` and one more column in `ERROR_TYPES`, never a second status rule. The services wrap the body in one aiohttp response (`mtpstack.web.error_response`), also for
+aiohttp's own refusals (`routing_refusal`) and a handler's unexpected failure (`internal_error`),
+which both answer through one middleware (`mtpstack.web.errors_as_json`).
 """
 
 from __future__ import annotations

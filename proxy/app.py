@@ -20,13 +20,14 @@ from aiohttp import hdrs, web
 
 from mtpstack.proxy.admission import ModelAdmission, Rejected, Upstream
 from mtpstack.proxy.auth import presented_key
-from mtpstack.proxy.deadline import ClientDeadlines, deadline_of
+from mtpstack.proxy.deadline import ClientDeadlines
 from mtpstack.proxy.deadline import middleware as client_deadline_middleware
 from mtpstack.proxy.dashboard import dashboard
 from mtpstack.proxy import fleet
 from mtpstack.proxy.fleet import FLEET, FLEET_INTERVAL_SECONDS, FleetCollector, fleet_ctx
 from mtpstack.proxy.health import HEALTH_INTERVAL_SECONDS, health_ctx
-from mtpstack.proxy.http import error_response, errors_as_json, sse_error_event
+from mtpstack.proxy.http import sse_error_event
+from mtpstack.proxy.intake import CLIENT_TIMEOUT, choices, not_served, parse, read_body, refuse_what_backends_ignore
 from mtpstack.proxy.metrics import ProxyMetrics
 from mtpstack.proxy.relay import ClientGone, Exchange, Unsent, relay
 from mtpstack.proxy.routing import AFFINITY, DECISIONS, FIRST_FREE_DECISION, Affinity, affinity_keys, decision
@@ -35,10 +36,10 @@ from mtpstack.proxy.tenants import Tenant, Tenants
 from mtpstack.proxy.upstream import UpstreamClient
 from mtpstack.endpoints import ENDPOINTS, REACHABILITY_PATHS, Endpoint
 from mtpstack.logs import EVENT
-from mtpstack.refusals import NOT_AN_OBJECT, body_too_large, shown_name
 from mtpstack.requestid import REQUEST_ID, request_id
 from mtpstack.runtime import url_of
-from mtpstack.validator import BodyError, FleetConfig, dial_host, gate_for, parse_json_body
+from mtpstack.validator import FleetConfig, dial_host, gate_for
+from mtpstack.web import error_response, errors_as_json
 
 log = logging.getLogger("mtpstack.proxy")
 
@@ -46,8 +47,6 @@ log = logging.getLogger("mtpstack.proxy")
 NO_MODEL = fleet.NO_MODEL
 #: Status logged (and counted) when the client went away before its answer: nginx's convention.
 CLIENT_CLOSED = 499
-#: Error code of a request that did not arrive whole within `proxy.timeouts.clientSeconds`.
-CLIENT_TIMEOUT = "client_timeout"
 
 
 def create_app(
@@ -99,7 +98,7 @@ def create_app(
     )
 
     state.deadlines = ClientDeadlines(p.timeouts.client_seconds, lambda peer: _late_head(state, peer))
-    app = web.Application(middlewares=[errors_as_json, client_deadline_middleware(lambda a: a[STATE].deadlines)])
+    app = web.Application(middlewares=[errors_as_json("proxy"), client_deadline_middleware(lambda a: a[STATE].deadlines)])
     app[STATE] = state
     app[FLEET] = FleetCollector(state, fleet_interval)
     app.cleanup_ctx.append(_clients_ctx)
@@ -189,9 +188,6 @@ def _keyed(handler: Callable[[web.Request, ProxyState, str], Awaitable[web.Respo
     return route
 
 
-def not_served(state: ProxyState, model: str) -> str:
-    served = ", ".join(f"`{m}`" for m in state.admissions) or "none"
-    return f"model `{shown_name(model)}` is not served here; served models: {served}"
 
 
 def _model_object(state: ProxyState, model: str) -> dict:
@@ -317,44 +313,6 @@ def _late_head(state: ProxyState, peer) -> None:
     _finish(state, ex)
 
 
-async def _read_body(request: web.Request, limit: int, client_seconds: float) -> bytes:
-    too_large = Rejected(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, *body_too_large(limit))
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    content = request.content
-    if content.is_eof():  # the whole body came with the head (most requests): no deadline to arm
-        whole = content.read_nowait()
-        if len(whole) > limit:
-            raise too_large
-        return whole
-    body = bytearray()
-    try:
-        async with asyncio.timeout_at(deadline_of(request, client_seconds)):
-            async for chunk in request.content.iter_any():
-                body += chunk
-                if len(body) > limit:
-                    raise too_large
-    except TimeoutError:
-        raise Rejected(
-            HTTPStatus.REQUEST_TIMEOUT, CLIENT_TIMEOUT,
-            f"the request did not arrive whole within {client_seconds:g} s (`proxy.timeouts.clientSeconds`)",
-        ) from None
-    return bytes(body)
-
-
-def _parse(body: bytes, state: ProxyState) -> tuple[dict, str]:
-    try:
-        payload = parse_json_body(body)
-    except BodyError as e:
-        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", str(e)) from None
-    if not isinstance(payload, dict):
-        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", NOT_AN_OBJECT)
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise Rejected(HTTPStatus.BAD_REQUEST, "invalid_request", "the request has no `model`")
-    if model not in state.admissions:
-        raise Rejected(HTTPStatus.NOT_FOUND, "model_not_found", not_served(state, model))
-    return payload, model
 
 
 async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoint: Endpoint) -> web.StreamResponse:
@@ -364,16 +322,16 @@ async def _forward(request: web.Request, state: ProxyState, ex: Exchange, endpoi
         return _unauthorized(ex.rid, endpoint.family)
     ex.tenant = tenant
     p = state.config.proxy
-    body = await _read_body(request, p.max_body_bytes, p.timeouts.client_seconds)
-    payload, ex.model = _parse(body, state)
+    body = await read_body(request, p.max_body_bytes, p.timeouts.client_seconds)
+    payload, ex.model = parse(body, state)
     ex.stream = payload.get("stream") is True
     admission = state.admissions[ex.model]
-    _refuse_what_backends_ignore(state, admission, endpoint, payload, ex.model)
+    refuse_what_backends_ignore(state, admission, endpoint, payload, ex.model)
     if not endpoint.generates:
         upstream = _least_busy_healthy(admission)
         ex.worker = upstream.name
         return await relay(request, state, upstream, body, ex)
-    weight = _choices(payload, endpoint, admission)
+    weight = choices(payload, endpoint, admission)
     tenant.admit(time.monotonic(), admission.retry_after)  # its limits: a 429 of its own
     try:
         return await _admitted(request, state, ex, endpoint, payload, body, admission, tenant, weight)
@@ -456,49 +414,3 @@ def _least_busy_healthy(admission: ModelAdmission) -> Upstream:
         raise Rejected(HTTPStatus.SERVICE_UNAVAILABLE, "no_healthy_worker",
                        f"no healthy worker serves model `{admission.model}` right now", retry_after=admission.unhealthy_retry_after)
     return min(healthy, key=lambda u: (u.inflight / u.gate, u.order))
-
-
-def _choices(payload: dict, endpoint: Endpoint, admission: ModelAdmission) -> int:
-    """The slots a request takes on its worker: one per choice (`n`, on the endpoints that take it), since
-    each choice is a row of the worker's batch. A malformed `n` counts one: the worker refuses it."""
-    n = payload.get("n")
-    if not endpoint.choices or isinstance(n, bool) or not isinstance(n, int) or n <= 1:
-        return 1
-    if n > admission.widest:
-        raise Rejected(HTTPStatus.BAD_REQUEST, "unsupported_parameter",
-                       f"`n` may be at most the batch width of model `{admission.model}`'s widest worker "
-                       f"({admission.widest}): each choice is a row of the batch: {n}")
-    return n
-
-
-def _ignored_field(payload: dict) -> str | None:
-    """A field `mlx_lm.server` 0.32 accepts and silently ignores, whose answer would then differ in kind."""
-    choice = payload.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        return "tool_choice"
-    fmt = payload.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        return "response_format"
-    return None
-
-
-def _refuse_what_backends_ignore(state: ProxyState, admission: ModelAdmission, endpoint: Endpoint, payload: dict, model: str) -> None:
-    """Refused before admission, so the answer never depends on which worker would have been picked."""
-    for u in admission.upstreams:
-        backend = state.config.workers[u.name].backend
-        if backend == "native":
-            continue
-        if endpoint.native_only:
-            raise Rejected(
-                HTTPStatus.BAD_REQUEST, "unsupported_endpoint",
-                f"`{endpoint.path}` is not served for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
-                f"which has no {endpoint.title}; use `/v1/chat/completions`",
-            )
-        if (field := _ignored_field(payload)) is not None:
-            raise Rejected(
-                HTTPStatus.BAD_REQUEST, "unsupported_parameter",
-                f"`{field}` cannot be honoured for model `{model}`: its worker `{u.name}` runs the `{backend}` backend, "
-                "which ignores it",
-            )
-
-

@@ -1,5 +1,5 @@
-"""HTTP policy of the proxy: which headers cross it, how errors look (the body is both services'
-one, `mtpstack.refusals`, in the shape of the endpoint's API family).
+"""HTTP policy of the proxy: which headers cross it, and the last event of a stream it cuts short.
+Its refusals and its JSON-error middleware are both services' (`mtpstack.web`).
 
 Request ids are both services' convention: `mtpstack.requestid`.
 """
@@ -7,19 +7,16 @@ Request ids are both services' convention: `mtpstack.requestid`.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from http import HTTPStatus
 from typing import Iterable
 
-from aiohttp import hdrs, web
+from aiohttp import hdrs
 
-from mtpstack.endpoints import Endpoint, family_of
-from mtpstack.refusals import error_body, family_status, internal_error, routing_refusal, stream_error
-from mtpstack.requestid import REQUEST_ID, request_id
+from mtpstack.endpoints import Endpoint
+from mtpstack.refusals import stream_error
+from mtpstack.requestid import REQUEST_ID
 from mtpstack.usage import USAGE_HEADER
-
-log = logging.getLogger("mtpstack.proxy")
 
 #: Hop-by-hop headers (RFC 9110 section 7.6.1): they describe one connection, so they never
 #: cross the proxy; headers named in `Connection` are dropped with them.
@@ -50,22 +47,6 @@ def filter_headers(headers: Iterable[tuple[str, str]], drop: frozenset[str] | se
     return [(k, v) for k, v, low in kept if low not in named] if named else [(k, v) for k, v, _ in kept]
 
 
-def error_response(
-    status: HTTPStatus, code: str, message: str, *, rid: str, retry_after: int | None = None, family: str = "openai"
-) -> web.Response:
-    """A refusal of the proxy's own, in the error shape of the endpoint's API family (`mtpstack.refusals`)."""
-    headers = {REQUEST_ID: rid}
-    if retry_after is not None:
-        headers[hdrs.RETRY_AFTER] = str(retry_after)
-    status = family_status(status, code, family)
-    return web.Response(
-        status=status,
-        body=json.dumps(error_body(status, code, message, family=family)).encode(),
-        content_type="application/json",
-        headers=headers,
-    )
-
-
 #: The Responses API's stream events carry a running `sequence_number`.
 _SEQUENCE_NUMBER = re.compile(rb'"sequence_number": ?(\d+)')
 
@@ -79,28 +60,3 @@ def sse_error_event(code: str, message: str, endpoint: Endpoint | None = None, l
     seen = [int(n) for n in _SEQUENCE_NUMBER.findall(last)] if api == "responses" else ()
     name, data = stream_error(api, HTTPStatus.BAD_GATEWAY, code, message, max(seen, default=-1) + 1, family)
     return (f"event: {name}\n".encode() if name else b"") + b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """The proxy's own refusals in the error shape too: an unknown path or a wrong method
-    (aiohttp's plain-text 404 and 405), and an unexpected exception outside `forward` (which
-    answers its own), a 500 naming the request id, logged once with its traceback."""
-    try:
-        resp = await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code, message = routing_refusal(e.status, request.method, request.path, e.headers.get(hdrs.ALLOW))
-        extra = {hdrs.ALLOW: e.headers[hdrs.ALLOW]} if hdrs.ALLOW in e.headers else {}
-        status = HTTPStatus(e.status)
-        rid = request_id(request.headers)  # a client's id, or a new one: minted only for a refusal here
-    except Exception:
-        rid = request_id(request.headers)
-        log.exception("unexpected error in request %s", rid)
-        (code, message), extra, status = internal_error("proxy", rid), {}, HTTPStatus.INTERNAL_SERVER_ERROR
-    else:
-        return resp
-    resp = error_response(status, code, message, rid=rid, family=family_of(request.path))
-    resp.headers.update(extra)
-    return resp

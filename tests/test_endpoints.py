@@ -11,8 +11,8 @@ from mtpstack.validator import FleetConfig
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.handlers import SURFACES
 from mtpstack.worker.http import generation_failed
-from mtpstack.worker.protocol.messages import MessageBuilder
-from mtpstack.worker.protocol.messages import usage as messages_usage
+from mtpstack.worker.protocol.messages_answer import MessageBuilder
+from mtpstack.worker.protocol.messages_answer import usage as messages_usage
 from mtpstack.worker.protocol.responses import ResponseBuilder
 from mtpstack.worker.protocol.responses import usage as responses_usage
 from mtpstack.worker.server import create_app as worker_app

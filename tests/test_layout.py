@@ -58,18 +58,23 @@ def test_the_package_list_covers_every_package_folder():
 
 # -- layers -------------------------------------------------------------------------------
 # validator <- proxy / worker / bench <- CLI, with BASE (the modules directly in `mtpstack/`
-# that are not the CLI: version, errors, runtime, logs, request ids) below them all.
+# that are not the CLI: version, errors, runtime, logs, request ids) below them all, and WEB (what
+# the two services' aiohttp apps share) beside the validator, above the base.
 
 #: The CLI layer: it may import anything, and nothing below it imports it.
-CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.__main__"}
+CLI = {"mtpstack.cli", "mtpstack.commands", "mtpstack.status", "mtpstack.up", "mtpstack.banner", "mtpstack.__main__"}
+#: The services' shared aiohttp parts (the JSON-error middleware, the error response): not the base,
+#: which is stdlib only, since they import aiohttp.
+WEB = {"mtpstack.web"}
 #: What each layer may import (besides itself and third-party code).
 MAY_IMPORT = {
     "base": {"base"},
     "validator": {"base", "validator"},
-    "proxy": {"base", "validator"},
-    "worker": {"base", "validator"},
+    "web": {"base"},
+    "proxy": {"base", "validator", "web"},
+    "worker": {"base", "validator", "web"},
     "bench": {"base", "validator"},
-    "cli": {"base", "validator", "proxy", "worker", "bench", "cli"},
+    "cli": {"base", "validator", "web", "proxy", "worker", "bench", "cli"},
 }
 #: The worker's parts the bench needs to start and prove workers: process handling and the weights
 #: proof, none of which loads mlx.
@@ -100,6 +105,8 @@ MODULES = product_modules()
 def layer(module: str) -> str:
     if module in CLI:
         return "cli"
+    if module in WEB:
+        return "web"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in BARE else "base"
 
@@ -143,6 +150,23 @@ def test_the_layers_point_one_way():
             bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {own} imports {other} (`{imported}`)")
     assert bad == []
 
+
+
+def test_the_product_never_imports_the_bench():
+    """The bench may import the product; nothing of the product imports the bench, its scripts
+    (`bench/scripts/`, not a package) included, nor `devkit` or `tests`. The CLI runs `mtpstack bench`
+    by the module's name (`mtpstack.cli.SUBCOMMANDS`), importing it only when asked to."""
+    bench = {m for m in MODULES if layer(m) == "bench"}
+    bad = []
+    for module, tree in trees().items():
+        if layer(module) == "bench":
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            bad += [f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: `{name}`" for name in names
+                    if name in bench or name.startswith("mtpstack.bench") or name.split(".")[0] in ("bench", "devkit", "tests")]
+    assert bad == []
 
 @pytest.mark.parametrize("at_import_time", [True, False], ids=["module level", "inside functions too"])
 def test_no_import_cycles(at_import_time):
@@ -203,6 +227,39 @@ def test_the_base_layer_imports_the_standard_library_only():
                     bad.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: `{name}`")
     assert bad == []
 
+
+
+# -- sizes -----------------------------------------------------------------------------------
+
+#: The product's folders (the wheel but the bench): each module and each function kept small enough
+#: to read whole (issue 50).
+PRODUCT_FOLDERS = ("mtpstack", "worker", "proxy", "validator")
+MODULE_LINES = 500
+FUNCTION_LINES = 80
+#: Modules allowed over `MODULE_LINES`, by path, each with its reason: none.
+LONG_MODULES: dict[str, str] = {}
+#: Functions allowed over `FUNCTION_LINES`, by `path:name`, each with its reason: none.
+LONG_FUNCTIONS: dict[str, str] = {}
+
+
+def product_files() -> list[Path]:
+    return sorted(p for folder in PRODUCT_FOLDERS for p in (ROOT / folder).rglob("*.py") if not SKIP.intersection(p.parts))
+
+
+def test_no_product_module_is_over_its_size():
+    long = {str(p.relative_to(ROOT)): n for p in product_files() if (n := len(p.read_text().splitlines())) > MODULE_LINES}
+    assert {k: v for k, v in long.items() if k not in LONG_MODULES} == {}, f"split these (at most {MODULE_LINES} lines each)"
+    assert set(LONG_MODULES) <= set(long), "an allowed long module is short now: take it off LONG_MODULES"
+
+
+def test_no_product_function_is_over_its_size():
+    long = {}
+    for path in product_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := node.end_lineno - node.lineno + 1) > FUNCTION_LINES:
+                long[f"{path.relative_to(ROOT)}:{node.name}"] = n
+    assert {k: v for k, v in long.items() if k not in LONG_FUNCTIONS} == {}, f"split these (at most {FUNCTION_LINES} lines each)"
+    assert set(LONG_FUNCTIONS) <= set(long), "an allowed long function is short now: take it off LONG_FUNCTIONS"
 
 # -- the family table --------------------------------------------------------------------
 

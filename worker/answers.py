@@ -16,7 +16,7 @@ from aiohttp import web
 from mtpstack.refusals import stream_error
 from mtpstack.worker.generation import Event, RequestHandle
 from mtpstack.worker.http import REQUEST_ID, generation_failed
-from mtpstack.worker.protocol import messages, render, responses
+from mtpstack.worker.protocol import messages_answer, render, responses
 from mtpstack.worker.parsing import ParsedRequest
 from mtpstack.worker.sse import DONE, PING, frame, keepalive, open_stream
 
@@ -241,7 +241,7 @@ async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handl
         send = event_writer(resp)
         async with keepalive(resp, beat=PING):
             event = await handle.events.get()  # the first comes once the prompt is prefilled
-            await send(builder.start(messages.usage(prompt, 0, handle.seq.cached_tokens)))
+            await send(builder.start(messages_answer.usage(prompt, 0, handle.seq.cached_tokens)))
             while event.finish_reason is None:
                 await send(builder.feed(event.text))
                 event = await handle.events.get()
@@ -255,8 +255,8 @@ async def respond_to_messages(request: web.Request, parsed: ParsedRequest, handl
         else:
             stop = None
             if event.finish_reason == "stop" and builder.stops:
-                stop = messages.matched_stop(builder.stops, seq.engine.tokenizer.decode(seq.tokens), seq.text)
-            usage = messages.usage(prompt, len(seq.tokens), seq.cached_tokens)
+                stop = messages_answer.matched_stop(builder.stops, seq.engine.tokenizer.decode(seq.tokens), seq.text)
+            usage = messages_answer.usage(prompt, len(seq.tokens), seq.cached_tokens)
             events = builder.feed(event.text) + builder.finish(event.finish_reason, usage, stop)
             if resp is None:
                 return web.json_response(builder.message(event.finish_reason, usage, stop), headers={REQUEST_ID: handle.rid})

@@ -26,7 +26,7 @@ from mtpstack.worker.http import (REQUEST_ID, ApiError, bad_request, body_too_la
                                   request_id)
 from mtpstack.worker.identity import STARTED_AT
 from mtpstack.worker.metrics import Metrics
-from mtpstack.worker.protocol import messages, responses
+from mtpstack.worker.protocol import messages, messages_answer, responses
 from mtpstack.worker.protocol.chat import ProtocolError, compile_constraint
 from mtpstack.worker.parsing import SEED_LIMIT, ContextExceeded, ParsedRequest, count_prompt, parse_request
 from mtpstack.worker.protocol.grammar import Busy
@@ -146,7 +146,7 @@ SURFACES: dict[str, Surface] = {
         "chat",
         to_chat=messages.to_chat,
         reword=messages.messages_refusal,
-        builder=lambda parsed, name, original: messages.MessageBuilder.for_request(parsed.agent.output, name, original),
+        builder=lambda parsed, name, original: messages_answer.MessageBuilder.for_request(parsed.agent.output, name, original),
         respond=lambda request, parsed, handles, name: answers.respond_to_messages(request, parsed, handles[0]),
     ),
 }

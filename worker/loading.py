@@ -277,7 +277,7 @@ def prepare_depth_policy(engine: Engine, config: WorkerConfig) -> None:
 def cache_validity(engine: Engine) -> dict:
     """What a prefix-cache snapshot on disk is valid for: the weights this worker proves (their
     content digests, as `/identity` reports them), their dtypes and quantization, the drafter's
-    kind, and the versions that computed it (`prefix_disk.LAYOUT` is added by the tier)."""
+    kind, and the versions that computed it (`prefix_disk_format.LAYOUT` is added by the tier)."""
     import mlx_lm
 
     from mtpstack import __version__

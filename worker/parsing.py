@@ -35,7 +35,7 @@ class ParsedRequest:
     agent: AgentRequest | None = None  # tools, reasoning, logprobs, constrained output
     cls: str = "default"  # the workload class (`mtpstack.worker.classify`)
     #: The answer's writer for an API that is not chat's own (`protocol.responses.ResponseBuilder`,
-    #: `protocol.messages.MessageBuilder`).
+    #: `protocol.messages_answer.MessageBuilder`).
     builder: object = None
     n: int = 1  # choices: rows of the batch sharing the prompt's prefill
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from mtpstack.worker.prefix_disk import DiskTier, chain_key
+from mtpstack.worker.prefix_disk import DiskTier
+from mtpstack.worker.prefix_disk_format import chain_key
 
 #: Bytes counted per token a node keeps (a Python int in a tuple): the tokens of a
 #: hostile flood of distinct prompts count against the budget too.
@@ -81,7 +82,7 @@ class Node:
     #: Children by their stretch's length, then by its tokens: a lookup slices the prompt once per
     #: distinct length (at most PREFILL_CHUNK of them) instead of comparing every child.
     children: dict[int, dict[tuple[int, ...], "Node"]] = field(default_factory=dict)
-    #: Its name on the disk tier (`prefix_disk.chain_key`); None at the root and without a disk tier.
+    #: Its name on the disk tier (`prefix_disk_format.chain_key`); None at the root and without a disk tier.
     key: bytes | None = None
 
     @property

@@ -21,7 +21,8 @@ from mtpstack.worker import handlers
 from mtpstack.worker.config import WorkerConfig
 from mtpstack.worker.generation import GenerationLoop
 from mtpstack.worker.handlers import CONFIG, GEN, METRICS, PARSER, SLOTS
-from mtpstack.worker.http import MAX_BODY_BYTES, errors_as_json
+from mtpstack.web import errors_as_json
+from mtpstack.worker.http import MAX_BODY_BYTES
 from mtpstack.worker.metrics import Metrics
 from mtpstack.worker.proof import ModelNotFound
 
@@ -32,7 +33,7 @@ SHUTDOWN_GRACE = 5.0
 
 
 def create_app(config: WorkerConfig) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_as_json])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[errors_as_json("worker")])
     app[CONFIG] = config
     app[METRICS] = Metrics(max(config.deepest_draft_depth, 1) if config.draft_model else 0)
     app.cleanup_ctx.append(_generation_ctx)

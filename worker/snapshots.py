@@ -9,7 +9,7 @@ complete leaves nothing behind (`forget`). The prefix cache itself (`mtpstack.wo
 keeps the tree and the budget and knows nothing of caches or rows.
 
 With a disk tier, a prompt whose deepest snapshot is on disk and not in memory waits (`ready`)
-while the tier's thread reads it and makes its mlx arrays (`prefix_disk.in_mlx`); every other row
+while the tier's thread reads it and makes its mlx arrays (`prefix_disk_format.in_mlx`); every other row
 goes on meanwhile. The chain read back goes into memory (the next turn finds it there) and the row
 resumes from it.
 """
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mtpstack.worker.prefix_cache import Hit, Node, PrefixCache, Stretch
-from mtpstack.worker.prefix_disk import DiskHit, in_mlx
+from mtpstack.worker.prefix_disk_format import in_mlx
+from mtpstack.worker.prefix_disk_index import DiskHit
 from mtpstack.worker.sequence import Sequence
 
 

@@ -35,7 +35,8 @@ def test_the_restart_bench_reads_the_write_seconds_a_stopping_disk_tier_logs(tmp
 
     import mlx.core as mx
 
-    from mtpstack.worker.prefix_disk import DiskTier, chain_key
+    from mtpstack.worker.prefix_disk import DiskTier
+    from mtpstack.worker.prefix_disk_format import chain_key
 
     agent_bench = load_script("agent_bench")
     tier = DiskTier(tmp_path / "cache", 1 << 30, {"target": "t"}).open()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import tomllib
 
-from mtpstack.up import agent_lines, default_fleet, ready_banner
+from mtpstack.banner import agent_lines, ready_banner
+from mtpstack.up import default_fleet
 from mtpstack.validator import FleetConfig
 
 URL = "http://127.0.0.1:8080"

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import qwen3_coder
 
 from mtpstack.worker.protocol.chat import OutputSpec, ProtocolError
-from mtpstack.worker.protocol.messages import (MessageBuilder, answer_options, billing_line, matched_stop,
-                                               messages_refusal, reasoning_of, signature_of, to_chat, usage)
+from mtpstack.worker.protocol.messages import answer_options, billing_line, messages_refusal, reasoning_of, signature_of, to_chat
+from mtpstack.worker.protocol.messages_answer import MessageBuilder, matched_stop, usage
 from mtpstack.worker.protocol.output import Markers
 from tests.anthropic_stream import replay
 

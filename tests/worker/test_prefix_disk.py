@@ -14,8 +14,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mtpstack.worker import prefix_disk
-from mtpstack.worker.prefix_disk import DiskTier, chain_key, to_mlx
+from mtpstack.worker import prefix_disk_format, prefix_disk_writer
+from mtpstack.worker.prefix_disk import DiskTier
+from mtpstack.worker.prefix_disk_format import chain_key, to_mlx
+from mtpstack.worker.prefix_disk_index import DiskHit
 
 FACTS = {"target": "a" * 64, "drafter": "b" * 64, "mlx": "0.32.4", "mlx_lm": "0.32.2"}
 PROMPT = list(range(100, 130))
@@ -100,7 +102,7 @@ def test_a_read_hands_back_mlx_arrays_made_and_evaluated_on_the_tiers_thread(tie
 
     def convert(loaded):
         threads.append(threading.current_thread().name)
-        return prefix_disk.in_mlx(loaded)
+        return prefix_disk_format.in_mlx(loaded)
 
     hit = tier.find(PROMPT)
     loaded = tier.load(hit, PROMPT, skip=1, convert=convert).result(30)
@@ -194,8 +196,8 @@ def test_another_models_entries_are_never_read_and_go_first_when_space_is_needed
 
 
 def test_a_newer_layout_or_version_is_another_validity():
-    assert prefix_disk.validity_folder(FACTS) != prefix_disk.validity_folder({**FACTS, "mlx": "0.33.0"})
-    assert prefix_disk.validity_folder(FACTS).startswith(f"v{prefix_disk.LAYOUT}-")
+    assert prefix_disk_format.validity_folder(FACTS) != prefix_disk_format.validity_folder({**FACTS, "mlx": "0.33.0"})
+    assert prefix_disk_format.validity_folder(FACTS).startswith(f"v{prefix_disk_format.LAYOUT}-")
 
 
 def test_a_flood_stays_within_the_disk_budget_and_the_newest_stay(tmp_path):
@@ -227,7 +229,7 @@ def test_a_used_entry_outlives_newer_unused_ones(tmp_path):
     assert tier.find([0] + PROMPT[1:]).length == 29  # used: now the most recent
     store_prompt(tier, prompt=[2] + PROMPT[1:])
     assert tier.find([0] + PROMPT[1:]).length == 29
-    assert (tier.find([1] + PROMPT[1:]) or prefix_disk.DiskHit(0, [])).length < 29  # its snapshot at the end went
+    assert (tier.find([1] + PROMPT[1:]) or DiskHit(0, [])).length < 29  # its snapshot at the end went
     tier.close()
 
 
@@ -249,7 +251,7 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
     def refuse(path, parts, stats):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(prefix_disk, "_stage", refuse)
+    monkeypatch.setattr(prefix_disk_writer, "stage", refuse)
     with caplog.at_level(logging.WARNING, logger="mtpstack.worker"):
         store_prompt(tier)  # no exception: the first write fails, the others are dropped
         store_prompt(tier, prompt=[8] * 30)
@@ -264,12 +266,12 @@ def test_a_directory_that_cannot_be_written_is_a_warning_and_memory_only(tmp_pat
 
 def test_a_full_disk_is_tried_again_later(tmp_path, monkeypatch):
     tier = open_tier(tmp_path)
-    real = prefix_disk._stage
-    monkeypatch.setattr(prefix_disk, "_stage", lambda path, parts, stats: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    real = prefix_disk_writer.stage
+    monkeypatch.setattr(prefix_disk_writer, "stage", lambda path, parts, stats: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     store_prompt(tier)
     assert not tier.writable and tier.stats.writes == 0
-    monkeypatch.setattr(prefix_disk, "_stage", real)
-    monkeypatch.setattr(prefix_disk.time, "monotonic", lambda: tier._retry_at + 1)
+    monkeypatch.setattr(prefix_disk_writer, "stage", real)
+    monkeypatch.setattr(prefix_disk_writer.time, "monotonic", lambda: tier.writer.retry_at + 1)
     store_prompt(tier)
     assert tier.writable and tier.stats.writes == 3
     tier.close()
@@ -287,7 +289,7 @@ def test_a_directory_that_cannot_be_made_turns_the_tier_off_without_an_error(tmp
 def test_a_full_backlog_drops_writes_instead_of_waiting(tmp_path, monkeypatch):
     tier = DiskTier(tmp_path, 1 << 30, FACTS, pending_bytes=1)
     tier.open()
-    monkeypatch.setattr(tier, "_put", lambda *a, **k: None)  # the thread never gets to them
+    monkeypatch.setattr(tier.writer, "put", lambda *a, **k: None)  # the thread never gets to them
     segment, state = arrays(0, 8)
     assert tier.store(chain_key(None, PROMPT[:8]), None, 0, PROMPT[:8], segment, state) is True
     assert tier.store(chain_key(None, PROMPT[:9]), None, 0, PROMPT[:9], segment, state) is False
@@ -297,8 +299,9 @@ def test_a_full_backlog_drops_writes_instead_of_waiting(tmp_path, monkeypatch):
 KILLED_WRITER = textwrap.dedent("""
     import sys, time
     import mlx.core as mx
-    from mtpstack.worker import prefix_disk
-    from mtpstack.worker.prefix_disk import DiskTier, chain_key
+    from mtpstack.worker import prefix_disk_writer
+    from mtpstack.worker.prefix_disk import DiskTier
+    from mtpstack.worker.prefix_disk_format import TMP_SUFFIX, chain_key
     from tests.worker.test_prefix_disk import FACTS, PROMPT, store_prompt
 
     tier = DiskTier(sys.argv[1], 1 << 30, FACTS).open()
@@ -309,10 +312,10 @@ KILLED_WRITER = textwrap.dedent("""
                 f.write(parts[0]); f.flush()
                 print("writing", flush=True)
                 time.sleep(600)
-        tmp = path.with_name("." + path.name + ".1.x" + prefix_disk.TMP_SUFFIX)
+        tmp = path.with_name("." + path.name + ".1.x" + TMP_SUFFIX)
         stall(tmp)
 
-    prefix_disk._stage = slow
+    prefix_disk_writer.stage = slow
     big = mx.zeros((64, 1024, 1024))
     mx.eval(big)
     tier.store(chain_key(None, [1, 2, 3]), None, 0, [1, 2, 3], [big], [big])
@@ -343,7 +346,7 @@ def test_a_kill_9_mid_write_leaves_a_directory_the_next_start_uses(tmp_path):
 def test_on_disk_inner_snapshots_lose_their_state_before_the_deepest_and_a_boundary_outlives_the_last_token(tmp_path):
     probe = open_tier(tmp_path / "probe")
     stored = store_prompt(probe)
-    states = [probe._entries[k].state_size for k, _, _ in stored]
+    states = [probe.index.entries[k].state_size for k, _, _ in stored]
     total = probe.total_bytes
     probe.close()
     tier = open_tier(tmp_path / "cache", max_bytes=total - 16)  # a little less than all of it
@@ -356,9 +359,9 @@ def test_on_disk_inner_snapshots_lose_their_state_before_the_deepest_and_a_bound
     assert tier.total_bytes <= total - 16 and tier.stats.evictions == 1
     assert tier.find(PROMPT[:12]) is None  # the first point's state went first: its stretch stays
     assert tier.find(PROMPT).length == 29
-    tier.max_bytes = tier.total_bytes - 1  # one more: the snapshot one token before the end goes, the boundary stays
-    for path in tier._room(0):
-        tier._remove_file(path)
+    tier.index.max_bytes = tier.total_bytes - 1  # one more: the snapshot one token before the end goes, the boundary stays
+    for path in tier.index.room(0):
+        tier.writer.remove_file(path)
     assert tier.find(PROMPT).length == 16 and tier.stats.entries == 2
     assert sorted(states)[0] > 0
     tier.close()

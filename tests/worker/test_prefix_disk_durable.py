@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpstack.worker import prefix_disk
-from mtpstack.worker.prefix_disk import DiskTier, chain_key, to_mlx
+from mtpstack.worker import prefix_disk_format, prefix_disk_writer
+from mtpstack.worker.prefix_disk import DiskTier
+from mtpstack.worker.prefix_disk_format import chain_key, to_mlx
 from tests.worker.test_prefix_disk import FACTS, arrays, same
 
 TOKENS = [41, 42, 43]
@@ -28,7 +29,7 @@ def one_snapshot(root: Path) -> tuple[dict[str, bytes], object]:
     tier.store(chain_key(None, TOKENS), None, 0, TOKENS, segment, state)
     assert tier.flush(30)
     tier.close()
-    files = {f.suffix: f.read_bytes() for f in tier.folder.iterdir() if f.suffix in (prefix_disk.KV_SUFFIX, prefix_disk.STATE_SUFFIX)}
+    files = {f.suffix: f.read_bytes() for f in tier.folder.iterdir() if f.suffix in (prefix_disk_format.KV_SUFFIX, prefix_disk_format.STATE_SUFFIX)}
     assert set(files) == {".kv", ".st"}
     return files, state
 
@@ -97,7 +98,7 @@ def test_a_file_cut_after_the_index_read_it_is_a_miss_at_every_byte(tmp_path):
 
 def rewritten(whole: bytes, change) -> bytes:
     """`whole` with its header changed by `change` and its header CRC made to match again."""
-    magic = len(prefix_disk.MAGIC)
+    magic = len(prefix_disk_format.MAGIC)
     n, _ = struct.unpack("<II", whole[magic: magic + 8])
     header = json.loads(whole[magic + 8: magic + 8 + n])
     change(header)
@@ -111,8 +112,8 @@ def test_another_builds_file_or_a_failed_checksum_is_a_miss_and_removed(tmp_path
     folder = next((tmp_path / "cache").iterdir())
     whole = files[".st"]
     data = {
-        "another magic": lambda: b"MTPSNAP\x02" + whole[len(prefix_disk.MAGIC):],
-        "another layout": lambda: rewritten(whole, lambda h: h.update(layout=prefix_disk.LAYOUT + 1)),
+        "another magic": lambda: b"MTPSNAP\x02" + whole[len(prefix_disk_format.MAGIC):],
+        "another layout": lambda: rewritten(whole, lambda h: h.update(layout=prefix_disk_format.LAYOUT + 1)),
         "another folder's": lambda: rewritten(whole, lambda h: h.update(folder="v1-0123456789abcdef")),
         "an unknown dtype": lambda: rewritten(whole, lambda h: h["arrays"][0].__setitem__(0, "float8")),
         "a failed checksum": lambda: whole[:-1] + bytes([whole[-1] ^ 1]),
@@ -139,8 +140,8 @@ def recorded(monkeypatch) -> list:
         events.append(("rename", str(a), str(b)))
         real_replace(a, b)
 
-    monkeypatch.setattr(prefix_disk.os, "fsync", fsync)
-    monkeypatch.setattr(prefix_disk.os, "replace", replace)
+    monkeypatch.setattr(prefix_disk_writer.os, "fsync", fsync)
+    monkeypatch.setattr(prefix_disk_writer.os, "replace", replace)
     return events
 
 
@@ -170,7 +171,7 @@ def test_snapshots_queued_together_are_one_batch_with_one_folder_sync(tmp_path, 
         def set(self):
             self.go.wait(30)
 
-    tier._put(0, "flush", Gate())
+    tier.writer.put(0, "flush", Gate())
     parent = None
     for i in range(3):
         key = chain_key(parent, [i, i + 1])
@@ -188,9 +189,9 @@ def test_snapshots_queued_together_are_one_batch_with_one_folder_sync(tmp_path, 
 def test_a_snapshot_read_while_its_batch_is_open_is_put_in_place_first(tmp_path, monkeypatch):
     tier = DiskTier(tmp_path, 1 << 30, FACTS).open()
     segment, state = arrays(0, 3)
-    real = prefix_disk._commit
+    real = prefix_disk_writer.commit
     commits = []
-    monkeypatch.setattr(prefix_disk, "_commit", lambda moves, stats: (commits.append(len(moves)), real(moves, stats)))
+    monkeypatch.setattr(prefix_disk_writer, "commit", lambda moves, stats: (commits.append(len(moves)), real(moves, stats)))
     tier.store(chain_key(None, TOKENS), None, 0, TOKENS, segment, state)
     while (hit := tier.find(TOKENS + [1])) is None:  # in the index as soon as its files are written
         pass
@@ -201,7 +202,7 @@ def test_a_snapshot_read_while_its_batch_is_open_is_put_in_place_first(tmp_path,
 
 def test_a_batch_that_cannot_be_put_in_place_leaves_nothing_indexed_or_behind(tmp_path, monkeypatch):
     tier = DiskTier(tmp_path, 1 << 30, FACTS).open()
-    monkeypatch.setattr(prefix_disk, "_commit", lambda moves, stats: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    monkeypatch.setattr(prefix_disk_writer, "commit", lambda moves, stats: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     segment, state = arrays(0, 3)
     tier.store(chain_key(None, TOKENS), None, 0, TOKENS, segment, state)
     assert tier.flush(30)
@@ -221,19 +222,19 @@ def test_the_seconds_writing_and_syncing_are_counted(tmp_path):
 
 def test_full_fsync_is_used_where_the_platform_has_it_and_fsync_where_the_filesystem_refuses_it(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(prefix_disk, "_FULLFSYNC", 51)
+    monkeypatch.setattr(prefix_disk_writer, "_FULLFSYNC", 51)
 
     def fcntl(fd, op):
         calls.append(("fcntl", op))
         if refuse:
             raise OSError(errno.ENOTSUP, "not here")
 
-    monkeypatch.setattr(prefix_disk.fcntl, "fcntl", fcntl)
-    monkeypatch.setattr(prefix_disk.os, "fsync", lambda fd: calls.append(("fsync", None)))
+    monkeypatch.setattr(prefix_disk_writer.fcntl, "fcntl", fcntl)
+    monkeypatch.setattr(prefix_disk_writer.os, "fsync", lambda fd: calls.append(("fsync", None)))
     with open(tmp_path / "f", "wb") as f:
         refuse = False
-        prefix_disk._sync(f.fileno())
+        prefix_disk_writer.sync(f.fileno())
         assert calls == [("fcntl", 51)]
         refuse = True
-        prefix_disk._sync(f.fileno())
+        prefix_disk_writer.sync(f.fileno())
         assert calls[1:] == [("fcntl", 51), ("fsync", None)]
