@@ -58,7 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker_bench import ensure_preload, fmt, start_servers, stream_chat, summarize
+from mtpstack.bench.parts import emit, ensure_preload
+from worker_bench import fmt, start_servers, stream_chat, summarize
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
 SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
@@ -638,13 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.warmup, args.tools = 1, 0, 12
     ensure_preload()
     report = asyncio.run(run(args))
-    print("\n".join(format_lines(report)), file=sys.stderr)
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        print(text)
-    return 0
+    return emit(report, format_lines(report), args.out)
 
 
 if __name__ == "__main__":

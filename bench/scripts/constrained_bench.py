@@ -15,11 +15,11 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
+from mtpstack.bench.parts import emit
 from mtpstack.bench.stats import summarize
 from mtpstack.validator import DEPTH_DEFAULT
 
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         report["configs"][name] = {"tok_s": {"median": s.median, "mad": s.mad, "min": s.min, "max": s.max, "n": s.n},
                                    "tokens_per_run": sum(r["tokens"] for r in runs) / len(runs),
                                    "drafted": sum(r["drafted"] for r in runs), "accepted": sum(r["accepted"] for r in runs)}
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n".join(format_lines(report)))
-    return 0
+    return emit(report, format_lines(report), args.out)
 
 
 if __name__ == "__main__":

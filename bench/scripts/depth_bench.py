@@ -33,6 +33,7 @@ from pathlib import Path
 import aiohttp
 
 import worker_bench as wb
+from mtpstack.bench.parts import ensure_preload
 
 AUTO = "auto"
 WORKLOADS = ("code", "prose", "tool")
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--depths and --widths are lists of integers, e.g. `0,1,2,3,4` and `1,4`")
     if args.depths[0] < 0 or args.depths[-1] < 1 or not 1 <= args.widths[0] <= args.widths[-1] <= 4:
         parser.error("depths are 0 or more with one of at least 1; widths lie between 1 and 4")
-    wb.ensure_preload()
+    ensure_preload()
     args.out.mkdir(parents=True, exist_ok=True)
     pairs = prepare(args.out / "models", args)
     results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

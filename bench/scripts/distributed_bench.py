@@ -37,7 +37,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from worker_bench import PROMPTS, emit
+from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
+from worker_bench import PROMPTS
 
 #: Configuration -> (strategy, or None for one process; with the head).
 CONFIGS = {
@@ -222,25 +223,15 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="target model directory (default: the demo target, widened)")
-    p.add_argument("--drafter", help="MTP head folder (with --target)")
+    model_options(p, depth_help="draft depth with the head")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="configurations (default: all)")
-    p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
-    p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
-    p.add_argument("--depth", type=int, default=3, help="draft depth with the head (default: 3)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     p.add_argument("--repeats", type=int, default=5, help="measured rounds (default: 5)")
     p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
-    if bool(args.target) != bool(args.drafter):
-        p.error("--target and --drafter go together")
-    from mtpstack.worker.launcher import worker_env
-
-    env = worker_env()  # the same BLAS the servers get, for this process's own mlx (the widening)
-    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", "") and not os.environ.get("_MTPSTACK_BENCH_REEXEC"):
-        env["_MTPSTACK_BENCH_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    check_models(p, args)
+    ensure_preload()  # the same BLAS the servers get, for this process's own mlx (the widening)
     # A stop signal unwinds like Ctrl-C, so every server started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from worker_bench import emit
+from mtpstack.bench.parts import emit
 
 SIGNALS = {"kill -9": signal.SIGKILL, "kill -STOP": signal.SIGSTOP}
 #: How long rank 0 sits idle, healthy, before its peer is lost.

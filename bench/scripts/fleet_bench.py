@@ -957,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         report = asyncio.run(replay_only(args, sizes))
     else:
-        from worker_bench import ensure_preload
+        from mtpstack.bench.parts import ensure_preload
 
         ensure_preload()
         workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from mtpstack.bench.parts import emit
+
 import numpy as np
 
 VOCAB = 150_000
@@ -147,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"vocab": tok.get_vocab_size(), "tokens": len(ids), "runs": args.runs, "raw": raw, "libraries": {
         lib: {k: summary([r[k] for r in runs]) for k in ("setup_s", "compile_s", "per_token_us")}
         for lib, runs in raw.items() if runs}}
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n".join(format_lines(report)))
-    return 0
+    return emit(report, format_lines(report), args.out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import worker_bench as wb
+from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
 from agent_bench import longer_context
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
@@ -230,8 +231,7 @@ def report_lines(summary: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="target model directory (default: the demo target, widened)")
-    p.add_argument("--drafter", help="MTP head folder (with --target)")
+    model_options(p)
     p.add_argument("--family", default=None, help=argparse.SUPPRESS)
     p.add_argument("--configs", nargs="+", choices=[c for c in wb.CONFIGS if "@" not in c], default=DEFAULT_CONFIGS)
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 30000], help="cold prompt lengths in tokens (default: 8192 30000)")
@@ -239,16 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=["cold", "beside", "warm"], default=["cold", "beside", "warm"],
                    help="the parts measured after the cold prefill, which always runs (default: both)")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds (default: 2)")
-    p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
-    p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
-    p.add_argument("--depth", type=int, default=3, help="draft depth (default: 3)")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
-    if bool(args.target) != bool(args.drafter):
-        p.error("--target and --drafter go together")
-    wb.ensure_preload()
+    check_models(p, args)
+    ensure_preload()
     result = asyncio.run(run(args))
-    return wb.emit(result, report_lines(result["summary"]), args.out)
+    return emit(result, report_lines(result["summary"]), args.out)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker_bench import emit
+from mtpstack.bench.parts import emit
 from agent_bench import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, longer_context, stream_chat, system_prompt
 from mtpstack.bench import stats
 

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from worker_bench import emit
+from mtpstack.bench.parts import emit
 
 #: Text-config dimensions of real models (from their config.json), for the predicted figure.
 MODEL_DIMS = {

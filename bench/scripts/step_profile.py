@@ -50,7 +50,8 @@ from pathlib import Path
 
 from mtpstack.bench.stats import summarize
 from step_memory import MODEL_DIMS
-from worker_bench import PROMPTS, emit, ensure_preload, prepare_models
+from mtpstack.bench.parts import emit, ensure_preload
+from worker_bench import PROMPTS, prepare_models
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from mtpstack import series
+from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
 from mtpstack.validator import DEPTH_DEFAULT
 
 REPO = _checkout.ROOT
@@ -364,16 +365,6 @@ async def concurrent(session, url: str, clients: int, max_tokens: int, model: st
 # -- main ----------------------------------------------------------------------------------
 
 
-def ensure_preload() -> None:
-    """Re-exec under `worker_env()` so the in-process mlx-lm runs with the same BLAS as the servers."""
-    from mtpstack.worker.launcher import worker_env
-
-    env = worker_env()
-    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", "") and not os.environ.get("_MTPSTACK_BENCH_REEXEC"):
-        env["_MTPSTACK_BENCH_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
 async def run(args) -> dict:
     import aiohttp
     import mlx_lm
@@ -465,21 +456,9 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def emit(report: dict, lines: list[str], out: str | None) -> int:
-    """The readable table to stderr, the JSON report to `out` (else stdout): every agent-facing bench ends so."""
-    print("\n".join(lines), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    else:
-        print(text)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="target model directory (default: the demo target, widened)")
-    p.add_argument("--drafter", help="MTP head folder (with --target)")
+    model_options(p, depth=DEPTH_DEFAULT)
     from devkit.demo.tiny_families import PAIRS
 
     p.add_argument("--family", choices=list(PAIRS),
@@ -487,9 +466,6 @@ def main(argv: list[str] | None = None) -> int:
                    "mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
                    help="configurations to run (default: all; `native+mtp@baseline` only with --baseline)")
-    p.add_argument("--mlp-multiplier", type=int, default=8, help="widen: MLP width multiplier (default: 8)")
-    p.add_argument("--extra-layers", type=int, default=10, help="widen: zero-output layers appended (default: 10)")
-    p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"draft depth (default: {DEPTH_DEFAULT})")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
     p.add_argument("--stop-at-end", action="store_true",
                    help="answers end at the model's end of turn on every server, as mlx-vlm's and mlx_lm.server's always "
@@ -501,8 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                    "previous commit), so before and after a change are measured side by side")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
-    if bool(args.target) != bool(args.drafter):
-        p.error("--target and --drafter go together")
+    check_models(p, args)
     if args.family and args.target:
         p.error("--family builds its own pair: give it or --target/--drafter, not both")
     if args.configs is None:
