@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import emit
-
 import numpy as np
+
+from mtpstack.bench.parts import emit
 
 VOCAB = 150_000
 #: A response schema like an agent's: nested object, enum, bounded strings, an array.
