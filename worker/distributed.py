@@ -375,7 +375,7 @@ class DistributedGenerationLoop(GenerationLoop):
                 added.append(_sequence_message(seq, sid))
             else:
                 alive.append(sid)
-        budget = (sched.pacer.budget_tokens() or 0) if step else None  # 0: none measured yet, the least share
+        budget = sched.pacer.budget_tokens() if step else None  # 0: no prefill this step
         # The draft depth of `auto` rows: rank 0's policy picks it from its own step times, for every rank.
         depth = sched.batch.choose_depth() if step and sched.batch is not None else None
         with self.watchdog.meeting("the step's announcement", PEER_TIMEOUT_SECONDS):
@@ -454,7 +454,7 @@ def follow(config: WorkerConfig) -> int:
                 sched.add(seq)
             if message["step"]:
                 with watchdog.meeting("a step", config.stall_seconds):
-                    sched.step(message.get("budget") or 0, message.get("depth"))
+                    sched.step(message.get("budget", 0), message.get("depth"))
             else:
                 time.sleep(FOLLOWER_NAP_SECONDS)
             active = {id(s) for s in sched.active}

@@ -27,16 +27,17 @@ Outcome = tuple[Sequence, StepResult | None, BaseException | None]
 
 
 class Scheduler:
-    """`step()` advances every active sequence once.
+    """`step()` advances every decoding sequence once, and the prompts going in when their budget allows.
 
     Every decoding sequence is a row of one resident batch that drafts and
     verifies in one forward (rows accept different lengths and may draft
     different depths); every sequence still prefilling is a row of the prefill
-    batch, which runs a chunk of each prompt in one forward, sized while rows
-    decode by a budget in time (`mtpstack.worker.pacing`): the decoding rows keep
-    about half their rate while a long prompt goes in beside them. Every active
-    sequence makes progress every step and none waits for another. With a prefix
-    cache, a prompt resumes from the deepest snapshot it begins with.
+    batch, which runs a chunk of each prompt in one forward. While rows decode,
+    the prefill is paced in time (`mtpstack.worker.pacing`): a chunk as large as
+    keeps their gap between tokens short, run once the decoding rows have had
+    their share of the time, so they keep about half their rate while a long
+    prompt goes in beside them, and no row waits for another's whole prompt.
+    With a prefix cache, a prompt resumes from the deepest snapshot it begins with.
     """
 
     def __init__(self, max_num_seqs: int, prefix_cache: PrefixCache | None = None):
@@ -113,14 +114,15 @@ class Scheduler:
             # A sequence whose snapshot is being read from disk waits; the others go on meanwhile.
             if not seq.in_batch and not seq.prefilling and not seq.finished and prefilling.snapshots.ready(seq):
                 prefilling.admit(seq)
-        if prefilling.rows:
+        share = self._share(decoding, len(prefilling.rows), budget) if prefilling.rows else 0
+        if share:
             started = time.perf_counter()
             try:
-                prefilled = prefilling.step(self._share(decoding, len(prefilling.rows), budget), batch)
+                prefilled = prefilling.step(share, batch)
                 results.extend(prefilled)
                 seconds = time.perf_counter() - started
                 self.prefill_seconds += seconds
-                self.pacer.prefilled(sum(r.prefill for _, r, _ in prefilled if r is not None), seconds)
+                self.pacer.prefilled(sum(r.prefill for _, r, _ in prefilled if r is not None), seconds, beside=bool(decoding))
             except Exception as e:  # one broken forward must not stop the loop
                 log.exception("prefill failed")
                 for seq in prefilling.rows:
@@ -138,7 +140,7 @@ class Scheduler:
 
     def _share(self, decoding: list[Sequence], prefilling: int, budget: int | None = None) -> int:
         """Prompt tokens each prefilling row runs this step: a whole chunk when nothing decodes, else what
-        the step's time budget leaves them (`Pacer.share`)."""
+        the step's time budget leaves them (`Pacer.share`; 0: this step runs none)."""
         chunk = sequence.PREFILL_CHUNK  # read at each step: one value with `Sequence.next_chunk`
         if not decoding:
             return chunk

@@ -66,9 +66,9 @@ def test_a_decoding_row_gets_tokens_every_step_while_a_long_prompt_is_prefilled_
     while not b.tokens:
         results = {seq: r for seq, r, _ in sched.step()}
         assert results[a].tokens >= 1  # the decoding row never waits for the prompt
-        chunks.append(results[b].prefill)
-    assert asked and len(asked) == len(chunks)  # every chunk beside a decoding row was sized by the pacer
-    assert all(0 < c <= s for c, s in zip(chunks, asked))  # and no chunk ran more than it was given
+        chunks.append(results[b].prefill if b in results else 0)
+    assert asked and len(asked) == len(chunks)  # every step beside a decoding row was sized by the pacer
+    assert all((0 < c <= s) if s else c == 0 for c, s in zip(chunks, asked))  # none ran more than it was given
     while sched.active:
         sched.step()
     assert a.tokens == reference[PROMPTS[0]] and b.tokens == reference[LONG]
