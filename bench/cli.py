@@ -48,16 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         " (paired); fresh: a worker per configuration; auto (default): alternated whenever every"
                         " configuration is a depth a request can carry")
     s.add_argument("--alternate", dest="design", action="store_const", const="alternated", help=argparse.SUPPRESS)
-    s.add_argument("--emit-config", action="store_true",
-                   help="also print the depth per workload it recommends, as a YAML and a Nix fragment to review")
+    _emit_config_option(s, "also print")
     s.set_defaults(func=run_sweep)
 
     r = sub.add_parser("report", help="render report.md from a results file", description="Print the report of a results file.")
     r.add_argument("results", type=Path, help="a results.json written by `mtpstack bench sweep`")
     r.add_argument("--margin", type=float, help="override the margin the sweep used")
     r.add_argument("--plot", type=Path, help="also write the figure to this PNG file")
-    r.add_argument("--emit-config", action="store_true",
-                   help="print the depth per workload it recommends, as a YAML and a Nix fragment to review, instead of the report")
+    _emit_config_option(r, "print", ", instead of the report")
     r.set_defaults(func=run_report)
 
     c = sub.add_parser("compare", help="compare two results files", description="Compare B against A with the sweep's decision rule.")
@@ -92,6 +90,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.set_defaults(func=run_simulate)
 
 
+def _emit_config_option(parser: argparse.ArgumentParser, verb: str, tail: str = "") -> None:
+    parser.add_argument("--emit-config", action="store_true",
+                        help=f"{verb} the depth per workload it recommends, as a YAML and a Nix fragment to review{tail}")
+
+
+def _setup(args: argparse.Namespace):
+    from mtpstack.bench import simulate as sim
+
+    return sim.Setup(cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials, resamples=args.resamples)
+
+
 def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tuple[int, int]) -> int:
     from mtpstack.bench import simulate as sim
     from mtpstack.bench.stats import neighbour_correlation
@@ -111,11 +120,10 @@ def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tup
     settings = {"cv": args.cv, "rho": args.rho, "measured_rho": measured, "process_cv": args.process_cv,
                 "resident": args.resident, "effect": args.effect, "margin": args.margin, "start": start, "cap": cap,
                 "trials": args.trials, "seed": args.seed}
-    kw = dict(start=start, cap=cap, cv=args.cv, process_cv=args.process_cv, resident=args.resident, effect=args.effect,
-              margin=args.margin, trials=args.trials, resamples=args.resamples, seed=args.seed)
-    rows = sim.simulate_paired(repeats, rho=args.rho, **kw)
+    kw = dict(start=start, cap=cap, process_cv=args.process_cv, resident=args.resident, seed=args.seed)
+    rows = sim.simulate_paired(repeats, _setup(args), rho=args.rho, **kw)
     # With a measured rho, also the power that rho gives.
-    at_measured = sim.simulate_paired(repeats, rho=measured, **kw) if measured is not None and -1 < measured < 1 else None
+    at_measured = sim.simulate_paired(repeats, _setup(args), rho=measured, **kw) if measured is not None and -1 < measured < 1 else None
     if args.format == "json":
         out = sim.paired_json(rows, **settings)
         if at_measured is not None:
@@ -222,13 +230,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _simulate_paired(args, repeats, adaptive or (DEFAULT_REPEATS, DEFAULT_MAX_REPEATS))
     with Progress(console=_stderr_console(), transient=True) as progress:
         task = progress.add_task("simulating", total=2 * len(repeats))
-        rows = sim.simulate(repeats, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
-                            resamples=args.resamples, seed=args.seed, on_step=lambda: progress.advance(task))
+        rows = sim.simulate(repeats, _setup(args), seed=args.seed, on_step=lambda: progress.advance(task))
         adaptive_row = None
         if adaptive is not None:
             progress.update(task, description="simulating the adaptive procedure")
-            adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], cv=args.cv, effect=args.effect, margin=args.margin,
-                                                 trials=args.trials, resamples=args.resamples, seed=args.seed)
+            adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], _setup(args), seed=args.seed)
     if args.format == "json":
         print(json.dumps({"design": "blocks", "settings": {"cv": args.cv, "effect": args.effect, "margin": args.margin,
                                                              "trials": args.trials, "seed": args.seed},

@@ -49,6 +49,18 @@ def draw(rng: np.random.Generator, shape: tuple[int, ...], *, cv: float, median:
 
 
 @dataclass(frozen=True)
+class Setup:
+    """What every simulated experiment assumes: the runs' spread, the true win, the rule's margin,
+    how many experiments per cell and how many bootstrap resamples each decision draws."""
+
+    cv: float = DEFAULT_CV
+    effect: float = DEFAULT_EFFECT
+    margin: float = DEFAULT_MARGIN
+    trials: int = DEFAULT_TRIALS
+    resamples: int = DEFAULT_RESAMPLES
+
+
+@dataclass(frozen=True)
 class Row:
     n: int
     rule_false_adopt: float | None  # None: the rule refuses (n < MIN_PASSES)
@@ -67,62 +79,47 @@ class AdaptiveRow:
     mean_passes_win: float
 
 
-def _adopt_rate(
-    n: int, effect: float, *, cv: float, margin: float, trials: int, resamples: int, rng: np.random.Generator
-) -> tuple[float | None, float]:
-    base = draw(rng, (trials, n), cv=cv)
-    cand = draw(rng, (trials, n), cv=cv) * (1.0 + effect)
-    naive = float(np.mean(np.median(cand, axis=1) / np.median(base, axis=1) > 1.0 + margin))
+def _adopt_rate(n: int, effect: float, setup: Setup, rng: np.random.Generator) -> tuple[float | None, float]:
+    base = draw(rng, (setup.trials, n), cv=setup.cv)
+    cand = draw(rng, (setup.trials, n), cv=setup.cv) * (1.0 + effect)
+    naive = float(np.mean(np.median(cand, axis=1) / np.median(base, axis=1) > 1.0 + setup.margin))
     if n < MIN_PASSES:
         return None, naive
-    adopt, _, _ = decide_batch(base, cand, margin=margin, resamples=resamples, rng=rng)
+    adopt, _, _ = decide_batch(base, cand, margin=setup.margin, resamples=setup.resamples, rng=rng)
     return float(adopt.mean()), naive
 
 
 def simulate(
     repeats: Sequence[int] = SIMULATED_REPEATS,
+    setup: Setup = Setup(),
     *,
-    cv: float = DEFAULT_CV,
-    effect: float = DEFAULT_EFFECT,
-    margin: float = DEFAULT_MARGIN,
-    trials: int = DEFAULT_TRIALS,
-    resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     on_step: Callable[[], None] | None = None,
 ) -> list[Row]:
-    """One row per number of passes per side; each rate from `trials` independent experiments."""
+    """One row per number of passes per side; each rate from `setup.trials` independent experiments."""
     rng = np.random.default_rng(seed)
     rows = []
     for n in repeats:
-        rule_null, naive_null = _adopt_rate(n, 0.0, cv=cv, margin=margin, trials=trials, resamples=resamples, rng=rng)
-        if on_step:
-            on_step()
-        rule_win, naive_win = _adopt_rate(n, effect, cv=cv, margin=margin, trials=trials, resamples=resamples, rng=rng)
-        if on_step:
-            on_step()
+        rates = []
+        for effect in (0.0, setup.effect):
+            rates.append(_adopt_rate(n, effect, setup, rng))
+            if on_step:
+                on_step()
+        (rule_null, naive_null), (rule_win, naive_win) = rates
         rows.append(Row(n, rule_null, rule_win, naive_null, naive_win))
     return rows
 
 
-def simulate_adaptive(
-    n: int,
-    cap: int,
-    *,
-    cv: float = DEFAULT_CV,
-    effect: float = DEFAULT_EFFECT,
-    margin: float = DEFAULT_MARGIN,
-    trials: int = DEFAULT_TRIALS,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = 0,
-) -> AdaptiveRow:
+def simulate_adaptive(n: int, cap: int, setup: Setup = Setup(), *, seed: int = 0) -> AdaptiveRow:
     """The sweep's full procedure: n passes per side, then one more candidate pass at a time
     while the verdict is open, up to `cap` candidate passes. Looking again after every pass
     gives the rule more chances to be fooled; this measures how many."""
     rng = np.random.default_rng(seed)
+    trials, margin, resamples = setup.trials, setup.margin, setup.resamples
 
     def run(true_effect: float) -> tuple[float, float]:
-        base = draw(rng, (trials, n), cv=cv)
-        cand = draw(rng, (trials, cap), cv=cv) * (1.0 + true_effect)
+        base = draw(rng, (trials, n), cv=setup.cv)
+        cand = draw(rng, (trials, cap), cv=setup.cv) * (1.0 + true_effect)
         adopted = np.zeros(trials, bool)
         passes = np.full(trials, n)
         live = np.arange(trials)
@@ -136,7 +133,7 @@ def simulate_adaptive(
         return float(adopted.mean()), float(passes.mean())
 
     null_rate, null_passes = run(0.0)
-    win_rate, win_passes = run(effect)
+    win_rate, win_passes = run(setup.effect)
     return AdaptiveRow(n, cap, null_rate, win_rate, null_passes, win_passes)
 
 
@@ -277,23 +274,20 @@ def paired_runs(
 
 def simulate_paired(
     repeats: Sequence[int] = PAIRED_REPEATS,
+    setup: Setup = Setup(),
     *,
     start: int = 10,
     cap: int = 30,
     rho: float = DEFAULT_RHO,
-    cv: float = DEFAULT_CV,
     process_cv: float = 0.0,
     resident: bool = False,
-    effect: float = DEFAULT_EFFECT,
-    margin: float = DEFAULT_MARGIN,
-    trials: int = DEFAULT_TRIALS,
-    resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> list[PairedRow]:
-    """False adopts (true ratio 1.0) and power (true win `effect`) of the paired rule, per number of
-    pairs: with exactly n pairs, and for the sequential procedure (`start` pairs, then one more pair
+    """False adopts (true ratio 1.0) and power (true win `setup.effect`) of the paired rule, per number
+    of pairs: with exactly n pairs, and for the sequential procedure (`start` pairs, then one more pair
     at a time while the interval straddles `1 + margin`, up to `cap`) as the share adopted by n."""
     rng = np.random.default_rng(seed)
+    cv, effect, margin, trials, resamples = setup.cv, setup.effect, setup.margin, setup.trials, setup.resamples
     ns = sorted(set(repeats))
     fixed: dict[tuple[int, float], float | None] = {}
     sequential: dict[tuple[int, float], float | None] = {}

@@ -349,20 +349,27 @@ def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
     return out
 
 
+#: The phases' sizes, each an integer option: its default and what it counts.
+COUNTS = {
+    "configs": (10_000, "random fleet configs the validator judges"),
+    "requests": (2_000, "malformed requests to each of proxy and worker"),
+    "slow": (200, "slow clients, all at once, against the proxy"),
+    "agent": (600, "hostile agent-surface requests to each of proxy and worker"),
+    "cut": (40, "agent streams the client leaves mid-way"),
+    "stall-repeats": (5, "repeats of the idle/loaded stall measurement"),
+    "flood": (120, "hostile schemas sent at once in the grammar flood"),
+    "flood-repeats": (5, "repeats of the grammar flood"),
+}
+
+
 def say(text: str) -> None:
     print(f"hostile-bench: {text}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", type=int, default=10_000)
-    parser.add_argument("--requests", type=int, default=2_000, help="malformed requests to each of proxy and worker")
-    parser.add_argument("--slow", type=int, default=200, help="slow clients, all at once, against the proxy")
-    parser.add_argument("--agent", type=int, default=600, help="hostile agent-surface requests to each of proxy and worker")
-    parser.add_argument("--cut", type=int, default=40, help="agent streams the client leaves mid-way")
-    parser.add_argument("--stall-repeats", type=int, default=5, help="repeats of the idle/loaded stall measurement")
-    parser.add_argument("--flood", type=int, default=120, help="hostile schemas sent at once in the grammar flood")
-    parser.add_argument("--flood-repeats", type=int, default=5, help="repeats of the grammar flood")
+    for option, (default, what) in COUNTS.items():
+        parser.add_argument(f"--{option}", type=int, default=default, help=f"{what} (default: {default})")
     parser.add_argument("--against", metavar="PYTHON", help="also flood a worker run by this Python (another checkout's venv)")
     parser.add_argument("--only", nargs="+", choices=PHASES, default=PHASES, help="run only these phases")
     parser.add_argument("--seed", type=int, default=1)

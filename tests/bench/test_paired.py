@@ -48,7 +48,7 @@ def test_neighbour_correlation_recovers_a_known_drift_and_ignores_the_configurat
 
 
 def test_resident_processes_bias_a_pair_and_a_fresh_process_per_run_does_not():
-    common = dict(repeats=(20,), start=20, cap=20, cv=0.05, rho=0.5, process_cv=0.1, trials=300, resamples=300)
+    common = dict(repeats=(20,), setup=sim.Setup(cv=0.05, trials=300, resamples=300), start=20, cap=20, rho=0.5, process_cv=0.1)
     resident = sim.simulate_paired(resident=True, **common)[0]
     fresh = sim.simulate_paired(resident=False, **common)[0]
     # A constant offset between two processes is read as a difference; redrawn per run it averages out.

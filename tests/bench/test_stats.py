@@ -83,7 +83,7 @@ def test_recommend_refuses_with_too_few_passes():
 
 
 def test_false_adopt_rate_on_null_data_stays_within_five_percent():
-    rows = simulate.simulate((3, 4, 5, 8), effect=0.15, trials=300, resamples=300, seed=1)
+    rows = simulate.simulate((3, 4, 5, 8), simulate.Setup(effect=0.15, trials=300, resamples=300), seed=1)
     for row in rows:
         assert row.rule_false_adopt is not None
         assert row.rule_false_adopt <= simulate.FALSE_ADOPT_LIMIT, row
@@ -92,19 +92,19 @@ def test_false_adopt_rate_on_null_data_stays_within_five_percent():
 
 
 def test_the_sweeps_adaptive_procedure_also_stays_within_five_percent():
-    row = simulate.simulate_adaptive(3, 8, trials=200, resamples=300, seed=2)
+    row = simulate.simulate_adaptive(3, 8, simulate.Setup(trials=200, resamples=300), seed=2)
     assert row.false_adopt <= simulate.FALSE_ADOPT_LIMIT
     assert row.detect > row.false_adopt
 
 
 def test_detection_grows_with_repeats_at_low_noise():
-    rows = simulate.simulate((3, 10), cv=0.05, trials=200, resamples=300, seed=4)
+    rows = simulate.simulate((3, 10), simulate.Setup(cv=0.05, trials=200, resamples=300), seed=4)
     assert rows[1].rule_detect > rows[0].rule_detect
     assert simulate.repeats_needed(rows, 0.8) == 10
 
 
 def test_the_rule_refuses_below_three_passes_in_the_table():
-    rows = simulate.simulate((1,), trials=50, resamples=50)
+    rows = simulate.simulate((1,), simulate.Setup(trials=50, resamples=50))
     assert rows[0].rule_false_adopt is None
     assert "refuses" in simulate.format_table(rows)[2]
 
