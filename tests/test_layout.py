@@ -76,9 +76,9 @@ MAY_IMPORT = {
     "bench": {"base", "validator"},
     "cli": {"base", "validator", "web", "proxy", "worker", "bench", "cli"},
 }
-#: The worker's parts the bench needs to start and prove workers: process handling and the weights
-#: proof, none of which loads mlx.
-BENCH_USES_WORKER = {"mtpstack.worker.launcher", "mtpstack.worker.proof"}
+#: The worker's parts the bench needs to start and prove workers: process handling, the weights
+#: proof and the demo pair's paths, none of which loads mlx.
+BENCH_USES_WORKER = {"mtpstack.worker.launcher", "mtpstack.worker.proof", "mtpstack.worker.demo"}
 #: The proxy's Prometheus parser: the bench reads the worker's and the proxy's `/metrics` with the
 #: parser the proxy's fleet view uses, not a second one.
 BENCH_USES_PROXY = {"mtpstack.proxy.prometheus"}
@@ -367,9 +367,12 @@ def test_every_served_family_module_exports_its_targets_hooks():
 
 #: Literals spelled like a worker flag that belong to another program's command line, by module
 #: and function: `mlx_lm.server` takes `--model`, `--draft-model`, `--host` and `--port` too, and
-#: `mtpstack up --host` names a host.
+#: `mtpstack up --host` names a host, and the bench starts mlx-vlm's server (`mlx_vlm.server`) beside
+#: the worker with that server's own flags.
 OTHER_PROGRAMS_FLAGS = {
     ("mtpstack.validator.argv", "_mlx_lm_argv"): {"--model", "--draft-model", "--host", "--port"},
+    ("mtpstack.bench.servers", "server_argv"): {"--model", "--max-num-seqs", "--host", "--port", "--draft-model",
+                                                "--draft-kind", "--draft-block-size"},
     ("mtpstack.commands", "register"): {"--host"},
 }
 

@@ -58,8 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import emit, ensure_preload
-from worker_bench import fmt, start_servers, stream_chat, summarize
+from mtpstack.bench.parts import emit, ensure_preload, fmt, summarize
+from mtpstack.bench.servers import start_servers, stream_chat
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
 SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
-import worker_bench as wb
-from mtpstack.bench.parts import ensure_preload
+from mtpstack.bench.parts import ensure_preload, widen_target
 
 AUTO = "auto"
 WORKLOADS = ("code", "prose", "tool")
@@ -49,7 +48,7 @@ def prepare(workdir: Path, args) -> dict[str, tuple[Path, Path]]:
     from devkit.demo.weak_head import weaken_head
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
-    target = wb.widen_target(DEMO_TARGET, workdir / "wide-target", args)
+    target = widen_target(DEMO_TARGET, workdir / "wide-target", args)
     pairs = {"demo-wide": (target, DEMO_HEAD), "weak-head": (target, weaken_head(DEMO_HEAD, workdir / "weak-head", noise=WEAK_NOISE))}
     return {name: pairs[name] for name in args.pairs}
 

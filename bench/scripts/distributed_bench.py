@@ -37,8 +37,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
-from worker_bench import PROMPTS
+from mtpstack.bench.parts import PROMPTS, check_models, emit, ensure_preload, model_options, prepare_models
 
 #: Configuration -> (strategy, or None for one process; with the head).
 CONFIGS = {
@@ -101,17 +100,6 @@ def report_lines(summary: dict, rel: dict, notes: list[str]) -> list[str]:
 
 
 # -- running -------------------------------------------------------------------------------
-
-
-def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
-    if args.target:
-        return Path(args.target), Path(args.drafter), "given on the command line"
-    from devkit.demo.widen import widen
-    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
-
-    out = Path(widen(DEMO_TARGET, workdir / "wide-target", mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers))
-    return out, DEMO_HEAD, (f"the demo pair, target widened by devkit.demo.widen "
-                            f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers; the head is unchanged)")
 
 
 class Server:

@@ -32,15 +32,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import worker_bench as wb
-from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
+from mtpstack.bench.parts import check_models, emit, ensure_preload, fmt, model_options, prepare_models, summarize
+from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, start_servers, stream_chat
 from agent_bench import longer_context
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
 #: Streams decoding while the long prompt arrives: widths 2 and 4 with it.
 DECODERS = (1, 3)
-#: Tokens a decoding stream is asked for: enough to outlast an 8k prefill beside it.
-STREAM_TOKENS = 1500
+#: Tokens a decoding stream is asked for: enough to outlast an 8k prefill beside it (it is cancelled
+#: at the long prompt's first token). 1,500 did not: a speculative stream keeping 38% of 35 tok/s
+#: for the 95 s of that prefill ran out first, and a stream that ends early is left out of `kept`.
+STREAM_TOKENS = 6000
 #: Seconds of a stream's own pace measured before the long prompt is sent.
 ALONE_SECONDS = 3.0
 
@@ -86,7 +88,7 @@ class Counted:
 async def decoding_stream(session, url, model, prompt, counted: Counted, never_end: dict) -> None:
     """One greedy chat stream kept from its end of turn (`ignore_eos` for the native worker; the peers ignore
     that field but honour `logit_bias`, `never_end`), each piece counted as it arrives."""
-    await wb.stream_chat(session, url, model, [{"role": "user", "content": prompt}], STREAM_TOKENS, on_content=counted.add,
+    await stream_chat(session, url, model, [{"role": "user", "content": prompt}], STREAM_TOKENS, on_content=counted.add,
                          extra=never_end)
     counted.ended = time.perf_counter()
 
@@ -114,7 +116,7 @@ def peak_mib(pid: int | None) -> float | None:
 async def cold(session, proc, model, tokenizer, lengths, tag) -> dict:
     out = {}
     for n in lengths:
-        r = await wb.stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, n, f"{tag} {n}")}], 1)
+        r = await stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, n, f"{tag} {n}")}], 1)
         prompt = r["usage"].get("prompt_tokens") or n
         out[str(n)] = {"ttft_s": r["ttft_s"], "prompt_tokens": prompt, "tok_s": prompt / r["ttft_s"]}
     out["peak_mib"] = peak_mib(proc.pid)
@@ -130,7 +132,7 @@ async def beside(session, proc, model, tokenizer, length, decoders, tag, alone_t
         await asyncio.sleep(0.05)
     await asyncio.sleep(ALONE_SECONDS)
     sent = time.perf_counter()
-    long = await wb.stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, length, f"{tag} long")}], 1)
+    long = await stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, length, f"{tag} long")}], 1)
     first = long["first"]
     for t in tasks:
         t.cancel()
@@ -148,10 +150,10 @@ async def beside(session, proc, model, tokenizer, length, decoders, tag, alone_t
 async def warm_turn(session, proc, model, tokenizer, tag, tokens) -> dict:
     messages = [{"role": "system", "content": "You are a coding agent. Answer briefly."},
                 {"role": "user", "content": "Read this file and say what it does:\n" + source_text(tokenizer, tokens, tag)}]
-    first = await wb.stream_chat(session, proc.url, model, messages, 16)
+    first = await stream_chat(session, proc.url, model, messages, 16)
     messages += [{"role": "assistant", "content": first["text"] or "It defines helpers."},
                  {"role": "user", "content": source_text(tokenizer, 100, "Now explain the first function, and")}]
-    second = await wb.stream_chat(session, proc.url, model, messages, 16)
+    second = await stream_chat(session, proc.url, model, messages, 16)
     cached = (second["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
     return {"first_ttft_s": first["ttft_s"], "ttft_s": second["ttft_s"], "prompt_tokens": second["usage"].get("prompt_tokens"),
             "cached_tokens": cached}
@@ -162,26 +164,26 @@ async def run(args) -> dict:
     from transformers import AutoTokenizer
 
     workdir = Path(tempfile.mkdtemp(prefix="prefill-bench-"))
-    target, head, source = wb.prepare_models(args, workdir)
+    target, head, source = prepare_models(args, workdir)
     if max(args.lengths) + 64 > 32768:
         longer_context(target, max(args.lengths) + 1024)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
-    models = {name: ("bench" if wb.CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
-    servers = wb.start_servers(target, head, args.depth, workdir, args.configs)
+    models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
+    servers = start_servers(target, head, args.depth, workdir, args.configs)
     samples: dict = {name: [] for name in args.configs}
     bias = end_of_turn_bias(target)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=wb.REQUEST_TIMEOUT * 3)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT * 3)) as session:
             for name, proc in servers.items():  # warm-up: each server's first forwards (compiles, allocations)
-                await wb.stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
+                await stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
             for rnd in range(args.rounds):
                 order = args.configs[rnd % len(args.configs):] + args.configs[: rnd % len(args.configs)]
                 for name in order:
                     proc, model, tag = servers[name], models[name], f"Session {rnd}-{name}."
                     r = {"cold": await cold(session, proc, model, tokenizer, args.lengths, tag)}
                     alone = r["cold"][str(args.lengths[0])]["ttft_s"]
-                    never_end = {} if wb.CONFIGS[name][0] == "native" else bias
+                    never_end = {} if CONFIGS[name][0] == "native" else bias
                     if "beside" in args.only:
                         r["beside"] = {str(d): await beside(session, proc, model, tokenizer, args.lengths[0], d, f"{tag} w{d}",
                                                             alone, never_end) for d in DECODERS}
@@ -200,7 +202,7 @@ async def run(args) -> dict:
 def summary(samples: dict, lengths: list[int]) -> dict:
     def over(name, pick):
         values = [v for r in samples[name] for v in pick(r) if v is not None]
-        return wb.summarize(values)
+        return summarize(values)
 
     out = {}
     for name in samples:
@@ -223,7 +225,7 @@ def report_lines(summary: dict) -> list[str]:
     keys = list(next(iter(summary.values())).keys()) if summary else []
     lines = ["| | " + " | ".join(summary) + " |", "|---" * (len(summary) + 1) + "|"]
     for key in keys:
-        cells = [str(s[key]) if isinstance(s[key], int) else wb.fmt(s[key], digits=3 if "ratio" in key or "kept" in key else 2)
+        cells = [str(s[key]) if isinstance(s[key], int) else fmt(s[key], digits=3 if "ratio" in key or "kept" in key else 2)
                  for s in summary.values()]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return lines
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_options(p)
     p.add_argument("--family", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--configs", nargs="+", choices=[c for c in wb.CONFIGS if "@" not in c], default=DEFAULT_CONFIGS)
+    p.add_argument("--configs", nargs="+", choices=[c for c in CONFIGS if "@" not in c], default=DEFAULT_CONFIGS)
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 30000], help="cold prompt lengths in tokens (default: 8192 30000)")
     p.add_argument("--warm-tokens", type=int, default=3000, help="the warm turn's file read in tokens (default: 3000)")
     p.add_argument("--only", nargs="+", choices=["cold", "beside", "warm"], default=["cold", "beside", "warm"],

@@ -40,9 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import emit
-from agent_bench import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, longer_context, stream_chat, system_prompt
+from agent_bench import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, longer_context, system_prompt  # beside this script
 from mtpstack.bench import stats
+from mtpstack.bench.parts import emit
+from mtpstack.bench.servers import stream_chat
 
 POLICIES = ("affinity", "first-free")
 #: Two workers, four conversations at once: with a width of 2 every conversation has a slot, so

@@ -3,7 +3,7 @@
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py \\
         [--pairs demo qwen3_5] [--depths 0 1 2 3 4] [--widths 1 4] [--repeats 4] [--steps 4] [--out FILE]
 
-The pairs are the worker bench's (`worker_bench.prepare_models`): `demo`, the demo pair with its target
+The pairs are the worker bench's (`mtpstack.bench.parts.prepare_models`): `demo`, the demo pair with its target
 widened to ~70M parameters, and `qwen3_5`, the tiny random Qwen3.5 hybrid of `devkit.demo.tiny_hybrid`
 with its target's MLPs widened x8 (a small pair, where per-step overhead dominates); any other bench
 family (`nemotron_h`, ...) may be named too. Each configuration (pair, width, depth; depth 0 is the plain
@@ -48,10 +48,9 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+from mtpstack.bench.parts import PROMPTS, emit, ensure_preload, prepare_models
 from mtpstack.bench.stats import summarize
 from step_memory import MODEL_DIMS
-from mtpstack.bench.parts import emit, ensure_preload
-from worker_bench import PROMPTS, prepare_models
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")

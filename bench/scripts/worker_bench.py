@@ -31,7 +31,6 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -41,48 +40,15 @@ import time
 from pathlib import Path
 
 from mtpstack import series
-from mtpstack.bench.parts import check_models, emit, ensure_preload, model_options
+from mtpstack.bench.parts import PROMPTS, check_models, emit, ensure_preload, fmt, model_options, prepare_models, summarize
+from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, WIDTH, start_servers, stream_chat
 from mtpstack.validator import DEPTH_DEFAULT
 
-REPO = _checkout.ROOT
-
-PROMPTS = [
-    "def parse_args(argv):\n",
-    "The GNU General Public License is",
-    "import os\nimport sys\n\n\ndef main():\n",
-    "This program is free software; you can",
-]
-#: Configuration -> (server, with the head).
-CONFIGS = {
-    "native+mtp": ("native", True),
-    "native": ("native", False),
-    "mlx-vlm+mtp": ("mlx-vlm", True),
-    "mlx-vlm": ("mlx-vlm", False),
-    "mlx_lm.server": ("mlx-lm", False),
-    # The same as `native+mtp`, run by another build of mtpstack (`--baseline PROGRAM`): before vs after a change.
-    "native+mtp@baseline": ("native", True),
-}
 #: A drafted configuration -> the same server without the head, its step cost's unit.
 PLAIN_OF = {"native+mtp": "native", "native+mtp@baseline": "native", "mlx-vlm+mtp": "mlx-vlm"}
-#: Batch width of every server (4 clients at once).
-WIDTH = 4
-#: Bounds every HTTP exchange; a stuck server fails the run instead of hanging it.
-REQUEST_TIMEOUT = 600
 
 
 # -- pure summaries (unit-testable) ------------------------------------------------------
-
-
-def summarize(values: list[float]) -> dict:
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def fmt(s: dict, unit: str = "", digits: int = 2) -> str:
-    if not s or s.get("median") is None:
-        return "n/a"
-    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f}, n={s['n']})"
 
 
 def single_summary(runs: list[dict]) -> dict:
@@ -184,137 +150,7 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
 # -- models --------------------------------------------------------------------------------
 
 
-def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
-    if args.target:
-        return Path(args.target), Path(args.drafter), "given on the command line"
-    if args.family:
-        from devkit.demo.tiny_families import build_bench_pair
-
-        target, head = build_bench_pair(args.family, workdir, args.mlp_multiplier)
-        return target, head, (f"the tiny random `{args.family}` pair of devkit.demo.tiny_families, its target's MLPs "
-                              f"and experts widened x{args.mlp_multiplier} (function-preserving; the head unchanged)")
-    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
-
-    out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-    return out, DEMO_HEAD, (f"the demo pair, target widened by devkit.demo.widen "
-                            f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers; the head is unchanged)")
-
-
-def widen_target(src: Path, dest: Path, args) -> Path:
-    from devkit.demo.widen import widen
-
-    return Path(widen(src, dest, mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers))
-
-
 # -- servers -------------------------------------------------------------------------------
-
-
-def server_argv(name: str, target: Path, head: Path, depth: int, port: int, baseline: str | None = None) -> list[str]:
-    from mtpstack.validator import WorkerProfile, worker_argv
-    from mtpstack.worker.launcher import resolve_command
-
-    server, with_head = CONFIGS[name]
-    if server == "mlx-vlm":
-        argv = [sys.executable, "-m", "mlx_vlm.server", "--model", str(target), "--max-num-seqs", str(WIDTH),
-                "--host", "127.0.0.1", "--port", str(port)]
-        if with_head:
-            argv += ["--draft-model", str(head), "--draft-kind", "mtp", "--draft-block-size", str(depth + 1)]
-        return argv
-    profile = WorkerProfile.model_validate({
-        "model": "bench", "backend": server,
-        "target": {"path": str(target), "bits": "fp32"},
-        "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if with_head else None,
-        "maxNumSeqs": WIDTH, "port": port,
-    })
-    argv = resolve_command(worker_argv(profile))
-    if name.endswith("@baseline"):
-        if not baseline:
-            raise SystemExit(f"`{name}` needs `--baseline PROGRAM`: the `mtpstack` executable of the build to compare with")
-        argv = [baseline, *_known_to(baseline, argv[1:])]
-    return argv
-
-
-def _known_to(program: str, args: list[str]) -> list[str]:
-    """`args` less the flags (with their values) that `program worker --help` does not list:
-    an older build does not know a flag this one renders."""
-    import subprocess
-
-    helptext = subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
-    out, i = [], 0
-    while i < len(args):
-        if args[i].startswith("--") and args[i] not in helptext:
-            i += 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
-
-
-def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, baseline: str | None = None) -> dict:
-    from mtpstack.runtime import Process, free_port, url_of
-    from mtpstack.worker.launcher import worker_env
-
-    servers = {}
-    env = worker_env()
-    # mlx_lm.server answers /v1/models with an empty body when no HF cache dir exists.
-    hf_cache = logdir / "hf-cache"
-    hf_cache.mkdir(exist_ok=True)
-    env.setdefault("HF_HUB_CACHE", str(hf_cache))
-    for name in names:
-        port = free_port()
-        servers[name] = Process(server_argv(name, target, head, depth, port, baseline), log_path=logdir / f"{name}.log", name=name,
-                                kind="worker", url=url_of("127.0.0.1", port), env=env)
-    try:
-        for proc in servers.values():
-            proc.start()
-        for proc in servers.values():
-            proc.wait_ready("/health", 300, state="healthy")
-    except Exception:
-        for proc in servers.values():
-            proc.stop()
-        raise
-    return servers
-
-
-async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool = True,
-                      on_content=None) -> dict:
-    """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
-    (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
-    to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
-    (mlx_lm.server and mlx-vlm ignore the field, and stop at their model's end of turn; without it every
-    server stops there, so all decode the same text). The first token is the first
-    of the answer or of its reasoning; `text` is the answer's content, what a client sends back. `extra`:
-    more fields of the body (`chat_template_kwargs`); `on_content(piece, arrival)` is called with each piece of content or reasoning."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos, **(extra or {})}
-    start = time.perf_counter()
-    first, text, usage, timings, finish = None, [], None, None, None
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            payload = json.loads(line[6:])
-            usage = payload.get("usage") or usage
-            timings = payload.get("timings") or timings  # mlx-vlm's: its speculative rounds
-            for choice in payload.get("choices") or []:
-                finish = choice.get("finish_reason") or finish
-                delta = choice.get("delta") or {}
-                piece = delta.get("content")
-                if piece or delta.get("reasoning_content") or delta.get("reasoning"):
-                    now = time.perf_counter()
-                    first = first or now
-                    if piece:
-                        text.append(piece)
-                    if on_content is not None:
-                        on_content(piece or delta.get("reasoning_content") or delta.get("reasoning"), now)
-                    if times is not None:
-                        times.append(now)
-    end = time.perf_counter()
-    return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "end": end, "text": "".join(text),
-            "usage": usage or {}, "timings": timings, "finish_reason": finish}
 
 
 #: The native worker's counters read around a single stream: its exact steps and the seconds spent in them.
