@@ -6,7 +6,9 @@ The scripts in `bench/scripts/` compose these instead of importing each other (i
   widened by `--mlp-multiplier` and `--extra-layers`) and `--depth`, spelled once;
 - `ensure_preload`: re-exec under the servers' environment, so mlx in the bench's own process runs
   with the same BLAS as the servers it measures;
-- `prepare_models`: the pair those options name, the demo target widened into the run's folder;
+- `prepare_models` / `demo_pair`: the pair those options name, the demo target widened into the run's folder;
+  `longer_context`: a target's context raised past the demo's training windows;
+- `MODEL_DIMS`: real models' text-config dimensions, for the figures predicted at their size;
 - `PROMPTS`: the short prompts of the single-stream and concurrent rounds;
 - `summarize` / `fmt`: a list of samples as median, min, max and count, and that as one cell;
 - `emit`: the readable table to stderr, the JSON report to `--out` (else stdout).
@@ -47,11 +49,34 @@ def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
         target, head = build_bench_pair(args.family, workdir, args.mlp_multiplier)
         return target, head, (f"the tiny random `{args.family}` pair of devkit.demo.tiny_families, its target's MLPs "
                               f"and experts widened x{args.mlp_multiplier} (function-preserving; the head unchanged)")
+    return demo_pair(workdir, args.mlp_multiplier, args.extra_layers)
+
+
+def demo_pair(workdir: Path, mlp_multiplier: int, extra_layers: int, context: int | None = None) -> tuple[Path, Path, str]:
+    """The demo pair, its target widened into `workdir` (as shipped at x1 and +0 with no `context`), its
+    context raised to `context` tokens when given; the target, the head and what they are."""
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
-    out = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-    return out, DEMO_HEAD, (f"the demo pair, target widened by devkit.demo.widen "
-                            f"(mlp x{args.mlp_multiplier}, +{args.extra_layers} zero layers; the head is unchanged)")
+    if mlp_multiplier == 1 and extra_layers == 0 and context is None:
+        return Path(DEMO_TARGET), Path(DEMO_HEAD), "the shipped demo pair, as it is"
+    from devkit.demo.widen import widen
+
+    out = Path(widen(DEMO_TARGET, workdir / "wide-target", mlp_multiplier=mlp_multiplier, extra_layers=extra_layers))
+    source = f"the demo pair, target widened by devkit.demo.widen (mlp x{mlp_multiplier}, +{extra_layers} zero layers; the head unchanged)"
+    if context is not None:
+        longer_context(out, context)
+        source += f", context raised to {context} tokens"
+    return out, Path(DEMO_HEAD), source
+
+
+def longer_context(target: Path, tokens: int) -> None:
+    """The demo is trained on 512-token windows; an agent's prompt is longer. RoPE runs past it unchanged."""
+    path = target / "config.json"
+    config = json.loads(path.read_text())
+    for section in (config, config.get("text_config") or {}):
+        if "max_position_embeddings" in section:
+            section["max_position_embeddings"] = tokens
+    path.write_text(json.dumps(config, indent=1))
 
 
 def widen_target(src: Path, dest: Path, args) -> Path:
@@ -69,6 +94,20 @@ def ensure_preload() -> None:
         env["_MTPSTACK_BENCH_REEXEC"] = "1"
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
+
+#: Text-config dimensions of real models (from their config.json), for the predicted figure.
+MODEL_DIMS = {
+    # Qwen3.5-35B-A3B: 40 layers, every 4th full attention: 30 gated-delta layers.
+    "qwen3.5-35b-a3b": dict(num_hidden_layers=40, full_attention_interval=4, linear_num_value_heads=32,
+                            linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                            linear_conv_kernel_dim=4, num_key_value_heads=2, head_dim=256),
+    # Qwen3.5-27B (and Qwen3.6-27B, the same text config): 64 layers, every 4th full attention (24 query
+    # heads, gated output), 48 gated-delta layers; a dense MLP; one MTP layer.
+    "qwen3.5-27b": dict(num_hidden_layers=64, full_attention_interval=4, hidden_size=5120, intermediate_size=17408,
+                        vocab_size=248320, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                        linear_num_value_heads=48, linear_num_key_heads=16, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_conv_kernel_dim=4, mtp_num_hidden_layers=1),
+}
 
 PROMPTS = [
     "def parse_args(argv):\n",

@@ -168,6 +168,21 @@ def test_the_product_never_imports_the_bench():
                     if name in bench or name.startswith("mtpstack.bench") or name.split(".")[0] in ("bench", "devkit", "tests")]
     assert bad == []
 
+
+#: A runner may import the report written apart from it (issue 50: runners and reports apart).
+RUNNER_REPORTS = {("load_bench", "load_report")}
+
+
+def test_no_benchmark_script_imports_another():
+    """What two benchmarks share lives in the package (`mtpstack.bench.parts`, `.servers`, `.stacks`,
+    `.workloads`), so that changing one benchmark cannot break another; imports inside functions count."""
+    scripts = {p.stem: p for p in (ROOT / "bench" / "scripts").glob("*.py")}
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports the script `{name}`"
+           for stem, path in sorted(scripts.items()) for line, name in imported_names(path)
+           if name in scripts and name != "_checkout" and (stem, name) not in RUNNER_REPORTS]
+    assert bad == []
+
+
 @pytest.mark.parametrize("at_import_time", [True, False], ids=["module level", "inside functions too"])
 def test_no_import_cycles(at_import_time):
     """A cycle through an import inside a function is still two modules that need each other."""

@@ -58,8 +58,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import emit, ensure_preload, fmt, summarize
+from mtpstack.bench.parts import emit, ensure_preload, fmt, longer_context, summarize
 from mtpstack.bench.servers import start_servers, stream_chat
+from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, system_prompt
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
 SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
@@ -71,32 +72,7 @@ SPILL_GIB = 0.01
 TIER_STOPS = re.compile(r"the disk tier stops: (\d+) writes, ([\d.]+) MB in ([\d.]+) s, ([\d.]+) s of it syncing")
 #: `--thinking`: the template's `enable_thinking` for the turns.
 THINKING = {"off": False, "on": True}
-TURNS = 6
-ANSWER_TOKENS = 32
-FOLLOW_UPS = ["open the failing test", "show me line 40", "fix the off-by-one", "run the tests again",
-              "commit it", "summarize what changed"]
 REQUEST_TIMEOUT = 900
-#: The context both servers are given (see `longer_context`).
-CONTEXT = 8192
-
-
-def system_prompt(round_no: int, tools: int) -> str:
-    """A coding agent's system prompt with `tools` tool lines; the round number first, so no round hits another's cache."""
-    lines = [f"Session {round_no}. You are a coding agent working in a repository. Use the tools below; answer briefly."]
-    for i in range(tools):
-        lines.append(f"- tool_{i}(path: str, start: int = 0, end: int | None = None) -> str: read, search or edit "
-                     f"the file at `path` between the given lines and return the result as plain text ({i}).")
-    return "\n".join(lines)
-
-
-def longer_context(target: Path, tokens: int) -> None:
-    """The demo is trained on 512-token windows; an agent's prompt is longer. RoPE runs past it unchanged."""
-    path = target / "config.json"
-    config = json.loads(path.read_text())
-    for section in (config, config.get("text_config") or {}):
-        if "max_position_embeddings" in section:
-            section["max_position_embeddings"] = tokens
-    path.write_text(json.dumps(config, indent=1))
 
 
 def ratio(a, b):

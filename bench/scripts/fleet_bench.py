@@ -42,16 +42,18 @@ import asyncio
 import json
 import os
 import platform
-import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mtpstack.bench import stats
+from mtpstack.bench.parts import demo_pair
+from mtpstack.bench.stacks import cpu_seconds, fleet, nginx_conf, request_lines, start_fleet
+from mtpstack.bench.workloads import TOOLS, Session, calibrate, make_workload
 
 ROOT = _checkout.ROOT
 STACKS = ("mtpstack", "litellm", "nginx")
@@ -69,8 +71,6 @@ FULL = {"sessions": 6, "turns": (4, 6), "output_tokens": (200, 2000), "answer_to
         "think_s": (1.0, 4.0), "rounds": 3, "mlp_multiplier": 2, "extra_layers": 2}
 QUICK = {"sessions": 3, "turns": (2, 3), "output_tokens": (200, 600), "answer_tokens": 16, "arrival_s": 1.0,
          "think_s": (0.5, 1.0), "rounds": 1, "mlp_multiplier": 1, "extra_layers": 0}
-#: Characters per token of the tool outputs before `calibrate` measures the served tokenizer.
-CHARS_PER_TOKEN = 2.4
 #: The API key every request carries (LiteLLM's master key; the others ignore it).
 API_KEY = "sk-fleet-bench"
 STATUSES = ("ok", "error", "429", "timeout")
@@ -78,262 +78,6 @@ STATUSES = ("ok", "error", "429", "timeout")
 #: thinking switch on unless told (its tokenizer wrapper's default), the native worker leaves the
 #: template's own default (off in the demo's); LiteLLM passes the field through.
 THINKING_OFF = {"enable_thinking": False}
-
-
-# -- the workload (pure) ------------------------------------------------------------------------
-
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a file of the repository, with line numbers.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "path relative to the repository root"},
-            "start": {"type": "integer", "description": "first line (1-based)"},
-            "end": {"type": "integer", "description": "last line, inclusive"}}, "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "run", "description": "Run a shell command in the repository and return its output (stdout and stderr).",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string"}, "timeout_s": {"type": "integer", "description": "default 120"}},
-            "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the repository for a regular expression (ripgrep).",
-        "parameters": {"type": "object", "properties": {
-            "pattern": {"type": "string"}, "path": {"type": "string", "description": "a folder to search in"}},
-            "required": ["pattern"]}}},
-    {"type": "function", "function": {
-        "name": "apply_patch", "description": "Apply a unified diff to the repository.",
-        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
-]
-
-SYSTEM = """You are a coding agent working in a software repository on the user's machine. You help the user
-with software engineering tasks: fixing bugs, adding features, refactoring, explaining code.
-
-# How you work
-- Use the tools to look before you change anything: search for the code involved, read the files, run the
-  tests that cover it. Never guess what a file contains.
-- Keep changes small and focused on the task. Follow the conventions of the surrounding code: naming,
-  formatting, error handling, the libraries already in use. Do not add dependencies without asking.
-- After a change, run the relevant tests. If they fail, read the failure, fix the cause, and run them again.
-  Do not weaken or delete a test to make it pass.
-- When a command fails, read its output carefully before trying something else.
-- Prefer `search` over reading whole directories; read only the lines you need of a long file.
-- Apply edits with `apply_patch` as unified diffs with enough context lines to apply cleanly.
-
-# Communication
-- Be concise. Before a tool call, say in one short sentence what you are about to do and why.
-- When the task is done, summarise what changed, which files, and how you verified it.
-- If the task is ambiguous or a change would be risky (deleting data, rewriting history, touching
-  credentials), stop and ask the user.
-
-# Safety
-- Never print or commit secrets. Do not run commands that reach the network unless the user asked.
-- Do not run destructive commands (`rm -rf`, `git reset --hard`, `git push --force`) without the user's
-  explicit approval.
-
-# Repository notes
-- Python 3.12, the package lives under `src/`, tests under `tests/` and run with `pytest -q`.
-- Type hints everywhere; `ruff` for linting; docstrings in the imperative mood.
-- Errors the user can fix are raised as `UserError` with a hint naming the fix."""
-
-PACKAGES = ["buildkit", "ledger", "relay", "atlas", "quarry", "harbor"]
-MODULES = ["manifest", "resolver", "cache", "scheduler", "config", "auth", "storage", "http_client", "parser",
-           "metrics", "planner", "registry"]
-VERBS = ["parse", "load", "resolve", "build", "merge", "validate", "render", "fetch", "store", "emit", "normalize", "apply"]
-NOUNS = ["entry", "request", "manifest", "token", "record", "node", "header", "digest", "policy", "window", "batch", "target"]
-TYPES = ["str", "int", "dict[str, str]", "list[Entry]", "Path", "bytes", "Manifest", "float | None"]
-ERRORS = ["ValueError", "KeyError", "ManifestError", "ResolveError", "TimeoutError"]
-TASKS = [
-    "The test `{test}` fails since yesterday's merge. Find out why and fix it.",
-    "`{func}` in `{path}` is slow on large inputs. Make it linear and keep the tests green.",
-    "Add a `strict` flag to `{func}` in `{path}` that raises on unknown keys, with a test.",
-    "Users report a crash in `{func}` when the input is empty. Reproduce it with a test and fix it.",
-    "Rename `{func}` to `{func}_all` everywhere and update the callers and the docs.",
-    "`{path}` has grown too large. Split the parsing helpers into their own module without changing behaviour.",
-]
-
-
-@dataclass
-class Turn:
-    """One request of a session: the whole conversation so far, sent `think_s` after the previous answer."""
-
-    messages: list[dict]
-    think_s: float
-
-
-@dataclass
-class Session:
-    index: int
-    arrival_s: float
-    turns: list[Turn] = field(default_factory=list)
-
-
-def _until(rng: random.Random, chars: int, line) -> str:
-    """Lines from `line(rng, n)` (n counting from 0) until `chars` characters are reached."""
-    out, size, n = [], 0, 0
-    while size < chars:
-        text = line(rng, n)
-        out.append(text)
-        size += len(text) + 1
-        n += 1
-    return "\n".join(out)
-
-
-def _func(rng: random.Random) -> str:
-    return f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}"
-
-
-def _source_lines(rng: random.Random) -> list[str]:
-    """One function of plausible Python: signature, docstring, a loop, error handling, a return."""
-    name, arg, noun = _func(rng), rng.choice(NOUNS), rng.choice(NOUNS)
-    err, typ = rng.choice(ERRORS), rng.choice(TYPES)
-    body = [
-        f"def {name}({arg}: {typ}, *, strict: bool = False) -> {rng.choice(TYPES)}:",
-        f'    """{name.split("_")[0].capitalize()} the {noun} of `{arg}`; raise `{err}` when it is malformed."""',
-        f"    if not {arg}:",
-        f'        raise {err}(f"empty {noun}: {{{arg}!r}}")',
-        f"    result: dict[str, object] = {{}}",
-        f"    for key, value in _items({arg}):",
-        f"        if strict and key not in _KNOWN_{noun.upper()}S:",
-        f'            raise {err}(f"unknown key {{key!r}} in {noun}")',
-        f"        result[key] = _{rng.choice(VERBS)}_one(value, limit={rng.randint(2, 512)})",
-    ]
-    if rng.random() < 0.5:
-        body += [f"    log.debug(\"{name}: %d keys\", len(result))"]
-    return body + ["    return result", "", ""]
-
-
-def file_contents(rng: random.Random, chars: int, path: str) -> str:
-    """`read_file`: a Python module with line numbers, as `cat -n` prints it."""
-    head = [f'"""{path.rsplit("/", 1)[-1][:-3].replace("_", " ").capitalize()}: {rng.choice(VERBS)} and '
-            f'{rng.choice(VERBS)} {rng.choice(NOUNS)}s."""', "", "from __future__ import annotations", "",
-            "import logging", "from pathlib import Path", "", "from .errors import " + ", ".join(sorted(set(ERRORS[2:]))),
-            "", "log = logging.getLogger(__name__)", "", ""]
-    lines = list(head)
-    while sum(len(x) + 8 for x in lines) < chars:
-        lines += _source_lines(rng)
-    out, size = [], 0
-    for n, line in enumerate(lines, 1):
-        text = f"{n:6}\t{line}"
-        out.append(text)
-        size += len(text) + 1
-        if size >= chars:
-            break
-    return "\n".join(out)
-
-
-def pytest_output(rng: random.Random, chars: int, pkg: str) -> str:
-    """`run pytest`: the session header, progress lines, one failure's traceback, the summary."""
-    mod = rng.choice(MODULES)
-    test, func = f"test_{_func(rng)}", _func(rng)
-    failure = [
-        "=================================== FAILURES ===================================",
-        f"____________________________ {test} ____________________________", "",
-        f"    def {test}():", f"        entry = make_{rng.choice(NOUNS)}(size={rng.randint(1, 64)})",
-        f">       assert {func}(entry, strict=True) == EXPECTED", f"E       AssertionError: assert {{'a': 1, 'b': {rng.randint(2, 9)}}} == {{'a': 1, 'b': 2}}",
-        f"E         Differing items:", f"E         {{'b': {rng.randint(3, 9)}}} != {{'b': 2}}", "",
-        f"tests/test_{mod}.py:{rng.randint(20, 400)}: AssertionError",
-    ]
-    tail = ["=========================== short test summary info ============================",
-            f"FAILED tests/test_{mod}.py::{test} - AssertionError",
-            f"==================== 1 failed, {rng.randint(40, 400)} passed, {rng.randint(0, 5)} skipped in {rng.uniform(1, 30):.2f}s ===================="]
-    head = ["============================= test session starts ==============================",
-            "platform linux -- Python 3.12.3, pytest-8.3.2, pluggy-1.5.0",
-            f"rootdir: /home/dev/{pkg}", "configfile: pyproject.toml", f"collected {rng.randint(40, 400)} items", ""]
-    fixed = sum(len(x) + 1 for x in head + failure + tail)
-
-    def progress(r: random.Random, n: int) -> str:
-        dots = "".join(r.choice("......................sF") for _ in range(r.randint(8, 40)))
-        return f"tests/test_{r.choice(MODULES)}_{n}.py {dots:<44} [{min(99, 3 + n * 4):3}%]"
-
-    middle = _until(rng, max(0, chars - fixed), progress) if chars > fixed else ""
-    return "\n".join([*head, *([middle] if middle else []), "", *failure, *tail])
-
-
-def search_hits(rng: random.Random, chars: int, pkg: str, pattern: str) -> str:
-    """`search`: ripgrep's `path:line:text` lines."""
-    def hit(r: random.Random, n: int) -> str:
-        code = r.choice([f"    result = {pattern}({r.choice(NOUNS)}, strict={r.choice(['True', 'False'])})",
-                         f"from .{r.choice(MODULES)} import {pattern}, {_func(r)}",
-                         f"        return {pattern}(self.{r.choice(NOUNS)}s[key])",
-                         f"    # {pattern} is called once per {r.choice(NOUNS)}: keep it cheap",
-                         f"def test_{pattern}_{r.choice(NOUNS)}():"])
-        where = f"tests/test_{r.choice(MODULES)}.py" if code.startswith("def test") else f"src/{pkg}/{r.choice(MODULES)}.py"
-        return f"{where}:{r.randint(1, 900)}:{code}"
-    return _until(rng, chars, hit)
-
-
-def diff(rng: random.Random, chars: int, pkg: str) -> str:
-    """`run git diff`: unified hunks of a change in progress."""
-    def line(r: random.Random, n: int) -> str:
-        if n % 12 == 0:
-            mod = r.choice(MODULES)
-            return (f"diff --git a/src/{pkg}/{mod}.py b/src/{pkg}/{mod}.py\nindex {r.getrandbits(28):07x}..{r.getrandbits(28):07x} 100644\n"
-                    f"--- a/src/{pkg}/{mod}.py\n+++ b/src/{pkg}/{mod}.py")
-        if n % 12 == 1:
-            start = r.randint(1, 500)
-            return f"@@ -{start},9 +{start},10 @@ def {_func(r)}("
-        kind = r.choice("  -+")
-        return f"{kind.strip() or ' '}{_source_lines(r)[r.randint(0, 8)]}"
-    return _until(rng, chars, line)
-
-
-def tool_step(rng: random.Random, step: int, pkg: str, chars: int) -> tuple[str, dict, str]:
-    """(tool name, arguments, output of about `chars` characters) of a session's `step`-th tool call:
-    first a search, then a mix of reading files, running the tests and looking at the diff."""
-    kind = "search" if step == 0 else rng.choice(["read_file", "read_file", "test", "diff", "search"])
-    if kind == "search":
-        pattern = _func(rng)
-        return "search", {"pattern": pattern, "path": "src"}, search_hits(rng, chars, pkg, pattern)
-    if kind == "read_file":
-        path = f"src/{pkg}/{rng.choice(MODULES)}.py"
-        return "read_file", {"path": path}, file_contents(rng, chars, path)
-    if kind == "test":
-        return "run", {"command": f"pytest -q tests/test_{rng.choice(MODULES)}.py"}, pytest_output(rng, chars, pkg)
-    return "run", {"command": "git diff"}, diff(rng, chars, pkg)
-
-
-def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
-    """The sessions of one run, the same for every stack and round of a seed: arrivals (a Poisson
-    process of mean gap `arrival_s`, the first at 0), turns per session, tool outputs of
-    `output_tokens` tokens (uniform, sized at `chars_per_token`), think times between turns."""
-    rng = random.Random(f"fleet-{seed}")
-    arrival = 0.0
-    sessions = []
-    for s in range(sizes["sessions"]):
-        if s:
-            arrival += rng.expovariate(1.0 / sizes["arrival_s"]) if sizes["arrival_s"] > 0 else 0.0
-        srng = random.Random(f"fleet-{seed}-{s}")
-        pkg = PACKAGES[s % len(PACKAGES)]
-        path, func, test = f"src/{pkg}/{srng.choice(MODULES)}.py", _func(srng), f"test_{_func(srng)}"
-        task = srng.choice(TASKS).format(path=path, func=func, test=test)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Repository `{pkg}`. {task}"}]
-        session = Session(s, round(arrival, 3), [Turn(list(messages), 0.0)])
-        for step in range(srng.randint(*sizes["turns"]) - 1):
-            tokens = srng.randint(*sizes["output_tokens"])
-            name, arguments, output = tool_step(srng, step, pkg, round(tokens * chars_per_token))
-            call_id = f"call_{seed}_{s}_{step}"
-            messages += [
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]},
-                {"role": "tool", "tool_call_id": call_id, "content": output},
-            ]
-            session.turns.append(Turn(list(messages), round(srng.uniform(*sizes["think_s"]), 3)))
-        sessions.append(session)
-    return sessions
-
-
-def tool_outputs(sessions: list[Session]) -> list[str]:
-    """Every tool result of the workload (each once)."""
-    last = [s.turns[-1].messages for s in sessions]
-    return [m["content"] for messages in last for m in messages if m["role"] == "tool"]
-
-
-def calibrate(count_tokens, seed: int, sizes: dict) -> float:
-    """Characters per token of the workload's tool outputs under the served tokenizer (`count_tokens`),
-    so that outputs sized at that rate have the token counts asked for."""
-    outputs = tool_outputs(make_workload(seed, sizes))
-    chars = sum(map(len, outputs))
-    tokens = sum(count_tokens(text) for text in outputs)
-    return chars / tokens if tokens else CHARS_PER_TOKEN
 
 
 # -- summaries (pure) ---------------------------------------------------------------------------
@@ -707,7 +451,6 @@ def start_stack(name: str, target: Path, head: Path, args, rundir: Path, program
 
     rundir.mkdir(parents=True, exist_ok=True)
     if name.startswith("mtpstack"):
-        from routing_bench import fleet, start_fleet
 
         ports = {f"w{i}": free_port() for i in range(BACKENDS)}
         data = fleet("affinity", target, head, WIDTH, args.depth, ports, free_port())
@@ -729,7 +472,6 @@ def start_stack(name: str, target: Path, head: Path, args, rundir: Path, program
                                 log_path=rundir / "litellm.log", name="litellm", kind="proxy", url=url_of("127.0.0.1", port), env=env)
             front.wait_ready("/health/liveliness", 300)
             return Running(name, front.url + "/v1", "bench", procs, front, backends, str(target))
-        from proxy_bench import nginx_conf
 
         (rundir / "nginx.conf").write_text(nginx_conf(rundir, {port: ports}, read_timeout_s=REQUEST_TIMEOUT))
         front = procs.start([programs["nginx"], "-c", str(rundir / "nginx.conf"), "-p", str(rundir)], log_path=rundir / "nginx.log",
@@ -757,7 +499,6 @@ async def warm_up(running: Running) -> None:
 
 
 def cpu_of(procs: list) -> dict[str, float]:
-    from proxy_bench import cpu_seconds
 
     out = {}
     for p in procs:
@@ -807,7 +548,6 @@ async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dic
     finally:
         await asyncio.to_thread(running.stop)
     if name.startswith("mtpstack"):  # which worker served each turn, and why: the proxy's request log
-        from routing_bench import request_lines
 
         logged = request_lines((rundir / "proxy.log").read_text(errors="replace"))
         for r in rows:
@@ -816,18 +556,6 @@ async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dic
     info = {"stack": name, "round": rnd, "startup_s": round(started_s, 1), "loadavg_start": list(load0), "loadavg_end": list(load1),
             "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "metrics": round_metrics(rows), "workers": extra, "logs": str(rundir)}
     return rows, info
-
-
-def prepare_models(workdir: Path, sizes: dict) -> tuple[Path, Path, str]:
-    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
-
-    if sizes["mlp_multiplier"] == 1 and sizes["extra_layers"] == 0:
-        return Path(DEMO_TARGET), Path(DEMO_HEAD), "the shipped demo pair, as it is"
-    from devkit.demo.widen import widen
-
-    target = Path(widen(DEMO_TARGET, workdir / "target", mlp_multiplier=sizes["mlp_multiplier"], extra_layers=sizes["extra_layers"]))
-    return target, Path(DEMO_HEAD), (f"the demo pair, target widened by devkit.demo.widen (mlp x{sizes['mlp_multiplier']}, "
-                                     f"+{sizes['extra_layers']} zero layers; the head unchanged)")
 
 
 def token_counter(target: Path):
@@ -848,7 +576,7 @@ def summary_of(rows: list[dict], runs: list[dict], rounds: int) -> dict:
 
 
 async def run_all(args, sizes: dict, workdir: Path) -> dict:
-    target, head, source = await asyncio.to_thread(prepare_models, workdir, sizes)
+    target, head, source = await asyncio.to_thread(demo_pair, workdir, sizes["mlp_multiplier"], sizes["extra_layers"])
     cpt = calibrate(token_counter(target), args.seed, sizes)
     sessions = make_workload(args.seed, sizes, cpt)
     print(f"models: {source}\n  target {target}\n  head {head}\n  tool outputs at {cpt:.2f} characters per token", file=sys.stderr)

@@ -32,9 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import check_models, emit, ensure_preload, fmt, model_options, prepare_models, summarize
+from mtpstack.bench.parts import check_models, emit, ensure_preload, fmt, longer_context, model_options, prepare_models, summarize
 from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, start_servers, stream_chat
-from agent_bench import longer_context
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
 #: Streams decoding while the long prompt arrives: widths 2 and 4 with it.

@@ -36,20 +36,20 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, start, stream, wait_ready
 from mtpstack.bench.stats import percentile
-from mtpstack.runtime import Process, StartError, free_port, url_of
+from mtpstack.runtime import Process, free_port
 
 ROOT = _checkout.ROOT
 CHUNKS = 256
@@ -70,136 +70,7 @@ DASHBOARD_POLL_SECONDS = 1.0
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 
-# -- processes ----------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks)."""
-    total, found = 0, False
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-                    found = True
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-    except FileNotFoundError:
-        pass
-    if found:
-        return total / 1e9
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start(name: str, argv: list[str], workdir: Path, port: int) -> Process:
-    """`name` serving on loopback `port`, its output in `workdir/NAME.log`."""
-    return Process(argv, log_path=workdir / f"{name}.log", name=name, url=url_of("127.0.0.1", port), cwd=ROOT).start()
-
-
-async def wait_ready(proc: Process, path: str, timeout: float = 30.0) -> None:
-    try:
-        await asyncio.to_thread(proc.wait_ready, path, timeout)
-    except StartError as e:
-        raise SystemExit(f"error: {e}") from None
-
-
-def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s: int | None = None) -> str:
-    """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's.
-    `routes`: listening port -> upstream port, or several (nginx's default round-robin among them).
-    `read_timeout_s`: `proxy_read_timeout` (nginx's default, 60 s, cuts a model's longer prefill)."""
-    upstreams, servers = [], []
-    read_timeout = f"\n      proxy_read_timeout {read_timeout_s}s;" if read_timeout_s else ""
-    for listen, upstream in routes.items():
-        members = " ".join(f"server 127.0.0.1:{port};" for port in ([upstream] if isinstance(upstream, int) else upstream))
-        upstreams.append(f"  upstream u{listen} {{ {members} keepalive 16; }}")
-        servers.append(
-            f"""  server {{
-    listen 127.0.0.1:{listen};
-    location / {{
-      proxy_pass http://u{listen};
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;{read_timeout}
-    }}
-  }}"""
-        )
-    temp = workdir / "nginx-temp"
-    temp.mkdir(exist_ok=True)
-    return "\n".join(
-        [
-            "daemon off;",
-            "master_process off;",
-            "worker_processes 1;",
-            f"pid {workdir}/nginx.pid;",
-            f"error_log {workdir}/nginx-error.log warn;",
-            "events { worker_connections 1024; }",
-            "http {",
-            f"  access_log {workdir}/nginx-access.log;",
-            f"  client_body_temp_path {temp}/body;",
-            f"  proxy_temp_path {temp}/proxy;",
-            f"  fastcgi_temp_path {temp}/fastcgi;",
-            f"  uwsgi_temp_path {temp}/uwsgi;",
-            f"  scgi_temp_path {temp}/scgi;",
-            *upstreams,
-            *servers,
-            "}",
-        ]
-    )
-
-
-# -- clients ------------------------------------------------------------------------------
-@dataclass
-class Sample:
-    latency: list[float] = field(default_factory=list)  # plain: full answer; sse: whole stream
-    first_chunk: list[float] = field(default_factory=list)  # sse only
-    #: stamped streams: per chunk, arrival here minus the upstream's send time
-    chunk_delay: list[float] = field(default_factory=list)
-    errors: int = 0
-
-
-_STAMP = re.compile(rb'"t":([0-9.]+)')
-
-
-async def plain(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample) -> None:
-    t0 = time.perf_counter()
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
-        await r.read()
-        if r.status != 200:
-            s.errors += 1
-            return
-    s.latency.append(time.perf_counter() - t0)
-
-
-async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample, stamped: bool = False) -> None:
-    t0 = time.perf_counter()
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
-        if r.status != 200:
-            await r.read()
-            s.errors += 1
-            return
-        first = await r.content.readany()
-        t1 = time.perf_counter()
-        tail = first[-32:]
-        if stamped:
-            # Delivery delay of each chunk: our arrival time minus the upstream's send time
-            # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
-            now = time.monotonic()
-            s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(first))
-            while chunk := await r.content.readany():
-                now = time.monotonic()
-                s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(chunk))
-                tail = (tail + chunk)[-32:]
-        else:
-            while chunk := await r.content.readany():
-                tail = (tail + chunk)[-32:]
-    if not tail.endswith(b"data: [DONE]\n\n"):
-        s.errors += 1
-        return
-    s.first_chunk.append(t1 - t0)
-    s.latency.append(time.perf_counter() - t0)
-
-
+# -- cells --------------------------------------------------------------------------------
 async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
     body = json.dumps({**BODY, "model": model, "stream": kind == "sse"}).encode()
     s = Sample()
@@ -371,7 +242,7 @@ async def bench(args: argparse.Namespace) -> dict:
                 f"upstream-{mode}",
                 [py, "-m", "devkit.fake_upstream", "--port", str(ports[f"up_{mode}"]), "--gate", "4",
                  "--chunks", str(CHUNKS), "--interval", str(interval), "--delay", str(delay), "--name", mode, *(["--stamp"] if mode == "paced" else [])],
-                workdir, ports[f"up_{mode}"],
+                workdir, ports[f"up_{mode}"], cwd=ROOT,
             )
             procs.append(p)
             up_pids[mode] = p.pid
@@ -386,7 +257,7 @@ async def bench(args: argparse.Namespace) -> dict:
         pids: dict[str, int] = {}
         for name, extra in ours.items():
             (workdir / f"{name}.json").write_text(json.dumps({**config, "proxy": {**config["proxy"], "port": ports[name]}}))
-            mtp = start(name, [pythons[name], "-m", "mtpstack", "proxy", "--config", str(workdir / f"{name}.json"), *extra], workdir, ports[name])
+            mtp = start(name, [pythons[name], "-m", "mtpstack", "proxy", "--config", str(workdir / f"{name}.json"), *extra], workdir, ports[name], cwd=ROOT)
             procs.append(mtp)
             await wait_ready(mtp, "/readyz")
             pids[name] = mtp.pid
@@ -397,7 +268,7 @@ async def bench(args: argparse.Namespace) -> dict:
             conf = workdir / "nginx.conf"
             conf.write_text(nginx_conf(workdir, {ports["nginx_instant"]: ports["up_instant"], ports["nginx_paced"]: ports["up_paced"]}))
             nginx_version = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
-            ng = start("nginx", [nginx, "-c", str(conf), "-p", str(workdir)], workdir, ports["nginx_instant"])
+            ng = start("nginx", [nginx, "-c", str(conf), "-p", str(workdir)], workdir, ports["nginx_instant"], cwd=ROOT)
             procs.append(ng)
             await wait_ready(ng, "/health")
             pids["nginx"] = ng.pid

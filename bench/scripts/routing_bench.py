@@ -31,7 +31,6 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -40,10 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent_bench import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, longer_context, system_prompt  # beside this script
 from mtpstack.bench import stats
-from mtpstack.bench.parts import emit
+from mtpstack.bench.parts import demo_pair, emit
 from mtpstack.bench.servers import stream_chat
+from mtpstack.bench.stacks import fleet, request_lines, start_fleet
+from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, system_prompt
 
 POLICIES = ("affinity", "first-free")
 #: Two workers, four conversations at once: with a width of 2 every conversation has a slot, so
@@ -208,75 +208,12 @@ def format_lines(report: dict) -> list[str]:
     return lines
 
 
-def request_lines(log_text: str) -> dict[str, dict]:
-    """The proxy's request log lines by request id (its one JSON object per line)."""
-    out = {}
-    for line in log_text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "request" and event.get("request_id"):
-            out[event["request_id"]] = event
-    return out
-
-
 def policy_order(round_index: int) -> tuple[str, ...]:
     """Alternated, the order rotating each round, so a drift in the machine's load hits both alike."""
     return POLICIES if round_index % 2 == 0 else POLICIES[::-1]
 
 
 # -- models and processes ---------------------------------------------------------------------
-
-
-def prepare_target(workdir: Path, sizes: dict) -> tuple[Path, Path, str]:
-    from devkit.demo.widen import widen
-    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
-
-    out = Path(widen(DEMO_TARGET, workdir / "target", mlp_multiplier=sizes["mlp_multiplier"], extra_layers=sizes["extra_layers"]))
-    longer_context(out, CONTEXT)
-    return out, DEMO_HEAD, (f"the demo pair, target widened by devkit.demo.widen (mlp x{sizes['mlp_multiplier']}, "
-                            f"+{sizes['extra_layers']} zero layers), context raised to {CONTEXT} tokens")
-
-
-def fleet(policy: str, target: Path, head: Path, width: int, depth: int, ports: dict[str, int], proxy_port: int) -> dict:
-    return {
-        "proxy": {"port": proxy_port, "routing": policy, "modelConcurrencyLimits": {"bench": width},
-                  "queue": {"maxWaiting": 64, "timeoutSeconds": REQUEST_TIMEOUT}, "timeouts": {"firstByteSeconds": REQUEST_TIMEOUT}},
-        "workers": {
-            name: {"model": "bench", "target": {"path": str(target), "bits": "fp32"},
-                   "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"},
-                   "maxNumSeqs": width, "port": port}
-            for name, port in ports.items()
-        },
-    }
-
-
-def start_fleet(data: dict, rundir: Path):
-    """The workers, then the proxy once they are healthy; every process a `mtpstack.runtime.Process`."""
-    import yaml
-
-    from mtpstack.runtime import Processes, url_of
-    from mtpstack.validator import FleetConfig, worker_argv
-    from mtpstack.worker.launcher import resolve_command, worker_env
-
-    rundir.mkdir(parents=True, exist_ok=True)
-    (rundir / "fleet.yaml").write_text(yaml.safe_dump(data))
-    config = FleetConfig.model_validate(data)
-    procs = Processes()
-    try:
-        workers = [procs.start(resolve_command(worker_argv(w)), log_path=rundir / f"{name}.log", name=name, kind="worker",
-                               url=url_of(w.host, w.port), env=worker_env())
-                   for name, w in config.workers.items()]
-        for w in workers:
-            w.wait_ready("/health", 600, state="healthy")
-        proxy = procs.start([sys.executable, "-m", "mtpstack", "proxy", "--config", str(rundir / "fleet.yaml")],
-                            log_path=rundir / "proxy.log", name="proxy", kind="proxy", url=url_of("127.0.0.1", data["proxy"]["port"]))
-        proxy.wait_ready("/readyz", 60)
-    except BaseException:
-        procs.stop_all()
-        raise
-    return procs, proxy, workers
 
 
 async def stream_turn(session, url: str, messages: list[dict], answer_tokens: int, rid: str) -> dict:
@@ -344,7 +281,7 @@ async def one_run(run: int, rnd: int, policy: str, args, sizes: dict, target: Pa
 
 async def run_all(args, sizes: dict) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="routing-bench-"))
-    target, head, source = await asyncio.to_thread(prepare_target, workdir, sizes)
+    target, head, source = await asyncio.to_thread(demo_pair, workdir, sizes["mlp_multiplier"], sizes["extra_layers"], CONTEXT)
     print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
     rows: list[dict] = []
     runs: list[dict] = []

@@ -28,21 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mtpstack.bench.parts import emit
+from mtpstack.bench.parts import MODEL_DIMS, emit
 
-#: Text-config dimensions of real models (from their config.json), for the predicted figure.
-MODEL_DIMS = {
-    # Qwen3.5-35B-A3B: 40 layers, every 4th full attention: 30 gated-delta layers.
-    "qwen3.5-35b-a3b": dict(num_hidden_layers=40, full_attention_interval=4, linear_num_value_heads=32,
-                            linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-                            linear_conv_kernel_dim=4, num_key_value_heads=2, head_dim=256),
-    # Qwen3.5-27B (and Qwen3.6-27B, the same text config): 64 layers, every 4th full attention (24 query
-    # heads, gated output), 48 gated-delta layers; a dense MLP; one MTP layer.
-    "qwen3.5-27b": dict(num_hidden_layers=64, full_attention_interval=4, hidden_size=5120, intermediate_size=17408,
-                        vocab_size=248320, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-                        linear_num_value_heads=48, linear_num_key_heads=16, linear_key_head_dim=128,
-                        linear_value_head_dim=128, linear_conv_kernel_dim=4, mtp_num_hidden_layers=1),
-}
 #: The widened tiny target: small everywhere except the linear-attention state.
 WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_attention_interval=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=8,

@@ -48,9 +48,8 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from mtpstack.bench.parts import PROMPTS, emit, ensure_preload, prepare_models
+from mtpstack.bench.parts import MODEL_DIMS, PROMPTS, emit, ensure_preload, prepare_models
 from mtpstack.bench.stats import summarize
-from step_memory import MODEL_DIMS
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")

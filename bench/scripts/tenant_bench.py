@@ -9,7 +9,7 @@ Each phase: tenant `flood` keeps `--flood` streamed requests in flight (each cli
 soon as its last ended), and tenant `steady` sends one plain request a second for `--seconds` seconds.
 Reported: `steady`'s queue wait (the proxy's own `queue_wait_ms` from its request log) p50 and p95 per
 phase, then their median and min-max over rounds, fair queueing on and off side by side; and the
-flood's streams served per phase. The clients are `proxy_bench`'s (`stream`, `plain`), the servers
+flood's streams served per phase. The clients are `mtpstack.bench.stacks`' (`stream`, `plain`), the servers
 started as it starts them.
 
 A benchmark script, not a test: the machines are shared and noisy; read the spread.
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import aiohttp
 
+from mtpstack.bench.stacks import Sample, plain, start, stream, wait_ready
 from mtpstack.bench.stats import percentile, summarize
 from mtpstack.runtime import Process, free_port
-from proxy_bench import Sample, plain, start, stream, wait_ready
 
 KEYS = {"flood": "sk-bench-flood", "steady": "sk-bench-steady"}
 MODES = {"fair": True, "fifo": False}
@@ -100,14 +100,14 @@ async def bench(args: argparse.Namespace) -> dict:
     load_start = list(os.getloadavg())
     try:
         up = start("upstream", [sys.executable, "-m", "devkit.fake_upstream", "--port", str(up_port), "--gate", str(args.gate)],
-                   workdir, up_port)
+                   workdir, up_port, cwd=_checkout.ROOT)
         procs.append(up)
         await wait_ready(up, "/health")
         urls, logs = {}, {}
         for mode, fair in MODES.items():
             port = free_port()
             (workdir / f"{mode}.json").write_text(json.dumps(proxy_config(port, up_port, args.gate, keys, fair)))
-            p = start(f"proxy-{mode}", [sys.executable, "-m", "mtpstack", "proxy", "--config", str(workdir / f"{mode}.json")], workdir, port)
+            p = start(f"proxy-{mode}", [sys.executable, "-m", "mtpstack", "proxy", "--config", str(workdir / f"{mode}.json")], workdir, port, cwd=_checkout.ROOT)
             procs.append(p)
             await wait_ready(p, "/readyz")
             urls[mode], logs[mode] = f"http://127.0.0.1:{port}/v1/chat/completions", workdir / f"proxy-{mode}.log"

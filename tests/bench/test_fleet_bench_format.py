@@ -1,5 +1,5 @@
-"""The fleet bench's pure parts: the agent workload it replays, the figures per round and per stack, the
-comparison against mtpstack, the table and the plot."""
+"""The fleet bench's pure parts: the figures per round and per stack, the comparison against mtpstack,
+the table and the plot (the agent workload it replays: test_workloads.py)."""
 
 from __future__ import annotations
 
@@ -10,67 +10,6 @@ from devkit.scripts import load_script
 fb = load_script("fleet_bench")
 
 SIZES = {**fb.FULL, "sessions": 4, "turns": (3, 5), "output_tokens": (200, 2000)}
-
-
-def chars_per_4(text: str) -> int:
-    """A stand-in tokenizer: a token every 4 characters."""
-    return max(1, len(text) // 4)
-
-
-def test_one_seed_makes_the_same_workload_and_another_seed_another():
-    a, b, c = fb.make_workload(7, SIZES), fb.make_workload(7, SIZES), fb.make_workload(8, SIZES)
-    dump = lambda w: json.dumps([(s.arrival_s, [(t.think_s, t.messages) for t in s.turns]) for s in w])  # noqa: E731
-    assert dump(a) == dump(b)
-    assert dump(a) != dump(c)
-
-
-def test_sessions_arrive_over_time_with_several_turns_each_and_think_time_between_turns():
-    sessions = fb.make_workload(0, SIZES)
-    assert len(sessions) == 4
-    arrivals = [s.arrival_s for s in sessions]
-    assert arrivals[0] == 0 and arrivals == sorted(arrivals) and arrivals[-1] > 0
-    for s in sessions:
-        assert 3 <= len(s.turns) <= 5
-        assert s.turns[0].think_s == 0
-        assert all(SIZES["think_s"][0] <= t.think_s <= SIZES["think_s"][1] for t in s.turns[1:])
-
-
-def test_each_turn_resends_the_whole_conversation_with_a_tool_call_and_its_result_appended():
-    session = fb.make_workload(0, SIZES)[1]
-    for before, after in zip(session.turns, session.turns[1:]):
-        assert after.messages[: len(before.messages)] == before.messages  # a prefix to reuse
-        call, result = after.messages[len(before.messages):]
-        assert call["role"] == "assistant" and call["content"] is None
-        (tool_call,) = call["tool_calls"]
-        assert tool_call["function"]["name"] in {t["function"]["name"] for t in fb.TOOLS}
-        json.loads(tool_call["function"]["arguments"])  # arguments as the API sends them: a JSON string
-        assert result == {"role": "tool", "tool_call_id": tool_call["id"], "content": result["content"]}
-    first = session.turns[0].messages
-    assert [m["role"] for m in first] == ["system", "user"]
-
-
-def test_sessions_share_the_system_prompt_and_differ_right_after_it():
-    sessions = fb.make_workload(0, SIZES)
-    systems = {s.turns[0].messages[0]["content"] for s in sessions}
-    tasks = {s.turns[0].messages[1]["content"] for s in sessions}
-    assert systems == {fb.SYSTEM} and len(tasks) == len(sessions)
-
-
-def test_tool_outputs_have_the_token_counts_asked_for_at_the_calibrated_rate():
-    small = {**SIZES, "output_tokens": (200, 300), "sessions": 6}
-    rate = fb.calibrate(chars_per_4, 0, small)
-    assert 3.9 < rate < 4.1
-    outputs = fb.tool_outputs(fb.make_workload(0, small, rate))
-    tokens = [chars_per_4(o) for o in outputs]
-    assert len(outputs) >= 6 and min(tokens) >= 195 and max(tokens) <= 330
-
-
-def test_tool_outputs_look_like_file_contents_test_runs_searches_and_diffs():
-    outputs = "\n".join(fb.tool_outputs(fb.make_workload(0, {**SIZES, "sessions": 6})))
-    assert "     1\t\"\"\"" in outputs  # a numbered file
-    assert "test session starts" in outputs and "short test summary info" in outputs
-    assert "diff --git a/src/" in outputs and "\n@@ -" in outputs
-    assert ".py:" in outputs  # search hits
 
 
 def row(stack, rnd, session, turn, ttft, total, *, status="ok", sent=0.0, out=10, prompt=100, cached=None):

@@ -1,0 +1,215 @@
+"""Whole stacks for the benches that measure past one worker: a fleet of workers behind `mtpstack proxy`,
+the front ends compared with it (nginx), the raw clients that time them, and the CPU their processes use.
+
+- `fleet` / `start_fleet`: a fleet config of native workers behind the proxy, and its processes started
+  (the workers, then the proxy once they are healthy); `request_lines`: the proxy's request log by id;
+- `start` / `wait_ready`: one server on loopback, its output in the run's folder;
+- `nginx_conf`: Debian's nginx as a reverse proxy (one process, no buffering, keep-alive upstream);
+- `Sample`, `plain`, `stream`: a plain request's latency, a stream's time to first chunk and duration
+  (and, for a stamped upstream, each chunk's delivery delay);
+- `cpu_seconds`: a process's CPU time over all its threads.
+
+The worker-level servers (the native worker against `mlx_lm.server` and mlx-vlm) are `mtpstack.bench.servers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from mtpstack.runtime import Process, Processes, StartError, url_of
+from mtpstack.validator import FleetConfig, worker_argv
+from mtpstack.worker.launcher import resolve_command, worker_env
+
+#: A fleet's queue and first-byte limits: long enough for a widened target's slowest turn.
+FLEET_TIMEOUT = 900
+
+
+# -- fleets -------------------------------------------------------------------------------------
+
+def fleet(policy: str, target: Path, head: Path, width: int, depth: int, ports: dict[str, int], proxy_port: int) -> dict:
+    return {
+        "proxy": {"port": proxy_port, "routing": policy, "modelConcurrencyLimits": {"bench": width},
+                  "queue": {"maxWaiting": 64, "timeoutSeconds": FLEET_TIMEOUT}, "timeouts": {"firstByteSeconds": FLEET_TIMEOUT}},
+        "workers": {
+            name: {"model": "bench", "target": {"path": str(target), "bits": "fp32"},
+                   "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"},
+                   "maxNumSeqs": width, "port": port}
+            for name, port in ports.items()
+        },
+    }
+
+
+def start_fleet(data: dict, rundir: Path):
+    """The workers, then the proxy once they are healthy; every process a `mtpstack.runtime.Process`."""
+    rundir.mkdir(parents=True, exist_ok=True)
+    (rundir / "fleet.yaml").write_text(yaml.safe_dump(data))
+    config = FleetConfig.model_validate(data)
+    procs = Processes()
+    try:
+        workers = [procs.start(resolve_command(worker_argv(w)), log_path=rundir / f"{name}.log", name=name, kind="worker",
+                               url=url_of(w.host, w.port), env=worker_env())
+                   for name, w in config.workers.items()]
+        for w in workers:
+            w.wait_ready("/health", 600, state="healthy")
+        proxy = procs.start([sys.executable, "-m", "mtpstack", "proxy", "--config", str(rundir / "fleet.yaml")],
+                            log_path=rundir / "proxy.log", name="proxy", kind="proxy", url=url_of("127.0.0.1", data["proxy"]["port"]))
+        proxy.wait_ready("/readyz", 60)
+    except BaseException:
+        procs.stop_all()
+        raise
+    return procs, proxy, workers
+
+
+def request_lines(log_text: str) -> dict[str, dict]:
+    """The proxy's request log lines by request id (its one JSON object per line)."""
+    out = {}
+    for line in log_text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "request" and event.get("request_id"):
+            out[event["request_id"]] = event
+    return out
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+def start(name: str, argv: list[str], workdir: Path, port: int, cwd: Path | None = None) -> Process:
+    """`name` serving on loopback `port`, its output in `workdir/NAME.log`; `cwd`: the checkout, for `python -m devkit...`."""
+    return Process(argv, log_path=workdir / f"{name}.log", name=name, url=url_of("127.0.0.1", port), cwd=cwd).start()
+
+
+async def wait_ready(proc: Process, path: str, timeout: float = 30.0) -> None:
+    try:
+        await asyncio.to_thread(proc.wait_ready, path, timeout)
+    except StartError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s: int | None = None) -> str:
+    """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's.
+    `routes`: listening port -> upstream port, or several (nginx's default round-robin among them).
+    `read_timeout_s`: `proxy_read_timeout` (nginx's default, 60 s, cuts a model's longer prefill)."""
+    upstreams, servers = [], []
+    read_timeout = f"\n      proxy_read_timeout {read_timeout_s}s;" if read_timeout_s else ""
+    for listen, upstream in routes.items():
+        members = " ".join(f"server 127.0.0.1:{port};" for port in ([upstream] if isinstance(upstream, int) else upstream))
+        upstreams.append(f"  upstream u{listen} {{ {members} keepalive 16; }}")
+        servers.append(
+            f"""  server {{
+    listen 127.0.0.1:{listen};
+    location / {{
+      proxy_pass http://u{listen};
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;{read_timeout}
+    }}
+  }}"""
+        )
+    temp = workdir / "nginx-temp"
+    temp.mkdir(exist_ok=True)
+    return "\n".join(
+        [
+            "daemon off;",
+            "master_process off;",
+            "worker_processes 1;",
+            f"pid {workdir}/nginx.pid;",
+            f"error_log {workdir}/nginx-error.log warn;",
+            "events { worker_connections 1024; }",
+            "http {",
+            f"  access_log {workdir}/nginx-access.log;",
+            f"  client_body_temp_path {temp}/body;",
+            f"  proxy_temp_path {temp}/proxy;",
+            f"  fastcgi_temp_path {temp}/fastcgi;",
+            f"  uwsgi_temp_path {temp}/uwsgi;",
+            f"  scgi_temp_path {temp}/scgi;",
+            *upstreams,
+            *servers,
+            "}",
+        ]
+    )
+
+
+# -- clients and probes ----------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    latency: list[float] = field(default_factory=list)  # plain: full answer; sse: whole stream
+    first_chunk: list[float] = field(default_factory=list)  # sse only
+    #: stamped streams: per chunk, arrival here minus the upstream's send time
+    chunk_delay: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+_STAMP = re.compile(rb'"t":([0-9.]+)')
+
+
+async def plain(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample) -> None:
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        await r.read()
+        if r.status != 200:
+            s.errors += 1
+            return
+    s.latency.append(time.perf_counter() - t0)
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sample, stamped: bool = False) -> None:
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        if r.status != 200:
+            await r.read()
+            s.errors += 1
+            return
+        first = await r.content.readany()
+        t1 = time.perf_counter()
+        tail = first[-32:]
+        if stamped:
+            # Delivery delay of each chunk: our arrival time minus the upstream's send time
+            # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
+            now = time.monotonic()
+            s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(first))
+            while chunk := await r.content.readany():
+                now = time.monotonic()
+                s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(chunk))
+                tail = (tail + chunk)[-32:]
+        else:
+            while chunk := await r.content.readany():
+                tail = (tail + chunk)[-32:]
+    if not tail.endswith(b"data: [DONE]\n\n"):
+        s.errors += 1
+        return
+    s.first_chunk.append(t1 - t0)
+    s.latency.append(time.perf_counter() - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks)."""
+    total, found = 0, False
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+                    found = True
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    except FileNotFoundError:
+        pass
+    if found:
+        return total / 1e9
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
