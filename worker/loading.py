@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model, load_tokenizer
 
 from mtpstack.validator import DEPTH_AUTO, DEPTH_DEFAULT, DEPTH_MAX, DRAFTER_KINDS, bits_disagreement, config_value, detect_drafter_kind, head_mismatch, model_facts
-from mtpstack.worker import cpu_attention
+from mtpstack.worker import cpu_kernels
 from mtpstack.worker.caches import CacheNotSupported, install_rollback
 from mtpstack.worker.config import WorkerConfig, effective_context
 from mtpstack.worker.drafting import Drafter, HeadDrafter, ModelDrafter
@@ -151,7 +151,7 @@ class Engine:
             kinds = install_rollback(t.model)
         except CacheNotSupported as e:
             raise ValueError(f"the target cannot be served: {e}: `{target}`") from None
-        cpu_attention.install(t.model)
+        cpu_kernels.install(t.model)
         d, impl = None, None
         if drafter:
             d, impl = load_drafter(drafter, drafter_bits, draft_kind, t)
