@@ -26,20 +26,66 @@ each hands every case it does not take to that function, so plain use is unchang
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import activations, base
 
-#: The fewest query rows computed here: a decode step's few positions take mlx's own path.
-MIN_ROWS = 64
+#: The fewest query rows computed here: a decode step's few positions take mlx's own path (numpy's
+#: is no faster there; a 32-token chunk at 7k context is, 175 ms against 248).
+MIN_ROWS = 16
 #: The fewest entries a SwiGLU computed here has: a narrow decode step's take mlx's own path.
 MIN_ENTRIES = 1 << 16
+#: The most threads a chunk's blocks of query rows run on.
+MAX_THREADS = 4
 #: The most score entries one block of query rows holds at once (float32: 4 bytes each), so a
 #: 30k-token context's scores stay tens of MB however long the chunk.
 BLOCK_ENTRIES = 1 << 23
 DTYPES = {mx.float32, mx.float16, mx.bfloat16}
+
+
+_state: dict = {}
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, as a container or `taskset` limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _threads() -> range:
+    return range(max(1, min(cores(), MAX_THREADS)))
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads a chunk's blocks run on, made once; numpy's own BLAS held to one thread each."""
+    if "pool" not in _state:
+        _state["numpy_blas"] = one_thread_numpy_blas()
+        _state["pool"] = ThreadPoolExecutor(len(_threads()), thread_name_prefix="cpu-kernels")
+    return _state["pool"]
+
+
+def one_thread_numpy_blas() -> str | None:
+    """Hold numpy's bundled OpenBLAS (pip's numpy: `scipy_openblas`) to one thread; returns its path, or
+    None where numpy has none of its own (Accelerate, or the system BLAS mlx shares). Its threads and
+    mlx's BLAS's, each spinning after its work, fought over the cores: a decode step's attention here
+    took 8.4 ms a layer against 0.4 alone, its step 308 ms against 103; held to one thread, 69 ms."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(folder, "libscipy_openblas*.so*"))):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads"):
+            if hasattr(lib, name):
+                getattr(lib, name)(1)
+                return path
+    return None
 
 
 def _on_cpu() -> bool:
@@ -65,7 +111,7 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> m
     seen) or an additive one, broadcast to [B, heads, n, S])."""
     if not _takes(queries, cache, mask, sinks):
         return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-    dtype = queries.dtype
+    dtype, pool = queries.dtype, _pool()  # the pool first: numpy's BLAS one thread before its first product
     q, k, v = (_float32(x) for x in (queries, keys, values))
     causal, m = isinstance(mask, str), None
     if isinstance(mask, mx.array):
@@ -74,13 +120,14 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> m
     out = np.empty(q.shape, np.float32)
     for b in range(q.shape[0]):
         mb = None if m is None else m[b if m.shape[0] > 1 else 0]
-        out[b] = _one_row(q[b] * np.float32(scale), k[b], v[b], causal, mb)
+        out[b] = _one_row(pool, q[b] * np.float32(scale), k[b], v[b], causal, mb)
     got = mx.array(out)
     return got if dtype == mx.float32 else got.astype(dtype)
 
 
-def _one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, mask: np.ndarray | None) -> np.ndarray:
-    """One batch row: q [heads, n, d] (scaled), k and v [kv heads, S, d], mask [1 or heads, 1 or n, S]."""
+def _one_row(pool: ThreadPoolExecutor, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, mask: np.ndarray | None) -> np.ndarray:
+    """One batch row: q [heads, n, d] (scaled), k and v [kv heads, S, d], mask [1 or heads, 1 or n, S]. Its
+    blocks of query rows run on the pool's threads (numpy lets go of the GIL), one core each."""
     heads, n, d = q.shape
     kv, span = k.shape[0], k.shape[1]
     rep = heads // kv  # query head h reads kv head h // rep, as mlx's attention groups them
@@ -88,30 +135,39 @@ def _one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, mask: np
     if mask is not None:
         mask = mask.reshape(*((kv, rep) if mask.shape[0] == heads else (1, 1)), *mask.shape[1:])
     out = np.empty((kv, rep, n, d), np.float32)
-    rows = max(1, BLOCK_ENTRIES // (heads * span))
-    kt = k.transpose(0, 2, 1)
-    for start in range(0, n, rows):
-        end = min(n, start + rows)
-        seen = span - (n - end) if causal else span  # the keys this block's last row sees
-        scores = np.matmul(q[:, :, start:end].reshape(kv, rep * (end - start), d), kt[:, :, :seen])
-        scores = scores.reshape(kv, rep, end - start, seen)
-        if causal:  # row i sees keys up to span - n + i: only the block's last columns are masked
-            first = span - n + start
-            band = np.arange(first, seen)[None, :] > np.arange(first, first + end - start)[:, None]
-            np.copyto(scores[..., first:seen], -np.inf, where=band)
-        elif mask is not None:
-            block = mask[..., start:end, :] if mask.shape[-2] > 1 else mask
-            if block.dtype == np.bool_:
-                np.copyto(scores, -np.inf, where=~block)
-            else:
-                scores += block
-        top = scores.max(axis=-1, keepdims=True)
-        np.subtract(scores, top, out=scores)
-        np.exp(scores, out=scores)
-        total = scores.sum(axis=-1, keepdims=True)
-        part = np.matmul(scores.reshape(kv, rep * (end - start), seen), v[:, :seen])
-        out[:, :, start:end] = part.reshape(kv, rep, end - start, d) / total
+    rows = max(1, min(BLOCK_ENTRIES // (heads * span), -(-n // len(_threads()))))  # every core a block
+    blocks = [(start, min(n, start + rows)) for start in range(0, n, rows)]
+    block = partial(_block, q, k.transpose(0, 2, 1), v, causal, mask, out)
+    if len(blocks) == 1:
+        block(*blocks[0])
+    else:
+        list(pool.map(lambda b: block(*b), blocks))
     return out.reshape(heads, n, d)
+
+
+def _block(q, kt, v, causal: bool, mask, out, start: int, end: int) -> None:
+    """Query rows `start:end` of one batch row into `out` (q [kv, rep, n, d], kt [kv, d, S], v [kv, S, d])."""
+    kv, rep, n, d = q.shape
+    span = kt.shape[2]
+    seen = span - (n - end) if causal else span  # the keys this block's last row sees
+    scores = np.matmul(q[:, :, start:end].reshape(kv, rep * (end - start), d), kt[:, :, :seen])
+    scores = scores.reshape(kv, rep, end - start, seen)
+    if causal:  # row i sees keys up to span - n + i: only the block's last columns are masked
+        first = span - n + start
+        band = np.arange(first, seen)[None, :] > np.arange(first, first + end - start)[:, None]
+        np.copyto(scores[..., first:seen], -np.inf, where=band)
+    elif mask is not None:
+        rows = mask[..., start:end, :] if mask.shape[-2] > 1 else mask
+        if rows.dtype == np.bool_:
+            np.copyto(scores, -np.inf, where=~rows)
+        else:
+            scores += rows
+    top = scores.max(axis=-1, keepdims=True)
+    np.subtract(scores, top, out=scores)
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    part = np.matmul(scores.reshape(kv, rep * (end - start), seen), v[:, :seen])
+    out[:, :, start:end] = part.reshape(kv, rep, end - start, d) / total
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
+import sysconfig
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -138,3 +143,63 @@ def test_install_points_the_target_s_attention_and_mlp_modules_here(engine):
     assert attn.scaled_dot_product_attention is cpu_kernels.attention
     assert mlp.swiglu is cpu_kernels.swiglu
     assert cpu_kernels.install(engine.target.model) == 2  # again: nothing more to do, nothing broken
+
+
+#: mlx-lm's own greedy tokens for a prompt, and its logits over the prompt's last positions, in a process of
+#: its own: nothing there is patched.
+PLAIN_GREEDY = textwrap.dedent("""
+    import json, sys
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    model, _ = load(sys.argv[1])
+    ids, n = json.loads(sys.argv[2]), int(sys.argv[3])
+    logits = model(mx.array(ids)[None])[0, -16:].astype(mx.float32)
+    print(json.dumps({"tokens": [int(t) for t, _ in generate_step(mx.array(ids), model, max_tokens=n)],
+                      "logits": logits.tolist()}))
+""")
+
+
+@pytest.fixture(scope="module")
+def demo_engine():
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+    from mtpstack.worker.loading import Engine
+
+    return Engine.load(str(DEMO_TARGET), str(DEMO_HEAD), draft_depth=3)
+
+
+def test_a_long_prompt_s_greedy_text_through_these_is_unpatched_mlx_lm_s(demo_engine, monkeypatch):
+    """Issue 47's lossless bar: over several chunks of a long prompt (the numpy paths taken, counted), the
+    demo target with its head gives the greedy tokens mlx-lm gives in a process where nothing is patched,
+    and its logits there agree to float32's rounding (a wrong scale or mask would move them)."""
+    from devkit.engine import run
+    from mtpstack.worker.demo import DEMO_TARGET
+    from mtpstack.worker.sequence import SamplingParams
+
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
+    ids = demo_engine.text_prompt(text)[:700]  # a 512-token chunk and a 188-token one
+    taken = []
+    monkeypatch.setattr(cpu_kernels, "_one_row", lambda *a, one=cpu_kernels._one_row: taken.append(1) or one(*a))
+    seq = run(demo_engine.new_sequence(ids, SamplingParams(max_tokens=24, depth=3, ignore_eos=True)))
+    assert taken and seq.drafted  # the prompt's attention went through numpy, and the head drafted
+    taken.clear()
+    ours = demo_engine.target.model(mx.array(ids)[None])[0, -16:]
+    assert taken  # one forward over the whole prompt: numpy's attention again
+    plain = subprocess.run([sys.executable, "-c", PLAIN_GREEDY, str(DEMO_TARGET), json.dumps(ids), "24"],
+                           capture_output=True, text=True, timeout=300, check=True)
+    theirs = json.loads(plain.stdout.splitlines()[-1])
+    assert seq.tokens == theirs["tokens"]
+    assert np.allclose(np.asarray(ours), np.array(theirs["logits"], np.float32), atol=1e-4)
+
+
+def test_numpy_s_own_blas_is_held_to_one_thread_beside_mlx_s():
+    """Pip's numpy bundles an OpenBLAS of its own; its threads and mlx's fought over the cores (a decode
+    step 103 -> 308 ms), so the pool's first use holds it to one thread: its own count says so."""
+    import ctypes
+
+    path = cpu_kernels.one_thread_numpy_blas()
+    if path is None:
+        pytest.skip("this numpy has no OpenBLAS of its own (it uses the system's, or Accelerate)")
+    lib = ctypes.CDLL(path)
+    get = next(getattr(lib, n) for n in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads") if hasattr(lib, n))
+    assert get() == 1
