@@ -27,6 +27,7 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -94,8 +95,6 @@ async def decoding_stream(session, url, model, prompt, counted: Counted, never_e
 
 def end_of_turn_bias(target: Path) -> dict:
     """`logit_bias` that keeps the target's end-of-turn tokens (config.json's `eos_token_id`) from being chosen."""
-    import json
-
     config = json.loads((target / "config.json").read_text())
     ids = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
     ids = ids if isinstance(ids, list) else [ids]
@@ -190,12 +189,22 @@ async def run(args) -> dict:
                         r["warm"] = await warm_turn(session, proc, model, tokenizer, f"{tag} warm", args.warm_tokens)
                     samples[name].append(r)
                     print(f"round {rnd + 1}/{args.rounds}: {name} done", file=sys.stderr)
+                    if args.out:  # what is done so far, so a run stopped early keeps it
+                        Path(args.out).write_text(json.dumps(report(args, source, samples, done=False), indent=2) + "\n")
     finally:
         for proc in servers.values():
             proc.stop()
-    return {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "lengths": args.lengths,
-                     "rounds": args.rounds, "depth": args.depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-            "summary": summary(samples, args.lengths), "samples": samples}
+    return report(args, source, samples, done=True)
+
+
+def report(args, source: str, samples: dict, done: bool) -> dict:
+    """The JSON report of the `samples` taken so far (`done`: every round ran; else `meta.partial`)."""
+    taken = {name: rows for name, rows in samples.items() if rows}
+    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "lengths": args.lengths,
+            "rounds": args.rounds, "depth": args.depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not done:
+        meta["partial"] = True
+    return {"meta": meta, "summary": summary(taken, args.lengths), "samples": samples}
 
 
 def summary(samples: dict, lengths: list[int]) -> dict:

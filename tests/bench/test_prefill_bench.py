@@ -46,6 +46,17 @@ def test_the_summary_leaves_out_streams_that_ended_early_and_counts_them():
     assert lines[0] == "| | x |" and any(line.startswith("| kept@2 | 0.600") for line in lines)
 
 
+def test_a_report_taken_before_the_end_says_so_and_summarizes_only_the_servers_measured():
+    import argparse
+
+    args = argparse.Namespace(lengths=[512], rounds=2, depth=3)
+    sample = {"cold": {"512": {"tok_s": 100.0}, "peak_mib": 200.0}}
+    partial = prefill_bench.report(args, "demo", {"a": [sample], "b": []}, done=False)
+    assert partial["meta"]["partial"] is True and list(partial["summary"]) == ["a"]
+    assert partial["summary"]["a"]["prefill_tok_s@512"]["median"] == 100.0
+    assert "partial" not in prefill_bench.report(args, "demo", {"a": [sample]}, done=True)["meta"]
+
+
 def test_one_round_on_the_demo_pair_reports_every_figure(tmp_path):
     out = tmp_path / "prefill.json"
     cmd = [sys.executable, "bench/scripts/prefill_bench.py", "--target", str(DEMO_TARGET), "--drafter", str(DEMO_HEAD),
@@ -53,6 +64,7 @@ def test_one_round_on_the_demo_pair_reports_every_figure(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert "partial" not in report["meta"]  # the end's report replaced the one written after the round
     (sample,) = report["samples"]["native+mtp"]
     assert sample["cold"]["256"]["prompt_tokens"] >= 256 and sample["cold"]["256"]["tok_s"] > 0
     for decoders in prefill_bench.DECODERS:
