@@ -50,7 +50,8 @@ BLOCK_ENTRIES = 1 << 23
 DTYPES = {mx.float32, mx.float16, mx.bfloat16}
 
 
-_state: dict = {}
+#: The threads a chunk's blocks of query rows run on, made at the first such chunk (`_pool`).
+_POOL: ThreadPoolExecutor | None = None
 
 
 def cores() -> int:
@@ -61,16 +62,17 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _threads() -> range:
-    return range(max(1, min(cores(), MAX_THREADS)))
+def _threads() -> int:
+    return max(1, min(cores(), MAX_THREADS))
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The threads a chunk's blocks run on, made once; numpy's own BLAS held to one thread each."""
-    if "pool" not in _state:
-        _state["numpy_blas"] = one_thread_numpy_blas()
-        _state["pool"] = ThreadPoolExecutor(len(_threads()), thread_name_prefix="cpu-kernels")
-    return _state["pool"]
+    """The threads a chunk's blocks run on, made once, with numpy's own BLAS held to one thread first."""
+    global _POOL
+    if _POOL is None:
+        one_thread_numpy_blas()
+        _POOL = ThreadPoolExecutor(_threads(), thread_name_prefix="cpu-kernels")
+    return _POOL
 
 
 def one_thread_numpy_blas() -> str | None:
@@ -135,7 +137,7 @@ def _one_row(pool: ThreadPoolExecutor, q: np.ndarray, k: np.ndarray, v: np.ndarr
     if mask is not None:
         mask = mask.reshape(*((kv, rep) if mask.shape[0] == heads else (1, 1)), *mask.shape[1:])
     out = np.empty((kv, rep, n, d), np.float32)
-    rows = max(1, min(BLOCK_ENTRIES // (heads * span), -(-n // len(_threads()))))  # every core a block
+    rows = max(1, min(BLOCK_ENTRIES // (heads * span), -(-n // _threads())))  # every core a block
     blocks = [(start, min(n, start + rows)) for start in range(0, n, rows)]
     block = partial(_block, q, k.transpose(0, 2, 1), v, causal, mask, out)
     if len(blocks) == 1:
