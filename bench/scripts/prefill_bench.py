@@ -7,11 +7,15 @@ so drift hits every server alike. Per round and server:
      round's tag first so no prefix cache holds it), one token asked: prompt tokens / time to first
      token; the server's peak resident memory after them (VmHWM);
   2. beside a prefill, for 1 and 3 streams already decoding (widths 2 and 4): the streams' token rate
-     while a fresh prompt of the first length prefills, over their rate in the seconds before it
-     arrived; the longest gap between two of their chunks inside that window; the long prompt's time to
-     first token over its time alone (step 1). Tokens are counted by tokenizing each stream's text as
-     it grows, not by SSE events (a speculative stream sends several tokens an event). A stream that
-     ended before the prompt's first token (peers stop at the model's end of turn) is marked so;
+     while a fresh prompt of the first length prefills, over their rate on the same tokens alone (the
+     same greedy streams run again with no prompt beside them, timed from the token count each had
+     when the prompt was sent to the count it had at the prompt's first token: a speculative stream's
+     tokens a step follow its text, 3.0 a step in its first seconds on the demo and 2.1 later, so its
+     rate in the seconds before the prompt is not its rate on the tokens it decoded beside it); the
+     longest gap between two of their chunks inside that window; the long prompt's time to first token
+     over its time alone (step 1). Tokens are counted by tokenizing each stream's text as it grows, not
+     by SSE events (a speculative stream sends several tokens an event). A stream that ended before the
+     prompt's first token (peers stop at the model's end of turn) is marked so;
   3. a warm agent turn: a conversation of a ~3k-token file read then a question; the next turn adds
      the answer and ~100 tokens: its time to first token, the prefix held by the server's cache.
 
@@ -80,6 +84,14 @@ class Counted:
             return 0.0 if self.marks and self.marks[-1][0] >= end else None
         return (inside[-1][1] - (before[-1] if before else inside[0][1])) / (end - start)
 
+    def count_at(self, when: float) -> int:
+        """Tokens the stream had at `when`."""
+        return max((n for t, n in self.marks if t <= when), default=0)
+
+    def time_at(self, tokens: int) -> float | None:
+        """When the stream first had `tokens` tokens (None: it never did)."""
+        return next((t for t, n in self.marks if n >= tokens), None)
+
     def longest_gap(self, start: float, end: float) -> float:
         times = [start] + [t for t, _ in self.marks if start < t < end] + [end]
         return max(b - a for a, b in zip(times, times[1:]))
@@ -121,26 +133,48 @@ async def cold(session, proc, model, tokenizer, lengths, tag) -> dict:
     return out
 
 
-async def beside(session, proc, model, tokenizer, length, decoders, tag, alone_ttft, never_end) -> dict:
+async def decoders_running(session, proc, model, tokenizer, decoders, tag, never_end):
+    """`decoders` greedy streams started, each past its first few chunks: (their counts, their tasks)."""
     streams = [Counted(tokenizer) for _ in range(decoders)]
     tasks = [asyncio.create_task(decoding_stream(session, proc.url, model, f"{tag} stream {i}: write a long Python module.\n", c,
                                                  never_end)) for i, c in enumerate(streams)]
     deadline = time.perf_counter() + 120
     while any(len(c.marks) < 5 for c in streams) and time.perf_counter() < deadline and not all(t.done() for t in tasks):
         await asyncio.sleep(0.05)
+    return streams, tasks
+
+
+async def stopped(tasks) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def beside(session, proc, model, tokenizer, length, decoders, tag, alone_ttft, never_end) -> dict:
+    streams, tasks = await decoders_running(session, proc, model, tokenizer, decoders, tag, never_end)
     await asyncio.sleep(ALONE_SECONDS)
     sent = time.perf_counter()
     long = await stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, length, f"{tag} long")}], 1)
     first = long["first"]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await stopped(tasks)
+    spans = [(c.count_at(sent), c.count_at(first)) for c in streams]
+    # The same streams again, alone, to the counts they reached: their rate on the tokens decoded beside the prompt.
+    control, tasks = await decoders_running(session, proc, model, tokenizer, decoders, tag, never_end)
+    deadline = time.perf_counter() + 4 * (first - sent) + 60
+    while any(c.count_at(time.perf_counter()) < end and c.ended is None for c, (_, end) in zip(control, spans)) \
+            and time.perf_counter() < deadline:
+        await asyncio.sleep(0.05)
+    await stopped(tasks)
     rows = []
-    for c in streams:
-        alone = c.rate(sent - ALONE_SECONDS, sent)
+    for c, alone_c, (start, end) in zip(streams, control, spans):
         during = c.rate(sent, first)
+        t0, t1 = alone_c.time_at(start), alone_c.time_at(end)
+        alone = (end - start) / (t1 - t0) if t0 is not None and t1 is not None and t1 > t0 else None
+        before = c.rate(sent - ALONE_SECONDS, sent)
         ended = c.ended is not None and c.ended < first
-        rows.append({"alone_tok_s": alone, "during_tok_s": during, "kept": during / alone if alone and during is not None else None,
+        rows.append({"alone_tok_s": alone, "before_tok_s": before, "during_tok_s": during, "tokens": [start, end],
+                     "kept": during / alone if alone and during is not None else None,
+                     "kept_vs_before": during / before if before and during is not None else None,
                      "longest_gap_s": c.longest_gap(sent, first), "ended_early": ended})
     return {"streams": rows, "long_ttft_s": long["ttft_s"], "ttft_ratio": long["ttft_s"] / alone_ttft if alone_ttft else None}
 
@@ -219,6 +253,7 @@ def summary(samples: dict, lengths: list[int]) -> dict:
         for d in DECODERS if all("beside" in r for r in samples[name]) else ():
             rows = lambda r, d=d: [x for x in r["beside"][str(d)]["streams"] if not x["ended_early"]]  # noqa: E731
             s[f"kept@{d + 1}"] = over(name, lambda r, rows=rows: [x["kept"] for x in rows(r)])
+            s[f"kept_vs_before@{d + 1}"] = over(name, lambda r, rows=rows: [x.get("kept_vs_before") for x in rows(r)])
             s[f"longest_gap_s@{d + 1}"] = over(name, lambda r, rows=rows: [x["longest_gap_s"] for x in rows(r)])
             s[f"long_ttft_ratio@{d + 1}"] = over(name, lambda r, d=d: [r["beside"][str(d)]["ttft_ratio"]])
             s[f"ended_early@{d + 1}"] = sum(x["ended_early"] for r in samples[name] for x in r["beside"][str(d)]["streams"])

@@ -30,6 +30,9 @@ def test_a_stream_is_counted_in_tokens_not_events_and_its_gaps_include_the_windo
     assert c.rate(2.5, 4.5) == 0.0  # tokens came after the window: nothing inside it
     assert c.longest_gap(1.5, 6.0) == pytest.approx(3.0)
     assert c.longest_gap(2.5, 3.0) == pytest.approx(0.5)
+    # where a stream's count stood at a time, and when it reached a count: a run alone is timed over the same tokens
+    assert (c.count_at(0.5), c.count_at(2.0), c.count_at(4.9)) == (0, 6, 6)
+    assert (c.time_at(2), c.time_at(3), c.time_at(7), c.time_at(8)) == (1.0, 2.0, 5.0, None)
 
 
 def test_the_summary_leaves_out_streams_that_ended_early_and_counts_them():
@@ -71,6 +74,7 @@ def test_one_round_on_the_demo_pair_reports_every_figure(tmp_path):
         streams = sample["beside"][str(decoders)]["streams"]
         assert len(streams) == decoders
         assert not any(s["ended_early"] for s in streams)  # the native worker decodes past its end of turn
-        assert all(s["alone_tok_s"] > 0 and s["longest_gap_s"] > 0 for s in streams)
+        assert all(s["alone_tok_s"] > 0 and s["before_tok_s"] > 0 and s["longest_gap_s"] > 0 for s in streams)
+        assert all(s["tokens"][1] > s["tokens"][0] for s in streams)  # the streams decoded beside the prompt
     assert sample["warm"]["cached_tokens"] > 100  # the second turn resumed from the first's prefix
     assert "| prefill_tok_s@256 |" in done.stderr
