@@ -2,7 +2,7 @@
 refuse above their gate) behind a real `mtpstack proxy` process, written as one fleet config.
 
 For benches and tests that drive the proxy as a process without mlx: `bench/scripts/load_bench.py`,
-`bench/scripts/hostile_bench.py`, `tests/proxy/test_hostile.py`. Every process is a
+`bench/scripts/load_bench.py hostile`, `tests/proxy/test_hostile.py`. Every process is a
 `mtpstack.runtime.Process` on loopback, started into a `Processes` the caller may share (so one
 registry stops everything at exit).
 """

@@ -1,7 +1,7 @@
 """Hostile input, generated: configs for `validate`, raw HTTP and odd JSON for the proxy and
 the worker. Pure generators (seeded `random.Random`); the raw-socket clients that send them and
 the slow clients are in `devkit.raw_http`. The fuzz tests (`tests/*/test_fuzz*.py`) and
-`bench/scripts/hostile_bench.py` both draw from here.
+`bench/scripts/load_bench.py hostile` both draw from here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """HTTP clients on raw sockets, for what a library client will not do: send malformed bytes, drip a
 request forever, or leave mid-stream by exactly a FIN or an RST. Used by the hostile-input tests,
-`bench/scripts/hostile_bench.py` and `bench/scripts/load_bench.py`.
+`bench/scripts/load_bench.py` (its `hostile` mode too).
 """
 
 from __future__ import annotations

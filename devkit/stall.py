@@ -2,7 +2,7 @@
 slowest answer, measured while nothing else runs (idle) and while a batch of other requests is
 answered (hostile schemas, say), and a flood of hostile schemas with probes sent during it (`flood`).
 Used by `tests/worker/test_hostile_agent.py`, `tests/worker/test_grammar_flood.py` and
-`bench/scripts/hostile_bench.py`. Threads and blocking sockets, so the measuring client never
+`bench/scripts/load_bench.py hostile`. Threads and blocking sockets, so the measuring client never
 shares a loop with what it measures.
 """
 

@@ -1,7 +1,7 @@
 """Which event loop `mtpstack proxy` runs on: uvloop when it is installed, else asyncio's own.
 
 Why uvloop: it runs the loop and its transports in C on libuv. Measured with
-`bench/scripts/proxy_bench.py --loops uvloop,asyncio` (both proxies in the same interleaved rounds;
+`bench/scripts/load_bench.py proxy --loops uvloop,asyncio` (both proxies in the same interleaved rounds;
 docs/proxy.md, Overhead), it takes about a sixth off the proxy's CPU per chunk of a paced stream (a
 model writing tokens), where the loop's own work per chunk is most of the cost, and nothing
 measurable off a plain request, whose cost is aiohttp's and the proxy's Python. Nothing in the proxy

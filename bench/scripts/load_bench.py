@@ -1,39 +1,47 @@
-"""Load and fault figures for the whole stack: the gates hold under load, and faults leave no
-hung client and no leaked slot.
+"""The whole stack under load, one script with a mode per part of the question (issue 50):
 
     .venv/bin/python bench/scripts/load_bench.py [--quick] [--out load-bench.json] [--skip-real] [--real-failovers N]
+    .venv/bin/python bench/scripts/load_bench.py hostile [--configs 10000] [--requests 2000] [--slow 200] [--agent 600]
+        [--cut 40] [--stall-repeats 5] [--flood 120] [--flood-repeats 5] [--against PYTHON] [--only flood ...]
+        [--seed 1] [--json]
+    .venv/bin/python bench/scripts/load_bench.py proxy [--rounds 5] [--out proxy-bench.json] [--loops uvloop,asyncio]
+        [--baseline PYTHON] [--dashboard-poll] [--no-nginx]
+    .venv/bin/python bench/scripts/load_bench.py tenant [--rounds 3] [--seconds 20] [--out tenant-bench.json]
 
-Phases, in one run, every process started here on loopback and stopped at exit (Ctrl-C too):
+**Faults** (no mode; docs/load-bench.md has each phase's table row), every process started here on loopback and
+stopped at exit (Ctrl-C too): load through fake upstreams (`devkit.fake_upstream`, which count their own concurrency
+and refuse above their gate) behind `mtpstack proxy` at gates 2 and 4, with room in the queue for every client (any
+429 is a fault) and with a small `maxWaiting` (429 `queue_full` with Retry-After must appear); load through
+`mtpstack up` on tiny models (the worker's `worker_full` count must not move); worker kills mid-stream (fake and
+real: no hung client, no leaked slot) and failover to a model's second upstream; client disconnects by FIN and
+RST at every point of a request (the proxy logs each 499, the upstream lets go, the slots serve again); and a
+worker killed under load with another to fail over to (`--real-failovers`): every error must be one the dead
+worker had taken (issue 40's goal).
 
-1. Load through fake upstreams (`devkit.fake_upstream`, which count their own concurrency and
-   refuse above their gate): N requests (default 20,000) from 64 concurrent clients through the
-   proxy (`python -m mtpstack proxy`, its own process) with gates of 2 and of 4, two upstreams
-   each, a quarter of the requests streamed. `queue.maxWaiting` leaves room for every client,
-   so any 429 is a fault. A shorter variant per gate with a small `maxWaiting` shows the 429
-   `queue_full` (with Retry-After) that the queue bound must produce.
-2. Load through real workers: `mtpstack up` (a subprocess) with one native worker serving tiny
-   random-weight models (`devkit.demo.tiny.build_tiny_pair`), width 2 coupled with gate 2; a few
-   hundred requests from 16 clients. The worker's `rejected_total{code="worker_full"}` must not
-   move; the proxy's inflight and the worker's active sequences are sampled.
-3. Worker kills mid-stream: fake upstreams SIGKILLed while they stream (two requests admitted,
-   one queued) and restarted; a few kills of the real worker, which `mtpstack up` restarts.
-   A client whose stream neither ends nor errors within a bound is hung; a proxy slot still
-   taken once things settle is leaked. Failover: one of a model's two upstreams killed while
-   each streams; the survivor's stream must finish and new requests must be answered by it.
-4. Client disconnects (streams after their first chunks, streams and plain requests 20-80 ms
-   after sending; by FIN or RST): hung clients, leaked proxy slots, requests still held by the
-   upstream (fake `active`, the real worker's `active_sequences`), the status the proxy logged for
-   each (found by its X-Request-Id; must be 499), then a normal request per model to show the
-   slots serve again.
-5. A worker killed under load (`--real-failovers`): `mtpstack up` with two native workers of one
-   model (gate 2 each), 6 clients sending with pauses of 0-0.4 s (half streamed), `w0` SIGKILLed
-   each time both serve (it restarts), in turn while it holds requests and while it holds none.
-   Every request's outcome is matched with the proxy's log line: an error counts as taken by the
-   dead worker when the request was sent to it before a kill and ended after; every other error
-   fails the run (issue 40's goal: none).
+**hostile** (docs/hardening.md): generated configs through `validate`, malformed requests to a real proxy
+(`mtpstack proxy` before a fake worker, `clientSeconds` 2) and a real worker (`mtpstack worker` on the demo
+pair), slow clients, hostile requests on the agent surfaces (the agent pair, `devkit.demo.agent`); counts what
+must stay 0 (tracebacks, 5xx, hangs, crashes, leaked slots, refusals not in OpenAI's shape or naming no field)
+and measures how long compiling hostile schemas holds `/health` and a plain stream, against idle (`devkit.stall`).
+The grammar flood: 120 distinct hostile schemas at once, and 0.5 s later tiny benign schemas from another client
+(address), from the flooding client, and one compiled before; `--against PYTHON` floods a worker run by another
+checkout's Python too, in alternate order, for a before/after in one run.
 
-Raw figures go to the JSON file, the table to stdout, progress to stderr. The script exits 1
-when a check fails (the figures are still written).
+**proxy** (docs/proxy.md): what the admission proxy costs, against calling the upstream directly and against
+Debian's nginx (`worker_processes 1`, buffering off, keep-alive upstream), in interleaved rounds: plain requests
+and 256-chunk SSE streams, 1 and 4 clients, an instant and a paced scripted upstream. Per cell and round: p50/p99
+latency (plain) or time to first chunk and stream duration (SSE) minus the direct path's ("added"); the proxy's
+CPU per request and per chunk (`mtpstack.bench.stacks.cpu_seconds`). `--loops uvloop,asyncio`: one proxy per
+event loop; `--baseline PYTHON`: another checkout's proxy beside, as `mtpstack-baseline`; `--dashboard-poll`: one
+operator's page open throughout (`/dashboard`, then `/v1/fleet/status` once a second).
+
+**tenant** (docs/proxy.md): fair queueing between tenants. One scripted worker (gate `--gate`, long streams)
+behind two proxies with the same two tenants' keys, `proxy.fairQueueing` on and off, used in alternating order:
+tenant `flood` keeps `--flood` streams in flight, tenant `steady` sends one plain request a second; reported:
+`steady`'s queue wait (the proxy's `queue_wait_ms`) p50 and p95 per phase, and the flood's streams served.
+
+Raw figures go to the JSON file (`--out`), the table to stdout, progress to stderr; the exit status is 1 when a
+check fails (the figures are still written). Benchmarks, not tests: the machines are shared; read the spread.
 """
 
 from __future__ import annotations
@@ -42,47 +50,57 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
+import io
 import json
 import os
-import platform
 import random
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import yaml
 
-from devkit.fake_fleet import FakeFleet, FakeUpstream
+from devkit.fake_fleet import FakeFleet, FakeUpstream, proxy_before_fake
 from devkit.raw_http import RawStream
 from mtpstack import series
-from mtpstack.proxy.prometheus import parse_samples, sample
+from mtpstack.bench.load import (HOST, GaugeSampler, Tally, count, drive, fake_process, get_json, get_metrics,
+                                 memory_kib, proxy_process, proxy_slots, request_events, rotated, run_meta, send,
+                                 serves_again, settle)
+from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, stream
+from mtpstack.bench.stats import percentile
+from mtpstack.proxy.prometheus import sample
 from mtpstack.runtime import Process, Processes, StartError, free_port, signal_group, tail_text, url_of
 
-from load_report import HANG_SECONDS, SETTLE_SECONDS, checks, failover_counts, report_lines  # beside this script
+from load_report import (CLIENT_SECONDS, FLOOD_PROBE_DELAY, HANG_SECONDS, PROXY_CHUNKS, SETTLE_SECONDS,
+                         STALL_IDLE_SECONDS, STALL_SCHEMAS, STALL_WIDTH, TENANT_MODES, checks, failover_counts,
+                         flood_answer_kind, hostile_lines,
+                         must_be_zero, proxy_lines, proxy_summary, report_lines, tenant_lines)  # beside this script
 
 ROOT = _checkout.ROOT
-HOST = "127.0.0.1"
 #: Fake upstream pacing under load: short enough that the proxy is the bottleneck, long enough
 #: that requests overlap inside an upstream (an instant plain answer never yields).
 LOAD_DELAY, LOAD_CHUNKS, LOAD_INTERVAL = 0.001, 8, 0.001
 #: A stream long enough to be cut in the middle: 2,000 chunks 5 ms apart (10 s).
 LONG_STREAM = {"chunks": 2000, "interval": 0.005}
 STREAM_EVERY = 4  # every 4th load request is streamed
-
-
-# -- child processes ------------------------------------------------------------------------
 #: Every process this script started, so all of them die at exit, also on Ctrl-C.
 CHILDREN = Processes()
 #: Processes `mtpstack up` started for this script, killed at exit if `mtpstack up` left one behind.
 UP_CHILDREN: list[int] = []
+
+
+def say(text: str) -> None:
+    print(f"load-bench: {text}", file=sys.stderr, flush=True)
 
 
 def kill_if_ours(pid: int) -> None:
@@ -101,79 +119,12 @@ def stop_all() -> None:
         kill_if_ours(pid)
 
 
-def memory_kib(pid: int) -> dict:
-    """VmRSS and VmHWM (peak RSS) of a process, in KiB, from /proc/PID/status."""
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(rest.split()[0])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return out
-
-
-def say(text: str) -> None:
-    print(f"load-bench: {text}", file=sys.stderr, flush=True)
-
-
-# -- Prometheus text (parsed by `mtpstack.proxy.prometheus`) ---------------------------------
-async def get_metrics(session: aiohttp.ClientSession, url: str) -> dict:
-    try:
-        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return parse_samples(await r.text())
-    except (aiohttp.ClientError, TimeoutError):
-        return {}
-
-
-async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return r.status, await r.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return 0, {}
-
-
-class GaugeSampler:
-    """Polls /metrics of some processes on an interval, keeping the largest value of each series
-    asked for. A sample, not a trace: a peak shorter than the interval can be missed."""
-
-    def __init__(self, session: aiohttp.ClientSession, targets: dict[str, tuple[str, str, dict]], interval: float = 0.1):
-        #: key -> (base url, metric name, labels of the one series wanted)
-        self.session, self.targets, self.interval = session, targets, interval
-        self.max: dict[str, float] = {}
-        self.samples = 0
-        self._task: asyncio.Task | None = None
-
-    async def _run(self) -> None:
-        urls = sorted({u for u, _, _ in self.targets.values()})
-        while True:
-            for url in urls:
-                m = await get_metrics(self.session, url)
-                for key, (u, name, labels) in self.targets.items():
-                    v = sample(m, name, **labels) if u == url else None
-                    if v is not None:
-                        self.max[key] = max(self.max.get(key, 0.0), v)
-            self.samples += 1
-            await asyncio.sleep(self.interval)
-
-    def __enter__(self) -> GaugeSampler:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-
-# -- the fake setups ----------------------------------------------------------------------------
-def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int, queue_timeout: float = 60.0) -> FakeFleet:
+# == faults: the fake setups ======================================================================
+def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int) -> FakeFleet:
     """Fake upstreams, paced for load, behind a proxy whose gates are theirs and whose queue holds `max_waiting`."""
-    gates = {model: gate for _, model, gate in fakes}
     proxy = {
-        "modelConcurrencyLimits": gates,
-        "queue": {"maxWaiting": max_waiting, "timeoutSeconds": queue_timeout},
+        "modelConcurrencyLimits": {model: gate for _, model, gate in fakes},
+        "queue": {"maxWaiting": max_waiting, "timeoutSeconds": 60.0},
         "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30},
         "shutdownGraceSeconds": 2,
     }
@@ -181,216 +132,105 @@ def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max
     return FakeFleet(workdir / label, fakes, proxy, fake_args=pacing, processes=CHILDREN)
 
 
-async def start_setup(setup: FakeFleet) -> None:
-    await asyncio.to_thread(setup.start)
-
-
-async def upstream_stats(session: aiohttp.ClientSession, setup: FakeFleet) -> dict[str, dict]:
-    """Each fake's own count of what it served (`/stats`), by name."""
-    return {f.name: (await get_json(session, f.url + "/stats"))[1] for f in setup.fakes}
-
-
-# -- load -------------------------------------------------------------------------------------
-@dataclass
-class LoadTally:
-    sent: int = 0
-    unanswered: int = 0
-    unanswered_reasons: dict = field(default_factory=dict)
-    statuses: dict = field(default_factory=dict)
-    #: "status code" of each non-200 answer -> count
-    codes: dict = field(default_factory=dict)
-    retry_after_missing: int = 0
-    #: Retry-After value -> count
-    retry_after: dict = field(default_factory=dict)
-    streams: int = 0
-    streams_done: int = 0
-    stream_errors: int = 0
-    stream_truncated: int = 0
-    latencies: list = field(default_factory=list)
-
-
-def _count(d: dict, key) -> None:
-    d[key] = d.get(key, 0) + 1
-
-
-async def one_request(session: aiohttp.ClientSession, url: str, body: dict, tally: LoadTally, bound: float) -> None:
-    """Send one request and classify its answer; an answer that does not come within `bound` is unanswered."""
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    stream = bool(body.get("stream"))
-    tally.sent += 1
-    t0 = time.monotonic()
+@contextlib.asynccontextmanager
+async def started(setup: FakeFleet):
     try:
-        async with asyncio.timeout(bound):
-            async with session.post(url + path, json=body) as r:
-                status = r.status
-                if status == 200 and stream:
-                    tally.streams += 1
-                    done = errored = False
-                    async for line in r.content:
-                        if line.startswith(b"data: [DONE]"):
-                            done = True
-                        elif line.startswith(b'data: {"error"'):
-                            errored = True
-                    if done:
-                        tally.streams_done += 1
-                    elif errored:
-                        tally.stream_errors += 1
-                    else:
-                        tally.stream_truncated += 1
-                else:
-                    raw = await r.read()
-                    if status != 200:
-                        try:
-                            code = json.loads(raw)["error"]["code"]
-                        except (ValueError, KeyError, TypeError):
-                            code = "?"
-                        _count(tally.codes, f"{status} {code}")
-                        if status == 429:
-                            if "Retry-After" in r.headers:
-                                _count(tally.retry_after, r.headers["Retry-After"])
-                            else:
-                                tally.retry_after_missing += 1
-    except TimeoutError:
-        tally.unanswered += 1
-        _count(tally.unanswered_reasons, f"no answer within {bound:g} s")
-        return
-    except aiohttp.ClientError as e:
-        tally.unanswered += 1
-        _count(tally.unanswered_reasons, type(e).__name__)
-        return
-    _count(tally.statuses, str(status))
-    tally.latencies.append(time.monotonic() - t0)
+        await asyncio.to_thread(setup.start)
+        yield setup
+    finally:
+        setup.stop()
 
 
-async def drive(session, url: str, n: int, clients: int, make_body, tally: LoadTally, bound: float, deadline: float, start: int = 0) -> bool:
-    """`clients` loops sending requests `start`..`n - 1` one after another; False when the deadline cut it short."""
-    counter = iter(range(start, n))
-    cut = False
+async def upstream_stats(session, setup: FakeFleet) -> dict[str, dict]:
+    """Each fake's own count of what it served (`/stats`), by name."""
+    return {f.name: await get_json(session, f.url + "/stats") for f in setup.fakes}
 
-    async def client() -> None:
-        nonlocal cut
-        for i in counter:
-            if time.monotonic() > deadline:
-                cut = True
-                return
-            await one_request(session, url, make_body(i), tally, bound)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return not cut
+def load_row(label: str, target: str, gate: int, upstreams: int, clients: int, max_waiting: int) -> dict:
+    capacity = gate * upstreams + max_waiting
+    return {"label": label, "target": target, "gate": gate, "upstreams": upstreams, "clients": clients,
+            "max_waiting": max_waiting, "capacity": capacity, "queue_bound_reachable": clients > capacity}
+
+
+async def measured_load(session, url: str, pid: int, targets: dict, n: int, clients: int, make_body, bound: float,
+                        deadline: float, halves: bool = False) -> dict:
+    """`n` requests from `clients` loops, `targets` sampled meanwhile, the proxy's memory (`pid`) before and
+    after (and between two halves, to tell a one-time growth from a steady one)."""
+    tally, rss = Tally(), {"before": memory_kib(pid).get("VmRSS")}
+    t0 = time.monotonic()
+    with GaugeSampler(session, targets) as sampler:
+        if halves:
+            complete = await drive(session, url, n // 2, clients, make_body, tally, bound, deadline)
+            rss["half"] = memory_kib(pid).get("VmRSS")
+            complete &= await drive(session, url, n, clients, make_body, tally, bound, deadline, start=n // 2)
+        else:
+            complete = await drive(session, url, n, clients, make_body, tally, bound, deadline)
+    seconds = time.monotonic() - t0
+    await asyncio.sleep(1.0)
+    after = memory_kib(pid)
+    rss.update(after=after.get("VmRSS"), peak=after.get("VmHWM"))
+    return {"requested": n, "complete": complete, **tally.figures(seconds), **sampler.figures(), "proxy_rss_kib": rss}
 
 
 def fake_body(model: str):
     def make(i: int) -> dict:
         stream = i % STREAM_EVERY == STREAM_EVERY - 1
         if (i // STREAM_EVERY) % 2:
-            return {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 8, "stream": stream}
+            return {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 8,
+                    "stream": stream}
         return {"model": model, "prompt": f"hello {i}", "max_tokens": 8, "stream": stream}
 
     return make
 
 
-def tally_dict(t: LoadTally, seconds: float) -> dict:
-    lat = sorted(t.latencies)
-    pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
-    return {
-        "sent": t.sent, "answered": t.sent - t.unanswered, "unanswered": t.unanswered, "unanswered_reasons": t.unanswered_reasons,
-        "statuses": t.statuses, "error_codes": t.codes, "retry_after_missing": t.retry_after_missing, "retry_after_values": t.retry_after,
-        "streams": t.streams, "streams_done": t.streams_done, "stream_errors": t.stream_errors, "stream_truncated": t.stream_truncated,
-        "seconds": round(seconds, 2), "requests_per_second": round(t.sent / seconds, 1) if seconds else None,
-        "latency_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": round(lat[-1] * 1000, 1) if lat else None},
-    }
-
-
-async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients: int, max_waiting: int, deadline: float) -> dict:
+async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients: int, max_waiting: int,
+                    deadline: float) -> dict:
     label = f"fake-gate{gate}-waiting{max_waiting}"
     say(f"{label}: {requests} requests from {clients} clients, 2 upstreams of gate {gate}")
-    setup = fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting)
-    try:
-        await start_setup(setup)
-        pid = setup.proxy.pid
-        before = memory_kib(pid)
-        tally = LoadTally()
-        targets = {f"inflight{{worker={f.name}}}": (setup.url, "mtpstack_proxy_inflight", {"worker": f.name}) for f in setup.fakes}
+    async with started(fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting)) as setup:
+        targets = {f"inflight{{worker={f.name}}}": (setup.url, "mtpstack_proxy_inflight", {"worker": f.name})
+                   for f in setup.fakes}
         targets["queue_depth{model=fake}"] = (setup.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
-        t0 = time.monotonic()
-        with GaugeSampler(session, targets, interval=0.1) as sampler:
-            # in two halves, to tell a one-time growth of the proxy's memory from a steady one
-            half = requests // 2
-            complete = await drive(session, setup.url, half, clients, fake_body("fake"), tally, 90.0, deadline)
-            middle = memory_kib(pid)
-            complete &= await drive(session, setup.url, requests, clients, fake_body("fake"), tally, 90.0, deadline, start=half)
-        seconds = time.monotonic() - t0
-        await asyncio.sleep(1.0)
-        after = memory_kib(pid)
+        load = await measured_load(session, setup.url, setup.proxy.pid, targets, requests, clients, fake_body("fake"),
+                                   90.0, deadline, halves=True)
         stats = await upstream_stats(session, setup)
         m = await get_metrics(session, setup.url)
         result = {
-            "label": label, "target": "fake", "gate": gate, "upstreams": len(setup.fakes), "clients": clients,
-            "max_waiting": max_waiting, "capacity": gate * len(setup.fakes) + max_waiting,
-            "queue_bound_reachable": clients > gate * len(setup.fakes) + max_waiting,
-            "requested": requests, "complete": complete, **tally_dict(tally, seconds),
+            **load_row(label, "fake", gate, len(setup.fakes), clients, max_waiting), **load,
             "upstream_max_concurrency": {k: v.get("max_active") for k, v in stats.items()},
             "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
             "upstream_served": {k: v.get("served") for k, v in stats.items()},
-            "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
             "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values()),
-            "proxy_rss_kib": {"before": before.get("VmRSS"), "half": middle.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
         }
-        say(f"{label}: {result['statuses']} in {seconds:.1f} s, upstream max concurrency {result['upstream_max_concurrency']}")
+        say(f"{label}: {result['statuses']} in {result['seconds']:.1f} s, "
+            f"upstream max concurrency {result['upstream_max_concurrency']}")
         return result
-    finally:
-        setup.stop()
 
 
-# -- streaming clients for faults (`devkit.raw_http.RawStream`) ----------------------------------
-async def settle(session, check, timeout: float = SETTLE_SECONDS) -> tuple[bool, object]:
-    """Poll `check()` -> (ok, value) until ok or `timeout`; returns the last (ok, value)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok, value = await check()
-        if ok or time.monotonic() > deadline:
-            return ok, value
-        await asyncio.sleep(0.1)
-
-
-def proxy_slots(session, proxy_url: str, worker: str | None = None):
-    """A settle check: the proxy's inflight (one worker, or all) and queue depth are 0."""
-
-    async def check():
-        m = await get_metrics(session, proxy_url)
-        if not m:
-            return False, None
-        inflight = m.get("mtpstack_proxy_inflight", {})
-        if worker is not None:
-            busy = inflight.get((("worker", worker),), 0)
-        else:
-            busy = sum(inflight.values())
-        waiting = sum(m.get("mtpstack_proxy_queue_depth", {}).values())
-        return busy == 0 and waiting == 0, {"inflight": busy, "queue_depth": waiting}
-
-    return check
-
-
-async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill, worker: str) -> dict:
-    """Two streams admitted and one queued; once both admitted streams have a chunk, `kill()`.
-    Each client must then see its stream end (or an error status) within HANG_SECONDS."""
-    streams = []
+# == faults: kills, by raw streams (`devkit.raw_http.RawStream`) ===================================
+async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill, worker: str | None, streams: int = 3,
+                     then=None) -> dict:
+    """`streams` streams of `body` (or of each of a list of bodies; the third queues behind a gate of 2);
+    once two have a chunk, `kill()`. Each client must then see its stream end (or an error status)
+    within HANG_SECONDS; `then()` runs before the proxy's slots (of `worker`, or all) must settle."""
+    opened = []
     try:
-        for _ in range(3):
-            streams.append(await RawStream.open(HOST, proxy_port, body))
+        for i in range(streams):
+            opened.append(await RawStream.open(HOST, proxy_port, body[i] if isinstance(body, list) else body))
             await asyncio.sleep(0.02)  # arrival order: the third one queues behind the gate
 
         async def first_chunk(s: RawStream) -> bool:
             return await s.headers() == 200 and await s.until_events(1)
 
-        started = [asyncio.ensure_future(first_chunk(s)) for s in streams]
+        firsts = [asyncio.ensure_future(first_chunk(s)) for s in opened]
+        have = lambda: sum(t.done() and not t.exception() and t.result() for t in firsts)  # noqa: E731
         deadline = time.monotonic() + HANG_SECONDS
-        while sum(t.done() and not t.exception() and t.result() for t in started) < 2 and time.monotonic() < deadline:
-            await asyncio.wait(started, timeout=0.05)
-        admitted = sum(t.done() and not t.exception() and t.result() for t in started)
+        while have() < 2 and time.monotonic() < deadline:
+            await asyncio.wait(firsts, timeout=0.05)
+        admitted = have()
         kill()
         outcomes = []
-        for s, t in zip(streams, started):
+        for s, t in zip(opened, firsts):
             try:
                 async with asyncio.timeout(HANG_SECONDS):
                     await asyncio.wait([t])  # its first chunk, its error status, or its end
@@ -399,138 +239,108 @@ async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill,
                 outcomes.append("hung")
             except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
                 outcomes.append("connection_closed")
-        for t in started:
+        for t in firsts:
             t.cancel()
     finally:
-        for s in streams:
+        for s in opened:
             s.close()
-    ok, value = await settle(session, proxy_slots(session, proxy_url, worker))
+    if then is not None:
+        await then()
+    ok, value = await settle(proxy_slots(session, proxy_url, worker), SETTLE_SECONDS)
     return {"admitted_before_kill": admitted, "outcomes": outcomes, "slot_leaked": not ok, "after": value}
 
 
-def summarize_rounds(rounds: list[dict]) -> dict:
+async def rounds_summary(session, proxy_url: str, rounds: list[dict], requested: int) -> dict:
+    """The kill rounds counted, once the proxy's slots settle."""
+    ok, value = await settle(proxy_slots(session, proxy_url), SETTLE_SECONDS)
     outcomes: dict = {}
     for r in rounds:
         for o in r["outcomes"]:
-            _count(outcomes, o)
+            count(outcomes, o)
     return {
-        "kills": len(rounds),
-        "clients": sum(len(r["outcomes"]) for r in rounds),
-        "hung": outcomes.get("hung", 0),
-        "rounds_with_leaked_slot": sum(r["slot_leaked"] for r in rounds),
-        "admitted_streams_cut_without_error_event": outcomes.get("cut", 0),
-        "outcomes": outcomes,
+        "requested": requested, "kills": len(rounds), "clients": sum(len(r["outcomes"]) for r in rounds),
+        "hung": outcomes.get("hung", 0), "rounds_with_leaked_slot": sum(r["slot_leaked"] for r in rounds),
+        "admitted_streams_cut_without_error_event": outcomes.get("cut", 0), "outcomes": outcomes,
         "kills_with_fewer_than_2_streams_started": sum(r["admitted_before_kill"] < 2 for r in rounds),
+        "slots_after": value, "leaked_after": not ok,
     }
+
+
+def restart(f: FakeUpstream):
+    def kill() -> None:
+        f.kill()
+        f.start()  # back in the background; the proxy's health check picks it up
+
+    return kill
 
 
 async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dict:
     """SIGKILL fake upstreams mid-stream, round robin over 4 models of one upstream each, and restart them."""
-    setup = fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], max_waiting=8)
-    say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
-    rounds: list[dict] = []
-    try:
-        await start_setup(setup)
+    async with started(fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], 8)) as setup:
+        say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
+        rounds: list[dict] = []
         for i in range(kills):
             if time.monotonic() > deadline:
                 break
             f = setup.fakes[i % len(setup.fakes)]
-            await _await_healthy(session, setup.url, f, deadline)
+            await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
             body = {"model": f.model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}
-
-            def kill(f=f):
-                f.kill()
-                f.start()  # back in the background; the proxy's health check picks it up
-
-            r = await kill_round(session, setup.url, setup.port, body, kill, f.name)
-            rounds.append(r)
+            rounds.append(await kill_round(session, setup.url, setup.port, body, restart(f), f.name))
             if (i + 1) % 20 == 0:
                 say(f"fake kills: {i + 1} done")
-        ok, value = await settle(session, proxy_slots(session, setup.url))
-        result = {"target": "fake", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok}
-        say(f"fake kills: {result['outcomes']}, leaked after: {value}")
+        result = {"target": "fake", **await rounds_summary(session, setup.url, rounds, kills)}
+        say(f"fake kills: {result['outcomes']}, leaked after: {result['slots_after']}")
         return result
-    finally:
-        setup.stop()
 
 
 async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict:
     """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
     The stream on the other must finish, and once the dead one's stream has its error event (the
     proxy has then marked it unhealthy), new requests must be answered by the survivor."""
-    setup = fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], max_waiting=8)
-    say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
-    rounds: list[dict] = []
-    after = LoadTally()
-    try:
-        await start_setup(setup)
-        victim = setup.fakes[0]
+    after = Tally()
+
+    async def requests_after() -> None:
+        body = {"model": "mm", "prompt": "x"}
+        for a in await asyncio.gather(*(send(session, setup.url, body, HANG_SECONDS) for _ in range(4))):
+            after.add(a)
+
+    async with started(fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], 8)) as setup:
+        say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
+        rounds: list[dict] = []
         for i in range(n):
             if time.monotonic() > deadline:
                 break
             for f in setup.fakes:
-                await _await_healthy(session, setup.url, f, deadline)
-            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded)
-            body = {"model": "mm", "prompt": "long", "stream": True, "x_fake": {"chunks": 200, "interval": 0.005}}
-
-            def kill():
-                victim.kill()
-                victim.start()
-
-            streams = []
-            outcomes = []
-            try:
-                for _ in range(2):
-                    streams.append(await RawStream.open(HOST, setup.port, body))
-                    await asyncio.sleep(0.02)
-                for st in streams:
-                    try:
-                        async with asyncio.timeout(HANG_SECONDS):
-                            await st.headers()
-                            await st.until_events(1)
-                    except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-                        pass
-                kill()
-                for st in streams:
-                    try:
-                        async with asyncio.timeout(HANG_SECONDS):
-                            outcomes.append(await st.outcome())
-                    except TimeoutError:
-                        outcomes.append("hung")
-                    except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-                        outcomes.append("connection_closed")
-            finally:
-                for st in streams:
-                    st.close()
-            # the error event came after the proxy marked the dead upstream unhealthy
-            await asyncio.gather(*(one_request(session, setup.url, {"model": "mm", "prompt": "x"}, after, HANG_SECONDS) for _ in range(4)))
-            ok, value = await settle(session, proxy_slots(session, setup.url))
-            rounds.append({"admitted_before_kill": 2, "outcomes": outcomes, "slot_leaked": not ok, "after": value})
-        ok, value = await settle(session, proxy_slots(session, setup.url))
-        s = summarize_rounds(rounds)
-        result = {
-            "target": "fake", "requested": n, **s, "slots_after": value, "leaked_after": not ok,
-            "survivor_streams_done": s["outcomes"].get("done", 0),
-            "requests_after_failure": {"sent": after.sent, "statuses": after.statuses, "unanswered": after.unanswered, "error_codes": after.codes},
-        }
+                await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
+            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded); each
+            # its own prompt, or cache-aware routing sends the second after the first, to f0's free slot
+            bodies = [{"model": "mm", "prompt": f"long {i}.{k}", "stream": True, "x_fake": {"chunks": 200, "interval": 0.005}}
+                      for k in range(2)]
+            kill = restart(setup.fakes[0])
+            rounds.append(await kill_round(session, setup.url, setup.port, bodies, kill, None, 2, requests_after))
+        result = {"target": "fake", **await rounds_summary(session, setup.url, rounds, n),
+                  "requests_after_failure": {"sent": after.sent, "statuses": after.statuses,
+                                             "unanswered": after.unanswered, "error_codes": after.codes}}
         say(f"fake failover: {result['outcomes']}, requests after: {after.statuses}")
         return result
-    finally:
-        setup.stop()
 
 
-async def _await_healthy(session, proxy_url: str, f: FakeUpstream, deadline: float) -> None:
-    end = min(deadline, time.monotonic() + 60)
-    while time.monotonic() < end:
-        if not f.process.alive():  # the restart lost a race for the port: try again
-            f.start()
-        status, body = await get_json(session, proxy_url + "/readyz")
-        if body.get("workers", {}).get(f.name, {}).get("healthy"):
-            return
+async def healthy(session, proxy_url: str, names, until: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
+    """Until the proxy's `/readyz` calls each worker of `names` healthy (True), or `until` passes (False);
+    a fake of `fakes` that is not running is started again (its restart lost a race for the port)."""
+    while time.monotonic() < until:
+        for f in fakes:
+            if not f.process.alive():
+                f.start()
+        workers = (await get_json(session, proxy_url + "/readyz")).get("workers", {})
+        if all(workers.get(name, {}).get("healthy") for name in names):
+            return True
         await asyncio.sleep(0.05)
+    return False
 
 
-async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str], n: int, clients: int, body_for, deadline: float) -> dict:
+# == faults: client disconnects =====================================================================
+async def disconnects(proxy_port: int, models: list[str], n: int, clients: int, body_for, deadline: float) -> dict:
     """`n` requests closed early from `clients` concurrent loops, half by FIN, half by RST: 6 in 8
     streams after 1-3 chunks (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading
     (`early`: queued, or just admitted), 1 in 8 non-streamed requests 20-80 ms after sending
@@ -538,123 +348,70 @@ async def disconnects(session, proxy_url: str, proxy_port: int, models: list[str
     rng = random.Random(7)
     kinds: dict = {}
     ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
-    hung = errors = 0
     counter = iter(range(n))
 
+    async def leave(i: int) -> str:
+        model, how = models[i % len(models)], "rst" if (i // 8) % 2 else "fin"
+        early = {3: "early", 7: "plain"}.get(i % 8)
+        s = None
+        rid = f"load-bench-{os.getpid()}-{i}"
+        try:
+            async with asyncio.timeout(HANG_SECONDS):
+                s = await RawStream.open(HOST, proxy_port, body_for(model, early != "plain"), rid)
+                if early:
+                    await asyncio.sleep(rng.uniform(0.02, 0.08))
+                    kind = f"{early}/{how}"
+                elif (status := await s.headers()) != 200:
+                    kind = f"status_{status}"
+                else:
+                    kind = f"mid-stream/{how}" if await s.until_events(rng.randint(1, 3)) else "ended_early"
+        except TimeoutError:
+            kind = "hung"
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+            kind = "connection_error"
+        finally:
+            if s is not None:
+                s.close(how)
+        ids[rid] = kind
+        return kind
+
     async def loop():
-        nonlocal hung, errors
         for i in counter:
             if time.monotonic() > deadline:
                 return
-            model = models[i % len(models)]
-            how = "rst" if (i // 8) % 2 else "fin"
-            early = {3: "early", 7: "plain"}.get(i % 8)
-            s = None
-            rid = f"load-bench-{os.getpid()}-{i}"
-            try:
-                async with asyncio.timeout(HANG_SECONDS):
-                    s = await RawStream.open(HOST, proxy_port, body_for(model, early != "plain"), rid)
-                    if early:
-                        await asyncio.sleep(rng.uniform(0.02, 0.08))
-                        kind = f"{early}/{how}"
-                    else:
-                        status = await s.headers()
-                        if status != 200:
-                            kind = f"status_{status}"
-                        elif await s.until_events(rng.randint(1, 3)):
-                            kind = f"mid-stream/{how}"
-                        else:
-                            kind = "ended_early"
-            except TimeoutError:
-                hung += 1
-                kind = "hung"
-            except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-                errors += 1
-                kind = "connection_error"
-            finally:
-                if s is not None:
-                    s.close(how)
-            _count(kinds, kind)
-            ids[rid] = kind
+            count(kinds, await leave(i))
 
     await asyncio.gather(*(loop() for _ in range(clients)))
-    ok, value = await settle(session, proxy_slots(session, proxy_url))
-    return {"disconnects": sum(kinds.values()), "kinds": kinds, "hung": hung, "connection_errors": errors, "slots_after": value,
-            "leaked_after": not ok, "ids": ids}
+    return {"disconnects": sum(kinds.values()), "kinds": kinds, "hung": kinds.get("hung", 0),
+            "connection_errors": kinds.get("connection_error", 0), "ids": ids}
 
 
-def logged_statuses(log: Path, ids: dict[str, str]) -> dict:
-    """How the proxy logged each disconnected request (by its X-Request-Id): {kind: {status: n}}."""
-    seen: dict[str, int] = {}
-    try:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("{") and '"request"' in line:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("request_id") in ids:
-                    seen[e["request_id"]] = e.get("status")
-    except FileNotFoundError:
-        pass
-    out: dict[str, dict] = {}
+async def disconnect_phase(session, url: str, port: int, log: Path, models: list[str], n: int, clients: int, body_for,
+                           deadline: float, idle, again: list[dict]) -> tuple[dict, tuple]:
+    """The disconnects, then: the proxy's slots settled, the upstream idle (`idle`, a settle check: how long
+    it took), the status the proxy logged for each request, its 499 counter, and `again` served."""
+    m0 = await get_metrics(session, url)
+    r = await disconnects(port, models, n, clients, body_for, deadline)
+    ok, value = await settle(proxy_slots(session, url), SETTLE_SECONDS)
+    # The proxy frees its slot first and then closes the upstream connection, so the
+    # upstream notices a moment later: poll, and report how long it took.
+    t_idle = time.monotonic()
+    idle_ok, idle_value = await settle(idle, SETTLE_SECONDS)
+    idle_seconds = round(time.monotonic() - t_idle, 2)
+    m1 = await get_metrics(session, url)
+    served = await serves_again(session, url, again, HANG_SECONDS)
+    ids = r.pop("ids")
+    seen = {e["request_id"]: e.get("status") for e in request_events(log) if e.get("request_id") in ids}
+    by_kind: dict[str, dict] = {}
     for rid, kind in ids.items():
-        _count(out.setdefault(kind, {}), str(seen.get(rid, "not logged")))
-    return out
-
-
-def status_totals(by_kind: dict) -> dict:
+        count(by_kind.setdefault(kind, {}), str(seen.get(rid, "not logged")))
     totals: dict = {}
     for statuses in by_kind.values():
-        for status, n in statuses.items():
-            totals[status] = totals.get(status, 0) + n
-    return totals
-
-
-async def serves_again(session, proxy_url: str, bodies: list[dict]) -> dict:
-    tally = LoadTally()
-    await asyncio.gather(*(one_request(session, proxy_url, b, tally, HANG_SECONDS) for b in bodies))
-    return {"sent": tally.sent, "statuses": tally.statuses, "streams_done": tally.streams_done, "unanswered": tally.unanswered}
-
-
-async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
-    setup = fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], max_waiting=16)
-    say(f"fake disconnects: {n} from 16 clients over {len(setup.fakes)} upstreams of gate 2")
-    try:
-        await start_setup(setup)
-        m0 = await get_metrics(session, setup.url)
-        models = [f.model for f in setup.fakes]
-        r = await disconnects(
-            session, setup.url, setup.port, models, n, 16,
-            # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
-            lambda model, stream: {"model": model, "prompt": "long", "stream": stream, "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
-            deadline,
-        )
-
-        async def upstreams_idle():
-            stats = await upstream_stats(session, setup)
-            return all(v.get("active") == 0 for v in stats.values()), stats
-
-        # The proxy frees its slot first and then closes the upstream connection, so the
-        # upstream notices a moment later: poll, and report how long it took.
-        t_idle = time.monotonic()
-        _, stats = await settle(session, upstreams_idle)
-        idle_seconds = time.monotonic() - t_idle
-        m1 = await get_metrics(session, setup.url)
-        again = await serves_again(session, setup.url, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
-        by_kind = logged_statuses(setup.log, r.pop("ids"))
-        result = {
-            "target": "fake", "requested": n, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind,
-            "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
-            "upstream_active_after": {k: v.get("active") for k, v in stats.items()}, "upstream_idle_after_seconds": round(idle_seconds, 2),
-            "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
-            "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
-            "serves_again": again,
-        }
-        say(f"fake disconnects: {r['kinds']}, slots after: {r['slots_after']}, upstream active: {result['upstream_active_after']}")
-        return result
-    finally:
-        setup.stop()
+        for status, k in statuses.items():
+            totals[status] = totals.get(status, 0) + k
+    r.update(requested=n, slots_after=value, leaked_after=not ok, proxy_logged=totals, proxy_logged_by_kind=by_kind,
+             proxy_499=_delta(m0, m1, "mtpstack_proxy_requests_total", "499"), serves_again=served)
+    return r, (idle_ok, idle_value, idle_seconds)
 
 
 def _delta(m0: dict, m1: dict, name: str, status: str) -> int:
@@ -662,35 +419,53 @@ def _delta(m0: dict, m1: dict, name: str, status: str) -> int:
     return int(total(m1) - total(m0))
 
 
-# -- the real stack ----------------------------------------------------------------------------
+async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
+    async with started(fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], 16)) as setup:
+        say(f"fake disconnects: {n} from 16 clients over {len(setup.fakes)} upstreams of gate 2")
+        models = [f.model for f in setup.fakes]
+
+        async def upstreams_idle():
+            stats = await upstream_stats(session, setup)
+            return all(v.get("active") == 0 for v in stats.values()), stats
+
+        r, (_, stats, idle_seconds) = await disconnect_phase(
+            session, setup.url, setup.port, setup.log, models, n, 16,
+            # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
+            lambda model, stream: {"model": model, "prompt": "long", "stream": stream,
+                                   "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
+            deadline, upstreams_idle, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
+        result = {
+            "target": "fake", **r,
+            "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
+            "upstream_idle_after_seconds": idle_seconds,
+            "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
+            "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
+        }
+        say(f"fake disconnects: {r['kinds']}, slots after: {r['slots_after']}, "
+            f"upstream active: {result['upstream_active_after']}")
+        return result
+
+
+# == faults: the real stack ========================================================================
 class RealStack:
     """`mtpstack up` as a subprocess: native workers (`w0`, `w1`...) on tiny models, width 2, gate 2.
     What it started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
 
-    def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2, workers: int = 1, name: str = "real"):
+    def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2, workers: int = 1,
+                 name: str = "real"):
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.width = width
+        self.port, self.width = free_port(), width
+        worker = {"model": "tiny", "target": {"path": str(target), "bits": "fp32"},
+                  "drafter": {"path": str(drafter), "bits": "fp32", "depth": 3}, "maxNumSeqs": width, "host": HOST}
         config = {
-            "proxy": {
-                "host": HOST, "port": self.port, "modelConcurrencyLimits": {"tiny": width},
-                "queue": {"maxWaiting": 32, "timeoutSeconds": 120}, "shutdownGraceSeconds": 2,
-            },
-            "workers": {
-                f"w{i}": {
-                    "model": "tiny", "target": {"path": str(target), "bits": "fp32"},
-                    "drafter": {"path": str(drafter), "bits": "fp32", "depth": 3},
-                    "maxNumSeqs": width, "host": HOST, "port": free_port(),
-                }
-                for i in range(workers)
-            },
+            "proxy": {"host": HOST, "port": self.port, "modelConcurrencyLimits": {"tiny": width},
+                      "queue": {"maxWaiting": 32, "timeoutSeconds": 120}, "shutdownGraceSeconds": 2},
+            "workers": {f"w{i}": {**worker, "port": free_port()} for i in range(workers)},
         }
         self.config_path = self.dir / "fleet.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.run_dir = self.dir / "run"
-        self.url = url_of(HOST, self.port)
-        self.log = self.dir / "up.log"
+        self.run_dir, self.url, self.log = self.dir / "run", url_of(HOST, self.port), self.dir / "up.log"
         self.proc: Process | None = None
 
     def status(self) -> dict:
@@ -706,17 +481,26 @@ class RealStack:
         return await asyncio.to_thread(self.status)  # it asks the processes over HTTP
 
     def pids(self, status: dict) -> list[int]:
-        return [p for p in [status.get("proxy", {}).get("pid"), *(w.get("pid") for w in status.get("workers", {}).values())] if p]
+        workers = status.get("workers", {}).values()
+        return [p for p in [status.get("proxy", {}).get("pid"), *(w.get("pid") for w in workers)] if p]
 
     async def worker(self, name: str = "w0") -> dict:
         return (await self.astatus()).get("workers", {}).get(name, {})
+
+    async def restarted(self, name: str, pid: int) -> None:
+        """Until `mtpstack up` has restarted the worker `pid` was (up to 60 s)."""
+        end = time.monotonic() + 60
+        while (await self.worker(name)).get("pid") in (None, pid) and time.monotonic() < end:
+            await asyncio.sleep(0.2)
+        UP_CHILDREN.extend(self.pids(await self.astatus()))
 
     async def wait_ready(self, timeout: float) -> None:
         """Until the proxy is ready; `runtime.StartError` when `mtpstack up` exits first or `timeout` passes."""
         await asyncio.to_thread(self.proc.wait_ready, "/readyz", timeout)
 
     async def start(self) -> None:
-        argv = [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir), "--health-timeout", "180"]
+        argv = [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir),
+                "--health-timeout", "180"]
         self.proc = CHILDREN.start(argv, log_path=self.log, name="mtpstack up", kind="stack", url=self.url, cwd=ROOT)
         await self.wait_ready(240)
         UP_CHILDREN.extend(self.pids(await self.astatus()))
@@ -734,12 +518,15 @@ def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream
     stream = rng.random() < 0.5 if stream is None else stream
     n = max_tokens or rng.randint(8, 32)
     if i % 2:
-        return {"model": model, "messages": [{"role": "user", "content": f"Write a function number {i}."}], "max_tokens": n, "temperature": 0, "stream": stream}
+        return {"model": model, "messages": [{"role": "user", "content": f"Write a function number {i}."}],
+                "max_tokens": n, "temperature": 0, "stream": stream}
     return {"model": model, "prompt": f"def f{i}(x):\n", "max_tokens": n, "temperature": 0, "stream": stream}
 
 
-async def real_phase(session, workdir: Path, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
-    """Fills `out` as it goes, so a failure part-way keeps the figures of what finished."""
+async def real_phase(session, workdir: Path, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int,
+                     deadline: float) -> None:
+    """Load, disconnects and kills on one `mtpstack up` stack; fills `out` as it goes, so a failure part-way
+    keeps the figures of what finished."""
     from devkit.demo.tiny import build_tiny_pair
 
     say("real: building tiny models and starting `mtpstack up`")
@@ -747,7 +534,17 @@ async def real_phase(session, workdir: Path, out: dict, *, requests: int, client
     stack = RealStack(workdir, target, drafter)
     out.update({"width": stack.width, "gate": stack.width})
     try:
-        await _real_steps(session, stack, out, requests=requests, clients=clients, n_disconnects=n_disconnects, kills=kills, deadline=deadline)
+        t0 = time.monotonic()
+        await stack.start()
+        out["startup_seconds"] = round(time.monotonic() - t0, 1)
+        status = await stack.astatus()
+        worker_url = status["workers"]["w0"]["url"]
+        out["load"] = await real_load(session, stack, worker_url, status["proxy"]["pid"], requests, clients, deadline)
+        if n_disconnects:
+            log = Path(status["proxy"]["log"])
+            out["disconnects"] = await real_disconnects(session, stack, worker_url, log, n_disconnects, deadline)
+        if kills:
+            out["kills"] = await real_kills(session, stack, kills, deadline)
     except StartError:
         raise  # it names `mtpstack up` and ends with its log tail
     except Exception as e:
@@ -756,161 +553,80 @@ async def real_phase(session, workdir: Path, out: dict, *, requests: int, client
         stack.stop()
 
 
-async def _real_steps(session, stack: RealStack, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int, deadline: float) -> None:
-    t0 = time.monotonic()
-    await stack.start()
-    out["startup_seconds"] = round(time.monotonic() - t0, 1)
-    status = await stack.astatus()
-    worker_url = status["workers"]["w0"]["url"]
-    proxy_pid = status["proxy"]["pid"]
-    proxy_log = Path(status["proxy"]["log"])
-
-    # load
+async def real_load(session, stack: RealStack, worker_url: str, proxy_pid: int, requests: int, clients: int,
+                    deadline: float) -> dict:
     say(f"real load: {requests} requests from {clients} clients")
     w0 = await get_metrics(session, worker_url)
-    before = memory_kib(proxy_pid)
-    tally = LoadTally()
     targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
                "worker_active_sequences": (worker_url, series.ACTIVE_SEQUENCES, {})}
-    t0 = time.monotonic()
-    with GaugeSampler(session, targets, interval=0.1) as sampler:
-        complete = await drive(session, stack.url, requests, clients, real_body, tally, 180.0, deadline)
-    seconds = time.monotonic() - t0
-    await asyncio.sleep(1.0)
-    after = memory_kib(proxy_pid)
+    load = await measured_load(session, stack.url, proxy_pid, targets, requests, clients, real_body, 180.0, deadline)
     w1 = await get_metrics(session, worker_url)
-    full = lambda m: sample(m, series.REJECTED, code="worker_full") or 0.0  # noqa: E731
-    out["load"] = {
-        "label": "real-gate2", "target": "real", "gate": stack.width, "upstreams": 1, "clients": clients, "max_waiting": 32,
-        "capacity": stack.width + 32, "queue_bound_reachable": clients > stack.width + 32,
-        "requested": requests, "complete": complete, **tally_dict(tally, seconds),
-        "worker_full_rejections": int(full(w1) - full(w0)),
-        "sampled_max": {k: sampler.max.get(k) for k in targets}, "samples": sampler.samples,
-        "tokens_generated": int((sample(w1, series.TOKENS_GENERATED) or 0) - (sample(w0, series.TOKENS_GENERATED) or 0)),
-        "proxy_rss_kib": {"before": before.get("VmRSS"), "after": after.get("VmRSS"), "peak": after.get("VmHWM")},
-    }
-    say(f"real load: {tally.statuses} in {seconds:.1f} s, sampled max {out['load']['sampled_max']}")
-
-    # disconnects
-    if n_disconnects:
-        say(f"real disconnects: {n_disconnects} from 4 clients")
-        m0 = await get_metrics(session, stack.url)
-        wm0 = await get_metrics(session, worker_url)
-        r = await disconnects(
-            session, stack.url, stack.port, ["tiny"], n_disconnects, 4,
-            lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
-        )
-
-        async def worker_idle():
-            m = await get_metrics(session, worker_url)
-            v = sample(m, series.ACTIVE_SEQUENCES)
-            return v == 0, v
-
-        t_idle = time.monotonic()
-        idle, active = await settle(session, worker_idle)
-        idle_seconds = time.monotonic() - t_idle
-        m1 = await get_metrics(session, stack.url)
-        wm1 = await get_metrics(session, worker_url)
-        tokens = lambda m: sample(m, series.TOKENS_GENERATED) or 0.0  # noqa: E731
-        again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)])
-        by_kind = logged_statuses(proxy_log, r.pop("ids"))
-        out["disconnects"] = {
-            "target": "real", "requested": n_disconnects, **r, "proxy_logged": status_totals(by_kind), "proxy_logged_by_kind": by_kind, "proxy_499": _delta(m0, m1, "mtpstack_proxy_requests_total", "499"),
-            # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
-            "tokens_generated": int(tokens(wm1) - tokens(wm0)), "tokens_if_never_stopped": 400 * r["disconnects"],
-            # how long the worker still had active sequences once the last client had left
-            "worker_idle_after_seconds": round(idle_seconds, 2),
-            "worker_active_sequences_after": active, "worker_leaked_after": not idle, "serves_again": again,
-        }
-        say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
-
-    # kills
-    if kills:
-        say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
-        rounds = []
-        for i in range(kills):
-            if time.monotonic() > deadline:
-                break
-            await stack.wait_ready(min(180, max(1, deadline - time.monotonic())))
-            pid = (await stack.worker())["pid"]
-
-            def kill(pid=pid):
-                signal_group(pid, signal.SIGKILL)
-
-            rounds.append(await kill_round(session, stack.url, stack.port, real_body(i, max_tokens=400, stream=True), kill, "w0"))
-            end = time.monotonic() + 60
-            while (await stack.worker()).get("pid") in (None, pid) and time.monotonic() < end:
-                await asyncio.sleep(0.2)
-            UP_CHILDREN.extend(stack.pids(await stack.astatus()))
-            say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
-        back = True
-        try:
-            await stack.wait_ready(180)
-        except StartError:
-            back = False
-        ok, value = await settle(session, proxy_slots(session, stack.url))
-        again = await serves_again(session, stack.url, [real_body(i, max_tokens=8) for i in range(2)]) if back else None
-        out["kills"] = {
-            "target": "real", "requested": kills, **summarize_rounds(rounds), "slots_after": value, "leaked_after": not ok,
-            "restarts": (await stack.worker()).get("restarts"), "serves_again": again,
-        }
+    moved = lambda name, **kw: int((sample(w1, name, **kw) or 0) - (sample(w0, name, **kw) or 0))  # noqa: E731
+    result = {**load_row("real-gate2", "real", stack.width, 1, clients, 32), **load,
+              "worker_full_rejections": moved(series.REJECTED, code="worker_full"),
+              "tokens_generated": moved(series.TOKENS_GENERATED)}
+    say(f"real load: {result['statuses']} in {result['seconds']:.1f} s, sampled max {result['sampled_max']}")
+    return result
 
 
-# -- a worker killed under load, with another to fail over to ---------------------------------------
-async def request_outcome(session: aiohttp.ClientSession, url: str, body: dict, rid: str, bound: float) -> str:
-    """"ok" (a 200, a stream to its `[DONE]`), or what the client saw instead."""
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+async def real_disconnects(session, stack: RealStack, worker_url: str, proxy_log: Path, n: int,
+                           deadline: float) -> dict:
+    say(f"real disconnects: {n} from 4 clients")
+    tokens = lambda m: sample(m, series.TOKENS_GENERATED) or 0.0  # noqa: E731
+    wm0 = await get_metrics(session, worker_url)
+
+    async def worker_idle():
+        v = sample(await get_metrics(session, worker_url), series.ACTIVE_SEQUENCES)
+        return v == 0, v
+
+    r, (idle, active, idle_seconds) = await disconnect_phase(
+        session, stack.url, stack.port, proxy_log, ["tiny"], n, 4,
+        lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline, worker_idle,
+        [real_body(i, max_tokens=8) for i in range(2)])
+    wm1 = await get_metrics(session, worker_url)
+    say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
+    # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all;
+    # the idle time: how long the worker still had active sequences once the last client had left
+    return {"target": "real", **r, "tokens_generated": int(tokens(wm1) - tokens(wm0)),
+            "tokens_if_never_stopped": 400 * r["disconnects"], "worker_idle_after_seconds": idle_seconds,
+            "worker_active_sequences_after": active, "worker_leaked_after": not idle}
+
+
+async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> dict:
+    say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
+    rounds = []
+    for i in range(kills):
+        if time.monotonic() > deadline:
+            break
+        await stack.wait_ready(min(180, max(1, deadline - time.monotonic())))
+        pid = (await stack.worker())["pid"]
+        body = real_body(i, max_tokens=400, stream=True)
+        kill = lambda pid=pid: signal_group(pid, signal.SIGKILL)  # noqa: E731
+        rounds.append(await kill_round(session, stack.url, stack.port, body, kill, "w0"))
+        await stack.restarted("w0", pid)
+        say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
     try:
-        async with asyncio.timeout(bound):
-            async with session.post(url + path, json=body, headers={"X-Request-Id": rid}) as r:
-                if r.status != 200:
-                    try:
-                        return f"{r.status} {json.loads(await r.read())['error']['code']}"
-                    except (ValueError, KeyError, TypeError):
-                        return f"{r.status}"
-                if not body.get("stream"):
-                    await r.read()
-                    return "ok"
-                error = None
-                async for line in r.content:
-                    if line.startswith(b"data: [DONE]"):
-                        return "ok"
-                    if line.startswith(b'data: {"error"'):
-                        error = json.loads(line[6:])["error"]["code"]
-                return f"stream {error}" if error else "stream cut without an error event"
-    except TimeoutError:
-        return f"no answer within {bound:g} s"
-    except aiohttp.ClientError as e:
-        return type(e).__name__
+        await stack.wait_ready(180)
+        back = True
+    except StartError:
+        back = False
+    summary = await rounds_summary(session, stack.url, rounds, kills)
+    bodies = [real_body(i, max_tokens=8) for i in range(2)]
+    again = await serves_again(session, stack.url, bodies, HANG_SECONDS) if back else None
+    return {"target": "real", **summary, "restarts": (await stack.worker()).get("restarts"), "serves_again": again}
 
 
+# == faults: a worker killed under load, with another to fail over to =============================
 def logged_requests(log: Path, ids) -> dict[str, dict]:
     """The proxy's request line of each of `ids`, with `sent` (to its last worker) and `ended` in
     wall-clock seconds, from its `time` (the end), `duration_ms` and `queue_wait_ms`."""
-    wanted, out = set(ids), {}
-    for line in log.read_text(errors="replace").splitlines():
-        if not (line.startswith("{") and '"request"' in line):
-            continue
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("event") != "request" or e.get("request_id") not in wanted:
-            continue
-        ended = dt.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
-        arrived = ended - (e.get("duration_ms") or 0) / 1000
-        e.update(ended=ended, sent=arrived + (e.get("queue_wait_ms") or 0) / 1000)
-        out[e["request_id"]] = e
+    out = {}
+    for e in request_events(log):
+        if e.get("request_id") in ids:
+            ended = dt.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+            arrived = ended - (e.get("duration_ms") or 0) / 1000
+            out[e["request_id"]] = {**e, "ended": ended, "sent": arrived + (e.get("queue_wait_ms") or 0) / 1000}
     return out
-
-
-async def _both_healthy(session, stack: RealStack, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        status, body = await get_json(session, stack.url + "/readyz")
-        if all(w.get("healthy") for w in (body or {}).get("workers", {}).values()) and len((body or {}).get("workers", {})) == 2:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError("the two workers were not both healthy before the deadline")
 
 
 #: Clients of the failover phase, and the pause each takes between its requests (an agent's tool
@@ -919,9 +635,22 @@ async def _both_healthy(session, stack: RealStack, deadline: float) -> None:
 FAILOVER_CLIENTS, FAILOVER_PAUSE = 6, (0.0, 0.4)
 
 
-async def _w0_inflight(session, stack: RealStack) -> int | None:
-    _, body = await get_json(session, stack.url + "/readyz")
-    return ((body or {}).get("workers", {}).get("w0") or {}).get("inflight")
+async def _both_healthy(session, stack: RealStack, deadline: float) -> None:
+    if not await healthy(session, stack.url, ("w0", "w1"), deadline):
+        raise RuntimeError("the two workers were not both healthy before the deadline")
+
+
+async def _kill_w0(session, stack: RealStack, busy: bool, deadline: float) -> float:
+    """SIGKILL `w0` once it holds requests (`busy`) or none, as soon as it does (up to 30 s); when, wall-clock."""
+    pid = (await stack.worker("w0"))["pid"]
+    end = min(deadline, time.monotonic() + 30)
+    inflight = lambda body: ((body.get("workers", {}).get("w0") or {}).get("inflight") or 0)  # noqa: E731
+    while time.monotonic() < end and (inflight(await get_json(session, stack.url + "/readyz")) > 0) != busy:
+        await asyncio.sleep(0.01)
+    killed = time.time()
+    signal_group(pid, signal.SIGKILL)
+    await stack.restarted("w0", pid)
+    return killed
 
 
 async def real_failover(session, workdir: Path, *, kills: int, clients: int, deadline: float) -> dict:
@@ -941,11 +670,11 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
     stop = asyncio.Event()
 
     async def client(c: int) -> None:
-        rng = random.Random(c)
-        i = 0
+        rng, i = random.Random(c), 0
         while not stop.is_set() and time.monotonic() < deadline:
             rid = f"failover-{c}-{i}"
-            outcomes[rid] = await request_outcome(session, stack.url, real_body(c * 100_000 + i, max_tokens=24 + i % 24), rid, HANG_SECONDS)
+            body = real_body(c * 100_000 + i, max_tokens=24 + i % 24)
+            outcomes[rid] = (await send(session, stack.url, body, HANG_SECONDS, rid)).outcome()
             i += 1
             await asyncio.sleep(rng.uniform(*FAILOVER_PAUSE))
 
@@ -957,18 +686,8 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
             for k in range(kills):
                 await _both_healthy(session, stack, deadline)
                 await asyncio.sleep(1.0)  # both serve the load
-                busy = k % 2 == 0  # in turn: while it holds requests, while it holds none
-                pid = (await stack.worker("w0"))["pid"]
-                end = min(deadline, time.monotonic() + 30)
-                while time.monotonic() < end and (((await _w0_inflight(session, stack)) or 0) > 0) != busy:
-                    await asyncio.sleep(0.01)
-                kill_kinds.append("busy" if busy else "idle")
-                kill_times.append(time.time())
-                signal_group(pid, signal.SIGKILL)
-                end = time.monotonic() + 60
-                while (await stack.worker("w0")).get("pid") in (None, pid) and time.monotonic() < end:
-                    await asyncio.sleep(0.2)
-                UP_CHILDREN.extend(stack.pids(await stack.astatus()))
+                kill_kinds.append("busy" if k % 2 == 0 else "idle")  # in turn: while it holds requests, and none
+                kill_times.append(await _kill_w0(session, stack, k % 2 == 0, deadline))
                 say(f"real failover: kill {k + 1} done, {len(outcomes)} requests so far")
             await _both_healthy(session, stack, deadline)
             await asyncio.sleep(1.0)
@@ -979,77 +698,56 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
         counts = failover_counts(outcomes, logged_requests(proxy_log, outcomes), kill_times, "w0")
     finally:
         stack.stop()
-    result = {"target": "real", "requested": kills, "kills": len(kill_times), "kill_kinds": kill_kinds, "clients": clients, **counts}
-    say(f"real failover: {result['ok']} ok of {result['requests']}, errors {result['errors']}, failed over {result['failed_over']}")
+    result = {"target": "real", "requested": kills, "kills": len(kill_times), "kill_kinds": kill_kinds,
+              "clients": clients, **counts}
+    say(f"real failover: {result['ok']} ok of {result['requests']}, errors {result['errors']}, "
+        f"failed over {result['failed_over']}")
     return result
 
 
-# -- main ----------------------------------------------------------------------------------------
-QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40, "real_disconnects": 20, "real_kills": 1,
-         "real_failovers": 1, "deadline": 300}
-FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000, "real_requests": 300, "real_disconnects": 200, "real_kills": 5,
-        "real_failovers": 5, "deadline": 1100}
-
-
+# == faults: the run ================================================================================
+QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40,
+         "real_disconnects": 20, "real_kills": 1, "real_failovers": 1, "deadline": 300}
+FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000,
+        "real_requests": 300,
+        "real_disconnects": 200, "real_kills": 5, "real_failovers": 5, "deadline": 1100}
 #: What `--only` selects: the fake loads, the fake queue bounds, then each phase by its result key.
 PHASE_KEYS = ("load", "bound", "fake_kills", "fake_failover", "fake_disconnects", "real", "real_failover")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="Load and fault figures for the proxy and `mtpstack up`.")
-    ap.add_argument("--quick", action="store_true", help="a smoke run of about a minute (smaller counts)")
-    ap.add_argument("--out", default="load-bench.json", help="where the raw figures go (default: load-bench.json)")
-    ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
-    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
-    ap.add_argument("--only", nargs="+", choices=PHASE_KEYS, help="run only these phases (default: all)")
-    for key in FULL:
-        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
-    args = ap.parse_args(argv)
-    base = QUICK if args.quick else FULL
+def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: float, real: dict) -> list:
+    """(name, run it, what `--only` calls it) of each phase, in order; the real phase fills `real`."""
+    phases = []
+    for select, n, waiting in (("load", args.requests, 64), ("bound", args.bound_requests, 16)):
+        for gate in (2, 4):
+            run = lambda g=gate, n=n, w=waiting: fake_load(  # noqa: E731
+                session, workdir, gate=g, requests=n, clients=64, max_waiting=w, deadline=deadline)
+            phases.append((f"fake {'load' if select == 'load' else 'queue bound'} gate {gate}", run, select))
+    phases += [("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills"),
+               ("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover"),
+               ("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline),
+                "fake_disconnects")]
+    if not args.skip_real:
+        phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,
+                                                         n_disconnects=args.real_disconnects, kills=args.real_kills,
+                                                         deadline=deadline), "real"))
+        if args.real_failovers:
+            phases.append(("real failover", lambda: real_failover(session, workdir, kills=args.real_failovers,
+                                                                   clients=FAILOVER_CLIENTS, deadline=deadline),
+                           "real_failover"))
+    return phases
+
+
+async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
     for key in FULL:
         if getattr(args, key) is None:
-            setattr(args, key, base[key])
-    return args
-
-
-def _modified() -> list[str]:
-    """Tracked files changed in the checkout (shared checkouts run what is on disk, not HEAD)."""
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line[3:] for line in out.splitlines()]
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or "?"
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-
-
-async def run(args: argparse.Namespace, workdir: Path) -> dict:
-    started = time.monotonic()
-    deadline = started + args.deadline
-    result: dict = {"meta": {}, "load": [], "errors": []}
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        phases = []  # (name, run it, where its result goes, what `--only` calls it)
-        real: dict = {}
-        for gate in (2, 4):
-            phases.append((f"fake load gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.requests, clients=64, max_waiting=64, deadline=deadline), "load", "load"))
-        for gate in (2, 4):
-            phases.append((f"fake queue bound gate {gate}", lambda g=gate: fake_load(session, workdir, gate=g, requests=args.bound_requests, clients=64, max_waiting=16, deadline=deadline), "load", "bound"))
-        phases.append(("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills", "fake_kills"))
-        phases.append(("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover", "fake_failover"))
-        phases.append(("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline), "fake_disconnects", "fake_disconnects"))
-        if not args.skip_real:
-            phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,
-                                                             n_disconnects=args.real_disconnects, kills=args.real_kills, deadline=deadline), "real", "real"))
-            if args.real_failovers:
-                phases.append(("real failover", lambda: real_failover(session, workdir, kills=args.real_failovers, clients=FAILOVER_CLIENTS,
-                                                                       deadline=deadline), "real_failover", "real_failover"))
-        for name, phase, key, select in phases:
+            setattr(args, key, (QUICK if args.quick else FULL)[key])
+    deadline = time.monotonic() + args.deadline
+    result: dict = {"load": [], "errors": []}
+    real: dict = {}
+    connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for name, phase, select in fault_phases(session, args, workdir, deadline, real):
             if args.only and select not in args.only:
                 continue
             if time.monotonic() > deadline:
@@ -1060,26 +758,589 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
             except Exception as e:  # noqa: BLE001 - one failed phase must not hide the others' figures
                 say(f"{name} failed: {type(e).__name__}: {e}")
                 result["errors"].append(f"{name}: {type(e).__name__}: {e}")
-                if key != "real":
+                if select != "real":
                     continue
-                r = real  # what the real phase measured before it failed
-            if key == "load":
+            if select in ("load", "bound"):
                 result["load"].append(r)
-            elif key == "real":
-                r = real
-                if "load" in r:
-                    result["load"].append(r["load"])
-                if "disconnects" in r:
-                    result["real_disconnects"] = r["disconnects"]
-                if "kills" in r:
-                    result["real_kills"] = r["kills"]
-                result["real_startup_seconds"] = r.get("startup_seconds")
+            elif select == "real":  # what the real phase measured, also before it failed
+                result["load"] += [real["load"]] if "load" in real else []
+                result.update({f"real_{k}": real[k] for k in ("disconnects", "kills") if k in real})
+                result["real_startup_seconds"] = real.get("startup_seconds")
             else:
-                result[key] = r
-    return result
+                result[select] = r
+    result["meta"] = {"settings": {k: getattr(args, k) for k in FULL}}
+    return result, [], all(passed for passed, _ in checks(result)) and not result["errors"]
+
+
+# == hostile: input at volume =======================================================================
+#: A request unanswered this long is a hang (the demo worker answers a 2-token request in ~0.1 s).
+HOSTILE_HANG = 30.0
+#: Paths and methods no route serves: each must be answered in OpenAI's error shape.
+UNROUTED = [("GET", "/nope"), ("POST", "/v1/embeddings"), ("GET", "/v1/chat/completions"), ("DELETE", "/v1/responses"),
+            ("PUT", "/health"), ("GET", "/v1/chat/completions/../../etc/passwd")]
+#: "Another client" of the flood comes from a second loopback address (a worker tells clients apart by address).
+OTHER_CLIENT = "127.0.0.2"
+#: A schema the worker compiled before the flood (the cached fast path).
+WARM_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+JSON = {"Content-Type": "application/json"}
+HOSTILE_PHASES = ("validate", "proxy", "worker", "agent", "flood")
+#: The hostile phases' sizes, each an integer option: its default and what it counts.
+HOSTILE_COUNTS = {
+    "configs": (10_000, "random fleet configs the validator judges"),
+    "requests": (2_000, "malformed requests to each of proxy and worker"),
+    "slow": (200, "slow clients, all at once, against the proxy"),
+    "agent": (600, "hostile agent-surface requests to each of proxy and worker"),
+    "cut": (40, "agent streams the client leaves mid-way"),
+    "stall-repeats": (5, "repeats of the idle/loaded stall measurement"),
+    "flood": (120, "hostile schemas sent at once in the grammar flood"),
+    "flood-repeats": (5, "repeats of the grammar flood"),
+}
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def counted(n: int, one, **zeros: int) -> dict:
+    """`one(i)` for each of `n` generated cases, one at a time, and what each returns counted (a name: that
+    count; an int: that status); the counts, the statuses and the seconds they took."""
+    counts, statuses = dict(zeros), {}
+    started_at = time.monotonic()
+    for i in range(n):
+        for key in one(i):
+            count(statuses if isinstance(key, int) else counts, key)
+    return {**counts, "statuses": dict(sorted(statuses.items())), "seconds": round(time.monotonic() - started_at, 1)}
+
+
+def configs(n: int, seed: int, tmp: Path) -> dict:
+    """`n` generated fleet configs through `mtpstack validate --format json`: its exit codes, and what must not be."""
+    from devkit.hostile import random_config
+    from mtpstack.cli import main
+
+    def one(i: int) -> list[str]:
+        suffix, content = random_config(random.Random(seed * 1_000_003 + i))
+        path = tmp / f"fleet{suffix}"
+        path.write_bytes(content)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                code = main(["validate", str(path), "--format", "json"])
+        except Exception:
+            return ["tracebacks"]
+        try:
+            json.loads(out.getvalue())
+            got = []
+        except ValueError:
+            got = ["no_json"]
+        return got + (["internal_errors"] if code == 3 else [f"exit_{code}"] if code in (0, 1, 2) else [])
+
+    return counted(n, one, configs=n, exit_0=0, exit_1=0, exit_2=0, tracebacks=0, internal_errors=0, no_json=0)
+
+
+def malformed(port: int, n: int, seed: int, model: str, alive) -> dict:
+    """`n` malformed requests (bytes, or a bad body) on fresh connections, one at a time."""
+    from devkit.hostile import random_body, random_http
+    from devkit.raw_http import raw_exchange, request_bytes
+
+    rng = random.Random(seed)
+
+    def one(_: int) -> list:
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        data = random_http(rng, path, model) if rng.random() < 0.5 else request_bytes(path, random_body(rng, model))
+        got = raw_exchange(HOST, port, data, timeout=HOSTILE_HANG)
+        if got.timed_out:
+            return ["hangs"]
+        return ["closed_without_answer"] if got.status is None else ["answered", got.status, f"{got.status // 100}xx"]
+
+    out = counted(n, one, requests=n, answered=0, closed_without_answer=0, **{"4xx": 0, "2xx": 0, "5xx": 0}, hangs=0)
+    return {**out, "crashed": int(not alive())}
+
+
+def slow(port: int, n: int) -> dict:
+    from devkit.raw_http import SLOW_KINDS, slow_client
+
+    started_at = time.monotonic()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        kinds = [SLOW_KINDS[i % len(SLOW_KINDS)] for i in range(n)]
+        results = list(pool.map(lambda k: slow_client(HOST, port, k, 0.1, CLIENT_SECONDS + HOSTILE_HANG), kinds))
+    held = sorted(r.seconds for r in results)
+    return {
+        "slow_clients": n, "hangs": sum(r.timed_out for r in results),
+        "answered_408": sum(r.status == 408 for r in results),
+        "closed": sum(r.status is None and not r.timed_out for r in results),
+        "5xx": sum(1 for r in results if r.status is not None and r.status >= 500),
+        "held_seconds_median": round(held[len(held) // 2], 2), "held_seconds_max": round(held[-1], 2),
+        "seconds": round(time.monotonic() - started_at, 1),
+    }
+
+
+def _log_lines(path: Path) -> tuple[int, int, int]:
+    """(lines, lines that are not one JSON object, lines carrying a traceback)."""
+    lines = path.read_text(errors="replace").splitlines()
+    bad = 0
+    for line in lines:
+        try:
+            bad += not isinstance(json.loads(line), dict)
+        except ValueError:
+            bad += 1
+    return len(lines), bad, sum("Traceback" in line for line in lines)
+
+
+def unrouted(url: str) -> int:
+    """How many requests to paths and methods no route serves were answered other than in OpenAI's error shape."""
+    from devkit.raw_http import json_answer
+
+    wrong = 0
+    for method, path in UNROUTED:
+        try:
+            body = b"{}" if method in ("POST", "PUT") else None
+            status, _, payload = json_answer(url + path, method, body=body, timeout=10)
+            wrong += not (status in (404, 405) and isinstance(payload, dict) and payload["error"]["code"])
+        except (ValueError, KeyError, TypeError, OSError):
+            wrong += 1
+    return wrong
+
+
+def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
+    """`n` generated hostile agent requests, one at a time (a third of them on `/v1/messages`):
+    statuses, and refusals that are not JSON in their API's shape or (400s) name no field."""
+    from devkit.hostile import anthropic_refusal_names_a_field, random_agent_request, random_messages_request
+    from devkit.raw_http import json_answer
+
+    rng = random.Random(seed)
+
+    def one(i: int) -> list:
+        anthropic = i % 3 == 2  # one in three on Anthropic's Messages API, whose refusals take its own shape
+        path, body = random_messages_request(rng, model) if anthropic else random_agent_request(rng, model)
+        got = ["messages"] if anthropic else []
+        try:
+            status, _, payload = json_answer(url + path, "POST", JSON, body, timeout=HOSTILE_HANG)
+        except ValueError:
+            return [*got, "not_json"]
+        except OSError:  # a timeout, or the connection dropped
+            return [*got, "hangs"]
+        if anthropic:
+            named = anthropic_refusal_names_a_field(payload)
+        else:
+            named = isinstance(payload, dict) and payload.get("error", {}).get("param")
+        return [*got, status, *["5xx"] * (status >= 500), *["unnamed_400"] * (status == 400 and not named)]
+
+    return counted(n, one, requests=n, messages=0, **{"5xx": 0}, hangs=0, not_json=0, unnamed_400=0)
+
+
+def run_proxy(tmp: Path, n: int, n_slow: int, n_agent: int, seed: int) -> dict:
+    with proxy_before_fake(tmp, CLIENT_SECONDS) as running:
+        proc, port, log = running.proxy, running.port, running.log
+        out = {"malformed": malformed(port, n, seed, "m", proc.alive), "slow": slow(port, n_slow),
+               "agent": agent_requests(running.url, n_agent, seed, "m"), "unrouted_not_json": unrouted(running.url)}
+        time.sleep(0.5)
+        ready = _get(f"{running.url}/readyz")
+        out["leaked_slots"] = (sum(w["inflight"] for w in ready["workers"].values())
+                               + sum(m["waiting"] for m in ready["models"].values()))
+        out["crashed"] = int(not proc.alive())
+    lines, not_json, tracebacks = _log_lines(log)
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    out["log"] = {"lines": lines, "not_one_json_object": not_json, "with_traceback_field": tracebacks,
+                  "internal_errors": sum(e.get("code") == "internal_error" for e in entries),
+                  "logged_5xx": sum(e.get("event") == "request" and e.get("status", 0) >= 500 for e in entries)}
+    return out
+
+
+@contextlib.contextmanager
+def hostile_worker(target: Path, drafter: Path, log: Path, python: str = sys.executable, width: int = 2):
+    """`mtpstack worker` on this pair (run by `python`: another checkout's, to compare), `width`
+    slots, served as `tiny`, healthy; stopped on exit."""
+    from mtpstack.worker.launcher import worker_env
+
+    port = free_port()
+    proc = Process(
+        [python, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
+         "--max-num-seqs", str(width), "--served-model-name", "tiny", "--port", str(port)],
+        # Not the checkout as its directory: `-m mtpstack` would import this checkout's base package
+        # before the other Python's own install.
+        log_path=log, name="tiny", kind="worker", url=url_of(HOST, port), cwd=log.parent, env=worker_env(),
+    ).start()
+    try:
+        proc.wait_ready("/health", 120, state="healthy")
+        yield proc, port
+    finally:
+        proc.stop(30)
+
+
+def run_worker(tmp: Path, n: int, seed: int) -> dict:
+    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+
+    log = tmp / "worker.log"
+    with hostile_worker(DEMO_TARGET, DEMO_HEAD, log) as (proc, port):
+        out = {"malformed": malformed(port, n, seed, "tiny", proc.alive), "unrouted_not_json": unrouted(proc.url)}
+        time.sleep(0.5)
+        out.update(leaked_slots=_get(f"{proc.url}/health")["active"], crashed=int(not proc.alive()))
+    return {**out, "log_tracebacks": log.read_text(errors="replace").count("Traceback")}
+
+
+def worst(idle, loaded) -> dict:
+    """`/health`'s slowest answer and a plain stream's largest gap (`devkit.stall.measure`), idle and loaded."""
+    return {f"{phase}_{key}_max": round(getattr(m, attr), 3) for phase, m in (("idle", idle), ("loaded", loaded))
+            for key, attr in (("health", "health_max"), ("gap", "stream_gap_max"))}
+
+
+def stall(url: str, repeats: int) -> dict:
+    """Per repeat: `/health`'s slowest answer and a plain stream's largest gap, idle and while
+    `STALL_SCHEMAS` hostile schemas (`devkit.stall.fuel_schema`) compile."""
+    from devkit.stall import measure, plain_stream, send_schemas
+
+    out: dict = {"repeats": repeats, "refused": 0}
+    for r in range(repeats):
+        schemas = range(r * STALL_SCHEMAS, (r + 1) * STALL_SCHEMAS)  # none from the cache
+        idle, loaded, statuses = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
+                                         lambda: send_schemas(url, schemas, STALL_WIDTH, HOSTILE_HANG))
+        out["refused"] += statuses.count(400)
+        for key, v in worst(idle, loaded).items():
+            out.setdefault(key, []).append(v)
+    return out
+
+
+def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
+    """The agent surfaces on a worker whose template has a tool-call format."""
+    from devkit.demo.agent import build_agent_pair
+    from devkit.hostile import AGENT_SEEDS, agent_stream, seed_request
+    from devkit.raw_http import json_answer, leave_streams
+
+    target, drafter = build_agent_pair(tmp / "agent", seed=0)
+    log = tmp / "agent-worker.log"
+    with hostile_worker(target, drafter, log) as (proc, port):
+        wrong_seeds = []
+        for name in sorted(AGENT_SEEDS):
+            path, body, param = seed_request(name, "tiny")
+            status, _, payload = json_answer(proc.url + path, "POST", JSON, body, timeout=HOSTILE_HANG)
+            if (status, payload.get("error", {}).get("param")) != (400, param):
+                wrong_seeds.append(name)
+        out = {"seeds": len(AGENT_SEEDS), "seeds_not_named": len(wrong_seeds),
+               "requests": agent_requests(proc.url, n, seed, "tiny")}
+        asyncio.run(leave_streams(HOST, port, [agent_stream(i) for i in range(n_cut)]))
+        out.update(cut_streams=n_cut, stall=stall(proc.url, repeats))
+        time.sleep(1.0)  # the cut streams' sequences are dropped within a step
+        out.update(leaked_slots=_get(f"{proc.url}/health")["active"], crashed=int(not proc.alive()))
+    _, out["log_not_json"], tracebacks = _log_lines(log)
+    out["log_errors"] = tracebacks + log.read_text(errors="replace").count('"level": "error"')
+    return out
+
+
+def flood_round(url: str, n: int, first: int, tag: str) -> dict:
+    """One flood of `n` hostile schemas (`fuel_schema(first ...)`) with the probes, measured against idle."""
+    from devkit.stall import BENIGN_SCHEMA, flood, flood_bodies, measure, plain_stream, schema_request
+
+    benign = {**BENIGN_SCHEMA, "title": tag}  # new to the worker each round
+    probes = {"another client": (FLOOD_PROBE_DELAY, schema_request(benign, 16), OTHER_CLIENT),
+              "same client": (FLOOD_PROBE_DELAY, schema_request({**benign, "description": "own"}, 16), None),
+              "compiled before": (FLOOD_PROBE_DELAY, schema_request(WARM_SCHEMA, 16), None)}
+    idle, loaded, result = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
+                                   lambda: flood(url, flood_bodies(range(first, first + n)), probes,
+                                                 timeout=HOSTILE_HANG * 2))
+    kinds: dict[str, int] = {}
+    for a in result.hostile:
+        count(kinds, flood_answer_kind(a.status, a.error()))
+    return {
+        "hostile": dict(sorted(kinds.items())),
+        "probes": {name: {"status": a.status, "seconds": round(a.seconds, 3), "code": a.error().get("code")}
+                   for name, a in result.probes.items()},
+        **worst(idle, loaded), "flood_seconds": round(loaded.seconds, 2),
+    }
+
+
+def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
+    """`repeats` grammar floods on a worker of this checkout (and on one run by `against`, the two in
+    alternate order each repeat), each with its own schemas; the agent pair, 4 slots (the plain stream
+    and three probes)."""
+    from devkit.demo.agent import build_agent_pair
+    from devkit.stall import post, schema_request
+
+    target, drafter = build_agent_pair(tmp / "flood", seed=0)
+    arms = {"this": sys.executable, **({"against": against} if against else {})}
+    out: dict = {"hostile": n, "repeats": repeats, "arms": {a: [] for a in arms}, "against": against}
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for arm, python in arms.items():
+            proc, _ = stack.enter_context(hostile_worker(target, drafter, tmp / f"flood-{arm}.log", python, width=4))
+            urls[arm] = proc.url
+            post(proc.url, schema_request(WARM_SCHEMA, 16))
+        for r in range(repeats):
+            for arm in rotated(list(arms), r):
+                first = (r * len(arms) + list(arms).index(arm)) * n
+                out["arms"][arm].append(flood_round(urls[arm], n, first, f"r{r}"))
+                say(f"flood: repeat {r + 1}/{repeats} on {arm}: {out['arms'][arm][-1]['probes']}")
+    return out
+
+
+async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+    phases = {
+        "validate": lambda: configs(args.configs, args.seed, workdir),
+        "proxy": lambda: run_proxy(workdir, args.requests, args.slow, args.agent, args.seed),
+        "worker": lambda: run_worker(workdir, args.requests, args.seed),
+        "agent": lambda: run_agent(workdir, args.agent, args.cut, args.stall_repeats, args.seed),
+        "flood": lambda: run_flood(workdir, args.flood, args.flood_repeats, args.against),
+    }
+    result = {"seed": args.seed}
+    for name in HOSTILE_PHASES:
+        if name in args.only:
+            result[name] = await asyncio.to_thread(phases[name])  # blocking clients; `run_agent` runs a loop of its own
+    return result, hostile_lines(result), all(v == 0 for v in must_be_zero(result).values())
+
+
+# == proxy: what the admission proxy costs ============================================================
+#: Pause between chunks of the paced upstream: a few ms, as a model writes tokens; its wait before a plain answer.
+PACED_INTERVAL, PACED_DELAY = 0.002, 0.02
+#: Per cell, per target, per round: (requests at 1 client, requests at 4 clients).
+PROXY_COUNTS = {("plain", "instant"): (200, 400), ("plain", "paced"): (20, 40), ("sse", "instant"): (10, 20),
+                ("sse", "paced"): (2, 8)}
+WARMUP_PLAIN, WARMUP_STREAMS = 50, 2
+#: How often the page polls `/v1/fleet/status` (the page's own POLL_MS).
+DASHBOARD_POLL_SECONDS = 1.0
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
+
+
+async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
+    body = json.dumps({**BODY, "model": model, "stream": kind == "sse"}).encode()
+    s = Sample()
+
+    async def client() -> None:
+        for _ in range(n // clients):
+            if kind == "sse":
+                await stream(session, url, body, s, stamped=model == "paced")
+            else:
+                await plain(session, url, body, s)
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return s
+
+
+@dataclass
+class PagePoller:
+    """One open dashboard: the page once, then its data once a second, until stopped."""
+
+    base: str
+    polls: int = 0
+    failed: int = 0
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(self.base + "/dashboard") as r:
+                await r.read()
+                self.failed += r.status != 200
+            while True:
+                try:
+                    async with http.get(self.base + "/v1/fleet/status") as r:
+                        await r.read()
+                        self.polls += 1
+                        self.failed += r.status != 200
+                except aiohttp.ClientError:
+                    self.failed += 1
+                await asyncio.sleep(DASHBOARD_POLL_SECONDS)
+
+
+async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict, str | None]:
+    """The two scripted upstreams, one `mtpstack proxy` per loop (and the baseline's), nginx: each target's
+    URL per upstream mode, and the pid whose CPU counts for it (the upstream's own for `direct`)."""
+    urls: dict[str, dict[str, str]] = {"direct": {}}
+    pids: dict[str, dict[str, int]] = {"direct": {}}
+    ports: dict[str, int] = {}
+    for mode, interval, delay in (("instant", 0.0, 0.0), ("paced", PACED_INTERVAL, PACED_DELAY)):
+        up = await fake_process(CHILDREN, workdir, f"upstream-{mode}", 4, "--chunks", str(PROXY_CHUNKS), "--interval",
+                                str(interval), "--delay", str(delay), *(["--stamp"] if mode == "paced" else []))
+        urls["direct"][mode], pids["direct"][mode] = f"{up.url}/v1/chat/completions", up.process.pid
+        ports[mode] = up.port
+    ours = {f"mtpstack-{loop}": (sys.executable, ("--loop", loop)) for loop in args.loops or ()}
+    ours = ours or {"mtpstack": (sys.executable, ())}
+    if args.baseline:  # another checkout's proxy (its own venv's interpreter) in the same rounds
+        ours["mtpstack-baseline"] = (args.baseline, ())
+    workers = {mode: {"model": mode, "target": {"path": f"/bench/{mode}", "bits": 4}, "maxNumSeqs": 4,
+                      "port": ports[mode]} for mode in ports}
+    for name, (python, extra) in ours.items():
+        port = free_port()
+        config = {"proxy": {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}, "port": port},
+                  "workers": workers}
+        proc = await proxy_process(CHILDREN, workdir, name, config, python, extra)
+        urls[name] = {mode: f"{url_of(HOST, port)}/v1/chat/completions" for mode in workers}
+        pids[name] = dict.fromkeys(workers, proc.pid)
+    nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
+    if not nginx or args.no_nginx:
+        say("nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only")
+        return urls, pids, None
+    listen = {mode: free_port() for mode in workers}
+    conf = workdir / "nginx.conf"
+    conf.write_text(nginx_conf(workdir, {listen[mode]: workers[mode]["port"] for mode in workers}))
+    ng = CHILDREN.start([nginx, "-c", str(conf), "-p", str(workdir)], log_path=workdir / "nginx.log", name="nginx",
+                        url=url_of(HOST, listen["instant"]), cwd=ROOT)
+    await asyncio.to_thread(ng.wait_ready, "/health", 30.0)
+    nginx_urls = {m: f"{url_of(HOST, p)}/v1/chat/completions" for m, p in listen.items()}
+    urls = {"direct": urls.pop("direct"), "nginx": nginx_urls, **urls}
+    pids["nginx"] = dict.fromkeys(workers, ng.pid)
+    return urls, pids, subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
+
+
+async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int) -> dict:
+    """One round: every cell on every target, the targets in this round's order; each one's samples and CPU."""
+    cells: dict = {}
+    for (kind, mode), (n1, n4) in PROXY_COUNTS.items():
+        for clients, n in ((1, n1), (4, n4)):
+            key = f"{kind}/{mode}/{clients}c"
+            cell = cells[key] = {}
+            for t in rotated(list(urls), rnd):
+                c0 = cpu_seconds(pids[t][mode])  # proxies: the proxy's CPU; direct: the upstream's own, for reference
+                s = await run_cell(sessions[t], urls[t][mode], kind, clients, n, mode)
+                cpu = cpu_seconds(pids[t][mode]) - c0
+                if s.errors:
+                    print(f"warning: {s.errors} failed requests: {t} {key}", file=sys.stderr)
+                cell[t] = {"latency": s.latency, "first_chunk": s.first_chunk, "chunk_delay": s.chunk_delay,
+                           "count": len(s.latency), "cpu": cpu, "errors": s.errors}
+    return cells
+
+
+async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+    urls, pids, nginx_version = await proxy_stack(args, workdir)
+    ours = next(t for t in urls if t.startswith("mtpstack"))
+    poller = PagePoller(urls[ours]["instant"].removesuffix("/v1/chat/completions")) if args.dashboard_poll else None
+    poll_task = asyncio.create_task(poller.run()) if poller is not None else None
+    sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False) for t in urls}
+    try:
+        for t in urls:  # warm-up, discarded
+            for mode in ("instant", "paced"):
+                await run_cell(sessions[t], urls[t][mode], "plain", 1, WARMUP_PLAIN if mode == "instant" else 5, mode)
+                await run_cell(sessions[t], urls[t][mode], "sse", 1, WARMUP_STREAMS, mode)
+        rounds, started_at = [], time.monotonic()
+        for rnd in range(args.rounds):
+            rounds.append(await proxy_round(sessions, urls, pids, rnd))
+            print(f"round {rnd + 1}/{args.rounds} done ({time.monotonic() - started_at:.0f} s)", file=sys.stderr)
+    finally:
+        for s in sessions.values():
+            await s.close()
+        if poll_task is not None:
+            poll_task.cancel()
+            await asyncio.gather(poll_task, return_exceptions=True)
+    proxies = [t for t in urls if t != "direct"]
+    meta = {"rounds": args.rounds, "loops": args.loops, "chunks": PROXY_CHUNKS, "paced_interval_s": PACED_INTERVAL,
+            "paced_delay_s": PACED_DELAY, "counts": {f"{k[0]}/{k[1]}": v for k, v in PROXY_COUNTS.items()},
+            "warmup": {"plain": WARMUP_PLAIN, "streams": WARMUP_STREAMS}, "aiohttp": aiohttp.__version__,
+            "nginx": nginx_version,
+            "dashboard_poll": None if poller is None else {"interval_s": DASHBOARD_POLL_SECONDS, "polls": poller.polls,
+                                                            "failed": poller.failed}}
+    return {"meta": meta, "summary": proxy_summary(rounds, proxies), "rounds": rounds, "proxies": proxies}, [], True
+
+
+def loops_arg(value: str) -> list[str]:
+    loops = value.split(",")
+    if any(v not in ("uvloop", "asyncio") for v in loops) or len(set(loops)) < len(loops):
+        raise argparse.ArgumentTypeError(f"expected one or both of uvloop, asyncio, comma-separated: {value}")
+    return loops
+
+
+# == tenant: fair queueing between tenants ==========================================================
+KEYS = {"flood": "sk-bench-flood", "steady": "sk-bench-steady"}
+
+
+async def tenant_phase(url: str, log: Path, tag: str, args: argparse.Namespace) -> dict:
+    stream_body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}],
+                              "x_fake": {"chunks": args.chunks, "interval": args.interval}}).encode()
+    plain_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    flood, steady = Sample(), Sample()
+    end = time.monotonic() + args.seconds
+    auth = lambda tenant, **more: {"Authorization": f"Bearer {KEYS[tenant]}", **more}  # noqa: E731
+    async with aiohttp.ClientSession(headers=auth("flood"), connector=aiohttp.TCPConnector(limit=0)) as fs, \
+            aiohttp.ClientSession(headers=auth("steady", **{"X-Request-Id": tag})) as ss:
+
+        async def flooder() -> None:
+            while time.monotonic() < end:
+                await stream(fs, url, stream_body, flood)
+
+        floods = [asyncio.create_task(flooder()) for _ in range(args.flood)]
+        await asyncio.sleep(1.0)  # the flood fills the gate and the queue first
+        end += 1.0
+        sent = []
+        for i in range(int(args.seconds)):  # `steady`: one plain request a second
+            await asyncio.sleep(max(0.0, end - args.seconds + i - time.monotonic()))
+            sent.append(asyncio.create_task(plain(ss, url, plain_body, steady)))
+        await asyncio.gather(*sent, *floods)
+    await asyncio.sleep(0.3)  # the last request lines are written after their answers
+    waits = [e["queue_wait_ms"] / 1000 for e in request_events(log) if e.get("request_id") == tag]
+    return {"steady_queue_wait": waits, "steady_latency": steady.latency, "steady_errors": steady.errors,
+            "flood_served": len(flood.latency), "flood_errors": flood.errors}
+
+
+async def tenant(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+    keys = workdir / "keys"
+    keys.write_text("".join(f"{t} {k}\n" for t, k in KEYS.items()))
+    up_port = (await fake_process(CHILDREN, workdir, "upstream", args.gate)).port
+    urls, logs = {}, {}
+    for mode, fair in TENANT_MODES.items():
+        port = free_port()
+        config = {"proxy": {"port": port, "concurrencyLimit": args.gate, "apiKeysFile": str(keys), "fairQueueing": fair,
+                            "queue": {"maxWaiting": 64, "timeoutSeconds": 120}},
+                  "workers": {"w": {"model": "m", "target": {"path": "/bench/m", "bits": 4}, "maxNumSeqs": args.gate,
+                                    "port": up_port}}}
+        await proxy_process(CHILDREN, workdir, f"proxy-{mode}", config)
+        urls[mode], logs[mode] = f"{url_of(HOST, port)}/v1/chat/completions", workdir / f"proxy-{mode}.log"
+    rounds = []
+    for rnd in range(args.rounds):
+        rounds.append({})
+        for mode in rotated(list(TENANT_MODES), rnd):
+            r = rounds[-1][mode] = await tenant_phase(urls[mode], logs[mode], f"steady-{rnd}-{mode}", args)
+            print(f"round {rnd + 1}/{args.rounds} {mode}: steady p50 {percentile(r['steady_queue_wait'], 50):.3f} s, "
+                  f"p95 {percentile(r['steady_queue_wait'], 95):.3f} s", file=sys.stderr)
+    settings = {k: v for k, v in vars(args).items() if k != "out" and not callable(v)}
+    return {"rounds": rounds, "settings": settings}, [], True
+
+
+# == main ==============================================================================================
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="The whole stack under load: faults "
+                                 "(no mode), hostile input, the proxy's cost, fair queueing between tenants.")
+    ap.add_argument("--quick", action="store_true", help="a smoke run of about a minute (smaller counts)")
+    ap.add_argument("--out", default="load-bench.json", help="where the raw figures go (default: load-bench.json)")
+    ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
+    ap.add_argument("--only", nargs="+", choices=PHASE_KEYS, help="run only these phases (default: all)")
+    for key in FULL:
+        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
+                        help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
+    ap.set_defaults(run=faults, report=report_lines)
+    modes = ap.add_subparsers(title="modes", metavar="MODE")
+    h = modes.add_parser("hostile", help="hostile input at volume (docs/hardening.md)")
+    for option, (default, what) in HOSTILE_COUNTS.items():
+        h.add_argument(f"--{option}", type=int, default=default, help=f"{what} (default: {default})")
+    h.add_argument("--against", metavar="PYTHON", help="also flood a worker run by this Python (another checkout's)")
+    h.add_argument("--only", nargs="+", choices=HOSTILE_PHASES, default=HOSTILE_PHASES, help="run only these phases")
+    h.add_argument("--seed", type=int, default=1)
+    h.add_argument("--json", action="store_true", help="print the raw counts as JSON")
+    h.set_defaults(run=hostile, out=None)
+    p = modes.add_parser("proxy", help="the proxy's added latency and CPU, against direct and nginx (docs/proxy.md)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
+    p.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
+    p.add_argument("--loops", type=loops_arg, default=None, metavar="LOOP,LOOP",
+                   help="one `mtpstack proxy` per event loop (`--loop`: uvloop, asyncio), side by side")
+    p.add_argument("--baseline", metavar="PYTHON", default=None, help="also run the proxy of another checkout, by its "
+                   "venv's "
+                   "interpreter (e.g. /work/main/.venv/bin/python), as `mtpstack-baseline` in the same rounds")
+    p.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the proxy throughout")
+    p.set_defaults(run=proxy, out="proxy-bench.json", report=proxy_lines)
+    t = modes.add_parser("tenant", help="what one tenant's flood costs another's requests (docs/proxy.md)")
+    t.add_argument("--rounds", type=int, default=3, help="rounds: a phase with fair queueing on, one off (default: 3)")
+    t.add_argument("--seconds", type=float, default=20,
+                   help="length of a phase: tenant `steady` sends one request a second (default: 20)")
+    t.add_argument("--flood", type=int, default=16, help="tenant `flood`'s concurrent streamed requests (default: 16)")
+    t.add_argument("--gate", type=int, default=2, help="the worker's batch width and the proxy's gate (default: 2)")
+    t.add_argument("--chunks", type=int, default=100, help="chunks of each flood stream (default: 100)")
+    t.add_argument("--interval", type=float, default=0.01, help="seconds between the flood's chunks (default: 0.01)")
+    t.set_defaults(run=tenant, out="tenant-bench.json", report=tenant_lines)
+    for sub in (h, p, t):
+        out = sub.get_default("out")
+        sub.add_argument("--out", default=out, help=f"raw figures as JSON (default: {out})")
+        sub.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="mtpstack-load-bench-"))
     say(f"work directory: {workdir}")
@@ -1089,10 +1350,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIGINT ignored)
-    t0 = time.monotonic()
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    t0, meta = time.monotonic(), run_meta(["bench/scripts/load_bench.py", *argv])
     try:
-        result = asyncio.run(run(args, workdir))
+        result, lines, ok = asyncio.run(args.run(args, workdir))
     except KeyboardInterrupt:
         say("interrupted; stopping every process started here")
         stop_all()
@@ -1101,16 +1361,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         stop_all()
-    result["meta"] = {
-        "date": date, "command": " ".join(shlex.quote(a) for a in ["bench/scripts/load_bench.py", *(sys.argv[1:] if argv is None else argv)]),
-        "cpus": os.cpu_count(), "platform": platform.platform(terse=True), "python": platform.python_version(), "commit": _commit(), "modified": _modified(),
-        "seconds": round(time.monotonic() - t0), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "settings": {k: getattr(args, k) for k in FULL},
-    }
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print("\n".join(report_lines(result)))
-    say(f"figures written to {args.out}")
-    ok = all(passed for passed, _ in checks(result)) and not result["errors"]
+    result["meta"] = {**meta, **result.get("meta", {}), "seconds": round(time.monotonic() - t0),
+                      "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        say(f"figures written to {args.out}")
+    print(json.dumps(result, indent=2) if getattr(args, "json", False) else "\n".join(lines or args.report(result)))
+    if max(meta["load_average_at_start"][0], result["meta"]["load_average_at_end"][0]) > (meta["cpus"] or 1):
+        say(f"the load average exceeded the CPU count ({meta['cpus']}): other work shared the CPUs; read the spread")
     if args.keep or not ok:
         say(f"work directory kept{'' if ok else ' for its logs'}: {workdir}")
     else:

@@ -1,10 +1,10 @@
-"""`bench/scripts/hostile_bench.py`'s report: pure functions over a result."""
+"""`bench/scripts/load_bench.py hostile`'s report (`bench/scripts/load_report.py`): pure functions over a result."""
 
 from devkit.scripts import load_script
 
-_script = load_script("hostile_bench")
+_script = load_script("load_report")
 must_be_zero = _script.must_be_zero
-report = _script.report
+report = _script.hostile_lines
 
 
 def agent_counts() -> dict:

@@ -1,13 +1,14 @@
-"""The proxy benchmark's pure parts: percentiles, the summary over rounds, the table."""
+"""`bench/scripts/load_bench.py proxy`'s pure parts (`bench/scripts/load_report.py`): percentiles, the summary over
+rounds, the table."""
 
 from __future__ import annotations
 
 from devkit.scripts import load_script
+from mtpstack.bench.stats import percentile
 
-_script = load_script("proxy_bench")
-percentile = _script.percentile
-summarize = _script.summarize
-table_lines = _script.table_lines
+_script = load_script("load_report")
+summarize = _script.proxy_summary
+table_lines = _script.proxy_table
 
 
 def test_nearest_rank_percentile():
