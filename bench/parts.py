@@ -11,7 +11,10 @@ The scripts in `bench/scripts/` compose these instead of importing each other (i
 - `MODEL_DIMS`: real models' text-config dimensions, for the figures predicted at their size;
 - `PROMPTS`: the short prompts of the single-stream and concurrent rounds;
 - `summarize` / `fmt`: a list of samples as median, min, max and count, and that as one cell;
-- `emit`: the readable table to stderr, the JSON report to `--out` (else stdout).
+- `emit`: the readable table to stderr, the JSON report to `--out` (else stdout);
+- `round_options` / `rounds` / `rotated`: a bench measured in rounds (its options, the rounds kept and discarded,
+  each round's order), `few_repeats` the note when they are too few, `run_meta` what its report says of the run;
+- `post_json`: one blocking JSON request, for the scripts that time one at a time.
 
 The servers and the streaming client are `mtpstack.bench.servers`.
 """
@@ -138,3 +141,76 @@ def emit(report: dict, lines: list[str], out: str | Path | None) -> int:
     else:
         print(text)
     return 0
+
+
+def command_line() -> str:
+    """This run's command, as a report records it."""
+    return " ".join([Path(sys.executable).name, *sys.argv])
+
+
+def version_of(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def loadavg() -> list[float] | None:
+    """1, 5 and 15 minute load averages: a busy machine explains a wide spread."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def run_meta(**fields) -> dict:
+    """A report's `meta`: the command, `fields`, the machine, the BLAS preloaded and the versions it ran with."""
+    import platform
+    import time
+
+    return {"command": command_line(), **fields, "machine": platform.machine(), "cpus": os.cpu_count(),
+            "ld_preload": os.environ.get("LD_PRELOAD"), "loadavg": loadavg(),
+            "versions": {"mlx": version_of("mlx"), "mlx_lm": version_of("mlx-lm"), "mlx_vlm": version_of("mlx-vlm")},
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def rotated(items: list, k: int) -> list:
+    """`items` starting at its `k`-th (modulo its length): round k's order, so drift hits every item alike."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def rounds(warmup: int, repeats: int):
+    """Each round's number and whether it is kept (the first `warmup` are discarded), a line on stderr after it."""
+    total = warmup + repeats
+    for rnd in range(total):
+        yield rnd, rnd >= warmup
+        print(f"round {rnd + 1}/{total} done" + ("" if rnd >= warmup else " (warm-up, discarded)"), file=sys.stderr)
+
+
+def post_json(url: str, path: str, body: dict, timeout: float = 600) -> dict:
+    """One JSON request, its JSON answer (blocking: for scripts that time one request at a time)."""
+    import urllib.request
+
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def few_repeats(repeats: int, enough: int = 5) -> list[str]:
+    """The note a report carries when its rounds are too few to tell a small difference from noise."""
+    if repeats >= enough:
+        return []
+    return [f"only {repeats} repeats on a shared machine: treat ratios within ~10% as noise; rerun with --repeats "
+            f"{enough} or more"]
+
+
+def round_options(p: argparse.ArgumentParser, *, repeats: int, max_tokens: int = 64) -> None:
+    """Add the options of a bench measured in rounds: tokens per request, rounds kept and discarded, the JSON's file."""
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens per request (default: {max_tokens})")
+    p.add_argument("--repeats", type=int, default=repeats, help=f"measured rounds (default: {repeats})")
+    p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
+    p.add_argument("--out", help="write the JSON here instead of stdout")

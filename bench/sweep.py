@@ -41,6 +41,7 @@ import aiohttp
 
 from mtpstack import series
 from mtpstack.bench import report as rpt
+from mtpstack.bench.parts import loadavg, version_of
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.errors import UserError
 from mtpstack.proxy.prometheus import unlabelled
@@ -319,11 +320,12 @@ def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], st
 # -- measuring (step 4) ------------------------------------------------------------------
 
 
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+async def scrape(session: aiohttp.ClientSession, url: str, counters: Sequence[str] = COUNTERS) -> dict[str, float]:
+    """The worker's `counters` now (none from a server without `/metrics`)."""
     async with session.get(url + "/metrics") as resp:
         if resp.status != 200:
             return {}
-        return unlabelled(await resp.text(), COUNTERS)
+        return unlabelled(await resp.text(), counters)
 
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
@@ -418,10 +420,6 @@ async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts
     prompts from one queue, each one request at a time; tok/s is then aggregate (tokens over the
     pass's wall time) and time to first token is per request."""
     before = await scrape(session, url)
-    if clients == 1:
-        requests = [await run_request(session, url, model, p, max_tokens, extra) for p in prompts]
-        after = await scrape(session, url)
-        return summarize_pass(requests, before, after)
     todo = list(prompts)
     done: list[dict] = []
 
@@ -435,8 +433,13 @@ async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts
     after = await scrape(session, url)
     order = {p.id: i for i, p in enumerate(prompts)}
     out = summarize_pass(sorted(done, key=lambda r: order.get(r["prompt_id"], 0)), before, after)
-    out.update(clients=clients, wall_seconds=wall, e2e_tps=out["tokens"] / wall if wall > 0 else None)
+    if clients > 1:
+        out.update(clients=clients, wall_seconds=wall, e2e_tps=out["tokens"] / wall if wall > 0 else None)
     return out
+
+
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT))
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -506,23 +509,6 @@ def parse_widths(text: str, batch_width: int) -> list[int]:
     return widths
 
 
-def _loadavg() -> list[float] | None:
-    """1, 5 and 15 minute load averages: a busy machine explains a wide spread."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
 def git_revision() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
@@ -534,6 +520,12 @@ def git_revision() -> str | None:
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def start_worker(profile: WorkerProfile, log_path: Path, name: str) -> Process:
+    """A worker process serving `profile`, its argv rendered as a deploy renders it, started (not yet waited for)."""
+    return Process(resolve_command(worker_argv(profile)), log_path=log_path, name=name, kind="worker",
+                   url=url_of(profile.host, profile.port), env=worker_env()).start()
 
 
 class Sweep:
@@ -552,10 +544,7 @@ class Sweep:
 
     # the one launcher
     def launch(self, profile: WorkerProfile, label: str) -> Process:
-        argv = resolve_command(worker_argv(profile))
-        log_path = self.s.out / "logs" / f"{label.replace(' ', '-')}.log"
-        return Process(argv, log_path=log_path, name=f"bench {label}", kind="worker", url=url_of(profile.host, profile.port),
-                       env=worker_env()).start()
+        return start_worker(profile, self.s.out / "logs" / f"{label.replace(' ', '-')}.log", f"bench {label}")
 
     def stop(self, proc: Process) -> None:
         proc.stop()
@@ -563,6 +552,10 @@ class Sweep:
     def _advance(self, n: int = 1) -> None:
         if self.progress is not None and self._task is not None:
             self.progress.advance(self._task, n)
+
+    def _describe(self, what: str) -> None:
+        if self.progress is not None and self._task is not None:
+            self.progress.update(self._task, description=what)
 
     def _grow(self, n: int) -> None:
         if self.progress is not None and self._task is not None:
@@ -588,21 +581,57 @@ class Sweep:
                      f"\n\nhint: rerun with `--repeats {MIN_PASSES}` or more")
         assert self.profile is not None and self.profile.drafter is not None
         try:
-            expected_target = local_hash(self.profile.target.path)
-            expected_drafter = local_hash(self.profile.drafter.path)
+            # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
+            hashes = (local_hash(self.profile.target.path), local_hash(self.profile.drafter.path))
         except FileNotFoundError as e:
             raise SweepError(f"cannot hash the weights: {e}", "point `target.path` and `drafter.path` at model directories") from None
-        self.results = {
+        self.results = self._header(base, prompts)
+        design, why = choose_design(s.design, configs, self.profile)
+        self.results["settings"].update(design=design, design_reason=why)
+        self.log(f"design: {design}: {why}")
+        if self.progress is not None:
+            self._task = self.progress.add_task(
+                "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
+
+        def expected(profile: WorkerProfile) -> Expected:
+            return Expected(profile, hashes[0] or self.pinned.get("target"), hashes[1] or self.pinned.get("drafter"))
+
+        try:
+            if design == "alternated":
+                for record in asyncio.run(
+                        self._alternated(configs, base, prompts, expected(alternated_profile(self.profile, configs)))):
+                    self._keep(record)
+                configs = []
+            for c in configs:
+                self._keep(asyncio.run(self._one(c, base, prompts, expected(with_depth(self.profile, c.depth)))))
+        except BaseException as e:
+            # Keep what was measured; say why the sweep stopped.
+            self.results["meta"]["stopped"] = getattr(e, "message", None) or type(e).__name__
+            self.write()
+            raise
+        self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.results["meta"]["load_average_end"] = loadavg()
+        self.write()
+        return self.results
+
+    def _keep(self, record: dict) -> None:
+        """A configuration's record into results.json (rewritten), its error, if any, on stderr."""
+        self.results["configurations"].append(record)
+        if record["status"] != "measured":
+            self.log(f"error: configuration `{record['label']}` aborted: {record['error']}")
+        self.write()
+
+    def _header(self, base: Configuration, prompts: dict[str, list[Prompt]]) -> dict:
+        """results.json before any configuration: what ran where, and with which settings."""
+        s = self.s
+        assert self.profile is not None
+        return {
             "schema": rpt.SCHEMA,
             "meta": {
-                "worker": s.worker,
-                "config_file": s.config_file,
-                "host": socket.gethostname(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "cpus": os.cpu_count(),
-                "load_average_start": _loadavg(),
-                "client_versions": {"aiohttp": aiohttp.__version__, "numpy": _version("numpy")},
+                "worker": s.worker, "config_file": s.config_file, "host": socket.gethostname(),
+                "platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                "load_average_start": loadavg(),
+                "client_versions": {"aiohttp": aiohttp.__version__, "numpy": version_of("numpy")},
                 "git_revision": git_revision(),
                 "command": ["mtpstack", *sys.argv[1:]] if sys.argv and "mtpstack" in Path(sys.argv[0]).name else None,
                 "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -617,102 +646,92 @@ class Sweep:
             "baseline": base.label,
             "configurations": [],
         }
-        design, why = choose_design(s.design, configs, self.profile)
-        self.results["settings"].update(design=design, design_reason=why)
-        self.log(f"design: {design}: {why}")
-        if self.progress is not None:
-            self._task = self.progress.add_task(
-                "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
-        try:
-            if design == "alternated":
-                expected = Expected(alternated_profile(self.profile, configs), expected_target or self.pinned.get("target"),
-                                    expected_drafter or self.pinned.get("drafter"))
-                self.results["configurations"] = asyncio.run(self._alternated(configs, base, prompts, expected))
-                configs = []
-            for c in configs:
-                # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
-                expected = Expected(with_depth(self.profile, c.depth), expected_target or self.pinned.get("target"),
-                                    expected_drafter or self.pinned.get("drafter"))
-                record = asyncio.run(self._one(c, base, prompts, expected))
-                self.results["configurations"].append(record)
-                if record["status"] != "measured":
-                    self.log(f"error: configuration `{c.label}` aborted: {record['error']}")
-                self.write()
-        except BaseException as e:
-            # Keep what was measured; say why the sweep stopped.
-            self.results["meta"]["stopped"] = getattr(e, "message", None) or type(e).__name__
-            self.write()
-            raise
-        self.results["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        self.results["meta"]["load_average_end"] = _loadavg()
-        self.write()
-        return self.results
 
-    async def _one(self, c: Configuration, base: Configuration, prompts: dict[str, list[Prompt]], expected: Expected) -> dict:
-        s = self.s
+    async def _serve(self, configs: Sequence[Configuration], expected: Expected, label: str, measure) -> list[dict]:
+        """One worker on a free loopback port no fleet member uses, serving `configs` (one record each):
+        started, waited for, then `await measure(proc, expected, records)` (which proves its weights); a
+        failure to start, to prove or to answer is every record's error. The worker is stopped either way."""
         port = pick_port(self.config)
         ensure_isolated(self.config, BENCH_HOST, port)
         profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
         expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        record: dict = {"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
-                        "error": None, "argv": worker_argv(profile), "process": {"port": port}, "proof": None, "workloads": {}}
-        if self.progress is not None and self._task is not None:
-            self.progress.update(self._task, description=f"{c.label}: starting")
-        proc = self.launch(profile, c.label)
-        record["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
+        shared = {"shared": True} if len(configs) > 1 else {}
+        records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
+                    "error": None, "argv": worker_argv(profile), "process": {"port": port, **shared}, "proof": None,
+                    "workloads": {}} for c in configs]
+        self._describe(f"{label}: starting")
+        proc = self.launch(profile, label)
+        for r in records:
+            r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
-            try:
-                proc.wait_ready("/health", s.startup_timeout, state="healthy")
-            except StartError as e:
-                record["error"] = str(e)
-                return record
+            proc.wait_ready("/health", self.s.startup_timeout, state="healthy")
+            await measure(proc, expected, records)
+            for r in records:
+                r["status"] = "measured"
+            return records
+        except (StartError, ConfigurationAborted) as e:
+            error = str(e)
+        except aiohttp.ClientError as e:
+            error = f"the worker stopped answering: {e}"
+        finally:
+            self.stop(proc)
+        for r in records:
+            r["error"] = error
+        return records
+
+    def _proven(self, proc: Process, expected: Expected, records: list[dict]) -> tuple[dict, str]:
+        """The weights proof of a started worker, kept in its records (with the device, BLAS and versions it
+        reports, in the meta), and the model name it serves."""
+        proof = check_weights(proc.pid, proc.url, expected)
+        ident = proof["identity"] or {}
+        for k in ("device", "blas", "versions"):
+            if ident.get(k) is not None:
+                self.results["meta"].setdefault(k, ident[k])
+        for r in records:
+            r.update(proof=proof, drafter_kind=proof["drafter_kind"])
+        profile = expected.profile
+        # mlx_lm.server serves its model under the path it was given (another name makes it load that model).
+        served = profile.target.path if profile.backend == "mlx-lm" else profile.model
+        return ident, ident.get("served_model_name") or served
+
+    def _cells(self, records: list[dict]):
+        """Each (width, workload, its results key), a fresh entry for it in every record."""
+        for width in self.s.widths:
+            for w in self.s.workloads:
+                key = rpt.workload_key(w, width)
+                for r in records:
+                    r["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
+                yield width, w, key
+
+    async def _one(self, c: Configuration, base: Configuration, prompts: dict[str, list[Prompt]], expected: Expected) -> dict:
+        s = self.s
+
+        async def measure(proc: Process, expected: Expected, records: list[dict]) -> None:
             # A new process first (a reused one would carry counters and caches over), then its weights.
-            identity = _identity_or_none(proc.url) if profile.backend == "native" else None
+            record = records[0]
+            identity = _identity_or_none(proc.url) if expected.profile.backend == "native" else None
             key = process_key(proc.pid, identity)
             record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
             check_fresh(c.label, key, self.seen)
-            try:
-                proof = check_weights(proc.pid, proc.url, expected)
-            except ConfigurationAborted as e:
-                record["error"] = str(e)
-                return record
-            record["proof"] = proof
-            record["drafter_kind"] = proof["drafter_kind"]
-            ident = proof["identity"] or {}
+            ident, model = self._proven(proc, expected, records)
             for role in ("target", "drafter"):
                 if (ident.get(role) or {}).get("sha256"):
                     self.pinned.setdefault(role, ident[role]["sha256"])
-            meta = self.results["meta"]
-            for k in ("device", "blas", "versions"):
-                if ident.get(k) is not None:
-                    meta.setdefault(k, ident[k])
-            # mlx_lm.server serves its model under the path it was given (another name makes it load that model).
-            model = ident.get("served_model_name") or (profile.target.path if profile.backend == "mlx-lm" else profile.model)
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                for width in s.widths:
-                    for w in s.workloads:
-                        key = rpt.workload_key(w, width)
-                        wl = record["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
-                        if self.progress is not None and self._task is not None:
-                            self.progress.update(self._task, description=f"{c.label}: {key}")
-                        wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width)
+            async with _session() as session:
+                for width, w, key in self._cells(records):
+                    self._describe(f"{c.label}: {key}")
+                    wl = record["workloads"][key]
+                    wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width)
+                    self._advance()
+                    passes = wl["passes"]
+                    while len(passes) < s.max_repeats and (
+                            len(passes) < s.repeats or self._pass_needed(c, base, key, passes)):
+                        if len(passes) >= s.repeats:
+                            self._grow(1)
+                        passes.append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width))
                         self._advance()
-                        for _ in range(s.repeats):
-                            wl["passes"].append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width))
-                            self._advance()
-                        if c != base:
-                            await self._extend(session, proc.url, model, prompts[w], key, wl["passes"], c.label, c.depth, width)
-            record["status"] = "measured"
-            return record
-        except ConfigurationAborted as e:
-            record["error"] = str(e)
-            return record
-        except aiohttp.ClientError as e:
-            record["error"] = f"the worker stopped answering: {e}"
-            return record
-        finally:
-            self.stop(proc)
+
+        return (await self._serve([c], expected, c.label, measure))[0]
 
     async def _alternated(self, configs: list[Configuration], base: Configuration, prompts: dict[str, list[Prompt]],
                           expected: Expected) -> list[dict]:
@@ -720,79 +739,51 @@ class Sweep:
         workload and width one warm-up round, then rounds of one pass per configuration in rotating order
         (AB, BA, ... for two), more rounds while a paired verdict against the baseline is open, up to the cap."""
         s = self.s
-        port = pick_port(self.config)
-        ensure_isolated(self.config, BENCH_HOST, port)
-        profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
-        expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
-                    "error": None, "argv": worker_argv(profile), "process": {"port": port, "shared": True}, "proof": None,
-                    "workloads": {}} for c in configs]
-        proc = self.launch(profile, "alternated")
-        for r in records:
-            r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
-        try:
-            try:
-                proc.wait_ready("/health", s.startup_timeout, state="healthy")
-                proof = check_weights(proc.pid, proc.url, expected)
-            except (StartError, ConfigurationAborted) as e:
-                for r in records:
-                    r["error"] = str(e)
-                return records
-            ident = proof["identity"] or {}
-            for k in ("device", "blas", "versions"):
-                if ident.get(k) is not None:
-                    self.results["meta"].setdefault(k, ident[k])
-            for r in records:
-                r.update(proof=proof, drafter_kind=proof["drafter_kind"])
-            model = ident.get("served_model_name") or profile.model
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                for width in s.widths:
-                    for w in s.workloads:
-                        key = rpt.workload_key(w, width)
-                        for r in records:
-                            r["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
 
-                        async def one(i: int) -> dict:
-                            return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
-                                                  configs[i].request_fields)
+        async def measure(proc: Process, expected: Expected, records: list[dict]) -> None:
+            _, model = self._proven(proc, expected, records)
+            async with _session() as session:
+                for width, w, key in self._cells(records):
 
-                        for i in range(len(configs)):
-                            records[i]["workloads"][key]["warmup"] = await one(i)
+                    async def one(i: int) -> dict:
+                        return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
+                                              configs[i].request_fields)
+
+                    for i in range(len(configs)):
+                        records[i]["workloads"][key]["warmup"] = await one(i)
+                        self._advance()
+                    rounds = 0
+                    while rounds < s.max_repeats and (rounds < s.repeats or self._round_needed(records, key)):
+                        if rounds >= s.repeats:
+                            self._grow(len(configs))
+                        for i in [*range(rounds % len(configs), len(configs)), *range(rounds % len(configs))]:
+                            records[i]["workloads"][key]["passes"].append(await one(i))
                             self._advance()
-                        rounds = 0
-                        while rounds < s.max_repeats and (rounds < s.repeats or self._round_needed(records, key)):
-                            if rounds >= s.repeats:
-                                self._grow(len(configs))
-                            for i in [*range(rounds % len(configs), len(configs)), *range(rounds % len(configs))]:
-                                records[i]["workloads"][key]["passes"].append(await one(i))
-                                self._advance()
-                            rounds += 1
-            for r in records:
-                r["status"] = "measured"
-            return records
-        except aiohttp.ClientError as e:
-            for r in records:
-                r["error"] = f"the worker stopped answering: {e}"
-            return records
-        finally:
-            self.stop(proc)
+                        rounds += 1
+
+        return await self._serve(configs, expected, "alternated", measure)
 
     def _round_needed(self, records: list[dict], key: str) -> bool:
         """A paired verdict against the baseline is still open (straddles `1 + margin` with a win as
         its point estimate), or the comparison settling the recommendation is undecided."""
-        base = next(r for r in records if r["label"] == self.results["baseline"])
-        base_values = rpt.values(base, key)
-        for r in records:
-            if r is base:
-                continue
-            v = decide_paired(base_values, rpt.values(r, key), margin=self.s.margin, resamples=1000)
-            if v.open:
-                return True
-        cands = [Candidate(r["label"], r["depth"], tuple(rpt.values(r, key))) for r in records if r is not base]
-        settled = settling(Candidate(base["label"], base["depth"], tuple(base_values)), cands, margin=self.s.margin,
-                           resamples=1000, paired=True)
+        record = next(r for r in records if r["label"] == self.results["baseline"])
+        base, others = _candidate(record, key), [_candidate(r, key) for r in records if r is not record]
+        margin = self.s.margin
+        if any(decide_paired(list(base.values), list(c.values), margin=margin, resamples=1000).open for c in others):
+            return True
+        settled = settling(base, others, margin=margin, resamples=1000, paired=True)
         return settled is not None and not settled.decided
+
+    def _pass_needed(self, c: Configuration, base: Configuration, key: str, passes: list[dict]) -> bool:
+        """Adaptive passes of a fresh configuration, one at a time up to the cap: while its verdict against the
+        measured baseline is open, and while it is a side of the comparison that settles the recommendation so far
+        (the best against the smallest within noise of it) and that comparison is undecided."""
+        base_record = next((r for r in self.results["configurations"] if r["label"] == base.label), None)
+        if c == base or base_record is None or base_record["status"] != "measured":
+            return False
+        mine = [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None]
+        return (decide(rpt.values(base_record, key), mine, margin=self.s.margin).open
+                or self._settling_needs(key, Candidate(c.label, c.depth, tuple(mine))))
 
     def _settling_needs(self, workload: str, current: Candidate) -> bool:
         """The comparison settling the recommendation among what is measured so far is undecided and
@@ -801,29 +792,13 @@ class Sweep:
         base = next((c for c in measured if c["label"] == self.results["baseline"]), None)
         if base is None:
             return False
-        others = [Candidate(c["label"], c.get("depth"), tuple(rpt.values(c, workload))) for c in measured if c is not base]
-        settled = settling(Candidate(base["label"], base.get("depth"), tuple(rpt.values(base, workload))), [*others, current],
-                           margin=self.s.margin, resamples=1000)
+        others = [_candidate(c, workload) for c in measured if c is not base]
+        settled = settling(_candidate(base, workload), [*others, current], margin=self.s.margin, resamples=1000)
         return settled is not None and not settled.decided and current in (settled.recommended, settled.best)
 
-    async def _extend(self, session, url: str, model: str, prompts: Sequence[Prompt], workload: str, passes: list[dict],
-                      label: str = "", depth: int | None = None, clients: int = 1) -> None:
-        """Adaptive passes, one at a time up to the cap: while the verdict against the baseline is open, and
-        while this configuration is a side of the comparison that settles the recommendation so far (the
-        best against the smallest within noise of it) and that comparison is undecided."""
-        s = self.s
-        base = next((c for c in self.results["configurations"] if c["label"] == self.results["baseline"]), None)
-        if base is None or base["status"] != "measured":
-            return
-        base_values = rpt.values(base, workload)
-        while len(passes) < s.max_repeats:
-            mine = [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None]
-            v = decide(base_values, mine, margin=s.margin)
-            if not v.open and not self._settling_needs(workload, Candidate(label, depth, tuple(mine))):
-                return
-            self._grow(1)
-            passes.append(await run_pass(session, url, model, prompts, s.max_tokens, clients))
-            self._advance()
+
+def _candidate(record: dict, key: str) -> Candidate:
+    return Candidate(record["label"], record.get("depth"), tuple(rpt.values(record, key)))
 
 
 def write_outputs(results: dict, out: Path) -> list[Path]:

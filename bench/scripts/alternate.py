@@ -1,64 +1,112 @@
-"""An alternated run against one live worker, for the drift correlation `mtpstack bench simulate --rho-from` reads.
+"""Arms alternated in one live worker, each a setting a request carries, judged by the paired rule.
 
-Two depths a request can carry (`num_draft_tokens`, up to the worker's own) alternate within one
-process, pair by pair in alternating order (AB, BA, AB, ...); each run is one greedy request of fixed
-`max_tokens`, timed end to end. The output lists the runs in time order with their tok/s:
+Every arm runs in the one process, in rotating order pass by pass (a pass runs every arm once: AB, BA, ...
+for two), after one discarded warm-up of each, so slow drift is shared; its tok/s is completion tokens
+over the wall time of its requests, sent one at a time, greedy, each run to `--max-tokens`. Two modes:
+
+- `--depths A,B` (default `0,3`): two depths (`num_draft_tokens`, up to the worker's own), an arm's run one
+  completion of a fixed prompt; the output lists the runs in time order with their tok/s, for the drift
+  correlation `mtpstack bench simulate --rho-from` reads, and judges B against A;
+- `--map`: fixed single depths (`--fixed`) against the worker's depth per class, in one worker started with a
+  depth map (its deepest class at least the deepest fixed depth): arm `map` sends the prompts as they are (the
+  worker classifies them), arm `fixed D` names the deepest class (`mtpstack_class`, `--deep-class`) and lowers
+  it to D; an arm's run is the code and prose prompts interleaved (chat); the map is judged against each.
+
+Verdicts: `mtpstack.bench.stats.decide_paired`.
 
     python bench/scripts/alternate.py --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
+    python bench/scripts/alternate.py --url http://127.0.0.1:18716 --map --deep-class code --fixed 1,2,3,4 --passes 10
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
-import urllib.request
 from pathlib import Path
 
+from mtpstack.bench.parts import post_json, rotated
 from mtpstack.bench.stats import decide_paired, neighbour_correlation, summarize
+from mtpstack.bench.sweep import load_prompts
 
 PROMPT = "def fibonacci(n):\n"
 
 
-def one_run(url: str, depth: int, max_tokens: int) -> dict:
-    body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "num_draft_tokens": depth}
-    req = urllib.request.Request(url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+def run_arm(url: str, path: str, bodies: list[dict]) -> dict:
+    """The requests of one run, one at a time: its tok/s over their wall time, and a hash of their texts."""
+    tokens, drafted, texts = 0, 0, []
     started = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        answer = json.loads(resp.read())
+    for body in bodies:
+        answer = post_json(url, path, body, timeout=300)
+        tokens += answer["usage"]["completion_tokens"]
+        drafted += answer["usage"].get("draft_tokens") or 0
+        choice = answer["choices"][0]
+        texts.append(choice["text"] if "text" in choice else choice["message"]["content"])
     seconds = time.perf_counter() - started
-    tokens = answer["usage"]["completion_tokens"]
-    return {"config": f"depth {depth}", "tok_s": tokens / seconds, "seconds": seconds, "tokens": tokens,
-            "draft_tokens": answer["usage"].get("draft_tokens"), "text": answer["choices"][0]["text"]}
+    return {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "draft_tokens": drafted,
+            "output_sha256": hashlib.sha256("\0".join(texts).encode()).hexdigest()}
+
+
+def arms_of(args) -> tuple[str, dict[str, list[dict]], list[tuple[str, str]]]:
+    """The endpoint, each arm's requests, and the comparisons (candidate, base) to judge."""
+    greedy = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+    if not args.map:
+        a, b = (int(x) for x in args.depths.split(","))
+        arms = {f"depth {d}": [{"prompt": PROMPT, **greedy, "num_draft_tokens": d}] for d in (a, b)}
+        return "/v1/completions", arms, [(f"depth {b}", f"depth {a}")]
+    code, prose = load_prompts("code"), load_prompts("prose")
+    messages = [[{"role": "user", "content": x.prompt}] for pair in zip(code, prose) for x in pair]
+    arms = {f"fixed {d}": [{"messages": m, **greedy, "mtpstack_class": args.deep_class, "num_draft_tokens": int(d)}
+                           for m in messages] for d in args.fixed.split(",")}
+    arms["map"] = [{"messages": m, **greedy} for m in messages]
+    return "/v1/chat/completions", arms, [("map", name) for name in arms if name != "map"]
+
+
+def report_lines(arms: dict, runs: list[dict], comparisons: list[tuple[str, str]], max_tokens: int) -> list[str]:
+    values = {name: [r["tok_s"] for r in runs if r["config"] == name] for name in arms}
+    lines = [f"{len(next(iter(arms.values())))} request(s) a run, max_tokens {max_tokens}, {len(runs) // len(arms)} "
+             f"passes, arms in rotating order in one worker; outputs identical across arms and passes: "
+             f"{len({r['output_sha256'] for r in runs}) == 1}"]
+    for name, v in values.items():
+        s = summarize(v)
+        lines.append(f"{name:8} median {s.median:7.1f} tok/s  min-max {s.min:.1f}-{s.max:.1f}  n {s.n}")
+    best = max({base for _, base in comparisons}, key=lambda n: summarize(values[n]).median)
+    for cand, base in comparisons:
+        v = decide_paired(values[base], values[cand])
+        ratio = "-" if v.ratio is None else f"{v.ratio:.3f} [{v.lo:.3f}, {v.hi:.3f}]"
+        mark = "  <- best single depth" if len(comparisons) > 1 and base == best else ""
+        lines.append(f"{cand} / {base}: {ratio} -> {v.decision}{mark}")
+    rho = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
+    return lines + [f"drift correlation between neighbouring runs: {rho if rho is None else round(rho, 3)}"]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="the worker's base URL")
     p.add_argument("--depths", default="0,3", help="two depths, A,B (default: 0,3)")
-    p.add_argument("--pairs", type=int, default=20, help="pairs to run (default: 20)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per run (default: 64)")
-    p.add_argument("--out", type=Path, required=True, help="where to write the runs (JSON)")
+    p.add_argument("--map", action="store_true", help="the worker's depth map against fixed depths (`--fixed`)")
+    p.add_argument("--deep-class", default="code", help="with --map: the map's deepest class (default: code)")
+    p.add_argument("--fixed", default="1,2,3,4", help="with --map: fixed depths beside the map (default: 1,2,3,4)")
+    p.add_argument("--passes", "--pairs", type=int, help="passes, every arm once each (default: 20; with --map 10)")
+    p.add_argument("--max-tokens", type=int, help="tokens per request (default: 64; with --map 32)")
+    p.add_argument("--out", type=Path, help="where to write the runs (JSON)")
     args = p.parse_args(argv)
-    a, b = (int(x) for x in args.depths.split(","))
-    one_run(args.url, a, args.max_tokens)  # warm-up, discarded
-    runs = []
-    for i in range(args.pairs):
-        for depth in ((a, b) if i % 2 == 0 else (b, a)):
-            runs.append(one_run(args.url, depth, args.max_tokens))
-    texts = {r["config"]: r["text"] for r in runs}
-    rho = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
-    base = [r["tok_s"] for r in runs if r["config"] == f"depth {a}"]
-    cand = [r["tok_s"] for r in runs if r["config"] == f"depth {b}"]
-    verdict = decide_paired(base, cand)
-    args.out.write_text(json.dumps({"url": args.url, "depths": [a, b], "pairs": args.pairs, "max_tokens": args.max_tokens,
-                                    "identical_text": len(set(texts.values())) == 1, "rho": rho, "runs": runs}, indent=1))
-    for label, values in ((f"depth {a}", base), (f"depth {b}", cand)):
-        s = summarize(values)
-        print(f"{label}: median {s.median:.1f} tok/s, min-max {s.min:.1f}-{s.max:.1f}, n {s.n}")
-    print(f"paired ratio depth {b}/depth {a}: {verdict.ratio:.3f} [{verdict.lo:.3f}, {verdict.hi:.3f}] -> {verdict.decision}")
-    print(f"drift correlation between neighbouring runs: {rho if rho is None else round(rho, 3)}")
+    args.passes = args.passes or (10 if args.map else 20)
+    args.max_tokens = args.max_tokens or (32 if args.map else 64)
+    path, arms, comparisons = arms_of(args)
+    names = list(arms)
+    for name in names:  # warm-up, discarded
+        run_arm(args.url, path, arms[name][:2])
+    runs = [{"config": name, **run_arm(args.url, path, arms[name])}
+            for i in range(args.passes) for name in rotated(names, i)]
+    lines = report_lines(arms, runs, comparisons, args.max_tokens)
+    print("\n".join(lines))
+    if args.out:
+        rho = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
+        identical = len({r["output_sha256"] for r in runs}) == 1
+        args.out.write_text(json.dumps({"url": args.url, "arms": arms, "passes": args.passes, "max_tokens": args.max_tokens,
+                                        "identical_text": identical, "rho": rho, "runs": runs, "summary": lines}, indent=1))
     return 0
 
 

@@ -26,13 +26,13 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import aiohttp
 
-from mtpstack.bench.parts import ensure_preload, widen_target
+from mtpstack.bench.parts import ensure_preload, rotated, widen_target
+from mtpstack.bench.parts import summarize as spread
 
 AUTO = "auto"
 WORKLOADS = ("code", "prose", "tool")
@@ -95,22 +95,16 @@ async def measure(proc, config, prompts: dict, args) -> dict:
 
 
 def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
-    from mtpstack.bench.sweep import Expected, check_weights, local_hash, load_prompts
-    from mtpstack.runtime import Process, free_port, url_of
-    from mtpstack.validator import worker_argv
-    from mtpstack.worker.launcher import resolve_command, worker_env
+    from mtpstack.bench.sweep import Expected, check_weights, local_hash, load_prompts, start_worker
+    from mtpstack.runtime import free_port
 
     prompts = {w: load_prompts(w)[: args.prompts] for w in args.workloads}
     configs = [*args.depths, AUTO]
     passes: dict[str, dict[str, list[dict]]] = {str(c): {} for c in configs}
     for r in range(args.rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
-        for config in order:
-            port = free_port()
-            profile = profile_for(target, head, max(args.depths), max(args.widths), port)
-            proc = Process(resolve_command(worker_argv(profile)), log_path=logdir / f"{name}-{config}-{r}.log", name=f"{name} {config}",
-                           kind="worker", url=url_of("127.0.0.1", port), env=worker_env())
-            proc.start()
+        for config in rotated(configs, r):
+            profile = profile_for(target, head, max(args.depths), max(args.widths), free_port())
+            proc = start_worker(profile, logdir / f"{name}-{config}-{r}.log", f"{name} {config}")
             try:
                 proc.wait_ready("/health", 600, state="healthy")
                 check_weights(proc.pid, proc.url, Expected(profile, local_hash(str(target)), local_hash(str(head))))
@@ -121,10 +115,6 @@ def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
                 passes[str(config)].setdefault(key, []).append(value)
             print(f"{name} round {r + 1} {config}: " + ", ".join(f"{k} {v['tps']:.1f}" for k, v in got.items()), file=sys.stderr)
     return passes
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def summarize(passes: dict, depths: list[int]) -> dict:

@@ -15,8 +15,14 @@ another order, so a near-tie may break differently (a note says where).
 On one machine over loopback the two ranks share its cores and memory bandwidth, so this is a
 floor on what the ranks' exchanges cost, not a speed claim for a Thunderbolt ring.
 
+`--lose-rank`: how soon a distributed worker notices a lost rank instead. Two tensor ranks (the tiny
+hybrid pair of `devkit.demo.tiny_hybrid` with its head), idle; rank 1 killed (`kill -9`) or hung
+(`kill -STOP`); the time until rank 0's `/health` stops answering 200 and until rank 0 exits, median
+and min-max over `--repeats`.
+
     python bench/scripts/distributed_bench.py --out bench-distributed.json   # the demo pair, target widened
     python bench/scripts/distributed_bench.py --target DIR --drafter DIR
+    python bench/scripts/distributed_bench.py --lose-rank --repeats 3
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -26,18 +32,18 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
-import json
+import contextlib
 import os
-import platform
 import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mtpstack.bench.parts import PROMPTS, check_models, emit, ensure_preload, model_options, prepare_models
+from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, model_options, post_json,
+                                  prepare_models, round_options, rotated, rounds, run_meta, summarize)
+from mtpstack.bench.parts import fmt as _fmt
 
 #: Configuration -> (strategy, or None for one process; with the head).
 CONFIGS = {
@@ -51,24 +57,16 @@ CONFIGS = {
 WIDTHS = (1, 4)
 REQUEST_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
+#: `--lose-rank`: the signals that lose rank 1, and how long rank 0 sits idle, healthy, before it.
+SIGNALS = {"kill -9": signal.SIGKILL, "kill -STOP": signal.SIGSTOP}
+SETTLE_SECONDS = 2.0
 
 
 # -- pure parts (tested in tests/bench/test_distributed_bench_format.py) --------------------
 
 
-def summarize(values: list[float]) -> dict:
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    from mtpstack.bench.stats import summarize as stats
-
-    s = stats(values)
-    return {"median": s.median, "min": s.min, "max": s.max, "n": s.n}
-
-
 def fmt(s: dict) -> str:
-    if s.get("median") is None:
-        return "n/a"
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}, n={s['n']})"
+    return _fmt(s, digits=1)
 
 
 def baseline_of(name: str) -> str:
@@ -99,30 +97,31 @@ def report_lines(summary: dict, rel: dict, notes: list[str]) -> list[str]:
     return lines + [f"note: {n}" for n in notes]
 
 
+def loss_line(name: str, runs: list[dict]) -> str:
+    u, e = summarize([r["unhealthy_s"] for r in runs]), summarize([r["exited_s"] for r in runs])
+    codes = sorted({r["exit_code"] for r in runs})
+    return (f"{name}: /health non-200 after {u['median']:.2f} s ({u['min']:.2f}-{u['max']:.2f}); rank 0 exited after "
+            f"{e['median']:.2f} s ({e['min']:.2f}-{e['max']:.2f}), exit codes {codes}, n={u['n']}")
+
+
 # -- running -------------------------------------------------------------------------------
 
 
 class Server:
-    """One configuration's processes (one, or one per rank), started as `mtpstack up` starts them."""
+    """One worker's processes (one, or one per rank of two on loopback), started as `mtpstack up` starts them."""
 
-    def __init__(self, name: str, target: Path, head: Path, depth: int, logdir: Path):
+    def __init__(self, name: str, strategy: str | None, worker: dict, logdir: Path):
         from mtpstack.runtime import Process, free_port, free_port_run, url_of
         from mtpstack.validator import FleetConfig, rank_peers, worker_argv
         from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
-        strategy, with_head = CONFIGS[name]
         port = free_port()
-        worker = {
-            "model": "bench", "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": max(WIDTHS), "port": port,
-            "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if with_head else None,
-            # A distributed worker keeps no prefix cache: none here either, so every round prefills alike.
-            "prefixCache": {"maxGiB": 0},
-        }
+        worker = {**worker, "port": port}
         hosts = {"r0": {"address": "127.0.0.1"}, "r1": {"address": "127.0.0.1"}}
         if strategy is not None:
             worker["distributed"] = {"hosts": list(hosts), "strategy": strategy, "basePort": free_port_run(len(hosts))}
-        fleet = FleetConfig.model_validate({"proxy": {"concurrencyLimit": max(WIDTHS), "deployOn": "r0"}, "hosts": hosts,
-                                            "workers": {"w": worker}})
+        fleet = FleetConfig.model_validate({"proxy": {"concurrencyLimit": worker["maxNumSeqs"], "deployOn": "r0"},
+                                            "hosts": hosts, "workers": {"w": worker}})
         argv = resolve_command(worker_argv(fleet.workers["w"]))
         envs = [{}] if strategy is None else rank_environments(rank_peers(fleet, "w"), "ring", logdir / f"hostfile-{name}.json")
         self.url = url_of("127.0.0.1", port)
@@ -134,30 +133,36 @@ class Server:
             p.start()
         return self
 
-    def wait(self) -> None:
-        self.procs[0].wait_ready("/health", START_TIMEOUT, state="healthy")
+    def wait(self, timeout: float = START_TIMEOUT) -> None:
+        self.procs[0].wait_ready("/health", timeout, state="healthy")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
         for p in self.procs:
-            p.stop(timeout=10)
+            with contextlib.suppress(Exception):
+                p.signal(signal.SIGCONT)  # a rank hung by `--lose-rank` stops as any other
+            p.stop(timeout=timeout)
 
 
-def complete(url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
-        answer = json.loads(resp.read())
-    return {"text": answer["choices"][0]["text"], "tokens": answer["usage"]["completion_tokens"]}
+def worker_of(target: Path, head: Path | None, depth: int, width: int, model: str = "bench") -> dict:
+    # A distributed worker keeps no prefix cache: none here either, so every round prefills alike.
+    return {"model": model, "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": width,
+            "prefixCache": {"maxGiB": 0},
+            "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if head else None}
 
 
 def measure(url: str, width: int, max_tokens: int, rnd: int) -> tuple[float, list[str]]:
     """(tok/s over `width` requests at once, their texts)."""
     prompts = [PROMPTS[(rnd + i) % len(PROMPTS)] for i in range(width)]
+    body = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+    def complete(prompt: str) -> dict:
+        return post_json(url, "/v1/completions", {**body, "prompt": prompt}, REQUEST_TIMEOUT)
+
     start = time.perf_counter()
     with ThreadPoolExecutor(width) as pool:
-        answers = list(pool.map(lambda p: complete(url, p, max_tokens), prompts))
+        answers = list(pool.map(complete, prompts))
     elapsed = time.perf_counter() - start
-    return sum(a["tokens"] for a in answers) / elapsed, [a["text"] for a in answers]
+    return sum(a["usage"]["completion_tokens"] for a in answers) / elapsed, [a["choices"][0]["text"] for a in answers]
 
 
 def run(args) -> dict:
@@ -166,16 +171,16 @@ def run(args) -> dict:
     print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
     samples: dict = {name: {str(w): [] for w in WIDTHS} for name in args.configs}
     notes: list[str] = []
-    for rnd in range(args.warmup + args.repeats):
-        keep = rnd >= args.warmup
+    for rnd, keep in rounds(args.warmup, args.repeats):
         texts: dict = {w: {} for w in WIDTHS}
         # One configuration runs at a time (idle ranks poll inside their collectives and would tax
         # the one measured); the order rotates each round so drift on a shared machine spreads out.
-        order = args.configs[rnd % len(args.configs):] + args.configs[:rnd % len(args.configs)]
-        for name in order:
-            server = Server(name, target, head, args.depth, workdir).start()
+        for name in rotated(args.configs, rnd):
+            strategy, with_head = CONFIGS[name]
+            worker = worker_of(target, head if with_head else None, args.depth, max(WIDTHS))
+            server = Server(name, strategy, worker, workdir)
             try:
-                server.wait()
+                server.start().wait()
                 measure(server.url, max(WIDTHS), 4, rnd)  # discarded: the first forwards of a fresh process
                 for width in WIDTHS:
                     tok_s, texts[width][name] = measure(server.url, width, args.max_tokens, rnd)
@@ -188,40 +193,61 @@ def run(args) -> dict:
                 one = by_name.get(baseline_of(name))
                 if one is not None and t != one:
                     notes.append(f"round {rnd}, width {width}: `{name}` greedy text differs from `{baseline_of(name)}`'s")
-        print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"), file=sys.stderr)
     summary = {name: {w: summarize(v) for w, v in by_width.items()} for name, by_width in samples.items()}
-    if args.repeats < 5:
-        notes.append(f"only {args.repeats} repeats on a shared machine: treat ratios within ~10% as noise; rerun with --repeats 5 or more")
-    import mlx.core as mx
-    import mlx_lm
-
     return {
-        "meta": {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "models": source, "target": str(target), "head": str(head), "depth": args.depth, "max_tokens": args.max_tokens,
-            "repeats": args.repeats, "warmup": args.warmup, "transport": "ring backend over loopback, 2 ranks on one machine",
-            "machine": platform.machine(), "cpus": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD"),
-            "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__},
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-        "summary": {"tok_s": summary, "ratio": ratios(summary), "notes": notes},
+        "meta": run_meta(models=source, target=str(target), head=str(head), depth=args.depth,
+                         max_tokens=args.max_tokens, repeats=args.repeats, warmup=args.warmup,
+                         transport="ring backend over loopback, 2 ranks on one machine"),
+        "summary": {"tok_s": summary, "ratio": ratios(summary), "notes": notes + few_repeats(args.repeats)},
         "samples": samples,
     }
+
+
+def lose_rank(target: Path, head: Path, sig: int, logdir: Path, n: int) -> dict:
+    """Two idle ranks; rank 1 lost to `sig`: seconds until rank 0's `/health` is not 200, until it exits, its code."""
+    from mtpstack.runtime import http_status
+
+    server = Server(f"loss{n}-{sig}", "tensor", worker_of(target, head, 3, 2, model="tiny"), logdir).start()
+    rank0, rank1 = server.procs
+    try:
+        server.wait(120)
+        time.sleep(SETTLE_SECONDS)
+        rank1.signal(sig)
+        start = time.monotonic()
+        while http_status(server.url + "/health", timeout=2)[0] == 200:
+            time.sleep(0.05)
+        unhealthy = time.monotonic() - start
+        code = rank0.wait(timeout=60)
+        return {"unhealthy_s": unhealthy, "exited_s": time.monotonic() - start, "exit_code": code}
+    finally:
+        server.stop(timeout=5)
+
+
+def run_loss(args) -> int:
+    from devkit.demo.tiny_hybrid import build_tiny_hybrid_pair
+
+    workdir = Path(tempfile.mkdtemp(prefix="distributed-loss-"))
+    target, head = build_tiny_hybrid_pair(workdir / "models", seed=0)
+    runs = {name: [lose_rank(target, head, sig, workdir, n) for n in range(args.repeats)]
+            for name, sig in SIGNALS.items()}
+    report = {"meta": run_meta(settle_s=SETTLE_SECONDS), "runs": runs}
+    return emit(report, [loss_line(name, r) for name, r in runs.items()], args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_options(p, depth_help="draft depth with the head")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="configurations (default: all)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
-    p.add_argument("--repeats", type=int, default=5, help="measured rounds (default: 5)")
-    p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    round_options(p, repeats=5)
+    p.add_argument("--lose-rank", action="store_true", help="time how soon a lost rank is noticed instead (`--repeats` "
+                   "runs per signal, on the tiny hybrid pair)")
     args = p.parse_args(argv)
     check_models(p, args)
     ensure_preload()  # the same BLAS the servers get, for this process's own mlx (the widening)
     # A stop signal unwinds like Ctrl-C, so every server started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.lose_rank:
+        return run_loss(args)
     result = run(args)
     lines = report_lines(result["summary"]["tok_s"], result["summary"]["ratio"], result["summary"]["notes"])
     return emit(result, lines, args.out)

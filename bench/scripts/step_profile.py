@@ -2,6 +2,8 @@
 
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py \\
         [--pairs demo qwen3_5] [--depths 0 1 2 3 4] [--widths 1 4] [--repeats 4] [--steps 4] [--out FILE]
+    LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py --memory \\
+        [--depths 1 2 4] [--repeats 7] [--replayed]
 
 The pairs are the worker bench's (`mtpstack.bench.parts.prepare_models`): `demo`, the demo pair with its target
 widened to ~70M parameters, and `qwen3_5`, the tiny random Qwen3.5 hybrid of `devkit.demo.tiny_hybrid`
@@ -35,6 +37,24 @@ step over the plain step's (depth 0, same pair and width) in the same round; the
 process's CPU time (all its threads; steadier than wall time when other jobs share the cores, though it
 counts BLAS threads spinning too); and its floor, the forward alone over 1 + k positions over the forward
 over one, same round; each summarised over rounds (median, min-max). A benchmark, not a test.
+
+`--memory`: speculation's extra memory per row per drafted position instead, against what the state sizes
+predict (`predicted_bytes`). A verify step of a hybrid target keeps, beyond a plain step, what sets each
+row's gated-delta state after its kept positions (`mtpstack.worker.caches.StepRecord`), in one of two ways:
+- where mlx-lm's recurrence is a loop of one op a position (the CPU), the state after every position:
+  `linear layers x value heads x key dim x value dim x 4` bytes (fp32) per row per drafted position;
+- where it is one Metal kernel over all positions (`--replayed` runs that way here, through mlx-lm's
+  ops), only the recurrence's inputs (q, k, v: `conv_dim` values, and two gates per value head) per
+  drafted position, and at commit one replayed state per row that rejected drafts, whatever the depth
+  (1/k of one per drafted position);
+plus, either way, a conv window's input (`conv_dim` values) and the attention layers' KV, both small. It
+builds a tiny Qwen3.5-family target widened where that state lives (`WIDE`), runs real decode steps at each
+width and depth, and reports the peak memory in use during one step (mlx's peak counter, reset before each
+step) above the depth-0 step's, per row per drafted position, next to the prediction: median and min-max
+over `--repeats` steps.
+
+`--model-dims MODEL`: the figures at a real model's dimensions worked out on paper, and exit: one row's step
+on Metal (`paper_step`), or with `--memory` the bytes it keeps (`predicted_bytes`).
 """
 
 from __future__ import annotations
@@ -42,13 +62,15 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
+import json
 import sys
 import tempfile
 import time
 from argparse import Namespace
 from pathlib import Path
 
-from mtpstack.bench.parts import MODEL_DIMS, PROMPTS, emit, ensure_preload, prepare_models
+from mtpstack.bench.parts import (MODEL_DIMS, PROMPTS, command_line, emit, ensure_preload, loadavg, prepare_models,
+                                  rounds)
 from mtpstack.bench.stats import summarize
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
@@ -58,6 +80,8 @@ PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", 
 RECURRENCES = ("gated_delta_update", "_states_ops", "ssm_update")
 #: Steps run and discarded after a configuration's rows are rebuilt.
 WARMUP_STEPS = 2
+#: A row's figures, each kept over rounds (`<name>_raw`) beside its spread.
+RAW = ("step_ms", "step_cost", "cpu_cost", "floor_cost", "forced_ms")
 
 
 # -- pure parts (tested through devkit.scripts.load_script) --------------------------------
@@ -243,14 +267,14 @@ class Forcing:
         self._undo = []
 
 
-def build_rows(engine, width: int, depth: int):
-    """`width` rows of the worker's batch decoding at `depth`, prompts in, warmed up."""
+def decode_rows(engine, width: int, depth: int, prompts: list[str] = PROMPTS):
+    """`width` rows of the worker's batch (`Scheduler`, as served) decoding at `depth`, prompts in, warmed up."""
     from mtpstack.worker.scheduler import Scheduler
     from mtpstack.worker.sequence import SamplingParams
 
     sched = Scheduler(max_num_seqs=width)
     for i in range(width):
-        sched.add(engine.new_sequence(engine.text_prompt(PROMPTS[i % len(PROMPTS)]),
+        sched.add(engine.new_sequence(engine.text_prompt(prompts[i % len(prompts)]),
                                       SamplingParams(max_tokens=100_000, depth=depth, ignore_eos=True)))
     while any(not seq.in_batch for seq in sched.active):
         sched.step()
@@ -297,7 +321,7 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
     forced steps; and the forward-only floor, interleaved the same way."""
     import mlx.core as mx
 
-    scheds = {c: build_rows(engines[c[0]], c[1], c[2]) for c in configs}
+    scheds = {c: decode_rows(engines[c[0]], c[1], c[2]) for c in configs}
     floors = {c: Floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
     out = {c: {"unforced": [], "cpu": [], "forced": [], "parts": [], "floor": [], "tokens": 0} for c in configs}
 
@@ -338,8 +362,7 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
 def measure(args) -> dict:
     from mtpstack.worker.loading import Engine
 
-    loads = [_loadavg()]
-    pairs = []
+    started = loadavg()
     depths = sorted(set(args.depths) | {0})
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
         engines, sources = {}, {}
@@ -349,36 +372,50 @@ def measure(args) -> dict:
             target, head, sources[name] = prepare_models(bench_args, Path(tmp) / name)
             engines[name] = Engine.load(str(target), str(head), draft_depth=max(depths))
         configs = [(p, w, d) for p in args.pairs for w in args.widths for d in depths]
-        rounds = []
-        for rnd in range(args.repeats):
-            rounds.append(measure_round(engines, configs, args.steps, rnd))
-            print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr)
-        for name in args.pairs:
-            widths = []
-            for width in args.widths:
-                per_round = [{d: r[(name, width, d)]["unforced"] for d in depths} for r in rounds]
-                cpu_rounds = [{d: r[(name, width, d)]["cpu"] for d in depths} for r in rounds]
-                floor_rounds = [{d: r[(name, width, d)]["floor"] for d in depths} for r in rounds]
-                rows = []
-                for d in depths:
-                    runs = [r[(name, width, d)] for r in rounds]
-                    unforced = [summarize(run["unforced"]).median for run in runs]
-                    forced = [summarize(run["forced"]).median for run in runs]
-                    parts = {p: {k + "_ms": summarize([summarize([s[p][k] for s in run["parts"]]).median for run in runs]).median * 1e3
-                                 for k in ("build", "eval")} for p in PARTS}
-                    cost, floor = step_cost_rounds(per_round, d), step_cost_rounds(floor_rounds, d)
-                    cpu_cost = step_cost_rounds(cpu_rounds, d)
-                    rows.append({"depth": d, "step_ms": spread(unforced, 1e3), "step_ms_raw": unforced,
-                                 "step_cost": spread(cost), "step_cost_raw": cost,
-                                 "cpu_cost": spread(cpu_cost), "cpu_cost_raw": cpu_cost,
-                                 "floor_cost": spread(floor), "floor_cost_raw": floor,
-                                 "forced_ms": spread(forced, 1e3), "forced_ms_raw": forced, "parts": parts,
-                                 "tokens_per_step": summarize([run["tokens_per_step"] for run in runs]).median})
-                widths.append({"width": width, "depths": rows})
-            pairs.append({"name": name, "models": sources[name], "widths": widths})
-    loads.append(_loadavg())
-    return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "repeats": args.repeats, "steps": args.steps,
-            "loadavg": loads, "pairs": pairs}
+        runs = [measure_round(engines, configs, args.steps, rnd) for rnd, _ in rounds(0, args.repeats)]
+    pairs = [{"name": name, "models": sources[name], "widths": [
+        {"width": width, "depths": [depth_row(runs, (name, width), d) for d in depths]} for width in args.widths]}
+        for name in args.pairs]
+    return {"command": command_line(), "repeats": args.repeats, "steps": args.steps, "loadavg": [started, loadavg()],
+            "pairs": pairs}
+
+
+def depth_row(rounds: list[dict], pair_width: tuple, depth: int) -> dict:
+    """One depth's row of a pair and width: its steps' medians over rounds, its costs paired by round."""
+    runs = [r[(*pair_width, depth)] for r in rounds]
+
+    def cost(key: str) -> list[float]:
+        per_round = [{d: v[key] for (*pw, d), v in r.items() if tuple(pw) == pair_width} for r in rounds]
+        return step_cost_rounds(per_round, depth)
+
+    def medians(key: str) -> list[float]:
+        return [summarize(run[key]).median for run in runs]
+
+    raw = {"step_ms": medians("unforced"), "step_cost": cost("unforced"), "cpu_cost": cost("cpu"),
+           "floor_cost": cost("floor"), "forced_ms": medians("forced")}
+    parts = {p: {k + "_ms": summarize([summarize([s[p][k] for s in run["parts"]]).median for run in runs]).median * 1e3
+                 for k in ("build", "eval")} for p in PARTS}
+    return row_of(depth, raw, parts, summarize([run["tokens_per_step"] for run in runs]).median)
+
+
+def row_of(depth: int, raw: dict[str, list[float]], parts: dict, tokens_per_step: float) -> dict:
+    """A depth's row of the report: each figure's values over rounds (`_raw`) and their spread."""
+    row = {"depth": depth, "parts": parts, "tokens_per_step": tokens_per_step}
+    for key in RAW:
+        row[key + "_raw"] = raw[key]
+        row[key] = spread(raw[key], 1e3 if key.endswith("_ms") else 1.0)
+    return row
+
+
+def hybrid_sizes(dims: dict) -> dict:
+    """A hybrid target's gated-delta and attention layer counts, a gated-delta layer's recurrent state (fp32
+    bytes, one row) and its conv width (`conv_dim`)."""
+    layers = dims["num_hidden_layers"]
+    linear = layers - layers // dims["full_attention_interval"]
+    hv, hk, dk, dv = (dims[k] for k in ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                                         "linear_value_head_dim"))
+    return {"linear": linear, "attention": layers - linear, "state": hv * dk * dv * 4,
+            "conv_dim": 2 * hk * dk + hv * dv}
 
 
 def quantized_bytes(bits: int) -> float:
@@ -398,21 +435,17 @@ def paper_step(dims: dict, depth: int, target_bits: int = 4, head_bits: int = 6)
     second from the step's start over the kept positions only for a row that rejected drafts. A launch of the
     recurrence is three kernels (the decay, the gate, the recurrence); the commit's conv window one more, and
     before, the copy of the kept state one more."""
-    layers, interval = dims["num_hidden_layers"], dims["full_attention_interval"]
-    linear = layers - layers // interval
-    attention = layers - linear
+    sizes = hybrid_sizes(dims)
+    linear, attention, state, conv_dim = sizes["linear"], sizes["attention"], sizes["state"], sizes["conv_dim"]
     h, mlp, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    hv, hk, dk, dv = (dims[k] for k in ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
-                                         "linear_value_head_dim"))
+    hv, dv = dims["linear_num_value_heads"], dims["linear_value_head_dim"]
     heads, kv_heads, head_dim = dims["num_attention_heads"], dims["num_key_value_heads"], dims["head_dim"]
-    conv_dim = 2 * hk * dk + hv * dv
     attn = h * (2 * heads * head_dim) + 2 * h * kv_heads * head_dim + heads * head_dim * h  # q and its gate, k, v, o
     gated = h * conv_dim + h * hv * dv + 2 * h * hv + hv * dv * h  # qkv, z, b and a, out
-    body = layers * 3 * h * mlp + attention * attn + linear * gated
+    body = dims["num_hidden_layers"] * 3 * h * mlp + attention * attn + linear * gated
     lm_head = vocab * h
     head_layer = dims.get("mtp_num_hidden_layers", 1) * (attn + 3 * h * mlp) + 2 * h * h  # its layers and fc
     positions = depth + 1
-    state = hv * dk * dv * 4
     target = (body + lm_head) * quantized_bytes(target_bits)
     head = depth * (head_layer * quantized_bytes(head_bits) + lm_head * quantized_bytes(target_bits))
     before = {"state_bytes": linear * (positions * 2 * state + 2 * state), "launches": linear * (3 * positions + 2)}
@@ -450,15 +483,10 @@ def merge(reports: list[dict]) -> dict:
                 same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
                 if any(x["depth"] != row["depth"] for x in same):
                     raise ValueError("the reports do not measure the same configurations")
-                out = {"depth": row["depth"]}
-                for key in ("step_ms", "step_cost", "cpu_cost", "floor_cost", "forced_ms"):
-                    values = [v for x in same for v in x[key + "_raw"]]
-                    out[key + "_raw"] = values
-                    out[key] = spread(values, 1e3 if key.endswith("_ms") else 1.0)
-                out["parts"] = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
-                                for part in PARTS}
-                out["tokens_per_step"] = summarize([x["tokens_per_step"] for x in same]).median
-                rows.append(out)
+                parts = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
+                         for part in PARTS}
+                raw = {key: [v for x in same for v in x[key + "_raw"]] for key in RAW}
+                rows.append(row_of(row["depth"], raw, parts, summarize([x["tokens_per_step"] for x in same]).median))
             widths.append({"width": width["width"], "depths": rows})
         pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
     return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
@@ -466,11 +494,97 @@ def merge(reports: list[dict]) -> dict:
             "merged": len(reports), "pairs": pairs}
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
+# -- --memory: what a drafted position keeps -------------------------------------------------
+
+
+#: The widened tiny target: small everywhere except the linear-attention state.
+WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_attention_interval=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=8,
+            linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
+MEMORY_PROMPTS = ["def main():", "import os\n", "The quick brown fox", "x = 1\n"]
+
+
+def predicted_bytes(text: dict, depth: int = 1, replayed: bool = False) -> dict[str, float]:
+    """Bytes one row keeps per drafted position at `depth`: the recurrent state (fp32) after the position,
+    or (`replayed`) the recurrence's inputs and one replayed state per row whatever the depth (1/depth of
+    it); either way the conv window's input and the attention KV (bf16)."""
+    h = hybrid_sizes(text)
+    state = h["linear"] * h["state"] / (depth if replayed else 1)
+    conv = h["linear"] * h["conv_dim"] * 2
+    inputs = h["linear"] * (h["conv_dim"] + 2 * text["linear_num_value_heads"]) * 2 if replayed else 0
+    kv = h["attention"] * 2 * text["num_key_value_heads"] * text["head_dim"] * 2
+    return {"state": state, "conv": conv, "inputs": inputs, "kv": kv, "total": state + conv + inputs + kv}
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def memory_pair(out: Path) -> tuple[Path, Path]:
+    import mlx.core as mx
+
+    from devkit.demo.modeldir import build_head, build_qwen3_5, head_config, qwen3_5_config, qwen3_5_text_config, save_head_dir, save_model_dir
+
+    mx.random.seed(0)
+    config = qwen3_5_config(qwen3_5_text_config(**WIDE))
+    hconfig = head_config(config["text_config"])
+    target = save_model_dir(build_qwen3_5(config), config, out / "target")
+    return target, save_head_dir(build_head(hconfig), hconfig, out / "mtp")
+
+
+def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
+    """Peak bytes in use during each of `repeats` decode steps of `width` rows at `depth`."""
+    import mlx.core as mx
+
+    sched = decode_rows(engine, width, depth, MEMORY_PROMPTS)
+    peaks = []
+    for _ in range(repeats):
+        # The absolute peak: what a step leaves lazily referenced (a commit is evaluated by the next
+        # step) is part of what speculation costs, so nothing is subtracted but the depth-0 step's peak.
+        mx.synchronize()
+        mx.reset_peak_memory()
+        sched.step()
+        mx.synchronize()
+        peaks.append(mx.get_peak_memory())
+    return peaks
+
+
+def measure_memory(depths: list[int], widths: list[int], repeats: int, replayed: bool = False) -> dict:
+    from mtpstack.worker.loading import Engine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target, head = memory_pair(Path(tmp))
+        engine = Engine.load(str(target), str(head), draft_depth=max(depths))
+        rows = []
+        for width in widths:
+            base = summarize(step_peaks(engine, width, 0, repeats)).median
+            for depth in depths:
+                predicted = predicted_bytes(engine.target.config["text_config"], depth, replayed)["total"]
+                s = summarize([(p - base) / (width * depth) for p in step_peaks(engine, width, depth, repeats)])
+                rows.append({"width": width, "depth": depth, "median": s.median, "min": s.min, "max": s.max,
+                             "predicted": predicted, "ratio": s.median / predicted})
+    return {"dims": WIDE, "repeats": repeats, "replayed": replayed, "rows": rows}
+
+
+def memory_table(report: dict) -> list[str]:
+    lines = [f"{'width':>5} {'depth':>5} {'measured median':>16} {'min-max':>24} {'predicted':>12} {'ratio':>6}"]
+    for r in report["rows"]:
+        lines.append(f"{r['width']:>5} {r['depth']:>5} {mib(r['median']):>16} {mib(r['min']) + ' - ' + mib(r['max']):>24} "
+                     f"{mib(r['predicted']):>12} {r['ratio']:>6.2f}")
+    return lines
+
+
+def memory_lines(model: str, depths: list[int]) -> list[str]:
+    dims = MODEL_DIMS[model]
+    kept = predicted_bytes(dims)
+    lines = [f"{model}, every position's state kept: {mib(kept['total'])} per row per drafted position "
+             f"(recurrent state {mib(kept['state'])}, conv window {mib(kept['conv'])}, attention KV {mib(kept['kv'])})"]
+    for depth in depths:
+        b = predicted_bytes(dims, depth, replayed=True)
+        lines.append(f"{model}, replayed, depth {depth}: {mib(b['total'])} per row per drafted position (one "
+                     f"replayed state {mib(b['state'] * depth)} a row, conv window {mib(b['conv'])}, the recurrence's "
+                     f"inputs {mib(b['inputs'])}, attention KV {mib(b['kv'])} a position)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -480,26 +594,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", nargs="+", default=["demo", "qwen3_5"], choices=["demo", *PAIRS],
                    help="demo: the demo pair, target widened; a family (qwen3_5, the tiny hybrid, ...): its tiny pair, "
                    "target MLPs widened")
-    p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4], help="drafted depths (the plain step, 0, always runs)")
+    p.add_argument("--depths", type=int, nargs="+",
+                   help="drafted depths (the plain step, 0, always runs; default: 1 2 3 4, with --memory 1 2 4)")
     p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--repeats", type=int, default=4, help="rounds, every configuration once a round (default: 4)")
+    p.add_argument("--repeats", type=int, help="rounds, every configuration once a round (default: 4); with --memory, "
+                   "steps measured per configuration (default: 7)")
     p.add_argument("--steps", type=int, default=4, help="steps timed per configuration per round, unforced and forced each")
     p.add_argument("--mlp-multiplier", type=int, default=8)
     p.add_argument("--extra-layers", type=int, default=10, help="the demo target's zero layers appended (default: 10)")
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
     p.add_argument("--merge", nargs="+", metavar="REPORT", help="print these reports' rounds as one (no measuring)")
-    p.add_argument("--model-dims", choices=[m for m, dims in MODEL_DIMS.items() if "hidden_size" in dims], help="print one row's step on Metal at a real model's "
-                   "dimensions, worked out on paper (`paper_step`), and exit")
+    p.add_argument("--memory", action="store_true", help="measure speculation's memory per drafted position instead")
+    p.add_argument("--replayed", action="store_true", help="with --memory: run the gated-delta layers as on Metal (one "
+                   "call a step, rejected rows replayed at commit) through mlx-lm's ops, and predict that")
+    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the figures at a real model's dimensions "
+                   "worked out on paper (one row's step on Metal; with --memory, the bytes it keeps) and exit")
     args = p.parse_args(argv)
+    args.depths = args.depths or ([1, 2, 4] if args.memory else [1, 2, 3, 4])
+    args.repeats = args.repeats or (7 if args.memory else 4)
     if args.model_dims:
-        for depth in args.depths:
-            print(paper_lines(args.model_dims, depth))
+        if not args.memory and "hidden_size" not in MODEL_DIMS[args.model_dims]:
+            p.error(f"`{args.model_dims}` has no dimensions for a step on paper: give --memory for its bytes kept")
+        print("\n".join(memory_lines(args.model_dims, args.depths) if args.memory
+                        else [paper_lines(args.model_dims, depth) for depth in args.depths]))
         return 0
     if args.merge:
-        import json
-
         report = merge([json.loads(Path(f).read_text()) for f in args.merge])
         return emit(report, table(report), args.out)
+    if args.memory:
+        if args.replayed:
+            import mtpstack.worker.caches as caches
+
+            caches._runs_kernel = lambda k: True
+        report = measure_memory(args.depths, args.widths, args.repeats, args.replayed)
+        return emit(report, memory_table(report), args.out)
     ensure_preload()
     report = measure(args)
     return emit(report, table(report), args.out)

@@ -31,8 +31,6 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,8 +38,10 @@ import time
 from pathlib import Path
 
 from mtpstack import series
-from mtpstack.bench.parts import PROMPTS, check_models, emit, ensure_preload, fmt, model_options, prepare_models, summarize
+from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, fmt, model_options,
+                                  prepare_models, round_options, rounds, run_meta, summarize)
 from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, WIDTH, start_servers, stream_chat
+from mtpstack.bench.sweep import scrape
 from mtpstack.validator import DEPTH_DEFAULT
 
 #: A drafted configuration -> the same server without the head, its step cost's unit.
@@ -147,9 +147,6 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
     return out
 
 
-# -- models --------------------------------------------------------------------------------
-
-
 # -- servers -------------------------------------------------------------------------------
 
 
@@ -157,21 +154,14 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
 STEP_COUNTERS = (series.TARGET_STEPS, series.TARGET_STEP_SECONDS)
 
 
-async def scrape(session, url: str) -> dict[str, float]:
-    from mtpstack.proxy.prometheus import unlabelled
-
-    async with session.get(url + "/metrics") as resp:
-        return unlabelled(await resp.text(), STEP_COUNTERS) if resp.status == 200 else {}
-
-
 async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str, ignore_eos: bool = True,
                      counters: bool = False) -> dict:
     """One stream timed end to end; `counters` (a native worker, alone on it): its `/metrics` read
     before and after, for the exact number of steps and the time the generation thread spent in them
     (`step_s`; None from a build without that counter)."""
-    before = await scrape(session, url) if counters else {}
+    before = await scrape(session, url, STEP_COUNTERS) if counters else {}
     r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens, ignore_eos=ignore_eos)
-    after = await scrape(session, url) if counters else {}
+    after = await scrape(session, url, STEP_COUNTERS) if counters else {}
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     tokens = r["usage"].get("completion_tokens") or 0
     # The tokens the steps chose: the worker's usage leaves out the end of turn its last step chose
@@ -203,7 +193,6 @@ async def concurrent(session, url: str, clients: int, max_tokens: int, model: st
 
 async def run(args) -> dict:
     import aiohttp
-    import mlx_lm
 
     workdir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
     target, head, source = prepare_models(args, workdir)
@@ -215,8 +204,7 @@ async def run(args) -> dict:
     try:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            for rnd in range(args.warmup + args.repeats):
-                keep = rnd >= args.warmup
+            for rnd, keep in rounds(args.warmup, args.repeats):
                 prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
@@ -233,63 +221,47 @@ async def run(args) -> dict:
                                          not args.stop_at_end)
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
-                print(f"round {rnd + 1}/{args.warmup + args.repeats} done" + ("" if keep else " (warm-up, discarded)"),
-                      file=sys.stderr)
     finally:
         for proc in servers.values():
             proc.stop()
 
+    return {"meta": run_meta(models=source, target=str(target), head=str(head), depth=args.depth,
+                             max_tokens=args.max_tokens, stop_at_end=args.stop_at_end, repeats=args.repeats,
+                             warmup=args.warmup),
+            "summary": summary_of(samples, args.depth, notes + few_repeats(args.repeats)), "samples": samples}
+
+
+def summary_of(samples: dict, depth: int, notes: list[str]) -> dict:
+    """The figures of every round's samples: single-stream and concurrent spreads, the head's speedups and step
+    costs, native+mtp's acceptance, and the goals' ratios."""
     single = {name: single_summary(rs) for name, rs in samples["single"].items()}
     conc = {name: {k: summarize([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
             for name, rs in samples["concurrent"].items()}
-    speedup = {
-        "native": ratio(single.get("native+mtp", {}).get("tok_s", {}), single.get("native", {}).get("tok_s", {})),
-        "mlx-vlm": ratio(single.get("mlx-vlm+mtp", {}).get("tok_s", {}), single.get("mlx-vlm", {}).get("tok_s", {})),
-    }
+
+    def tok_s(name: str) -> dict:
+        return single.get(name, {}).get("tok_s", {})
+
+    def aggregate(name: str) -> dict:
+        return conc.get(name, {}).get("aggregate_tok_s", {})
+
+    speedup = {"native": ratio(tok_s("native+mtp"), tok_s("native")),
+               "mlx-vlm": ratio(tok_s("mlx-vlm+mtp"), tok_s("mlx-vlm"))}
     costs = step_costs(samples["single"])
     mine = samples["single"].get("native+mtp", [])
     drafted = sum(r.get("drafted") or 0 for r in mine)
-    acceptance = sum(r.get("accepted") or 0 for r in mine) / drafted if drafted else None
-    agg = {name: s["aggregate_tok_s"] for name, s in conc.items()}
     goals = {
-        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1.15)": ratio(
-            single.get("native+mtp", {}).get("tok_s", {}), single.get("mlx-vlm+mtp", {}).get("tok_s", {})),
+        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1.15)": ratio(tok_s("native+mtp"), tok_s("mlx-vlm+mtp")),
         "the head's speedup: native / mlx-vlm (goal >= 1)": (
             speedup["native"] / speedup["mlx-vlm"] if speedup["native"] and speedup["mlx-vlm"] else None),
-        f"step cost at depth {args.depth}: native+mtp (goal <= 1.3)": (
+        f"step cost at depth {depth}: native+mtp (goal <= 1.3)": (
             costs["native+mtp"]["step_cost"]["median"] if "native+mtp" in costs else None),
         f"aggregate at {WIDTH}: native+mtp / mlx-vlm+mtp (goal >= 1.3)": ratio(
-            agg.get("native+mtp", {}), agg.get("mlx-vlm+mtp", {})),
+            aggregate("native+mtp"), aggregate("mlx-vlm+mtp")),
         f"aggregate at {WIDTH}: native+mtp / mlx_lm.server (goal >= 1)": ratio(
-            agg.get("native+mtp", {}), agg.get("mlx_lm.server", {})),
+            aggregate("native+mtp"), aggregate("mlx_lm.server")),
     }
-    if args.repeats < 5:
-        notes.append(f"only {args.repeats} repeats on a shared machine: treat ratios within ~10% as noise; rerun with --repeats 5 or more")
-    import mlx.core as mx
-
-    return {
-        "meta": {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "models": source, "target": str(target), "head": str(head),
-            "depth": args.depth, "max_tokens": args.max_tokens, "stop_at_end": args.stop_at_end,
-            "repeats": args.repeats, "warmup": args.warmup,
-            "machine": platform.machine(), "cpus": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD"),
-            "versions": {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "mlx_vlm": _version("mlx-vlm")},
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-        "summary": {"single": single, "speedup": speedup, "step_costs": costs, "acceptance": acceptance,
-                    "concurrent": conc, "goals": goals, "notes": notes},
-        "samples": samples,
-    }
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    return {"single": single, "speedup": speedup, "step_costs": costs, "concurrent": conc, "goals": goals,
+            "notes": notes, "acceptance": sum(r.get("accepted") or 0 for r in mine) / drafted if drafted else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,16 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                    "mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
                    help="configurations to run (default: all; `native+mtp@baseline` only with --baseline)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")
+    round_options(p, repeats=3)
     p.add_argument("--stop-at-end", action="store_true",
                    help="answers end at the model's end of turn on every server, as mlx-vlm's and mlx_lm.server's always "
                    "do (default: the native worker runs to --max-tokens), so every configuration decodes the same text")
-    p.add_argument("--repeats", type=int, default=3, help="measured rounds (default: 3)")
-    p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (default: 1)")
     p.add_argument("--baseline", metavar="PROGRAM",
                    help="the `mtpstack` executable of another build, run as `native+mtp@baseline` (e.g. a venv of the "
                    "previous commit), so before and after a change are measured side by side")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
     check_models(p, args)
     if args.family and args.target:

@@ -37,8 +37,7 @@ def test_report_lines_name_every_configuration_and_end_with_the_notes():
 
 
 def test_the_loss_report_gives_median_and_range_of_both_times():
-    dl = load_script("distributed_loss")
     runs = [{"unhealthy_s": t, "exited_s": t + 1, "exit_code": 1} for t in (0.3, 0.1, 0.2)]
-    assert dl.line("kill -9", runs) == (
+    assert db.loss_line("kill -9", runs) == (
         "kill -9: /health non-200 after 0.20 s (0.10-0.30); rank 0 exited after 1.20 s (1.10-1.30), exit codes [1], n=3"
     )

@@ -69,3 +69,32 @@ def test_simulate_paired_prints_false_adopt_and_power_per_number_of_passes_as_js
         assert set(p) == {"n", "false_adopt", "power", "sequential"} and 0 <= p["false_adopt"] <= 0.05
     assert out["passes"][-1]["sequential"]["power"] >= 0.8
     assert out["passes"][0]["sequential"] == {"false_adopt": None, "power": None}  # below the sequential start
+
+
+@pytest.mark.mlx
+def test_alternate_runs_two_depths_and_a_depth_map_against_fixed_depths_in_one_worker(tiny_pair, tmp_path):
+    from mtpstack.bench.sweep import start_worker
+    from mtpstack.runtime import free_port
+    from mtpstack.validator import WorkerProfile
+
+    target, drafter = tiny_pair
+    profile = WorkerProfile.model_validate(
+        {"model": "tiny", "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": 1, "port": free_port(),
+         "drafter": {"path": str(drafter), "bits": "fp32", "depth": {"code": 4, "prose": 1, "default": 3}}})
+    proc = start_worker(profile, tmp_path / "worker.log", "tiny")
+    try:
+        proc.wait_ready("/health", 120, state="healthy")
+        for mode, arms in ((["--depths", "0,3", "--pairs", "5"], ["depth 0", "depth 3"]),
+                           (["--map", "--fixed", "1,4", "--passes", "5"], ["fixed 1", "fixed 4", "map"])):
+            out = tmp_path / "runs.json"
+            done = subprocess.run([sys.executable, "bench/scripts/alternate.py", "--url", proc.url, "--max-tokens", "8",
+                                   "--out", str(out), *mode], capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            runs = json.loads(out.read_text())
+            assert sorted(runs["arms"]) == arms and len(runs["runs"]) == 5 * len(arms) and runs["identical_text"]
+            # Pass by pass every arm once, the order rotating: what `bench simulate --rho-from` reads.
+            assert [r["config"] for r in runs["runs"][: len(arms)]] == arms
+            assert [r["config"] for r in runs["runs"][len(arms): 2 * len(arms)]] == [*arms[1:], arms[0]]
+            assert any(" / " in line and "->" in line for line in runs["summary"])
+    finally:
+        proc.stop()

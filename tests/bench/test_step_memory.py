@@ -1,10 +1,11 @@
-"""The memory bench's prediction: bytes a row keeps per drafted position, from a model's dimensions."""
+"""The memory bench's prediction (`step_profile.py --memory`): bytes a row keeps per drafted position, from a
+model's dimensions."""
 
 from __future__ import annotations
 
 from devkit.scripts import load_script
 
-sm = load_script("step_memory")
+sm = load_script("step_profile")  # its --memory mode
 
 
 def test_the_prediction_at_qwen35_35b_a3b_dimensions_is_the_documented_60_mib_of_state():
