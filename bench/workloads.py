@@ -1,8 +1,9 @@
 """The workloads the benchmarks send, as data: one definition per kind of conversation, used by every script that needs it.
 
-- An agent conversation of fixed turns (`agent_bench`, `routing_bench`): a coding agent's system
+- An agent conversation of fixed turns (`agent_bench`, `fleet_bench --routing`): a coding agent's system
   prompt with a tool list (`system_prompt`, the round number first so that no round hits another's
-  cache), then `FOLLOW_UPS` as the user's turns, each answer `ANSWER_TOKENS` long, appended.
+  cache), then `FOLLOW_UPS` as the user's turns, each answer `ANSWER_TOKENS` long, appended
+  (`conversation`: one as a `Session` whose turns are fed the answers, with tool pauses and output).
 - Agent sessions replayed against a fleet (`fleet_bench`): `make_workload`, seeded, so that every
   stack and round gets the same requests byte for byte: the whole conversation so far each turn,
   with tool calls and results (file contents, test runs, searches and diffs) of the sizes asked for.
@@ -34,6 +35,51 @@ def system_prompt(round_no: int, tools: int) -> str:
         lines.append(f"- tool_{i}(path: str, start: int = 0, end: int | None = None) -> str: read, search or edit "
                      f"the file at `path` between the given lines and return the result as plain text ({i}).")
     return "\n".join(lines)
+
+
+def first_question(conversation: int) -> str:
+    """What conversation `conversation` of several opens with: one agent, several tasks, so the
+    conversations share the system prompt and differ right after it."""
+    return f"Task {conversation}: what is failing?"
+
+
+def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
+    """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in
+    every run of a round. Without pauses, or with pauses short next to a turn, four conversations at
+    full width keep their workers by themselves under any routing (a turn takes the slot its previous
+    turn just freed: first-free kept 8 of 8 at 0.3 s in a first version of the routing bench); with
+    pauses of seconds, as an agent's tools take, workers go idle between turns and first-free sends
+    the next turn to the first idle one in config order (15 of 24 kept at 2 s, docs/proxy.md)."""
+    if turn == 1 or mean <= 0:
+        return 0.0
+    return random.Random(f"{rnd}-{conversation}-{turn}").uniform(0, 2 * mean)
+
+
+def tool_output(conversation: int, turn: int, lines: int) -> str:
+    """What the agent's tool printed before turn `turn`: `lines` lines of its own, as a test run or a
+    file read would, so a conversation's tail grows past the system prompt it shares with others."""
+    return "\n".join(f"src/task{conversation}/module_{turn}_{k}.py:{7 * k + turn}: "
+                     f"assert parse(case_{conversation}_{k}) == {k * turn}" for k in range(lines))
+
+
+def conversation(index: int, system: str, question: str, turns: int, *, pause: float = 0.0, rnd: int = 0,
+                 output_lines: int = 0) -> Session:
+    """A conversation fed its own answers: the system prompt and `question`, then `FOLLOW_UPS` in turn,
+    each after `tool_pause` and, when asked for, `output_lines` lines of tool output."""
+    turns_ = [Turn([{"role": "system", "content": system}, {"role": "user", "content": question}], 0.0)]
+    for turn in range(2, turns + 1):
+        follow_up = FOLLOW_UPS[(turn - 2) % len(FOLLOW_UPS)]
+        if output_lines:
+            follow_up = f"{tool_output(index, turn, output_lines)}\n\n{follow_up}"
+        turns_.append(Turn([], tool_pause(pause, rnd, index, turn), follow_up))
+    return Session(index, 0.0, turns_)
+
+
+def turn_messages(previous: list[dict], turn: Turn, answer: str) -> list[dict]:
+    """What a turn sends: its own messages, or (fed the answers) the previous turn's, its answer, its follow-up."""
+    if turn.follow_up is None:
+        return turn.messages
+    return [*previous, {"role": "assistant", "content": answer}, {"role": "user", "content": turn.follow_up}]
 
 
 # -- agent sessions replayed against a fleet --------------------------------------------------
@@ -112,10 +158,13 @@ TASKS = [
 
 @dataclass
 class Turn:
-    """One request of a session: the whole conversation so far, sent `think_s` after the previous answer."""
+    """One request of a session, sent `think_s` after the previous answer: the whole conversation so far
+    (`messages`), or, in a conversation fed its own answers, the previous turn's messages, its answer as
+    the assistant turn and `follow_up` as the user's (`turn_messages`)."""
 
     messages: list[dict]
     think_s: float
+    follow_up: str | None = None
 
 
 @dataclass
@@ -149,7 +198,7 @@ def _source_lines(rng: random.Random) -> list[str]:
         f'    """{name.split("_")[0].capitalize()} the {noun} of `{arg}`; raise `{err}` when it is malformed."""',
         f"    if not {arg}:",
         f'        raise {err}(f"empty {noun}: {{{arg}!r}}")',
-        f"    result: dict[str, object] = {{}}",
+        "    result: dict[str, object] = {}",
         f"    for key, value in _items({arg}):",
         f"        if strict and key not in _KNOWN_{noun.upper()}S:",
         f'            raise {err}(f"unknown key {{key!r}} in {noun}")',
@@ -188,7 +237,7 @@ def pytest_output(rng: random.Random, chars: int, pkg: str) -> str:
         f"____________________________ {test} ____________________________", "",
         f"    def {test}():", f"        entry = make_{rng.choice(NOUNS)}(size={rng.randint(1, 64)})",
         f">       assert {func}(entry, strict=True) == EXPECTED", f"E       AssertionError: assert {{'a': 1, 'b': {rng.randint(2, 9)}}} == {{'a': 1, 'b': 2}}",
-        f"E         Differing items:", f"E         {{'b': {rng.randint(3, 9)}}} != {{'b': 2}}", "",
+        "E         Differing items:", f"E         {{'b': {rng.randint(3, 9)}}} != {{'b': 2}}", "",
         f"tests/test_{mod}.py:{rng.randint(20, 400)}: AssertionError",
     ]
     tail = ["=========================== short test summary info ============================",

@@ -60,7 +60,8 @@ from pathlib import Path
 
 from mtpstack.bench.parts import emit, ensure_preload, fmt, longer_context, summarize
 from mtpstack.bench.servers import start_servers, stream_chat
-from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, system_prompt
+from mtpstack.bench.conversations import answered, run_sessions
+from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, conversation, system_prompt
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
 SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
@@ -225,16 +226,13 @@ def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
 # -- measurement -----------------------------------------------------------------------
 
 
-async def conversation(session, url, model, system: str, turns: int, thinking: bool | None = None) -> tuple[list[float], list[int]]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": "what is failing?"}]
-    extra = {"chat_template_kwargs": {"enable_thinking": thinking}} if thinking is not None else None
-    ttfts, prompt_tokens = [], []
-    for i in range(turns):
-        r = await stream_chat(session, url, model, messages, ANSWER_TOKENS, extra=extra)
-        ttfts.append(r["ttft_s"])
-        prompt_tokens.append(r["usage"].get("prompt_tokens"))
-        messages += [{"role": "assistant", "content": r["text"]}, {"role": "user", "content": FOLLOW_UPS[i % len(FOLLOW_UPS)]}]
-    return ttfts, prompt_tokens
+async def conversation_turns(url, model, system: str, thinking: bool, tag: str) -> tuple[list[float], list[int]]:
+    """A `TURNS`-turn conversation fed its answers (the template's thinking `thinking`): each turn's
+    time to first token and prompt tokens."""
+    extra = {"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": thinking}}
+    sessions = [conversation(0, system, "what is failing?", TURNS)]
+    rows = answered(await run_sessions(url + "/v1", model, sessions, ANSWER_TOKENS, labels={}, tag=tag, extra=extra))
+    return [r["ttft_s"] for r in rows], [r["prompt_tokens"] for r in rows]
 
 
 async def shared(session, url, model, system: str) -> tuple[float, float]:
@@ -266,12 +264,7 @@ async def stream_completion(session, url: str, model: str, prompt: str, max_toke
 
 async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
     times: list[float] = []
-    decoding = asyncio.create_task(stream_completion(session, url, model, f"# round {round_no}\nimport os\n", 400, times))
-    while len(times) < 20:  # the row decodes before the long prompt arrives
-        if decoding.done():  # failed, or the model ended its answer: no decoding row to measure beside
-            await decoding
-            raise RuntimeError(f"{url}: the decoding row ended after {len(times)} tokens, before the long prompt was sent")
-        await asyncio.sleep(0.01)
+    decoding = await decoding_row(session, url, model, f"round {round_no}", times, 400, ignore_eos=False)
     long = await stream_chat(session, url, model, [{"role": "user", "content": system_prompt(1000 + round_no, tools)}], 4)
     await decoding
     return itl_window(times, long["sent"], long["first"])
@@ -365,11 +358,14 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
             "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
-async def decoding_row(session, url: str, label: str, times: list) -> asyncio.Task:
-    """A streaming row (4,000 tokens, its chunks' times in `times`) that has decoded its first 20."""
-    decoding = asyncio.create_task(stream_completion(session, url, "bench", f"# {label}\nimport os\n", 4000, times, ignore_eos=True))
+async def decoding_row(session, url: str, model: str, label: str, times: list, tokens: int = 4000,
+                       ignore_eos: bool = True) -> asyncio.Task:
+    """A streaming row (`tokens` tokens, its chunks' times in `times`) that has decoded its first 20,
+    before anything is sent beside it."""
+    prompt = f"# {label}\nimport os\n"
+    decoding = asyncio.create_task(stream_completion(session, url, model, prompt, tokens, times, ignore_eos))
     while len(times) < 20:
-        if decoding.done():
+        if decoding.done():  # failed, or the model ended its answer: no decoding row to measure beside
             await decoding
             raise RuntimeError(f"{url}: the decoding row ended after {len(times)} tokens")
         await asyncio.sleep(0.01)
@@ -405,7 +401,7 @@ async def restore_round(session, target: Path, head: Path, args, workdir: Path, 
                           cache_dir=cache)
         try:
             times: list[float] = []
-            decoding = await decoding_row(session, w.url, f"restore {rnd}", times)
+            decoding = await decoding_row(session, w.url, "bench", f"restore {rnd}", times)
             before, windows = scrape(w.url, names), []
             for _ in range(args.restores):
                 r = await stream_chat(session, w.url, "bench", messages, 1)
@@ -440,7 +436,7 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
                           cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None)
         try:
             times: list[float] = []
-            decoding = await decoding_row(session, w.url, f"spill {rnd}", times)
+            decoding = await decoding_row(session, w.url, "bench", f"spill {rnd}", times)
             start = time.perf_counter()
             for i in range(args.spill_prompts):
                 await stream_chat(session, w.url, "bench", [{"role": "user", "content": system_prompt(700 + rnd * 50 + i, args.tools // 2)}], 1)
@@ -538,14 +534,9 @@ async def run(args) -> dict:
         if args.baseline:
             samples["memory"].append(memory_flood(DEMO_HEAD, args, workdir, "baseline", args.baseline))
     summary = summarize_samples(samples)
-    if samples.get("restart"):
-        summary["restart"] = restart_summary(samples["restart"])
-    if samples.get("memory"):
-        summary["memory"] = memory_summary(samples["memory"])
-    if samples.get("spill_itl"):
-        summary["spill_itl"] = spill_summary(samples["spill_itl"])
-    if samples.get("restore_itl"):
-        summary["restore_itl"] = restore_summary(samples["restore_itl"])
+    summary.update({name: of(samples[name]) for name, of in (("restart", restart_summary), ("memory", memory_summary),
+                                                              ("spill_itl", spill_summary), ("restore_itl", restore_summary))
+                    if samples.get(name)})
     return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": summary}
 
@@ -567,8 +558,9 @@ async def shared_servers(session, args, target: Path, workdir: Path, on: set, sa
                 ttfts, tokens, by_mode = [], [], {}
                 if "turns" in on:
                     for m, mode in enumerate(args.thinking):
-                        by_mode[mode] = await conversation(session, url, model, system_prompt(seed * 10 + m, args.tools), TURNS,
-                                                           THINKING[mode])
+                        system = system_prompt(seed * 10 + m, args.tools)
+                        tag = f"agent-{rnd}-{name}-{mode}"
+                        by_mode[mode] = await conversation_turns(url, model, system, THINKING[mode], tag)
                     ttfts, tokens = by_mode[args.thinking[0]]
                 other = await shared(session, url, model, system_prompt(100 + seed, args.tools)) if "shared" in on else None
                 conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None

@@ -39,7 +39,7 @@ from pathlib import Path
 from aiohttp import ClientSession, ClientTimeout, web
 
 from mtpstack.bench.stats import summarize
-from mtpstack.runtime import Process, free_port, http_status, url_of
+from mtpstack.runtime import Process, StartError, free_port, url_of
 from mtpstack.up import DEMO_MODEL, default_fleet
 
 ROOT = _checkout.ROOT
@@ -217,18 +217,16 @@ FIRST_PARTY_ENV = {"_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1"}
 
 def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
     fleet, config = _fleet(work)
-    proxy = url_of("127.0.0.1", config["proxy"]["port"])
     up = Process([sys.executable, "-m", "mtpstack", "up", str(fleet), "--run-dir", str(work / "run")],
-                 log_path=work / "up.log", name="demo", kind="up")
+                 log_path=work / "up.log", name="demo", kind="up", url=url_of("127.0.0.1", config["proxy"]["port"]))
     up.start()
     try:
-        started = time.monotonic()
-        while http_status(proxy + "/readyz")[0] != 200:
-            if not up.alive() or time.monotonic() - started > 300:
-                raise SystemExit(f"error: `mtpstack up` was not ready:\n{up.log_text()}")
-            time.sleep(0.2)
+        try:
+            up.wait_ready("/readyz", 300)  # the proxy `mtpstack up` starts, ready once its worker is
+        except StartError as e:
+            raise SystemExit(f"error: `mtpstack up` was not ready: {e}") from None
         out: dict = {}
-        with Recorder(proxy) as rec:
+        with Recorder(up.url) as rec:
             home = work / "home"
             home.mkdir()
             for label, prompt, again, folder in TURNS:

@@ -1,4 +1,5 @@
-"""Fleet benchmark: the whole stack against the stacks people build instead, on an agent workload.
+"""Fleet benchmark: the whole stack against the stacks people build instead, on an agent workload;
+and, `--routing`, the proxy's `affinity` routing against `first-free` on agent conversations.
 
 An agent workload is replayed against any OpenAI-compatible base URL: N agent sessions (default 6)
 arrive over time, each a coding agent's conversation of several turns; every turn sends the whole
@@ -26,9 +27,20 @@ per-round values with min-max over rounds. Then each stack against mtpstack, wit
 interval (resampling whole sessions for the latencies, rounds for throughput), and a plot of TTFT
 by turn per stack.
 
+`--routing`: the stacks `mtpstack` (affinity) and `mtpstack-first-free`, on the agent bench's
+conversation fed its own answers (a system prompt with its tool list, each greedy answer appended as
+the assistant turn, then the next follow-up), four at once, each opened by its own task, after a
+pause while its tool runs (the same pauses under both policies, optionally `--output-lines` of tool
+output). Per policy: TTFT on turns 2+ beside turn 1's; the affinity hit rate (the share of turns 2+
+served by the worker of the conversation's previous turn, from the proxy's log) and the proxy's
+routing decisions; the share of turns 2+'s prompt tokens answered from a cache and the workers'
+prefix-cache hit rate; first-free over affinity on turns 2+ (per-round medians, `stats.decide`).
+
     python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target (not yet timed here)
     python bench/scripts/fleet_bench.py --quick                        # a few minutes: small and short
     python bench/scripts/fleet_bench.py --url http://HOST:PORT/v1 --model NAME   # replay against any server
+    python bench/scripts/fleet_bench.py --routing --out /tmp/routing-bench   # 3 rounds, the widened target
+    python bench/scripts/fleet_bench.py --routing --quick                     # not widened, 12 tools, 3 turns
 
 The JSON (raw rows and summaries) and the plot go to `--out`; the readable table to stderr.
 """
@@ -41,7 +53,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -51,33 +62,43 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpstack.bench import stats
-from mtpstack.bench.parts import demo_pair
+from mtpstack.bench.conversations import API_KEY, REQUEST_TIMEOUT, answered, one_turn, run_sessions
+from mtpstack.bench.parts import demo_pair, fmt, rotated, run_meta, version_of
 from mtpstack.bench.stacks import cpu_seconds, fleet, nginx_conf, request_lines, start_fleet
-from mtpstack.bench.workloads import TOOLS, Session, calibrate, make_workload
+from mtpstack.bench.workloads import (ANSWER_TOKENS, CONTEXT, TOOLS, TURNS, calibrate, conversation, first_question,
+                                      make_workload, system_prompt)
 
 ROOT = _checkout.ROOT
 STACKS = ("mtpstack", "litellm", "nginx")
 BASE_STACK = "mtpstack"
 #: Stacks `--stacks` may name beyond the three compared by default: `mtpstack-wait` is mtpstack with
-#: `proxy.affinityWaitSeconds` at `--affinity-wait`, to measure that policy against mtpstack's default.
-EXTRA_STACKS = ("mtpstack-wait",)
-#: Two workers (or mlx_lm.server processes) per stack, each of this batch width (mtpstack's gate).
+#: `proxy.affinityWaitSeconds` at `--affinity-wait`, to measure that policy against mtpstack's default;
+#: `mtpstack-first-free` is mtpstack with `proxy.routing: first-free` (`--routing`).
+EXTRA_STACKS = ("mtpstack-wait", "mtpstack-first-free")
+#: `--routing`: each stack's routing policy, as its table names it.
+POLICIES = {"mtpstack": "affinity", "mtpstack-first-free": "first-free"}
+#: Two workers (or mlx_lm.server processes) per stack, each of this batch width (mtpstack's gate): with
+#: four conversations at once (`--routing`) every conversation has a slot, so routing is about where a
+#: turn goes, not about queueing.
 BACKENDS = 2
 WIDTH = 2
-#: Bounds one turn; a turn still unanswered then counts as a timeout.
-REQUEST_TIMEOUT = 900
 #: The sizes of a full run and of `--quick`. Token counts are the served model's (the demo tokenizer).
 FULL = {"sessions": 6, "turns": (4, 6), "output_tokens": (200, 2000), "answer_tokens": 48, "arrival_s": 5.0,
         "think_s": (1.0, 4.0), "rounds": 3, "mlp_multiplier": 2, "extra_layers": 2}
 QUICK = {"sessions": 3, "turns": (2, 3), "output_tokens": (200, 600), "answer_tokens": 16, "arrival_s": 1.0,
          "think_s": (0.5, 1.0), "rounds": 1, "mlp_multiplier": 1, "extra_layers": 0}
-#: The API key every request carries (LiteLLM's master key; the others ignore it).
-API_KEY = "sk-fleet-bench"
-STATUSES = ("ok", "error", "429", "timeout")
-#: Sent with every turn, so that every stack renders the same prompt: `mlx_lm.server` turns a template's
-#: thinking switch on unless told (its tokenizer wrapper's default), the native worker leaves the
-#: template's own default (off in the demo's); LiteLLM passes the field through.
+#: `--routing`'s: four conversations of the agent bench, and of `--quick`.
+ROUTING = {"sessions": 4, "tools": 40, "turns": (TURNS, TURNS), "answer_tokens": ANSWER_TOKENS, "rounds": 3,
+           "pause": 2.0, "output_lines": 0, "mlp_multiplier": 8, "extra_layers": 10}
+ROUTING_QUICK = {**ROUTING, "tools": 12, "turns": (3, 3), "answer_tokens": 8, "rounds": 1, "mlp_multiplier": 1,
+                 "extra_layers": 0}
+#: Sent with every turn of the fleet's sessions, so that every stack renders the same prompt: `mlx_lm.server`
+#: turns a template's thinking switch on unless told (its tokenizer wrapper's default), the native worker
+#: leaves the template's own default (off in the demo's); LiteLLM passes the field through.
 THINKING_OFF = {"enable_thinking": False}
+#: The body's extra fields per workload: the fleet's sessions carry their tools; the routing conversations
+#: run every answer to its `max_tokens`, as the agent bench's do.
+EXTRA = {"sessions": {"tools": TOOLS, "chat_template_kwargs": THINKING_OFF}, "routing": {"ignore_eos": True}}
 
 
 # -- summaries (pure) ---------------------------------------------------------------------------
@@ -287,92 +308,104 @@ def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
 
 def stack_order(round_index: int, stacks: tuple[str, ...] = STACKS) -> tuple[str, ...]:
     """The stacks of a round, rotated one place per round so that none always runs first or last."""
-    k = round_index % len(stacks)
-    return stacks[k:] + stacks[:k]
+    return tuple(rotated(list(stacks), round_index))
 
 
-# -- replaying the workload -----------------------------------------------------------------
+# -- `--routing`'s summaries (pure) -------------------------------------------------------------
 
 
-async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, timeout: float, rid: str | None = None) -> dict:
-    """One turn, streamed: time to the first generated token (text, reasoning or a tool call), to the
-    end, the usage the server reports, and how it ended (`STATUSES`)."""
-    import aiohttp
-
-    body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": THINKING_OFF}
-    headers = {"Authorization": f"Bearer {API_KEY}", **({"X-Request-Id": rid} if rid else {})}
-    start = time.perf_counter()
-    first = usage = error = None
-    status, done, http_status = "ok", False, None
-    try:
-        async with asyncio.timeout(timeout):
-            async with http.post(base_url + "/chat/completions", json=body, headers=headers) as resp:
-                http_status = resp.status
-                if resp.status != 200:
-                    status = "429" if resp.status == 429 else "error"
-                    error = (await resp.text())[:300]
-                else:
-                    async for line in resp.content:
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            done = True
-                            continue
-                        payload = json.loads(data)
-                        if "error" in payload:
-                            status, error = "error", json.dumps(payload["error"])[:300]
-                            continue
-                        usage = payload.get("usage") or usage
-                        if first is None:
-                            for choice in payload.get("choices") or []:
-                                d = choice.get("delta") or {}
-                                if d.get("content") or d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls"):
-                                    first = time.perf_counter()
-                                    break
-                    if status == "ok" and not done:
-                        status, error = "error", "the stream ended without `data: [DONE]`"
-    except TimeoutError:
-        status, error = "timeout", f"no whole answer within {timeout:g} s"
-    except (aiohttp.ClientError, ValueError) as e:
-        status, error = "error", f"{type(e).__name__}: {e}"[:300]
-    end = time.perf_counter()
-    usage = usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return {"status": status, "http_status": http_status, "error": error, "start": start,
-            "ttft_s": None if first is None else first - start, "total_s": end - start,
-            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-            "cached_tokens": details.get("cached_tokens")}
+def stayed(rows: list[dict]) -> list[bool]:
+    """For each turn 2+ with both ends known: did the worker of the session's previous turn serve it?"""
+    by_session: dict[tuple, dict[int, str | None]] = {}
+    for r in rows:
+        by_session.setdefault((r["stack"], r["round"], r["session"]), {})[r["turn"]] = r.get("worker")
+    return [worker == turns[t - 1] for turns in by_session.values() for t, worker in sorted(turns.items())
+            if t >= 2 and worker is not None and turns.get(t - 1) is not None]
 
 
-async def replay(base_url: str, model: str, sessions: list[Session], max_tokens: int, *, stack: str, round_no: int,
-                 timeout: float = REQUEST_TIMEOUT) -> list[dict]:
-    """Every session as an agent runs it: it starts at its arrival, sends each turn after the previous
-    answer and its think time. Rows carry times relative to the replay's start."""
-    import aiohttp
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
 
-    t0 = time.perf_counter()
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
 
-        async def agent(s: Session) -> list[dict]:
-            await asyncio.sleep(max(0.0, t0 + s.arrival_s - time.perf_counter()))
-            rows = []
-            for k, turn in enumerate(s.turns, 1):
-                await asyncio.sleep(turn.think_s)
-                rid = f"fleet-{stack}-{round_no}-{s.index}-{k}"
-                r = await one_turn(http, base_url, model, turn.messages, max_tokens, timeout, rid)
-                r["sent_s"] = r.pop("start") - t0
-                rows.append({"stack": stack, "round": round_no, "session": s.index, "turn": k, "request_id": rid, **r})
-                ttft = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.2f}"
-                print(f"  {stack} round {round_no} session {s.index} turn {k}: {r['status']} ttft "
-                      f"{ttft} s, {r['total_s']:.2f} s, prompt "
-                      f"{r['prompt_tokens']} (cached {r['cached_tokens']}), out {r['completion_tokens']}", file=sys.stderr)
-            return rows
+def summarize_policy(rows: list[dict], runs: list[dict]) -> dict:
+    """One policy's rows and runs: TTFT of turns 2+ (and per round) beside turn 1's, the affinity hits,
+    the routing decisions, the cached share of turns 2+'s prompt tokens, the workers' prefix-cache hits."""
+    later = [r for r in rows if r["turn"] >= 2]
+    kept = stayed(rows)
+    decisions: dict[str, int] = {}
+    for r in rows:
+        if r.get("routing"):
+            decisions[r["routing"]] = decisions.get(r["routing"], 0) + 1
+    prompted = [r for r in later if r.get("prompt_tokens")]
+    prompt_later = sum(r["prompt_tokens"] for r in prompted)
+    cached_later = sum(r.get("cached_tokens") or 0 for r in prompted)
+    counts = [run["workers"] for run in runs if run.get("workers")]
+    hits, lookups = sum(c["prefix_cache_hits"] for c in counts), sum(c["prefix_cache_lookups"] for c in counts)
+    return {
+        "ttft_turn1_s": spread([r["ttft_s"] for r in rows if r["turn"] == 1]),
+        "ttft_later_s": spread([r["ttft_s"] for r in later]),
+        "ttft_later_per_run_s": [stats.median(v) for v in ([r["ttft_s"] for r in later if r["round"] == rnd]
+                                                           for rnd in sorted({r["round"] for r in later})) if v],
+        "prompt_tokens": spread([r["prompt_tokens"] for r in rows if r.get("prompt_tokens")]),
+        "affinity_hit_rate": _share(sum(kept), len(kept)), "affinity_hits": [sum(kept), len(kept)],
+        "decisions": decisions,
+        "cached_share_later": _share(cached_later, prompt_later), "cached_tokens_later": [cached_later, prompt_later],
+        "prefix_cache_hit_rate": _share(hits, lookups), "prefix_cache": [hits, lookups] if lookups else None,
+    }
 
-        per_session = await asyncio.gather(*(agent(s) for s in sessions))
-    return [r for rows in per_session for r in rows]
+
+def compare_policies(policies: dict) -> dict | None:
+    """Turns 2+ under first-free over affinity, per-round medians as the passes: above 1, affinity answers sooner."""
+    a = policies.get("affinity", {}).get("ttft_later_per_run_s") or []
+    f = policies.get("first-free", {}).get("ttft_later_per_run_s") or []
+    if not a or not f:
+        return None
+    v = stats.decide(a, f)
+    return {"decision": v.decision, "ratio": v.ratio, "lo": v.lo, "hi": v.hi, "n": [v.n_base, v.n_cand]}
+
+
+def routing_summary(rows: list[dict], runs: list[dict], rounds: int) -> dict:
+    policies = {POLICIES[s]: summarize_policy([r for r in rows if r["stack"] == s], [x for x in runs if x["stack"] == s])
+                for s in dict.fromkeys(r["stack"] for r in rows) if s in POLICIES}
+    notes = [] if any(p["prefix_cache"] for p in policies.values()) else [
+        "the workers export no prefix cache: routing cannot shorten a turn yet, only move it"]
+    if rounds < stats.MIN_PASSES:
+        notes.append(f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more")
+    return {"policies": policies, "comparison": compare_policies(policies), "notes": notes,
+            "ttft_by_turn": ttft_by_turn(rows)}
+
+
+def _rate(rate: float | None, counts: list | None) -> str:
+    return "-" if rate is None or not counts else f"{rate * 100:.0f}% ({counts[0]:g} of {counts[1]:g})"
+
+
+def routing_lines(report: dict) -> list[str]:
+    """`--routing`'s table: one block per policy, then the comparison (never a lone ratio)."""
+    sz = report["meta"]["sizes"]
+    lines = [f"{sz['sessions']} conversations x {sz['turns'][1]} turns through the proxy, {BACKENDS} workers of width "
+             f"{WIDTH}, {sz['answer_tokens']} answer tokens, tool pauses {sz['pause']:g} s on average"
+             + (f" and {sz['output_lines']} lines of tool output" if sz.get("output_lines") else "") + ", "
+             f"{sz['rounds']} round(s) per policy, alternated"]
+    for policy, s in report["summary"]["policies"].items():
+        lines += [f"{policy}:", f"  TTFT turns 2+   {fmt(s['ttft_later_s'], ' s')}",
+                  f"  TTFT turn 1     {fmt(s['ttft_turn1_s'], ' s')}", f"  prompt tokens   {fmt(s['prompt_tokens'], '', 0)}",
+                  f"  affinity hits   {_rate(s['affinity_hit_rate'], s['affinity_hits'])} of turns 2+ on the previous "
+                  "turn's worker",
+                  f"  cached tokens   {_rate(s['cached_share_later'], s['cached_tokens_later'])} of turns 2+'s prompt tokens",
+                  "  routing         " + (", ".join(f"{k} {v}" for k, v in sorted(s["decisions"].items())) or "-"),
+                  f"  prefix cache    {_rate(s['prefix_cache_hit_rate'], s['prefix_cache'])}"
+                  + ("" if s["prefix_cache"] else " (the workers export no prefix-cache series)")]
+    c = report["summary"].get("comparison")
+    if c is None:
+        lines.append("comparison: n/a")
+    elif c["decision"] == "too few passes":
+        lines.append(f"comparison: too few passes ({c['n'][0]} and {c['n'][1]} runs; {stats.MIN_PASSES} each needed): "
+                     "rerun with --rounds 3 or more")
+    else:
+        verdict = "affinity answers sooner" if c["decision"] == "adopt" else "not significant"
+        lines.append(f"comparison: {verdict}: TTFT turns 2+, first-free / affinity {c['ratio']:.2f}x "
+                     f"({c['lo']:.2f}-{c['hi']:.2f}, 95% bootstrap, per-run medians, n={c['n'][0]}+{c['n'][1]})")
+    return lines + [f"note: {note}" for note in report["summary"].get("notes", [])]
 
 
 # -- the stacks -------------------------------------------------------------------------------
@@ -453,7 +486,7 @@ def start_stack(name: str, target: Path, head: Path, args, rundir: Path, program
     if name.startswith("mtpstack"):
 
         ports = {f"w{i}": free_port() for i in range(BACKENDS)}
-        data = fleet("affinity", target, head, WIDTH, args.depth, ports, free_port())
+        data = fleet(POLICIES.get(name, "affinity"), target, head, WIDTH, args.depth, ports, free_port())
         if name == "mtpstack-wait":
             data["proxy"]["affinityWaitSeconds"] = args.affinity_wait
         procs, proxy, workers = start_fleet(data, rundir)
@@ -483,19 +516,20 @@ def start_stack(name: str, target: Path, head: Path, args, rundir: Path, program
         raise
 
 
-async def warm_up(running: Running) -> None:
-    """The first forward of a fresh process compiles: one tiny request to each backend directly, then one
-    through the front (its own first request). Nothing of the workload: no cache is primed."""
+async def warm_up(running: Running, front: bool = True) -> None:
+    """The first forward of a fresh process compiles: one tiny request to each backend directly, then
+    (`front`) one through the front (its own first request). Nothing of the workload: no cache is primed.
+    `--routing` warms the workers only, so the proxy routes and the workers count only its turns."""
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as http:
-        for b in running.backends:
-            r = await one_turn(http, b.url + "/v1", running.backend_model, [{"role": "user", "content": "warm up"}], 2, REQUEST_TIMEOUT)
+        ends = [(b, b.url + "/v1", running.backend_model, "warm up") for b in running.backends]
+        if front:
+            ends.append((running.front, running.base_url, running.model, "warm up the front"))
+        for proc, url, model, text in ends:
+            r = await one_turn(http, url, model, [{"role": "user", "content": text}], 2)
             if r["status"] != "ok":
-                raise RuntimeError(f"{running.name}: warm-up of {b.label} failed: {r['error']}")
-        r = await one_turn(http, running.base_url, running.model, [{"role": "user", "content": "warm up the front"}], 2, REQUEST_TIMEOUT)
-        if r["status"] != "ok":
-            raise RuntimeError(f"{running.name}: warm-up through {running.front.label} failed: {r['error']}")
+                raise RuntimeError(f"{running.name}: warm-up of {proc.label} failed: {r['error']}")
 
 
 def cpu_of(procs: list) -> dict[str, float]:
@@ -532,23 +566,24 @@ async def worker_counts(running: Running) -> dict:
     return out
 
 
-async def one_run(name: str, rnd: int, sessions: list[Session], args, sizes: dict, target: Path, head: Path, workdir: Path,
+async def one_run(name: str, rnd: int, sessions: list, args, sizes: dict, target: Path, head: Path, workdir: Path,
                   programs: dict) -> tuple[list[dict], dict]:
     rundir = workdir / f"round{rnd}-{name}"
     t_start = time.perf_counter()
     running = await asyncio.to_thread(start_stack, name, target, head, args, rundir, programs)
     try:
         started_s = time.perf_counter() - t_start
-        await warm_up(running)
+        await warm_up(running, front=not args.routing)
         procs = [running.front, *running.backends]
         cpu0, load0 = cpu_of(procs), os.getloadavg()
-        rows = await replay(running.base_url, running.model, sessions, sizes["answer_tokens"], stack=name, round_no=rnd)
+        rows = await run_sessions(running.base_url, running.model, sessions, sizes["answer_tokens"],
+                                  labels={"stack": name, "round": rnd}, tag=f"fleet-{name}-{rnd}",
+                                  extra=EXTRA["routing" if args.routing else "sessions"])
         cpu1, load1 = cpu_of(procs), os.getloadavg()
         extra = await worker_counts(running) if name.startswith("mtpstack") else None
     finally:
         await asyncio.to_thread(running.stop)
     if name.startswith("mtpstack"):  # which worker served each turn, and why: the proxy's request log
-
         logged = request_lines((rundir / "proxy.log").read_text(errors="replace"))
         for r in rows:
             line = logged.get(r["request_id"], {})
@@ -568,18 +603,26 @@ def token_counter(target: Path):
 def summary_of(rows: list[dict], runs: list[dict], rounds: int) -> dict:
     summary = {"stacks": summarize_stacks(rows), "compare": compare(rows), "ttft_by_turn": ttft_by_turn(rows)}
     summary["goal"] = goal_lines(summary)
-    notes = []
-    if rounds < stats.MIN_PASSES:
-        notes.append(f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more")
-    summary["notes"] = notes
+    summary["notes"] = [f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more"
+                        ] if rounds < stats.MIN_PASSES else []
     return summary
 
 
+def routing_sessions(rnd: int, sizes: dict) -> list:
+    """`--routing`'s conversations of round `rnd`: one agent's system prompt (the round's, the same for
+    both policies), each conversation opened by its own task."""
+    system = system_prompt(rnd, sizes["tools"])
+    return [conversation(c, system, first_question(c), sizes["turns"][1], pause=sizes["pause"], rnd=rnd,
+                         output_lines=sizes["output_lines"]) for c in range(sizes["sessions"])]
+
+
 async def run_all(args, sizes: dict, workdir: Path) -> dict:
-    target, head, source = await asyncio.to_thread(demo_pair, workdir, sizes["mlp_multiplier"], sizes["extra_layers"])
-    cpt = calibrate(token_counter(target), args.seed, sizes)
-    sessions = make_workload(args.seed, sizes, cpt)
-    print(f"models: {source}\n  target {target}\n  head {head}\n  tool outputs at {cpt:.2f} characters per token", file=sys.stderr)
+    target, head, source = await asyncio.to_thread(demo_pair, workdir, sizes["mlp_multiplier"], sizes["extra_layers"],
+                                                   CONTEXT if args.routing else None)
+    cpt = None if args.routing else calibrate(token_counter(target), args.seed, sizes)
+    sessions = None if args.routing else make_workload(args.seed, sizes, cpt)
+    print(f"models: {source}\n  target {target}\n  head {head}" + ("" if args.routing else
+          f"\n  tool outputs at {cpt:.2f} characters per token"), file=sys.stderr)
     programs = {}
     if "litellm" in args.stacks:
         programs["litellm"] = await asyncio.to_thread(litellm_program)
@@ -591,38 +634,28 @@ async def run_all(args, sizes: dict, workdir: Path) -> dict:
     started = time.monotonic()
     for rnd in range(sizes["rounds"]):
         for name in stack_order(rnd, tuple(args.stacks)):
-            r, info = await one_run(name, rnd, sessions, args, sizes, target, head, workdir, programs)
+            workload = sessions or routing_sessions(rnd, sizes)
+            r, info = await one_run(name, rnd, workload, args, sizes, target, head, workdir, programs)
             rows += r
             runs.append(info)
             m = info["metrics"]
             print(f"round {rnd + 1}/{sizes['rounds']}: {name}: TTFT p95 {m['ttft_p95']}, turn p95 {m['turn_p95']}, "
                   f"{m['tok_s']} tok/s, errors {m['error']}, 429 {m['429']}, timeouts {m['timeout']} "
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
-    return {
-        "meta": {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "target": str(target), "head": str(head),
-            "sizes": sizes, "seed": args.seed, "depth": args.depth, "width": WIDTH, "backends": BACKENDS, "stacks": list(args.stacks),
-            "chars_per_token": cpt, "rounds_run": sizes["rounds"], "machine": platform.machine(), "cpus": os.cpu_count(),
-            "loadavg_start": load_start, "loadavg_end": list(os.getloadavg()), "seconds": round(time.monotonic() - started),
-            "versions": versions(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-        "summary": summary_of(rows, runs, sizes["rounds"]),
-        "runs": runs,
-        "rows": rows,
-    }
+            if args.routing:  # its figures are of whole conversations: a failed turn stops the run
+                answered(r)
+    meta = run_meta(models=source, target=str(target), head=str(head), sizes=sizes, seed=args.seed, depth=args.depth,
+                    width=WIDTH, backends=BACKENDS, stacks=list(args.stacks), chars_per_token=cpt,
+                    rounds_run=sizes["rounds"], loadavg_start=load_start, loadavg_end=list(os.getloadavg()),
+                    seconds=round(time.monotonic() - started))
+    meta["versions"] = versions()
+    summary = routing_summary(rows, runs, sizes["rounds"]) if args.routing else summary_of(rows, runs, sizes["rounds"])
+    return {"meta": meta, "summary": summary, "runs": runs, "rows": rows}
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for dist in ("mlx", "mlx-lm", "aiohttp"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    lite = ROOT / ".venv-litellm"
-    found = sorted(lite.glob("lib/python*/site-packages/litellm-*.dist-info"))
+    out = {dist: version_of(dist) for dist in ("mlx", "mlx-lm", "aiohttp")}
+    found = sorted((ROOT / ".venv-litellm").glob("lib/python*/site-packages/litellm-*.dist-info"))
     out["litellm"] = found[-1].name.split("-")[1] if found else None
     try:
         out["nginx"] = subprocess.run([nginx_program(), "-v"], capture_output=True, text=True).stderr.strip()
@@ -633,12 +666,13 @@ def versions() -> dict:
 
 async def replay_only(args, sizes: dict) -> dict:
     """`--url`: the workload against a server already running (sized at the default characters per token)."""
-    sessions = make_workload(args.seed, sizes)
     load_start = list(os.getloadavg())
-    rows = await replay(args.url.rstrip("/"), args.model, sessions, sizes["answer_tokens"], stack=args.label, round_no=0)
-    return {"meta": {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": args.model, "sizes": sizes, "seed": args.seed,
-                     "rounds_run": 1, "loadavg_start": load_start, "loadavg_end": list(os.getloadavg())},
-            "summary": summary_of(rows, [], 1), "runs": [], "rows": rows}
+    rows = await run_sessions(args.url.rstrip("/"), args.model, make_workload(args.seed, sizes), sizes["answer_tokens"],
+                              labels={"stack": args.label, "round": 0}, tag=f"fleet-{args.label}-0",
+                              extra=EXTRA["sessions"])
+    meta = run_meta(models=args.model, sizes=sizes, seed=args.seed, rounds_run=1, loadavg_start=load_start,
+                    loadavg_end=list(os.getloadavg()))
+    return {"meta": meta, "summary": summary_of(rows, [], 1), "runs": [], "rows": rows}
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -649,37 +683,66 @@ def parse_range(text: str) -> tuple[int, int]:
     return a, b
 
 
-def main(argv: list[str] | None = None) -> int:
+#: The options that size a run (None: the mode's default, `FULL`, `QUICK`, `ROUTING` or `ROUTING_QUICK`).
+SIZE_OPTIONS = ("rounds", "sessions", "turns", "output_tokens", "answer_tokens", "arrival_s", "mlp_multiplier",
+                "extra_layers", "tools", "pause", "output_lines")
+
+
+def parser() -> argparse.ArgumentParser:
     from mtpstack.validator import DEPTH_DEFAULT
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a few minutes: the demo pair as it is, 3 sessions of 2-3 turns, 1 round")
+    p.add_argument("--quick", action="store_true",
+                   help="a few minutes: the demo pair as it is, 3 sessions of 2-3 turns (--routing: 12 tools, 3 turns), 1 round")
+    p.add_argument("--routing", action="store_true",
+                   help="affinity against first-free on four agent conversations fed their answers")
     p.add_argument("--rounds", type=int, help=f"rounds, each stack once per round (default: {FULL['rounds']})")
-    p.add_argument("--sessions", type=int, help=f"agent sessions (default: {FULL['sessions']})")
-    p.add_argument("--turns", type=parse_range, help="turns per session, N or N-M (default: 4-6)")
+    p.add_argument("--sessions", type=int,
+                   help=f"agent sessions (default: {FULL['sessions']}; --routing {ROUTING['sessions']})")
+    p.add_argument("--turns", type=parse_range, help=f"turns per session, N or N-M (default: 4-6; --routing {TURNS}, "
+                   f"--quick {ROUTING_QUICK['turns'][1]})")
     p.add_argument("--output-tokens", type=parse_range, help="tokens of each tool output, N-M (default: 200-2000)")
-    p.add_argument("--answer-tokens", type=int, help=f"max_tokens of each turn (default: {FULL['answer_tokens']})")
+    p.add_argument("--answer-tokens", type=int, help=f"max_tokens of each turn (default: {FULL['answer_tokens']}; "
+                   f"--routing {ROUTING['answer_tokens']})")
     p.add_argument("--arrival", type=float, dest="arrival_s", help=f"mean seconds between session arrivals (default: {FULL['arrival_s']})")
+    p.add_argument("--tools", type=int, help=f"--routing: tool lines in the system prompt (default: {ROUTING['tools']}, "
+                   f"--quick {ROUTING_QUICK['tools']})")
+    p.add_argument("--pause", type=float,
+                   help=f"--routing: mean seconds a tool runs between turns (default: {ROUTING['pause']})")
+    p.add_argument("--output-lines", type=int,
+                   help="--routing: lines of tool output before each follow-up (default: 0, the agent bench's "
+                   "conversation; 20 adds about 800 tokens a turn with the demo tokenizer, which a moved turn prefills again)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default: 0)")
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"the MTP head's draft depth in mtpstack's workers (default: {DEPTH_DEFAULT})")
-    p.add_argument("--mlp-multiplier", type=int, help=f"widen the target's MLPs (default: {FULL['mlp_multiplier']})")
-    p.add_argument("--extra-layers", type=int, help=f"zero layers appended to the target (default: {FULL['extra_layers']})")
-    p.add_argument("--stacks", nargs="+", choices=STACKS + EXTRA_STACKS, default=list(STACKS),
-                   help="stacks to run (default: the three; mtpstack-wait: mtpstack with --affinity-wait)")
+    p.add_argument("--mlp-multiplier", type=int, help=f"widen the target's MLPs (default: {FULL['mlp_multiplier']}; "
+                   f"--routing {ROUTING['mlp_multiplier']})")
+    p.add_argument("--extra-layers", type=int,
+                   help=f"zero layers appended to the target (default: {FULL['extra_layers']}; --routing {ROUTING['extra_layers']})")
+    p.add_argument("--stacks", nargs="+", choices=STACKS + EXTRA_STACKS,
+                   help="stacks to run (default: the three; --routing: mtpstack mtpstack-first-free; "
+                   "mtpstack-wait: mtpstack with --affinity-wait)")
     p.add_argument("--affinity-wait", type=float, default=5.0,
                    help="mtpstack-wait's proxy.affinityWaitSeconds (default: 5)")
     p.add_argument("--url", help="replay against this OpenAI-compatible base URL (e.g. http://127.0.0.1:8080/v1) instead of starting stacks")
     p.add_argument("--model", default="mtpstack-demo", help="with --url: the model name to send (default: mtpstack-demo)")
     p.add_argument("--label", default="server", help="with --url: the name its rows carry (default: server)")
     p.add_argument("--out", help="a folder for fleet.json and ttft-by-turn.png (default: a new folder under bench/out/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
-    sizes = dict(QUICK if args.quick else FULL)
-    for key in ("rounds", "sessions", "turns", "output_tokens", "answer_tokens", "arrival_s", "mlp_multiplier", "extra_layers"):
-        if getattr(args, key) is not None:
-            sizes[key] = getattr(args, key)
-    if min(sizes["rounds"], sizes["sessions"], sizes["answer_tokens"], sizes["mlp_multiplier"]) < 1 or min(sizes["extra_layers"], sizes["arrival_s"]) < 0:
-        p.error("--rounds, --sessions, --answer-tokens and --mlp-multiplier must be at least 1, --extra-layers and --arrival at least 0")
-    sizes["answer_tokens"] = int(sizes["answer_tokens"])
+    sizes = dict((ROUTING_QUICK if args.quick else ROUTING) if args.routing else (QUICK if args.quick else FULL))
+    sizes.update({key: getattr(args, key) for key in SIZE_OPTIONS if getattr(args, key) is not None})
+    at_least_0 = ("extra_layers", "arrival_s", "tools", "pause", "output_lines")
+    if min(sizes[k] for k in ("rounds", "sessions", "answer_tokens", "mlp_multiplier")) < 1 or min(
+            sizes.get(k, 0) for k in at_least_0) < 0:
+        p.error("--rounds, --sessions, --answer-tokens and --mlp-multiplier must be at least 1, --extra-layers, --arrival, "
+                "--tools, --pause and --output-lines at least 0")
+    if args.routing and args.url:
+        p.error("--routing starts its own stacks: no --url")
+    args.stacks = args.stacks or (list(POLICIES) if args.routing else list(STACKS))
     out = Path(args.out) if args.out else ROOT / "bench" / "out" / time.strftime("fleet-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.url:
@@ -688,12 +751,11 @@ def main(argv: list[str] | None = None) -> int:
         from mtpstack.bench.parts import ensure_preload
 
         ensure_preload()
-        workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
-        report = asyncio.run(run_all(args, sizes, workdir))
+        report = asyncio.run(run_all(args, sizes, Path(tempfile.mkdtemp(prefix="fleet-bench-"))))
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")
     plot_ttft_by_turn(report["summary"]["ttft_by_turn"], out / "ttft-by-turn.png",
                       f"{report['meta']['sizes']['sessions']} agent sessions, TTFT by turn")
-    print("\n".join(format_lines(report)), file=sys.stderr)
+    print("\n".join(routing_lines(report) if args.routing else format_lines(report)), file=sys.stderr)
     print(f"figures: {out / 'fleet.json'}, plot: {out / 'ttft-by-turn.png'}", file=sys.stderr)
     return 0
 

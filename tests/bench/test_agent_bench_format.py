@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from devkit.scripts import load_script
 
-constrained_bench = load_script("constrained_bench")
-grammar_bench = load_script("grammar_bench")
+constrained_bench = load_script("constrained_bench")  # and its --libraries mode, the grammar libraries' cost
 
 
 def span(median, lo, hi):
@@ -15,7 +14,7 @@ def span(median, lo, hi):
 def test_the_grammar_table_shows_median_and_range_per_library():
     report = {"vocab": 150000, "tokens": 36, "runs": 3, "libraries": {
         "llguidance": {"setup_s": span(1.2, 0.8, 1.5), "compile_s": span(0.001, 0.001, 0.002), "per_token_us": span(330, 240, 458)}}}
-    lines = grammar_bench.format_lines(report)
+    lines = constrained_bench.library_lines(report)
     assert lines[0] == "vocabulary 150000 entries, document 36 tokens, 3 runs"
     assert lines[2].split()[0] == "llguidance" and "330 (240-458)" in lines[2] and "1.200 (0.800-1.500)" in lines[2]
 

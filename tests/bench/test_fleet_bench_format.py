@@ -109,3 +109,92 @@ def test_litellm_routes_one_model_name_over_both_servers_least_busy_with_a_maste
     assert config["model_list"][0]["litellm_params"]["model"] == "openai//models/t"  # mlx_lm.server wants the path it loaded
     assert config["router_settings"]["routing_strategy"] == "least-busy"
     assert config["general_settings"]["master_key"] == fb.API_KEY
+
+
+# -- `--routing`: affinity against first-free on the agent conversations ------------------------------
+
+
+def rrow(rnd, session, turn, worker, ttft, routing="affinity", stack="mtpstack", cached=0):
+    return {"round": rnd, "session": session, "turn": turn, "worker": worker, "ttft_s": ttft, "routing": routing,
+            "stack": stack, "prompt_tokens": 100 * turn, "cached_tokens": cached, "status": "ok"}
+
+
+def test_a_hit_is_a_later_turn_on_the_worker_of_the_previous_turn_of_the_same_run():
+    rows = [rrow(0, 0, 1, "w1", 1.0), rrow(0, 0, 2, "w1", 0.2), rrow(0, 0, 3, "w0", 0.9),
+            rrow(0, 1, 1, "w0", 1.0), rrow(0, 1, 2, None, 0.3),  # unknown worker: not counted
+            rrow(1, 0, 1, "w0", 1.0), rrow(1, 0, 2, "w0", 0.2)]
+    assert fb.stayed(rows) == [True, False, True]
+
+
+def test_a_policy_summary_keeps_turn_1_apart_and_counts_decisions_and_cache_hits():
+    rows = [rrow(0, 0, 1, "w1", 2.0, "new"), rrow(0, 0, 2, "w1", 0.5, cached=100), rrow(0, 0, 3, "w1", 0.7, cached=200),
+            rrow(2, 0, 1, "w0", 3.0, "new"), rrow(2, 0, 2, "w1", 0.9, "fallback_busy")]
+    runs = [{"round": 0, "workers": {"prefix_cache_hits": 3, "prefix_cache_lookups": 4}}, {"round": 2, "workers": None}]
+    s = fb.summarize_policy(rows, runs)
+    assert (s["ttft_turn1_s"]["median"], s["ttft_turn1_s"]["n"]) == (2.5, 2)
+    assert (s["ttft_later_s"]["median"], s["ttft_later_s"]["min"], s["ttft_later_s"]["max"]) == (0.7, 0.5, 0.9)
+    assert s["ttft_later_per_run_s"] == [0.6, 0.9]
+    assert (s["affinity_hit_rate"], s["affinity_hits"]) == (2 / 3, [2, 3])
+    assert s["decisions"] == {"new": 2, "affinity": 2, "fallback_busy": 1}
+    assert (s["prefix_cache_hit_rate"], s["prefix_cache"]) == (0.75, [3, 4])
+    assert (s["cached_share_later"], s["cached_tokens_later"]) == (300 / 700, [300, 700])
+
+
+def test_the_routing_stacks_alternate_from_affinity_and_run_under_their_policy():
+    stacks = tuple(fb.POLICIES)
+    assert [fb.stack_order(i, stacks) for i in range(3)] == [stacks, stacks[::-1], stacks]
+    assert [fb.POLICIES[s] for s in stacks] == ["affinity", "first-free"]
+
+
+def test_the_routing_conversations_of_a_round_share_one_system_prompt_and_each_open_with_its_task():
+    sizes = {**fb.ROUTING_QUICK, "output_lines": 2}
+    a, b = fb.routing_sessions(0, sizes), fb.routing_sessions(1, sizes)
+    assert len(a) == 4 and all(len(s.turns) == 3 and s.arrival_s == 0 for s in a)
+    assert len({s.turns[0].messages[0]["content"] for s in a}) == 1 and len({s.turns[0].messages[1]["content"] for s in a}) == 4
+    assert a[0].turns[0].messages[0] != b[0].turns[0].messages[0]  # every round its own system prompt
+    assert a[0].turns[0].think_s == 0 and a[0].turns[1].follow_up.endswith("\n\nopen the failing test")
+
+
+def test_the_proxys_request_lines_are_read_by_request_id_and_other_lines_skipped():
+    log = "\n".join([json.dumps({"event": "listening"}), "not json",
+                     json.dumps({"event": "request", "request_id": "r1", "worker": "w1", "routing": "affinity"})])
+    assert fb.request_lines(log) == {"r1": {"event": "request", "request_id": "r1", "worker": "w1", "routing": "affinity"}}
+
+
+def routing_report(comparison, prefix_cache=None):
+    s = {"ttft_turn1_s": {"median": 1.5, "min": 1.2, "max": 2.0, "n": 4}, "ttft_later_s": {"median": 0.25, "min": 0.2, "max": 0.41, "n": 8},
+         "prompt_tokens": {"median": 900, "min": 700, "max": 1100, "n": 12}, "affinity_hit_rate": 0.875, "affinity_hits": [7, 8],
+         "decisions": {"affinity": 7, "new": 4, "fallback_busy": 1}, "prefix_cache_hit_rate": 0.5 if prefix_cache else None,
+         "prefix_cache": prefix_cache, "ttft_later_per_run_s": [0.25], "cached_share_later": 0.5, "cached_tokens_later": [450, 900]}
+    sizes = {**fb.ROUTING_QUICK, "pause": 0.3}
+    return {"meta": {"sizes": sizes}, "summary": {"policies": {"affinity": s, "first-free": s}, "comparison": comparison, "notes": ["n"]}}
+
+
+def test_the_routing_table_shows_medians_with_spread_hit_rates_and_says_when_no_cache_is_there():
+    lines = fb.routing_lines(routing_report(None))
+    assert lines[0] == ("4 conversations x 3 turns through the proxy, 2 workers of width 2, 8 answer tokens, "
+                        "tool pauses 0.3 s on average, 1 round(s) per policy, alternated")
+    assert "  TTFT turns 2+   0.25 s (0.20-0.41, n=8)" in lines
+    assert "  affinity hits   88% (7 of 8) of turns 2+ on the previous turn's worker" in lines
+    assert "  routing         affinity 7, fallback_busy 1, new 4" in lines
+    assert "  cached tokens   50% (450 of 900) of turns 2+'s prompt tokens" in lines
+    assert "  prefix cache    - (the workers export no prefix-cache series)" in lines
+    assert "  prefix cache    50% (2 of 4)" in fb.routing_lines(routing_report(None, prefix_cache=[2, 4]))
+    assert lines[-2:] == ["comparison: n/a", "note: n"]
+
+
+def test_the_routing_comparison_says_too_few_passes_or_not_significant_before_any_ratio():
+    few = fb.routing_lines(routing_report({"decision": "too few passes", "ratio": None, "lo": None, "hi": None, "n": [1, 1]}))
+    assert "comparison: too few passes (1 and 1 runs; 3 each needed): rerun with --rounds 3 or more" in few
+    ns = fb.routing_lines(routing_report({"decision": "not significant", "ratio": 1.04, "lo": 0.9, "hi": 1.2, "n": [3, 3]}))
+    assert any(line.startswith("comparison: not significant: TTFT turns 2+, first-free / affinity 1.04x (0.90-1.20") for line in ns)
+    win = fb.routing_lines(routing_report({"decision": "adopt", "ratio": 6.0, "lo": 4.0, "hi": 9.0, "n": [3, 3]}))
+    assert any(line.startswith("comparison: affinity answers sooner: TTFT turns 2+, first-free / affinity 6.00x") for line in win)
+
+
+def test_compare_policies_refuses_a_verdict_on_fewer_than_three_runs_a_side():
+    policies = {"affinity": {"ttft_later_per_run_s": [0.2]}, "first-free": {"ttft_later_per_run_s": [1.0]}}
+    assert fb.compare_policies(policies)["decision"] == "too few passes"
+    policies = {"affinity": {"ttft_later_per_run_s": [0.2, 0.21, 0.19]}, "first-free": {"ttft_later_per_run_s": [1.0, 1.1, 0.9]}}
+    c = fb.compare_policies(policies)
+    assert c["decision"] == "adopt" and c["ratio"] == 5.0

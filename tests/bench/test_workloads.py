@@ -75,3 +75,36 @@ def test_the_system_prompt_carries_its_round_first_and_one_line_per_tool():
     a, b = wl.system_prompt(1, 3), wl.system_prompt(2, 3)
     assert a.splitlines()[0].startswith("Session 1.") and a.splitlines()[1:] == b.splitlines()[1:]
     assert len(a.splitlines()) == 4 and len(wl.system_prompt(1, 40).splitlines()) == 41
+
+
+def test_a_conversation_resends_itself_each_turn_with_every_answer_as_the_assistant_turn():
+    system = wl.system_prompt(0, 40)
+    s = wl.conversation(2, system, wl.first_question(2), 3)
+    messages, sent = [], []
+    for turn, answer in zip(s.turns, ["", "a1", "a2"]):
+        messages = wl.turn_messages(messages, turn, answer)
+        sent.append(messages)
+    first, third = sent[0], sent[2]
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert third[: len(first)] == first  # the next turn begins with the previous one: a prefix to reuse
+    assert [m["content"] for m in third if m["role"] == "assistant"] == ["a1", "a2"]
+    assert [m["content"] for m in third if m["role"] == "user"][1:] == wl.FOLLOW_UPS[:2]
+    other = wl.conversation(1, system, wl.first_question(1), 3)
+    assert other.turns[0].messages[0] == first[0] and other.turns[0].messages[1] != first[1]  # one agent, each its own task
+
+
+def test_tool_output_lengthens_each_follow_up_with_lines_of_its_own_conversation_and_turn():
+    plain = wl.conversation(1, "s", "q", 3)
+    long = wl.conversation(1, "s", "q", 3, output_lines=5)
+    assert long.turns[0].messages == plain.turns[0].messages  # the beginning is the same conversation
+    assert long.turns[1].follow_up.endswith("\n\n" + plain.turns[1].follow_up) and long.turns[1].follow_up.count("\n") == 4 + 2
+    assert long.turns[1].follow_up.split("\n\n")[0] != long.turns[2].follow_up.split("\n\n")[0]
+    assert wl.tool_output(1, 2, 3) != wl.tool_output(2, 2, 3)
+
+
+def test_tool_pauses_are_the_same_in_every_run_of_a_round_and_none_before_turn_1():
+    assert wl.tool_pause(1.0, 0, 2, 3) == wl.tool_pause(1.0, 0, 2, 3)
+    assert wl.tool_pause(1.0, 0, 2, 3) != wl.tool_pause(1.0, 1, 2, 3)
+    assert wl.tool_pause(1.0, 0, 2, 1) == 0.0 and wl.tool_pause(0.0, 0, 2, 3) == 0.0
+    assert all(0 <= wl.tool_pause(0.5, r, c, 2) <= 1.0 for r in range(5) for c in range(4))
+    assert [t.think_s for t in wl.conversation(2, "s", "q", 3, pause=1.0, rnd=0).turns] == [0.0, *(wl.tool_pause(1.0, 0, 2, t) for t in (2, 3))]

@@ -1,0 +1,118 @@
+"""The multi-turn driver: agent sessions (`mtpstack.bench.workloads`) sent turn by turn, each streamed and timed.
+
+- `one_turn`: one chat turn streamed: its time to the first generated token (text, reasoning or a tool
+  call), to the end, the usage the server reports (prompt, cached and completion tokens), its answer's
+  text, and how it ended (`STATUSES`: a server's error, a 429 or a timeout is a row, not an exception);
+- `run_sessions`: every session as an agent runs it: it starts at its arrival and sends each turn after
+  the previous answer and its think time (a conversation fed its answers appends each to the next turn).
+
+Used by `agent_bench` (its conversations' turns) and `fleet_bench` (the fleet's sessions, and the
+routing mode's conversations). One greedy request of a single-server bench is `mtpstack.bench.servers.stream_chat`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from mtpstack.bench.workloads import Session, turn_messages
+
+#: How a turn ended.
+STATUSES = ("ok", "error", "429", "timeout")
+#: Bounds one turn; a turn still unanswered then counts as a timeout.
+REQUEST_TIMEOUT = 900
+#: The API key every request carries (LiteLLM's master key in the fleet bench; the others ignore it).
+API_KEY = "sk-fleet-bench"
+
+
+def _first_generated(payload: dict) -> bool:
+    return any(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls")
+               for d in ((c.get("delta") or {}) for c in payload.get("choices") or []))
+
+
+async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, *,
+                   timeout: float = REQUEST_TIMEOUT, rid: str | None = None, extra: dict | None = None) -> dict:
+    """One turn to `base_url` (`.../v1`), streamed; `extra`: more fields of the body (tools, `ignore_eos`, ...)."""
+    import aiohttp
+
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
+    headers = {"Authorization": f"Bearer {API_KEY}", **({"X-Request-Id": rid} if rid else {})}
+    start = time.perf_counter()
+    first = usage = error = None
+    status, done, http_status, text = "ok", False, None, []
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.post(base_url + "/chat/completions", json=body, headers=headers) as resp:
+                http_status = resp.status
+                if resp.status != 200:
+                    status, error = "429" if resp.status == 429 else "error", (await resp.text())[:300]
+                else:
+                    async for line in resp.content:
+                        data = line[5:].strip() if line.startswith(b"data:") else None
+                        if data == b"[DONE]":
+                            done = True
+                        if not data or done:
+                            continue
+                        payload = json.loads(data)
+                        if "error" in payload:
+                            status, error = "error", json.dumps(payload["error"])[:300]
+                            continue
+                        usage = payload.get("usage") or usage
+                        text += [(c.get("delta") or {}).get("content") or "" for c in payload.get("choices") or []]
+                        if first is None and _first_generated(payload):
+                            first = time.perf_counter()
+                    if status == "ok" and not done:
+                        status, error = "error", "the stream ended without `data: [DONE]`"
+    except TimeoutError:
+        status, error = "timeout", f"no whole answer within {timeout:g} s"
+    except (aiohttp.ClientError, ValueError) as e:
+        status, error = "error", f"{type(e).__name__}: {e}"[:300]
+    end = time.perf_counter()
+    usage = usage or {}
+    return {"status": status, "http_status": http_status, "error": error, "start": start,
+            "ttft_s": None if first is None else first - start, "total_s": end - start,
+            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), "text": "".join(text)}
+
+
+def answered(rows: list[dict]) -> list[dict]:
+    """`rows`, every turn answered, else an error naming the first that was not (for benches that stop there)."""
+    failed = next((r for r in rows if r["status"] != "ok"), None)
+    if failed:
+        raise RuntimeError(f"{failed['request_id']}: {failed['status']}: {failed['error']}")
+    return rows
+
+
+async def run_sessions(base_url: str, model: str, sessions: list[Session], max_tokens: int, *, labels: dict, tag: str,
+                       extra: dict | None = None, timeout: float = REQUEST_TIMEOUT) -> list[dict]:
+    """Every session at once, each from its arrival; rows carry `labels`, the session, the turn, the
+    request id (`tag-SESSION-TURN`) and times relative to the start. A turn's text is kept only as
+    the next turn's assistant message."""
+    import aiohttp
+
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+
+        async def agent(s: Session) -> list[dict]:
+            await asyncio.sleep(max(0.0, t0 + s.arrival_s - time.perf_counter()))
+            rows, messages, answer = [], [], ""
+            for k, turn in enumerate(s.turns, 1):
+                await asyncio.sleep(turn.think_s)
+                rid = f"{tag}-{s.index}-{k}"
+                messages = turn_messages(messages, turn, answer)
+                r = await one_turn(http, base_url, model, messages, max_tokens, timeout=timeout, rid=rid, extra=extra)
+                answer = r.pop("text")
+                r["sent_s"] = r.pop("start") - t0
+                rows.append({**labels, "session": s.index, "turn": k, "request_id": rid, **r})
+                ttft = "-" if r["ttft_s"] is None else f"{r['ttft_s']:.2f}"
+                print(f"  {tag} session {s.index} turn {k}: {r['status']} ttft {ttft} s, {r['total_s']:.2f} s, "
+                      f"prompt {r['prompt_tokens']} (cached {r['cached_tokens']}), out {r['completion_tokens']}",
+                      file=sys.stderr)
+            return rows
+
+        per_session = await asyncio.gather(*(agent(s) for s in sessions))
+    return [r for rows in per_session for r in rows]
