@@ -2,7 +2,7 @@
 
 - `run_meta`: what a run was (date, command, machine, commit, uncommitted files, load average);
 - `fake_process` / `proxy_process`: a scripted upstream (`devkit.fake_fleet.FakeUpstream`) and `mtpstack proxy` on
-  loopback, started and waited for; `rotated`: each round's order of the arms compared side by side;
+  loopback, started and waited for (each round's order of the arms: `mtpstack.bench.parts.rotated`);
 - `send` / `Answer` / `Tally` / `drive`: one request and what its client saw, counted over many, from
   concurrent client loops; `serves_again`;
 - `get_metrics` / `get_json`, `GaugeSampler` (the largest value of some gauges, polled), `settle` and
@@ -83,12 +83,6 @@ async def proxy_process(procs, workdir: Path, name: str, config: dict, python: s
     proc = procs.start([python, "-m", "mtpstack", "proxy", "--config", str(path), *extra],
                        log_path=workdir / f"{name}.log", name=name, url=url_of(HOST, config["proxy"]["port"]), cwd=ROOT)
     return await _ready(proc, "/readyz")
-
-
-def rotated(arms: list, r: int) -> list:
-    """Round `r`'s order of the arms compared in one run: each starts a round in turn."""
-    k = r % len(arms)
-    return arms[k:] + arms[:k]
 
 
 def request_events(log: Path) -> list[dict]:

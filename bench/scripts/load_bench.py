@@ -74,8 +74,9 @@ from devkit.fake_fleet import FakeFleet, FakeUpstream, proxy_before_fake
 from devkit.raw_http import RawStream
 from mtpstack import series
 from mtpstack.bench.load import (HOST, GaugeSampler, Tally, count, drive, fake_process, get_json, get_metrics,
-                                 memory_kib, proxy_process, proxy_slots, request_events, rotated, run_meta, send,
+                                 memory_kib, proxy_process, proxy_slots, request_events, run_meta, send,
                                  serves_again, settle)
+from mtpstack.bench.parts import rotated
 from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, stream
 from mtpstack.bench.stats import percentile
 from mtpstack.proxy.prometheus import sample
