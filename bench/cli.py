@@ -47,7 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="alternated: every depth in one worker, each request carrying its depth, in rotating order per pass"
                         " (paired); fresh: a worker per configuration; auto (default): alternated whenever every"
                         " configuration is a depth a request can carry")
-    s.add_argument("--alternate", dest="design", action="store_const", const="alternated", help=argparse.SUPPRESS)
     _emit_config_option(s, "also print")
     s.set_defaults(func=run_sweep)
 
@@ -95,59 +94,11 @@ def _emit_config_option(parser: argparse.ArgumentParser, verb: str, tail: str = 
                         help=f"{verb} the depth per workload it recommends, as a YAML and a Nix fragment to review{tail}")
 
 
-def _setup(args: argparse.Namespace):
-    from mtpstack.bench import simulate as sim
-
-    return sim.Setup(cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials, resamples=args.resamples)
-
-
-def _simulate_paired(args: argparse.Namespace, repeats: list[int], adaptive: tuple[int, int]) -> int:
-    from mtpstack.bench import simulate as sim
-    from mtpstack.bench.stats import neighbour_correlation
-
-    if not -1.0 < args.rho < 1.0:
-        return print_error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
-    measured = None
-    if args.rho_from is not None:
-        try:
-            runs = json.loads(args.rho_from.read_text())["runs"]
-            measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            return print_error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python bench/scripts/alternate.py`")
-    start, cap = adaptive
-    if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
-        repeats = list(sim.PAIRED_REPEATS)
-    settings = {"cv": args.cv, "rho": args.rho, "measured_rho": measured, "process_cv": args.process_cv,
-                "resident": args.resident, "effect": args.effect, "margin": args.margin, "start": start, "cap": cap,
-                "trials": args.trials, "seed": args.seed}
-    kw = dict(start=start, cap=cap, process_cv=args.process_cv, resident=args.resident, seed=args.seed)
-    rows = sim.simulate_paired(repeats, _setup(args), rho=args.rho, **kw)
-    # With a measured rho, also the power that rho gives.
-    at_measured = sim.simulate_paired(repeats, _setup(args), rho=measured, **kw) if measured is not None and -1 < measured < 1 else None
-    if args.format == "json":
-        out = sim.paired_json(rows, **settings)
-        if at_measured is not None:
-            out["at_measured_rho"] = sim.paired_json(at_measured, **{**settings, "rho": measured})["passes"]
-        print(json.dumps(out, indent=1))
-    else:
-        text = {k: v for k, v in settings.items() if k != "measured_rho"}
-        print("\n".join(sim.format_paired_report(rows, measured_rho=measured, **text)))
-        if at_measured is not None:
-            print()
-            print("\n".join(sim.format_paired_report(at_measured, measured_rho=measured, **{**text, "rho": measured})))
-    worst = max((x for r in rows for x in (r.false_adopt, r.seq_false_adopt) if x is not None), default=0.0)
-    return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
-
-
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 def run_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from mtpstack.bench import report as rpt
     from mtpstack.bench import sweep as sw
     from mtpstack.validator import ConfigError, load_valid_config
 
@@ -166,27 +117,16 @@ def run_sweep(args: argparse.Namespace) -> int:
     worker = config.workers.get(args.worker)
     settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
     settings.design = args.design
-    console = _stderr_console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console) as progress:
-        sweep = sw.Sweep(config, settings, progress=progress, log=progress.console.print)
-        results = sweep.run()
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        results = sw.Sweep(config, settings, progress=progress, log=progress.console.print).run()
     paths = sw.write_outputs(results, args.out)
-    print("\n".join(_report_lines(results)))
+    print("\n".join(rpt.render_report(results)))
     if args.emit_config:
-        from mtpstack.bench import report as rpt
-
         print("\n" + "\n".join(rpt.emit_config(results)))
     print("wrote " + ", ".join(f"`{p}`" for p in paths), file=sys.stderr)
-    aborted = [c for c in results["configurations"] if c["status"] != "measured"]
-    return 1 if aborted else 0
-
-
-def _report_lines(results: dict, margin: float | None = None) -> list[str]:
-    from mtpstack.bench import report as rpt
-
-    return rpt.render_report(results, margin=margin)
+    return 1 if any(c["status"] != "measured" for c in results["configurations"]) else 0
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -212,6 +152,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from rich.console import Console
     from rich.progress import Progress
 
     from mtpstack.bench import simulate as sim
@@ -226,25 +167,54 @@ def run_simulate(args: argparse.Namespace) -> int:
                            "write `--repeats 3,5,10` and `--adaptive N:CAP` with N at most CAP")
     if args.effect <= args.margin:
         return print_error(f"a win of {args.effect:.0%} can never clear the margin: {args.margin:.0%}", "raise `--effect` or lower `--margin`")
+    setup = sim.Setup(cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials, resamples=args.resamples)
     if args.design == "paired":
-        return _simulate_paired(args, repeats, adaptive or (DEFAULT_REPEATS, DEFAULT_MAX_REPEATS))
-    with Progress(console=_stderr_console(), transient=True) as progress:
+        return _simulate_paired(args, setup, repeats, adaptive or (DEFAULT_REPEATS, DEFAULT_MAX_REPEATS))
+    with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("simulating", total=2 * len(repeats))
-        rows = sim.simulate(repeats, _setup(args), seed=args.seed, on_step=lambda: progress.advance(task))
+        rows = sim.simulate(repeats, setup, seed=args.seed, on_step=lambda: progress.advance(task))
         adaptive_row = None
         if adaptive is not None:
             progress.update(task, description="simulating the adaptive procedure")
-            adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], _setup(args), seed=args.seed)
+            adaptive_row = sim.simulate_adaptive(adaptive[0], adaptive[1], setup, seed=args.seed)
     if args.format == "json":
-        print(json.dumps({"design": "blocks", "settings": {"cv": args.cv, "effect": args.effect, "margin": args.margin,
-                                                             "trials": args.trials, "seed": args.seed},
-                          "passes": [{"n": r.n, "false_adopt": r.rule_false_adopt, "power": r.rule_detect} for r in rows],
-                          "adaptive": None if adaptive_row is None else {
-                              "start": adaptive_row.n, "cap": adaptive_row.cap, "false_adopt": adaptive_row.false_adopt,
-                              "power": adaptive_row.detect}}, indent=1))
-        worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=0.0)
-        return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
-    print("\n".join(sim.format_report(rows, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
-                                      seed=args.seed, adaptive=adaptive_row)))
-    worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=0.0)
-    return 0 if worst <= sim.FALSE_ADOPT_LIMIT else 1
+        print(json.dumps(sim.blocks_json(rows, adaptive_row, cv=args.cv, effect=args.effect, margin=args.margin,
+                                         trials=args.trials, seed=args.seed), indent=1))
+    else:
+        print("\n".join(sim.format_report(rows, cv=args.cv, effect=args.effect, margin=args.margin, trials=args.trials,
+                                          seed=args.seed, adaptive=adaptive_row)))
+    return sim.exit_status(rows)
+
+
+def _simulate_paired(args: argparse.Namespace, setup, repeats: list[int], adaptive: tuple[int, int]) -> int:
+    """The paired design's simulation, at `--rho` and at the rho `--rho-from` measured."""
+    from mtpstack.bench import simulate as sim
+    from mtpstack.bench.stats import neighbour_correlation
+
+    if not -1.0 < args.rho < 1.0:
+        return print_error(f"`--rho` must lie strictly between -1 and 1: {args.rho}")
+    measured = None
+    if args.rho_from is not None:
+        try:
+            runs = json.loads(args.rho_from.read_text())["runs"]
+            measured = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return print_error(f"cannot read the alternated run `{args.rho_from}`: {e}", "write it with `python bench/scripts/alternate.py`")
+    start, cap = adaptive
+    if args.repeats == ",".join(map(str, sim.SIMULATED_REPEATS)):
+        repeats = list(sim.PAIRED_REPEATS)
+    settings = {"cv": args.cv, "rho": args.rho, "measured_rho": measured, "process_cv": args.process_cv,
+                "resident": args.resident, "effect": args.effect, "margin": args.margin, "start": start, "cap": cap,
+                "trials": args.trials, "seed": args.seed}
+    rhos = [args.rho, *([measured] if measured is not None and -1 < measured < 1 else [])]
+    found = [sim.simulate_paired(repeats, setup, rho=rho, start=start, cap=cap, process_cv=args.process_cv,
+                                 resident=args.resident, seed=args.seed) for rho in rhos]
+    if args.format == "json":
+        out = sim.paired_json(found[0], **settings)
+        if len(found) > 1:
+            out["at_measured_rho"] = sim.paired_json(found[1])["passes"]
+        print(json.dumps(out, indent=1))
+    else:
+        print("\n\n".join("\n".join(sim.format_paired_report(rows, **{**settings, "rho": rho}))
+                          for rows, rho in zip(found, rhos)))
+    return sim.exit_status(found[0])

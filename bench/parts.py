@@ -1,22 +1,10 @@
-"""What every benchmark script shares at its edges: its model options, the BLAS it runs under, and how it ends.
-
-The scripts in `bench/scripts/` compose these instead of importing each other (issue 50):
-
-- `model_options` / `check_models`: `--target`/`--drafter` (a pair of one's own, else the demo pair
-  widened by `--mlp-multiplier` and `--extra-layers`) and `--depth`, spelled once;
-- `ensure_preload`: re-exec under the servers' environment, so mlx in the bench's own process runs
-  with the same BLAS as the servers it measures;
-- `prepare_models` / `demo_pair`: the pair those options name, the demo target widened into the run's folder;
-  `longer_context`: a target's context raised past the demo's training windows;
-- `MODEL_DIMS`: real models' text-config dimensions, for the figures predicted at their size;
-- `PROMPTS`: the short prompts of the single-stream and concurrent rounds;
-- `summarize` / `fmt`: a list of samples as median, min, max and count, and that as one cell;
-- `emit`: the readable table to stderr, the JSON report to `--out` (else stdout);
-- `round_options` / `rounds` / `rotated`: a bench measured in rounds (its options, the rounds kept and discarded,
-  each round's order), `few_repeats` the note when they are too few, `run_meta` what its report says of the run;
-- `post_json`: one blocking JSON request, for the scripts that time one at a time.
-
-The servers and the streaming client are `mtpstack.bench.servers`.
+"""What every benchmark script shares at its edges, so the scripts in `bench/scripts/` compose these instead of
+importing each other (issue 50): the options naming the measured pair and the pair they name (`model_options`,
+`prepare_models`, `demo_pair`, `longer_context`), the BLAS re-exec (`ensure_preload`), real models' dimensions,
+the short prompts, the samples' JSON summary and its cell (`summarize`, `fmt`), the table-and-JSON ending (`emit`),
+the rounds a bench runs and their order (`round_options`, `rounds`, `rotated`, `few_repeats`), what its report
+says of the run (`run_meta`) and one blocking JSON request (`post_json`). Servers and the streaming client are
+`mtpstack.bench.servers`.
 """
 
 from __future__ import annotations
@@ -24,9 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
+
+from mtpstack.bench import stats
 
 
 def model_options(p: argparse.ArgumentParser, *, depth: int = 3, depth_help: str = "draft depth") -> None:
@@ -121,15 +110,20 @@ PROMPTS = [
 
 
 def summarize(values: list[float]) -> dict:
+    """`stats.summarize` as a report's JSON holds it: median, min, max and count; None of no values."""
     if not values:
         return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    s = stats.summarize(values)
+    return {"median": s.median, "min": s.min, "max": s.max, "n": s.n}
 
 
-def fmt(s: dict, unit: str = "", digits: int = 2) -> str:
+def fmt(s: dict, unit: str = "", digits: int = 2, *, scale: float = 1.0, sep: str = "-", count: bool = True,
+        missing: str = "n/a") -> str:
+    """`median (min-max, n=N)`, each times `scale`; `count=False` leaves out the `n`."""
     if not s or s.get("median") is None:
-        return "n/a"
-    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f}, n={s['n']})"
+        return missing
+    lo, mid, hi = (f"{s[k] * scale:.{digits}f}" for k in ("min", "median", "max"))
+    return f"{mid}{unit} ({lo}{sep}{hi}" + (f", n={s['n']})" if count else ")")
 
 
 def emit(report: dict, lines: list[str], out: str | Path | None) -> int:
@@ -165,15 +159,26 @@ def loadavg() -> list[float] | None:
         return None
 
 
-def run_meta(**fields) -> dict:
-    """A report's `meta`: the command, `fields`, the machine, the BLAS preloaded and the versions it ran with."""
+def run_meta(*, checkout: bool = False, **fields) -> dict:
+    """A report's `meta`: the command, `fields`, the machine, the BLAS preloaded and the versions it ran with;
+    `checkout`: also its commit and the tracked files changed (a shared checkout runs what is on disk, not HEAD)."""
     import platform
+    import subprocess
     import time
 
-    return {"command": command_line(), **fields, "machine": platform.machine(), "cpus": os.cpu_count(),
+    meta = {"command": command_line(), **fields, "machine": platform.machine(), "cpus": os.cpu_count(),
             "ld_preload": os.environ.get("LD_PRELOAD"), "loadavg": loadavg(),
             "versions": {"mlx": version_of("mlx"), "mlx_lm": version_of("mlx-lm"), "mlx_vlm": version_of("mlx-vlm")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if checkout:
+        git = ["git", "-C", str(Path(__file__).resolve().parents[1])]
+        run = lambda *a: subprocess.run([*git, *a], capture_output=True, text=True, timeout=5).stdout  # noqa: E731
+        try:
+            changed = run("status", "--porcelain", "--untracked-files=no").splitlines()
+            meta.update(commit=run("rev-parse", "--short", "HEAD").strip() or "?", modified=[line[3:] for line in changed])
+        except (OSError, subprocess.TimeoutExpired):
+            meta.update(commit="?", modified=[])
+    return meta
 
 
 def rotated(items: list, k: int) -> list:

@@ -13,30 +13,14 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtpstack.bench.stats import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_MARGIN,
-    MIN_PASSES,
-    SPREAD_WARN,
-    Candidate,
-    Summary,
-    Verdict,
-    decide,
-    decide_paired,
-    settling,
-    summarize,
-)
+from mtpstack.bench.stats import (DEFAULT_CONFIDENCE, DEFAULT_MARGIN, MIN_PASSES, SPREAD_WARN, Candidate, Settling,
+                                  Summary, Verdict, decide, settling, summarize)
 from mtpstack.errors import UserError
 
 SCHEMA = "mtpstack-bench/1"
 #: The metric decisions are made on: output tokens over the whole request, prefill included,
 #: so a drafter's own prefill cost counts against it.
 PRIMARY_METRIC = "e2e_tps"
-METRICS = {
-    "e2e_tps": ("end-to-end", "tok/s"),
-    "decode_tps": ("decode", "tok/s"),
-    "ttft_s": ("time to first token", "s"),
-}
 
 
 class ResultsError(UserError):
@@ -97,22 +81,40 @@ def measured(results: dict) -> list[dict]:
     return [c for c in results.get("configurations", []) if c.get("status") == "measured"]
 
 
+def _passes(config: dict, workload: str) -> list[dict]:
+    return config.get("workloads", {}).get(workload, {}).get("passes", [])
+
+
 def values(config: dict, workload: str, metric: str = PRIMARY_METRIC) -> list[float]:
-    passes = config.get("workloads", {}).get(workload, {}).get("passes", [])
-    return [float(p[metric]) for p in passes if p.get(metric) is not None]
+    return [float(p[metric]) for p in _passes(config, workload) if p.get(metric) is not None]
 
 
 def acceptance(config: dict, workload: str) -> float | None:
     """Accepted over drafted tokens across all measured passes; None without a drafter."""
-    passes = config.get("workloads", {}).get(workload, {}).get("passes", [])
-    drafted = sum(p.get("drafted") or 0 for p in passes)
-    accepted = sum(p.get("accepted") or 0 for p in passes)
+    drafted = sum(p.get("drafted") or 0 for p in _passes(config, workload))
+    accepted = sum(p.get("accepted") or 0 for p in _passes(config, workload))
     return accepted / drafted if drafted else None
 
 
 def baseline_of(results: dict) -> dict | None:
     label = results.get("baseline")
     return next((c for c in measured(results) if c["label"] == label), None)
+
+
+def _margin(results: dict, margin: float | None) -> float:
+    """`margin`, else the one the sweep used."""
+    return results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
+
+
+def candidate(config: dict, workload: str) -> Candidate:
+    """A configuration's passes of `workload`, as the depth recommendation weighs them."""
+    return Candidate(config["label"], config.get("depth"), tuple(values(config, workload)))
+
+
+def _settled(results: dict, base: dict, workload: str, margin: float | None) -> Settling | None:
+    """The recommendation for `workload` with the comparison it rests on (`stats.settling`), the sweep's rule."""
+    others = [candidate(c, workload) for c in measured(results) if c is not base]
+    return settling(candidate(base, workload), others, margin=_margin(results, margin), paired=alternated(results))
 
 
 # -- formatting --------------------------------------------------------------------------
@@ -181,8 +183,9 @@ def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: fl
     )
 
 
-def _cell(x: float | None, fmt: str = "{:.1%}") -> str:
-    return "-" if x is None else fmt.format(x)
+def _median_cell(config: dict, workload: str, metric: str) -> str:
+    found = values(config, workload, metric)
+    return _num(summarize(found).median) if found else "-"
 
 
 def workload_table(results: dict, workload: str) -> list[str]:
@@ -195,13 +198,12 @@ def workload_table(results: dict, workload: str) -> list[str]:
         if not e2e:
             continue
         s = summarize(e2e)
-        dec = values(c, workload, "decode_tps")
-        ttft = values(c, workload, "ttft_s")
+        rate = acceptance(c, workload)
+        decode, ttft, step = (_median_cell(c, workload, m) for m in ("decode_tps", "ttft_s", "step_ms"))
         lines.append(
-            f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} | {_num(s.median)} ± {_num(s.mad)} |"
-            f" {_num(s.min)} … {_num(s.max)} | {_num(summarize(dec).median) if dec else '-'} |"
-            f" {_num(summarize(ttft).median) if ttft else '-'} | {_cell(acceptance(c, workload))} |"
-            f" {_num(summarize(steps).median) if (steps := values(c, workload, 'step_ms')) else '-'} |"
+            f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} |"
+            f" {_num(s.median)} ± {_num(s.mad)} | {_num(s.min)} … {_num(s.max)} | {decode} | {ttft} |"
+            f" {'-' if rate is None else f'{rate:.1%}'} | {step} |"
         )
     return lines
 
@@ -210,27 +212,15 @@ def verdicts(results: dict, workload: str, margin: float | None = None) -> list[
     base = baseline_of(results)
     if base is None:
         return []
-    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
-    out = []
-    for c in measured(results):
-        if c is base:
-            continue
-        rule = decide_paired if alternated(results) else decide
-        out.append((c, rule(values(base, workload), values(c, workload), margin=margin)))
-    return out
+    kw = dict(margin=_margin(results, margin), paired=alternated(results))
+    return [(c, decide(values(base, workload), values(c, workload), **kw)) for c in measured(results) if c is not base]
 
 
 def recommendation_line(results: dict, workload: str, margin: float | None = None) -> str:
     base = baseline_of(results)
     if base is None:
         return f"{workload}: no recommendation: the baseline was not measured"
-    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
-
-    def cand(c: dict) -> Candidate:
-        return Candidate(c["label"], c.get("depth"), tuple(values(c, workload)))
-
-    others = [cand(c) for c in measured(results) if c is not base]
-    settled = settling(cand(base), others, margin=margin, paired=alternated(results))
+    settled = _settled(results, base, workload, margin)
     if settled is None:
         return f"{workload}: no recommendation: a configuration has fewer than {MIN_PASSES} passes"
     rec = settled.recommended
@@ -242,25 +232,9 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
     if not settled.decided and v is not None:
         line += (
             f"; it rests on an undecided comparison: `{settled.best.label}` / `{rec.label}` {v.ratio:.3f}"
-            f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + margin:.2f} ({v.n_cand} and {v.n_base} passes)"
+            f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + _margin(results, margin):.2f} ({v.n_cand} and {v.n_base} passes)"
         )
     return line
-
-
-def recommended_depths(results: dict, margin: float | None = None) -> dict[str, Candidate | None]:
-    """The recommendation per workload (None where there is none)."""
-    base = baseline_of(results)
-    margin = results.get("settings", {}).get("margin", DEFAULT_MARGIN) if margin is None else margin
-    out: dict[str, Candidate | None] = {}
-    for workload in workloads_of(results):
-        if base is None:
-            out[workload] = None
-            continue
-        others = [Candidate(c["label"], c.get("depth"), tuple(values(c, workload))) for c in measured(results) if c is not base]
-        settled = settling(Candidate(base["label"], base.get("depth"), tuple(values(base, workload))), others, margin=margin,
-                           paired=alternated(results))
-        out[workload] = None if settled is None else settled.recommended
-    return out
 
 
 def emit_config(results: dict, margin: float | None = None) -> list[str]:
@@ -268,26 +242,25 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     `default` is the configured depth; a workload with no recommendation, or one recommending no
     drafter (a map cannot say "no drafter" for one class), keeps it and is named in a comment."""
     profile = results.get("meta", {}).get("profile") or {}
-    drafter = profile.get("drafter") or {}
-    configured = drafter.get("depth")
+    configured = (profile.get("drafter") or {}).get("depth")
     if isinstance(configured, dict):
         configured = configured.get("default")
+    if configured is None:
+        return ["error: the results name no configured drafter depth to use as `default`"]
     notes: list[str] = []
     depths: dict[str, int | str] = {}
     width = profile.get("maxNumSeqs")
     at = width if width in widths_of(results) else 1
-    for key, rec in recommended_depths(results, margin).items():
-        if width_of(key) != at:
-            continue
+    base = baseline_of(results)
+    for key in [k for k in workloads_of(results) if width_of(k) == at]:
+        settled = None if base is None else _settled(results, base, key, margin)
         workload = workload_of(key)
-        if rec is None:
+        if settled is None:
             notes.append(f"{workload}: no recommendation; it keeps `default`")
-        elif rec.depth is None:
+        elif settled.recommended.depth is None:
             notes.append(f"{workload}: the recommendation is no drafter, which a depth map cannot say; it keeps `default`")
         else:
-            depths[workload] = rec.depth
-    if configured is None:
-        return ["error: the results name no configured drafter depth to use as `default`"]
+            depths[workload] = settled.recommended.depth
     depths["default"] = configured
     worker = results.get("meta", {}).get("worker", "WORKER")
     lines = [f"# recommended by `mtpstack bench sweep`, measured at width {at} ({at} concurrent client(s))"]
@@ -313,7 +286,7 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
     """report.md as lines."""
     meta = results.get("meta", {})
     settings = results.get("settings", {})
-    margin = settings.get("margin", DEFAULT_MARGIN) if margin is None else margin
+    margin, paired = _margin(results, margin), alternated(results)
     lines = [f"# Bench: worker `{meta.get('worker', '?')}`", ""]
     facts = [
         ("config", f"`{meta.get('config_file', '?')}`"),
@@ -331,13 +304,13 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
                f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s aggregate beyond 1,"
                " output compared at width 1 only)")
             + (", every configuration in one worker (its depth carried per request by `num_draft_tokens`), a pass"
-               " is one round of all configurations in rotating order, paired" if alternated(results)
+               " is one round of all configurations in rotating order, paired" if paired
                else ", a fresh worker per configuration"),
         ),
         ("design", f"{settings.get('design', 'fresh')}"
                    + (f" ({settings['design_reason']})" if settings.get("design_reason") else "")),
-        ("decision", f"adopt only when the whole 95% bootstrap interval of the "
-                     + ("geometric mean of the paired ratios" if alternated(results) else "ratio of medians")
+        ("decision", "adopt only when the whole 95% bootstrap interval of the "
+                     + ("geometric mean of the paired ratios" if paired else "ratio of medians")
                      + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
         ("baseline", f"`{results.get('baseline', '?')}`"),
     ]
@@ -348,26 +321,20 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
                   "", "hint: install Debian's OpenBLAS (`apt-get install libopenblas0-pthread`); the launcher preloads it"]
     if meta.get("stopped"):
         lines += ["", f"error: the sweep stopped early: {meta['stopped']}"]
-    aborted = [c for c in results.get("configurations", []) if c.get("status") != "measured"]
-    for c in aborted:
+    for c in [c for c in results.get("configurations", []) if c.get("status") != "measured"]:
         lines += ["", f"error: configuration `{c['label']}` was not measured: {c.get('error', 'unknown reason')}"]
     for workload in workloads_of(results):
-        lines += ["", f"## {workload}", "", *workload_table(results, workload), ""]
-        notes = []
         summaries = [(c["label"], summarize(values(c, workload))) for c in measured(results) if values(c, workload)]
-        for note in (spread_warning(workload, summaries),
-                     noise_note([s for _, s in summaries], margin=margin, paired=alternated(results))):
-            if note:
-                notes.append(note)
-        for c, v in verdicts(results, workload, margin):
-            notes.append(format_verdict(c["label"], results.get("baseline", "baseline"), v, paired=alternated(results)))
-        notes.append("recommendation: " + recommendation_line(results, workload, margin))
-        for n in notes:
-            lines += [n, ""]
-        if lines[-1] == "":
-            lines.pop()
-    mismatch = output_mismatches(results)
-    if mismatch:
+        notes = [spread_warning(workload, summaries),
+                 noise_note([s for _, s in summaries], margin=margin, paired=paired),
+                 *(format_verdict(c["label"], results.get("baseline", "baseline"), v, paired=paired)
+                   for c, v in verdicts(results, workload, margin)),
+                 "recommendation: " + recommendation_line(results, workload, margin)]
+        lines += ["", f"## {workload}", "", *workload_table(results, workload), ""]
+        for note in filter(None, notes):
+            lines += [note, ""]
+        lines.pop()
+    if mismatch := output_mismatches(results):
         lines += ["", *mismatch]
     return lines
 
@@ -405,11 +372,10 @@ def compare_lines(a: dict, b: dict, *, a_name: str = "A", b_name: str = "B", mar
         pairs = [(ca[0], cb[0])]
     lines = []
     ma, mb = a.get("meta", {}), b.get("meta", {})
-    for key in ("host", "device", "blas", "git_revision"):
+    for key in ("host", "device", "blas", "git_revision", "versions"):
         if ma.get(key) != mb.get(key):
-            lines.append(f"note: {key} differs: {ma.get(key)} ({a_name}) vs {mb.get(key)} ({b_name})")
-    if ma.get("versions") != mb.get("versions"):
-        lines.append(f"note: versions differ: {ma.get('versions')} ({a_name}) vs {mb.get('versions')} ({b_name})")
+            differ = "differ" if key == "versions" else "differs"
+            lines.append(f"note: {key} {differ}: {ma.get(key)} ({a_name}) vs {mb.get(key)} ({b_name})")
     if not pairs:
         lines.append(
             f"error: no configuration to compare: {a_name} has {', '.join(c['label'] for c in ca) or 'none'},"
@@ -418,8 +384,7 @@ def compare_lines(a: dict, b: dict, *, a_name: str = "A", b_name: str = "B", mar
         return lines
     workloads = [w for w in workloads_of(a) if w in workloads_of(b)]
     for x, y in pairs:
-        hx = _target_hash(x)
-        hy = _target_hash(y)
+        hx, hy = _target_hash(x), _target_hash(y)
         if hx and hy and hx != hy:
             lines.append(f"note: `{x['label']}`: the target weights differ ({hx[:12]} vs {hy[:12]})")
         for w in workloads:
@@ -441,36 +406,27 @@ def _target_hash(config: dict) -> str | None:
 # -- the figure --------------------------------------------------------------------------
 
 
-def plot_points(results: dict, workload: str, metric: str = PRIMARY_METRIC) -> list[tuple[int, str, Summary]]:
+def plot_points(results: dict, workload: str) -> list[tuple[int, str, Summary]]:
     """(x, tick label, summary) per configuration; no drafter sits at x = 0. Pure, for tests."""
-    out = []
-    found = [(c.get("depth"), values(c, workload, metric)) for c in measured(results)]
-    found = [(d, v) for d, v in found if v]
+    found = [(c.get("depth"), v) for c in measured(results) if (v := values(c, workload))]
     # `auto` sits one past the deepest fixed depth.
     past = 1 + max((d for d, _ in found if isinstance(d, int)), default=0)
-    for depth, v in found:
-        x = 0 if depth is None else depth if isinstance(depth, int) else past
-        out.append((x, "none" if depth is None else str(depth), summarize(v)))
+    out = [(0 if d is None else d if isinstance(d, int) else past, "none" if d is None else str(d), summarize(v))
+           for d, v in found]
     return sorted(out, key=lambda p: p[0])
 
 
-def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) -> Path:
-    """sweep.png: tok/s against draft depth, one panel per workload, medians with MAD (thick)
+def plot_sweep(results: dict, path: str | Path) -> Path:
+    """sweep.png: end-to-end tok/s against draft depth, one panel per workload, medians with MAD (thick)
     and min … max (thin) bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(results.get("settings", {}).get("workloads", [])) or ["?"]
     widths = widths_of(results)
     # One row of panels per width (aggregate tok/s of w concurrent clients), one column per workload.
-    fig, axes = plt.subplots(len(widths), len(names), figsize=(5.0 * len(names), 4.0 * len(widths)), sharey="row", squeeze=False)
-    name, unit = METRICS[metric]
+    fig, axes = figure(len(widths), len(names), figsize=(5.0 * len(names), 4.0 * len(widths)), sharey="row", squeeze=False)
     base = baseline_of(results)
     cells = [(axes[i][j], workload_key(w, width)) for i, width in enumerate(widths) for j, w in enumerate(names)]
     for ax, workload in cells:
-        points = plot_points(results, workload, metric)
+        points = plot_points(results, workload)
         if points:
             xs = [p[0] for p in points]
             med = [p[2].median for p in points]
@@ -480,20 +436,36 @@ def plot_sweep(results: dict, path: str | Path, metric: str = PRIMARY_METRIC) ->
             )
             ax.errorbar(xs, med, yerr=[p[2].mad for p in points], fmt="o-", color="C0", elinewidth=3, capsize=0, label="median ± MAD")
             ax.set_xticks(xs, [p[1] for p in points])
-            if base is not None and values(base, workload, metric):
-                ax.axhline(summarize(values(base, workload, metric)).median, color="C3", ls="--", lw=1, label=f"baseline ({base['label']})")
+            if base is not None and values(base, workload):
+                ax.axhline(summarize(values(base, workload)).median, color="C3", ls="--", lw=1, label=f"baseline ({base['label']})")
         ax.set_title(workload)
         ax.set_xlabel("draft depth")
         ax.grid(alpha=0.3)
     for i, width in enumerate(widths):
-        axes[i][0].set_ylabel(f"{name} {unit}" + (f", width {width}" if len(widths) > 1 else ""))
+        axes[i][0].set_ylabel("end-to-end tok/s" + (f", width {width}" if len(widths) > 1 else ""))
     axes[0][-1].legend(loc="best", fontsize="small")
-    fig.suptitle(f"worker `{results.get('meta', {}).get('worker', '?')}`: {name} {unit} by draft depth")
+    fig.suptitle(f"worker `{results.get('meta', {}).get('worker', '?')}`: end-to-end tok/s by draft depth")
+    return save_figure(fig, path)
+
+
+def figure(*args, **kwargs):
+    """`plt.subplots(*args, **kwargs)` drawn off-screen (Agg): how every bench figure starts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write at 110 dpi and close: how every bench figure ends."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return Path(path)
 
 
 def lines_to_text(lines: Sequence[str]) -> str:

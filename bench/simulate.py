@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtpstack.bench.stats import DEFAULT_MARGIN, MIN_PAIRS, MIN_PASSES, decide_batch, decide_paired_batch
+from mtpstack.bench.stats import DEFAULT_MARGIN, MIN_PAIRS, MIN_PASSES, decide_batch
 
 DEFAULT_CV = 0.14
 DEFAULT_EFFECT = 0.15
@@ -32,8 +32,6 @@ SIMULATED_REPEATS = (1, 3, 5, 10, 20, 30, 40, 60)
 FALSE_ADOPT_LIMIT = 0.05
 #: Detection rate the "repeats needed" line aims for.
 TARGET_POWER = 0.80
-
-
 #: Drift correlation between neighbouring runs assumed by the paired simulation.
 DEFAULT_RHO = 0.5
 PAIRED_REPEATS = (3, 5, 10, 15, 20, 25, 30)
@@ -68,6 +66,10 @@ class Row:
     naive_false_adopt: float
     naive_detect: float
 
+    @property
+    def false_adopts(self) -> tuple[float | None, ...]:
+        return (self.rule_false_adopt,)
+
 
 @dataclass(frozen=True)
 class AdaptiveRow:
@@ -77,6 +79,29 @@ class AdaptiveRow:
     detect: float
     mean_passes_null: float
     mean_passes_win: float
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    n: int  # pairs (passes)
+    false_adopt: float | None  # fixed design: exactly n pairs, one look; None below MIN_PAIRS
+    power: float | None
+    seq_false_adopt: float | None  # sequential: `start` pairs, one more while undecided; adopted by n
+    seq_power: float | None
+
+    @property
+    def false_adopts(self) -> tuple[float | None, ...]:
+        return (self.false_adopt, self.seq_false_adopt)
+
+
+def worst_false_adopt(rows: Sequence[Row | PairedRow]) -> float | None:
+    """The highest false-adopt rate of the rule in `rows`; None where it refused every time."""
+    return max((x for r in rows for x in r.false_adopts if x is not None), default=None)
+
+
+def exit_status(rows: Sequence[Row | PairedRow]) -> int:
+    """`mtpstack bench simulate`'s: 1 when the rule's false-adopt rate is above the limit at any n."""
+    return 0 if (worst_false_adopt(rows) or 0.0) <= FALSE_ADOPT_LIMIT else 1
 
 
 def _adopt_rate(n: int, effect: float, setup: Setup, rng: np.random.Generator) -> tuple[float | None, float]:
@@ -90,10 +115,7 @@ def _adopt_rate(n: int, effect: float, setup: Setup, rng: np.random.Generator) -
 
 
 def simulate(
-    repeats: Sequence[int] = SIMULATED_REPEATS,
-    setup: Setup = Setup(),
-    *,
-    seed: int = 0,
+    repeats: Sequence[int] = SIMULATED_REPEATS, setup: Setup = Setup(), *, seed: int = 0,
     on_step: Callable[[], None] | None = None,
 ) -> list[Row]:
     """One row per number of passes per side; each rate from `setup.trials` independent experiments."""
@@ -110,48 +132,47 @@ def simulate(
     return rows
 
 
+def _sequential(base: np.ndarray, cand: np.ndarray, start: int, cap: int, setup: Setup, rng: np.random.Generator, *,
+                paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep's procedure on each row: `start` passes, then one more at a time while the verdict is open,
+    up to `cap` (paired: a pass is a pair; else only the candidate's passes grow, `base` is all its own).
+    Looking again after every pass gives the rule more chances to be fooled; this measures how many.
+    Returns the passes at which each row was adopted (inf: never) and at which it stopped."""
+    adopted_at = np.full(base.shape[0], np.inf)
+    stopped_at = np.full(base.shape[0], start)
+    live = np.arange(base.shape[0])
+    for k in range(start, cap + 1):
+        adopt, still_open, _ = decide_batch(base[live, :k] if paired else base[live], cand[live, :k], paired=paired,
+                                            margin=setup.margin, resamples=setup.resamples, rng=rng)
+        adopted_at[live[adopt]] = k
+        stopped_at[live] = k
+        live = live[still_open]
+        if live.size == 0:
+            break
+    return adopted_at, stopped_at
+
+
 def simulate_adaptive(n: int, cap: int, setup: Setup = Setup(), *, seed: int = 0) -> AdaptiveRow:
-    """The sweep's full procedure: n passes per side, then one more candidate pass at a time
-    while the verdict is open, up to `cap` candidate passes. Looking again after every pass
-    gives the rule more chances to be fooled; this measures how many."""
+    """The sweep's full procedure (`_sequential`), n passes per side, up to `cap` candidate passes."""
     rng = np.random.default_rng(seed)
-    trials, margin, resamples = setup.trials, setup.margin, setup.resamples
-
-    def run(true_effect: float) -> tuple[float, float]:
-        base = draw(rng, (trials, n), cv=setup.cv)
-        cand = draw(rng, (trials, cap), cv=setup.cv) * (1.0 + true_effect)
-        adopted = np.zeros(trials, bool)
-        passes = np.full(trials, n)
-        live = np.arange(trials)
-        for k in range(n, cap + 1):
-            adopt, still_open, _ = decide_batch(base[live], cand[live, :k], margin=margin, resamples=resamples, rng=rng)
-            adopted[live[adopt]] = True
-            passes[live] = k
-            live = live[still_open]
-            if live.size == 0:
-                break
-        return float(adopted.mean()), float(passes.mean())
-
-    null_rate, null_passes = run(0.0)
-    win_rate, win_passes = run(setup.effect)
+    rates = []
+    for true_effect in (0.0, setup.effect):
+        base = draw(rng, (setup.trials, n), cv=setup.cv)
+        cand = draw(rng, (setup.trials, cap), cv=setup.cv) * (1.0 + true_effect)
+        adopted_at, stopped_at = _sequential(base, cand, n, cap, setup, rng, paired=False)
+        rates.append((float(np.mean(adopted_at < np.inf)), float(stopped_at.mean())))
+    (null_rate, null_passes), (win_rate, win_passes) = rates
     return AdaptiveRow(n, cap, null_rate, win_rate, null_passes, win_passes)
 
 
 def repeats_needed(rows: Sequence[Row], power: float = TARGET_POWER) -> int | None:
     """The smallest simulated n at which the rule detects the win at least `power` of the time."""
-    for row in rows:
-        if row.rule_detect is not None and row.rule_detect >= power:
-            return row.n
-    return None
+    return next((r.n for r in rows if r.rule_detect is not None and r.rule_detect >= power), None)
 
 
 def repeats_for_power(
-    *,
-    cv: float = DEFAULT_CV,
-    effect: float = DEFAULT_EFFECT,
-    margin: float = DEFAULT_MARGIN,
-    power: float = TARGET_POWER,
-    confidence: float = 0.95,
+    *, cv: float = DEFAULT_CV, effect: float = DEFAULT_EFFECT, margin: float = DEFAULT_MARGIN,
+    power: float = TARGET_POWER, confidence: float = 0.95,
 ) -> int:
     """Normal-approximation estimate of the passes per side the rule needs for `power`
     (the median's standard error is about 1.2533 sigma / sqrt(n)). A guide; the table is the measurement."""
@@ -159,41 +180,39 @@ def repeats_for_power(
         raise ValueError(f"a win of {effect:.0%} can never clear a margin of {margin:.0%}")
     z = {0.90: 1.645, 0.95: 1.96, 0.99: 2.576}.get(confidence, 1.96)
     z_power = {0.5: 0.0, 0.8: 0.8416, 0.9: 1.2816, 0.95: 1.645}.get(power, 0.8416)
-    sigma = lognormal_sigma(cv)
     gap = math.log1p(effect) - math.log1p(margin)
     # SE of the log ratio of medians = 1.2533 * sigma * sqrt(2 / n)
-    n = 2.0 * (1.2533 * sigma * (z + z_power) / gap) ** 2
+    n = 2.0 * (1.2533 * lognormal_sigma(cv) * (z + z_power) / gap) ** 2
     return max(MIN_PASSES, math.ceil(n))
 
 
-def _pct(x: float | None) -> str:
-    return "refuses" if x is None else f"{x:.1%}"
+def _pct(x: float | None, none: str = "refuses") -> str:
+    return none if x is None else f"{x:.1%}"
+
+
+def _worst_line(rows: Sequence[Row | PairedRow], what: str, *, always: bool = False) -> list[str]:
+    worst = worst_false_adopt(rows)
+    if worst is None and not always:
+        return []
+    worst = worst or 0.0
+    verdict = "within" if worst <= FALSE_ADOPT_LIMIT else "ABOVE"
+    return [f"worst false-adopt rate{what}: {worst:.1%} ({verdict} the {FALSE_ADOPT_LIMIT:.0%} limit)"]
 
 
 def format_table(rows: Sequence[Row], *, effect: float = DEFAULT_EFFECT, margin: float = DEFAULT_MARGIN) -> list[str]:
     """A Markdown table: one line per n. Pure, for tests and docs."""
     win = f"{effect:.0%}"
-    lines = [
+    return [
         f"| passes per side | rule: false adopt | rule: detects a {win} win | naive: false adopt | naive: detects a {win} win |",
         "| ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {r.n} | {_pct(r.rule_false_adopt)} | {_pct(r.rule_detect)} | {_pct(r.naive_false_adopt)} |"
+          f" {_pct(r.naive_detect)} |" for r in rows),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.n} | {_pct(r.rule_false_adopt)} | {_pct(r.rule_detect)} | {_pct(r.naive_false_adopt)} | {_pct(r.naive_detect)} |"
-        )
-    return lines
 
 
 def format_report(
-    rows: Sequence[Row],
-    *,
-    cv: float,
-    effect: float,
-    margin: float,
-    trials: int,
-    seed: int,
-    adaptive: AdaptiveRow | None = None,
-    power: float = TARGET_POWER,
+    rows: Sequence[Row], *, cv: float, effect: float, margin: float, trials: int, seed: int,
+    adaptive: AdaptiveRow | None = None, power: float = TARGET_POWER,
 ) -> list[str]:
     """The full `mtpstack bench simulate` output as lines. Pure."""
     sigma = lognormal_sigma(cv)
@@ -206,16 +225,12 @@ def format_report(
         "",
         *format_table(rows, effect=effect, margin=margin),
         "",
+        *_worst_line(rows, " of the rule"),
     ]
-    worst = max((r.rule_false_adopt for r in rows if r.rule_false_adopt is not None), default=None)
-    if worst is not None:
-        verdict = "within" if worst <= FALSE_ADOPT_LIMIT else "ABOVE"
-        lines.append(f"worst false-adopt rate of the rule: {worst:.1%} ({verdict} the {FALSE_ADOPT_LIMIT:.0%} limit)")
-    needed = repeats_needed(rows, power)
-    if needed is not None:
-        lines.append(f"passes per side for {power:.0%} detection of a {effect:.0%} win: {needed} (measured)")
-    elif rows:
-        lines.append(f"passes per side for {power:.0%} detection of a {effect:.0%} win: more than {max(r.n for r in rows)} (measured)")
+    if rows:
+        needed = repeats_needed(rows, power)
+        found = needed if needed is not None else f"more than {max(r.n for r in rows)}"
+        lines.append(f"passes per side for {power:.0%} detection of a {effect:.0%} win: {found} (measured)")
     lines.append(f"normal-approximation estimate: {repeats_for_power(cv=cv, effect=effect, margin=margin, power=power)}")
     if adaptive is not None:
         lines += [
@@ -227,28 +242,26 @@ def format_report(
     return lines
 
 
+def blocks_json(rows: Sequence[Row], adaptive: AdaptiveRow | None, **settings) -> dict:
+    """`mtpstack bench simulate --format json`: per number of passes, `false_adopt` and `power`."""
+    return {"design": "blocks", "settings": settings,
+            "passes": [{"n": r.n, "false_adopt": r.rule_false_adopt, "power": r.rule_detect} for r in rows],
+            "adaptive": None if adaptive is None else {"start": adaptive.n, "cap": adaptive.cap,
+                                                       "false_adopt": adaptive.false_adopt, "power": adaptive.detect}}
+
+
 # -- paired passes with drift ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PairedRow:
-    n: int  # pairs (passes)
-    false_adopt: float | None  # fixed design: exactly n pairs, one look; None below MIN_PAIRS
-    power: float | None
-    seq_false_adopt: float | None  # sequential: `start` pairs, one more while undecided; adopted by n
-    seq_power: float | None
 
 
 def drifting_runs(rng: np.random.Generator, trials: int, runs: int, *, cv: float, rho: float) -> np.ndarray:
     """(trials, runs) lognormal throughputs in time order whose log noise is AR(1): neighbouring runs
     correlate by `rho`, every run keeps the CV `cv`."""
-    sigma = lognormal_sigma(cv)
     z = np.empty((trials, runs))
     z[:, 0] = rng.normal(0.0, 1.0, trials)
     shock = math.sqrt(max(0.0, 1.0 - rho * rho))
     for t in range(1, runs):
         z[:, t] = rho * z[:, t - 1] + shock * rng.normal(0.0, 1.0, trials)
-    return DEFAULT_MEDIAN * np.exp(sigma * z)
+    return DEFAULT_MEDIAN * np.exp(lognormal_sigma(cv) * z)
 
 
 def paired_runs(
@@ -259,8 +272,7 @@ def paired_runs(
     the spread between worker processes, drawn once per configuration when both stay `resident`,
     else once per run (a fresh process per pass)."""
     series = drifting_runs(rng, trials, 2 * pairs, cv=cv, rho=rho)
-    first = series[:, 0::2]
-    second = series[:, 1::2]
+    first, second = series[:, 0::2], series[:, 1::2]
     ab = (np.arange(pairs) % 2 == 0)[None, :]
     base = np.where(ab, first, second)
     cand = np.where(ab, second, first) * (1.0 + effect)
@@ -273,56 +285,37 @@ def paired_runs(
 
 
 def simulate_paired(
-    repeats: Sequence[int] = PAIRED_REPEATS,
-    setup: Setup = Setup(),
-    *,
-    start: int = 10,
-    cap: int = 30,
-    rho: float = DEFAULT_RHO,
-    process_cv: float = 0.0,
-    resident: bool = False,
-    seed: int = 0,
+    repeats: Sequence[int] = PAIRED_REPEATS, setup: Setup = Setup(), *, start: int = 10, cap: int = 30,
+    rho: float = DEFAULT_RHO, process_cv: float = 0.0, resident: bool = False, seed: int = 0,
 ) -> list[PairedRow]:
     """False adopts (true ratio 1.0) and power (true win `setup.effect`) of the paired rule, per number
     of pairs: with exactly n pairs, and for the sequential procedure (`start` pairs, then one more pair
     at a time while the interval straddles `1 + margin`, up to `cap`) as the share adopted by n."""
     rng = np.random.default_rng(seed)
-    cv, effect, margin, trials, resamples = setup.cv, setup.effect, setup.margin, setup.trials, setup.resamples
     ns = sorted(set(repeats))
     fixed: dict[tuple[int, float], float | None] = {}
     sequential: dict[tuple[int, float], float | None] = {}
-    for true in (0.0, effect):
-        base, cand = paired_runs(rng, trials, max([cap, *ns]), true, cv=cv, rho=rho, process_cv=process_cv, resident=resident)
+    for true in (0.0, setup.effect):
+        base, cand = paired_runs(rng, setup.trials, max([cap, *ns]), true, cv=setup.cv, rho=rho, process_cv=process_cv,
+                                 resident=resident)
         for n in ns:
-            if n < MIN_PAIRS:
-                fixed[n, true] = None
-                continue
-            adopt, _, _ = decide_paired_batch(base[:, :n], cand[:, :n], margin=margin, resamples=resamples, rng=rng)
-            fixed[n, true] = float(adopt.mean())
-        adopted_at = np.full(trials, np.inf)
-        live = np.arange(trials)
-        for k in range(start, cap + 1):
-            adopt, still_open, _ = decide_paired_batch(base[live, :k], cand[live, :k], margin=margin, resamples=resamples, rng=rng)
-            adopted_at[live[adopt]] = k
-            live = live[still_open]
-            if live.size == 0:
-                break
+            fixed[n, true] = None
+            if n >= MIN_PAIRS:
+                adopt, _, _ = decide_batch(base[:, :n], cand[:, :n], paired=True, margin=setup.margin,
+                                           resamples=setup.resamples, rng=rng)
+                fixed[n, true] = float(adopt.mean())
+        adopted_at, _ = _sequential(base, cand, start, cap, setup, rng, paired=True)
         for n in ns:
             sequential[n, true] = float(np.mean(adopted_at <= n)) if start <= n <= cap else None
-    return [PairedRow(n, fixed[n, 0.0], fixed[n, effect], sequential[n, 0.0], sequential[n, effect]) for n in ns]
+    return [PairedRow(n, fixed[n, 0.0], fixed[n, setup.effect], sequential[n, 0.0], sequential[n, setup.effect])
+            for n in ns]
 
 
 def paired_json(rows: Sequence[PairedRow], **settings) -> dict:
     """`mtpstack bench simulate --design paired --format json`: per number of passes, `false_adopt` and `power`."""
-    return {
-        "design": "paired",
-        "settings": settings,
-        "passes": [
-            {"n": r.n, "false_adopt": r.false_adopt, "power": r.power,
-             "sequential": {"false_adopt": r.seq_false_adopt, "power": r.seq_power}}
-            for r in rows
-        ],
-    }
+    return {"design": "paired", "settings": settings,
+            "passes": [{"n": r.n, "false_adopt": r.false_adopt, "power": r.power,
+                        "sequential": {"false_adopt": r.seq_false_adopt, "power": r.seq_power}} for r in rows]}
 
 
 def format_paired_report(
@@ -343,17 +336,12 @@ def format_paired_report(
         "",
         f"| passes (pairs) | fixed n: false adopt | fixed n: detects a {effect:.0%} win | sequential: false adopt by n | sequential: detects by n |",
         "| ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {r.n} | {_pct(r.false_adopt)} | {_pct(r.power)} | {_pct(r.seq_false_adopt, '-')} |"
+          f" {_pct(r.seq_power, '-')} |" for r in rows),
+        "",
+        *_worst_line(rows, "", always=True),
     ]
-    for r in rows:
-        lines.append(f"| {r.n} | {_pct(r.false_adopt)} | {_pct(r.power)} | {_pct_or_dash(r.seq_false_adopt)} | {_pct_or_dash(r.seq_power)} |")
-    worst = max((x for r in rows for x in (r.false_adopt, r.seq_false_adopt) if x is not None), default=0.0)
-    lines.append("")
-    lines.append(f"worst false-adopt rate: {worst:.1%} ({'within' if worst <= FALSE_ADOPT_LIMIT else 'ABOVE'} the {FALSE_ADOPT_LIMIT:.0%} limit)")
     at_cap = next((r.seq_power for r in rows if r.n == cap), None)
     if at_cap is not None:
         lines.append(f"power within {cap} passes (sequential): {at_cap:.1%} ({'meets' if at_cap >= power else 'BELOW'} the {power:.0%} goal)")
     return lines
-
-
-def _pct_or_dash(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"

@@ -22,18 +22,18 @@ import numpy as np
 #: Fewer passes than this per side and no ratio is computed: with two values a
 #: median is an average and the bootstrap interval collapses onto the data.
 MIN_PASSES = 3
+#: Paired passes (two configurations back to back, AB then BA, so drift shared by neighbouring runs cancels
+#: in the pair's ratio): fewer pairs than this and the paired rule refuses; a bootstrap over 3 pairs adopts
+#: a change that is not real about 6% of the time (`mtpstack bench simulate --design paired`).
+MIN_PAIRS = 5
 #: A change must beat the baseline by at least this share, with the whole interval.
 DEFAULT_MARGIN = 0.05
 DEFAULT_CONFIDENCE = 0.95
 #: Bootstrap resamples for a decision; the interval's ends move by well under 1% between seeds.
 DEFAULT_RESAMPLES = 4000
-#: The sweep's passes per configuration and workload, chosen from `mtpstack bench simulate`
-#: (table in docs/bench.md): at 10 passes the rule adopts a change that is not real in
-#: well under 1% of experiments at any noise, and detects a real 15% win 93% of the time
-#: when pass-to-pass CV is 5% (a quiet machine). At the 14% CV of a busy machine a 15% win
-#: needs about 60 passes per side; the sweep then extends only configurations whose
-#: verdict is still open, up to `DEFAULT_MAX_REPEATS`, and the report says how many more
-#: passes the measured spread calls for.
+#: The sweep's passes per configuration and workload, chosen from `mtpstack bench simulate` (docs/bench.md):
+#: at 10 the rule is fooled well under 1% of the time and detects a real 15% win 93% of the time at 5% CV;
+#: a busy machine's 14% CV needs about 60, so the sweep extends only open verdicts, up to `DEFAULT_MAX_REPEATS`.
 DEFAULT_REPEATS = 10
 DEFAULT_MAX_REPEATS = 30
 #: Relative MAD above which a result gets a warning: the run-to-run noise this
@@ -73,63 +73,73 @@ def median(values: Sequence[float]) -> float:
 def mad(values: Sequence[float]) -> float:
     """Median absolute deviation from the median (raw, not scaled to a standard deviation)."""
     arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        raise ValueError("the MAD of no values is undefined")
-    return float(np.median(np.abs(arr - np.median(arr))))
+    return float(np.median(np.abs(arr - median(arr))))
 
 
 def summarize(values: Sequence[float]) -> Summary:
     arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        raise ValueError("cannot summarise no values")
     return Summary(n=int(arr.size), median=median(arr), mad=mad(arr), min=float(arr.min()), max=float(arr.max()))
 
 
-def _batch_ratio_ci(
-    base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap interval of median(cand)/median(base), row by row.
+def _resampled(x: np.ndarray, rows: slice, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """`resamples` bootstrap draws of each row of `x[rows]`: shape (rows, resamples, n)."""
+    block = x[rows]
+    k, n = block.shape
+    return block[np.arange(k)[:, None, None], rng.integers(0, n, size=(k, resamples, n))]
 
-    `base` is (T, n), `cand` is (T, m); returns (lo, hi), each of shape (T,).
-    One implementation serves both a single decision (T = 1) and the simulation,
-    so the simulation measures exactly the rule the sweep applies.
-    """
-    t, n = base.shape
-    m = cand.shape[1]
+
+def _interval(t: int, width: int, resamples: int, confidence: float, draws) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of T rows, in batches: `draws(rows)` is the statistic of each resample of
+    those rows, (rows, resamples). One implementation serves a single decision (T = 1) and the simulation,
+    so the simulation measures exactly the rule the sweep applies."""
     alpha = (1.0 - confidence) / 2.0
-    lo = np.empty(t)
-    hi = np.empty(t)
-    step = max(1, _BATCH_ELEMENTS // (resamples * max(n, m)))
+    lo, hi = np.empty(t), np.empty(t)
+    step = max(1, _BATCH_ELEMENTS // (resamples * width))
     for start in range(0, t, step):
         rows = slice(start, min(t, start + step))
-        b = base[rows]
-        c = cand[rows]
-        k = b.shape[0]
-        pick = np.arange(k)[:, None, None]
-        mb = np.median(b[pick, rng.integers(0, n, size=(k, resamples, n))], axis=2)
-        mc = np.median(c[pick, rng.integers(0, m, size=(k, resamples, m))], axis=2)
-        ratio = mc / mb
-        lo[rows], hi[rows] = np.quantile(ratio, [alpha, 1.0 - alpha], axis=1)
+        lo[rows], hi[rows] = np.quantile(draws(rows), [alpha, 1.0 - alpha], axis=1)
     return lo, hi
 
 
+Intervals = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _ratio_batch(base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng) -> Intervals:
+    """(ratio, lo, hi) of median(cand) / median(base), row by row: `base` is (T, n), `cand` is (T, m)."""
+
+    def draws(rows: slice) -> np.ndarray:
+        mb = np.median(_resampled(base, rows, resamples, rng), axis=2)
+        return np.median(_resampled(cand, rows, resamples, rng), axis=2) / mb
+
+    lo, hi = _interval(base.shape[0], max(base.shape[1], cand.shape[1]), resamples, confidence, draws)
+    return np.median(cand, axis=1) / np.median(base, axis=1), lo, hi
+
+
+def _paired_batch(base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng) -> Intervals:
+    """(ratio, lo, hi) of the geometric mean of cand/base pair by pair (resampling pairs), for T rows of n pairs."""
+    logs = np.log(cand) - np.log(base)
+    lo, hi = _interval(logs.shape[0], logs.shape[1], resamples, confidence,
+                       lambda rows: _resampled(logs, rows, resamples, rng).mean(axis=2))
+    return np.exp(logs.mean(axis=1)), np.exp(lo), np.exp(hi)
+
+
+def _one(ci, base: Sequence[float], cand: Sequence[float], confidence: float, resamples: int,
+         seed: int | None) -> tuple[float, float, float]:
+    """A batch interval `ci` of one pair of samples, as floats."""
+    b, c = (np.asarray(x, dtype=float)[None, :] for x in (base, cand))
+    ratio, lo, hi = ci(b, c, confidence, resamples, np.random.default_rng(seed))
+    return float(ratio[0]), float(lo[0]), float(hi[0])
+
+
 def ratio_ci(
-    base: Sequence[float],
-    cand: Sequence[float],
-    *,
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = 0,
+    base: Sequence[float], cand: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
 ) -> tuple[float, float, float]:
     """(ratio of medians cand/base, interval low, interval high). Fixed seed by default, so a
     report rendered twice from the same results file says the same thing."""
-    b = np.asarray(base, dtype=float)
-    c = np.asarray(cand, dtype=float)
-    if b.size < 1 or c.size < 1:
+    if len(base) < 1 or len(cand) < 1:
         raise ValueError("both sides need at least one value")
-    rng = np.random.default_rng(seed)
-    lo, hi = _batch_ratio_ci(b[None, :], c[None, :], confidence, resamples, rng)
-    return float(np.median(c) / np.median(b)), float(lo[0]), float(hi[0])
+    return _one(_ratio_batch, base, cand, confidence, resamples, seed)
 
 
 @dataclass(frozen=True)
@@ -158,43 +168,43 @@ class Verdict:
 
 
 def decide(
-    base: Sequence[float],
-    cand: Sequence[float],
-    *,
-    margin: float = DEFAULT_MARGIN,
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = 0,
+    base: Sequence[float], cand: Sequence[float], *, margin: float = DEFAULT_MARGIN,
+    confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
+    paired: bool = False,
 ) -> Verdict:
-    """Adopt `cand` only when the whole bootstrap interval of the ratio of medians clears
-    `1 + margin`; refuse to compare with fewer than `MIN_PASSES` passes on either side."""
+    """Adopt `cand` only when the whole bootstrap interval clears `1 + margin`: of the ratio of medians, or,
+    `paired` (`base[i]` and `cand[i]` ran back to back), of the geometric mean of the pair ratios. Refuse to
+    compare with fewer than `MIN_PASSES` passes on either side (`MIN_PAIRS` pairs)."""
     nb, nc = len(base), len(cand)
-    if nb < MIN_PASSES or nc < MIN_PASSES:
+    if paired and nb != nc:
+        raise ValueError(f"paired passes need as many of each: {nb} and {nc}")
+    if min(nb, nc) < (MIN_PAIRS if paired else MIN_PASSES):
         return Verdict("too few passes", nb, nc, margin)
-    ratio, lo, hi = ratio_ci(base, cand, confidence=confidence, resamples=resamples, seed=seed)
-    decision: Decision = "adopt" if lo > 1.0 + margin else "not significant"
-    return Verdict(decision, nb, nc, margin, ratio, lo, hi)
+    ratio, lo, hi = _one(_paired_batch if paired else _ratio_batch, base, cand, confidence, resamples, seed)
+    return Verdict("adopt" if lo > 1.0 + margin else "not significant", nb, nc, margin, ratio, lo, hi)
+
+
+def decide_paired(base: Sequence[float], cand: Sequence[float], **kw) -> Verdict:
+    """`decide` for paired passes."""
+    return decide(base, cand, paired=True, **kw)
 
 
 def decide_batch(
-    base: np.ndarray,
-    cand: np.ndarray,
-    *,
-    margin: float = DEFAULT_MARGIN,
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = 1000,
-    rng: np.random.Generator,
+    base: np.ndarray, cand: np.ndarray, *, margin: float = DEFAULT_MARGIN, confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = 1000, rng: np.random.Generator, paired: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`decide` for T independent pairs at once (rows of `base` and `cand`), for the
-    simulation. Returns (adopt, open, ratio) arrays of shape (T,)."""
-    if base.shape[1] < MIN_PASSES or cand.shape[1] < MIN_PASSES:
-        t = base.shape[0]
+    """`decide` for T independent experiments at once (rows of `base` and `cand`), for the simulation.
+    Returns (adopt, open, ratio) arrays of shape (T,); open: the interval straddles `1 + margin` and,
+    unpaired, the point estimate is a win (as `Verdict.open`)."""
+    t = base.shape[0]
+    if min(base.shape[1], cand.shape[1]) < (MIN_PAIRS if paired else MIN_PASSES):
         return np.zeros(t, bool), np.zeros(t, bool), np.full(t, np.nan)
-    lo, hi = _batch_ratio_ci(base, cand, confidence, resamples, rng)
-    ratio = np.median(cand, axis=1) / np.median(base, axis=1)
+    ratio, lo, hi = (_paired_batch if paired else _ratio_batch)(base, cand, confidence, resamples, rng)
     threshold = 1.0 + margin
     adopt = lo > threshold
-    still_open = ~adopt & (lo <= threshold) & (hi > threshold) & (ratio > 1.0)
+    still_open = ~adopt & (hi > threshold)
+    if not paired:
+        still_open &= ratio > 1.0
     return adopt, still_open, ratio
 
 
@@ -212,39 +222,6 @@ class Candidate:
         if self.depth is None:
             return (0, 0)
         return (1, self.depth) if isinstance(self.depth, int) else (2, 0)
-
-
-def recommend(
-    baseline: Candidate,
-    candidates: Sequence[Candidate],
-    *,
-    margin: float = DEFAULT_MARGIN,
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = 0,
-    paired: bool = False,
-) -> Candidate | None:
-    """The configuration to run: the smallest depth whose result is within noise of the best.
-
-    Only the baseline and the candidates adopted against it are eligible; the baseline
-    comes first (keeping the default wins every tie). "Within noise of the best" uses the
-    decision rule itself: the best does not beat it by the margin with its whole interval.
-    None when any eligible configuration has fewer than `MIN_PASSES` passes.
-    """
-    everyone = [baseline, *candidates]
-    if any(len(c.values) < MIN_PASSES for c in everyone):
-        return None
-    kw = dict(margin=margin, confidence=confidence, resamples=resamples, seed=seed)
-    # Paired passes (an alternated sweep): pass i of every configuration ran in the same round.
-    rule = decide_paired if paired else decide
-    adopted = [c for c in candidates if rule(baseline.values, c.values, **kw).adopt]
-    eligible = [baseline] + sorted(adopted, key=lambda c: c.order)
-    best = max(everyone, key=lambda c: median(c.values))
-    for c in eligible:
-        if c is best or not rule(c.values, best.values, **kw).adopt:
-            return c
-    return baseline  # unreachable: `best` is eligible whenever no one else is within noise
-
 
 
 @dataclass(frozen=True)
@@ -269,81 +246,31 @@ class Settling:
 
 
 def settling(
-    baseline: Candidate, candidates: Sequence[Candidate], *, margin: float = DEFAULT_MARGIN, seed: int | None = 0,
-    resamples: int = DEFAULT_RESAMPLES, paired: bool = False,
-) -> Settling | None:
-    """`recommend`'s answer with the comparison it rests on; None when `recommend` refuses."""
-    rec = recommend(baseline, candidates, margin=margin, seed=seed, resamples=resamples, paired=paired)
-    if rec is None:
-        return None
-    best = max([baseline, *candidates], key=lambda c: median(c.values))
-    if best is rec:
-        return Settling(rec, best, None)
-    rule = decide_paired if paired else decide
-    return Settling(rec, best, rule(rec.values, best.values, margin=margin, seed=seed, resamples=resamples))
-
-# -- paired passes -----------------------------------------------------------------------
-#: Fewer pairs than this and the paired rule refuses: a bootstrap over 3 pairs is too narrow and
-#: adopts a change that is not real about 6% of the time (`mtpstack bench simulate --design paired`).
-MIN_PAIRS = 5
-# A pass is one pair: the two configurations run back to back (in alternating order, AB then BA),
-# so slow drift shared by neighbouring runs cancels in the pair's ratio. The statistic is the
-# geometric mean of the per-pair ratios, with a bootstrap over pairs; the rule is unchanged:
-# adopt only when the whole interval clears `1 + margin`.
-
-
-def paired_ci_batch(
-    base: np.ndarray, cand: np.ndarray, *, confidence: float = DEFAULT_CONFIDENCE, resamples: int = 1000,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ratio, lo, hi) of the geometric mean of cand/base pair by pair, for T rows of n pairs each."""
-    logs = np.log(cand) - np.log(base)
-    t, n = logs.shape
-    alpha = (1.0 - confidence) / 2.0
-    lo = np.empty(t)
-    hi = np.empty(t)
-    step = max(1, _BATCH_ELEMENTS // (resamples * n))
-    for start in range(0, t, step):
-        rows = slice(start, min(t, start + step))
-        block = logs[rows]
-        k = block.shape[0]
-        means = block[np.arange(k)[:, None, None], rng.integers(0, n, size=(k, resamples, n))].mean(axis=2)
-        lo[rows], hi[rows] = np.quantile(means, [alpha, 1.0 - alpha], axis=1)
-    return np.exp(logs.mean(axis=1)), np.exp(lo), np.exp(hi)
-
-
-def decide_paired_batch(
-    base: np.ndarray, cand: np.ndarray, *, margin: float = DEFAULT_MARGIN, confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = 1000, rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`decide_batch` for paired passes (column i of `base` and `cand` is one pair). Returns
-    (adopt, open, ratio); open: the interval still straddles `1 + margin` (decided means wholly
-    above or wholly below it)."""
-    t, n = base.shape
-    if n < MIN_PAIRS:
-        return np.zeros(t, bool), np.zeros(t, bool), np.full(t, np.nan)
-    ratio, lo, hi = paired_ci_batch(base, cand, confidence=confidence, resamples=resamples, rng=rng)
-    threshold = 1.0 + margin
-    adopt = lo > threshold
-    return adopt, ~adopt & (hi > threshold), ratio
-
-
-def decide_paired(
-    base: Sequence[float], cand: Sequence[float], *, margin: float = DEFAULT_MARGIN,
+    baseline: Candidate, candidates: Sequence[Candidate], *, margin: float = DEFAULT_MARGIN,
     confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
-) -> Verdict:
-    """`decide` for paired passes: `base[i]` and `cand[i]` ran back to back."""
-    if len(base) != len(cand):
-        raise ValueError(f"paired passes need as many of each: {len(base)} and {len(cand)}")
-    n = len(base)
-    if n < MIN_PAIRS:
-        return Verdict("too few passes", n, n, margin)
-    rng = np.random.default_rng(seed)
-    b = np.asarray(base, dtype=float)[None, :]
-    c = np.asarray(cand, dtype=float)[None, :]
-    ratio, lo, hi = paired_ci_batch(b, c, confidence=confidence, resamples=resamples, rng=rng)
-    decision: Decision = "adopt" if lo[0] > 1.0 + margin else "not significant"
-    return Verdict(decision, n, n, margin, float(ratio[0]), float(lo[0]), float(hi[0]))
+    paired: bool = False,
+) -> Settling | None:
+    """The configuration to run, the smallest depth whose result is within noise of the best, with the
+    comparison it rests on; None when any configuration has fewer than `MIN_PASSES` passes.
+
+    Only the baseline and the candidates adopted against it are eligible; the baseline comes first
+    (keeping the default wins every tie). "Within noise of the best" uses the decision rule itself:
+    the best does not beat it by the margin with its whole interval. `paired`: pass i of every
+    configuration ran in the same round (an alternated sweep).
+    """
+    everyone = [baseline, *candidates]
+    if any(len(c.values) < MIN_PASSES for c in everyone):
+        return None
+    kw = dict(margin=margin, confidence=confidence, resamples=resamples, seed=seed, paired=paired)
+    adopted = [c for c in candidates if decide(baseline.values, c.values, **kw).adopt]
+    best = max(everyone, key=lambda c: median(c.values))
+    # The best is eligible whenever nothing before it is within noise of it, so this always returns.
+    for c in [baseline, *sorted(adopted, key=lambda c: c.order)]:
+        if c is best:
+            return Settling(c, best, None)
+        if not (v := decide(c.values, best.values, **kw)).adopt:
+            return Settling(c, best, v)
+    raise AssertionError("unreachable")
 
 
 def neighbour_correlation(labels: Sequence[str], values: Sequence[float]) -> float | None:
@@ -376,13 +303,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def cluster_ratio_ci(
-    base: Sequence[Sequence[float]],
-    cand: Sequence[Sequence[float]],
-    statistic: Callable[[Sequence[float]], float],
-    *,
-    confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int | None = 0,
+    base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], statistic: Callable[[Sequence[float]], float],
+    *, confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
 ) -> tuple[float, float, float]:
     """(statistic(cand) / statistic(base), interval low, interval high) over pooled values, the interval
     from a percentile bootstrap that resamples whole clusters on each side (e.g. one agent session's

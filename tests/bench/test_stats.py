@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mtpstack.bench import simulate, stats
-from mtpstack.bench.stats import Candidate, decide, recommend, summarize
+from mtpstack.bench.stats import Candidate, decide, settling, summarize
 
 
 def test_summary_reports_median_mad_and_range():
@@ -65,7 +65,7 @@ def test_fewer_than_three_passes_per_side_gives_no_ratio(nb, nc):
 def test_recommend_keeps_the_baseline_when_nothing_is_adopted():
     base = Candidate("no-drafter", None, (10.0, 10.5, 9.5, 10.2))
     cands = [Candidate("depth 1", 1, (10.1, 10.4, 9.6, 10.0)), Candidate("depth 2", 2, (10.3, 10.0, 9.9, 10.6))]
-    assert recommend(base, cands) is base
+    assert settling(base, cands).recommended is base
 
 
 def test_recommend_picks_the_smallest_depth_within_noise_of_the_best():
@@ -73,13 +73,13 @@ def test_recommend_picks_the_smallest_depth_within_noise_of_the_best():
     d1 = Candidate("depth 1", 1, (12.0, 12.1, 11.9, 12.0, 12.05))  # adopted, but credibly behind the best
     d2 = Candidate("depth 2", 2, (13.8, 14.1, 13.6, 14.0, 13.7))  # within noise of the best
     d3 = Candidate("depth 3", 3, (14.0, 14.6, 13.5, 14.2, 13.9))  # the best median
-    assert recommend(base, [d3, d1, d2]) is d2
-    assert recommend(base, [d3, d1]) is d3
+    assert settling(base, [d3, d1, d2]).recommended is d2
+    assert settling(base, [d3, d1]).recommended is d3
 
 
 def test_recommend_refuses_with_too_few_passes():
     base = Candidate("no-drafter", None, (10.0, 10.1))
-    assert recommend(base, [Candidate("depth 1", 1, (20.0, 20.0, 20.0))]) is None
+    assert settling(base, [Candidate("depth 1", 1, (20.0, 20.0, 20.0))]) is None
 
 
 def test_false_adopt_rate_on_null_data_stays_within_five_percent():
@@ -122,8 +122,6 @@ def test_default_noise_matches_the_measured_spread():
 
 
 def test_settling_names_the_comparison_the_recommendation_rests_on():
-    from mtpstack.bench.stats import settling
-
     base = Candidate("no-drafter", None, (20.0, 21.0, 22.0, 23.0, 24.0))
     d1 = Candidate("depth 1", 1, (30.0, 30.5, 31.0, 31.5, 32.0))
     d2 = Candidate("depth 2", 2, (29.0, 31.0, 33.0, 35.0, 37.0))
