@@ -7,16 +7,16 @@
   the previous answer and its think time (a conversation fed its answers appends each to the next turn).
 
 Used by `agent_bench` (its conversations' turns) and `fleet_bench` (the fleet's sessions, and the
-routing mode's conversations). One greedy request of a single-server bench is `mtpstack.bench.servers.stream_chat`.
+routing mode's conversations); each turn is the bench's one streaming client, `mtpstack.bench.servers.stream_chat`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 
+from mtpstack.bench.servers import ServerError, stream_chat
 from mtpstack.bench.workloads import Session, turn_messages
 
 #: How a turn ended.
@@ -27,55 +27,32 @@ REQUEST_TIMEOUT = 900
 API_KEY = "sk-fleet-bench"
 
 
-def _first_generated(payload: dict) -> bool:
-    return any(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls")
-               for d in ((c.get("delta") or {}) for c in payload.get("choices") or []))
-
-
 async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, *,
                    timeout: float = REQUEST_TIMEOUT, rid: str | None = None, extra: dict | None = None) -> dict:
-    """One turn to `base_url` (`.../v1`), streamed; `extra`: more fields of the body (tools, `ignore_eos`, ...)."""
+    """One turn to `base_url` (`.../v1`), streamed by `servers.stream_chat`, how it ended a row's `status`;
+    `extra`: more fields of the body (tools, `ignore_eos`, ...)."""
     import aiohttp
 
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     headers = {"Authorization": f"Bearer {API_KEY}", **({"X-Request-Id": rid} if rid else {})}
-    start = time.perf_counter()
-    first = usage = error = None
-    status, done, http_status, text = "ok", False, None, []
+    start, r, status, error, http_status = time.perf_counter(), {}, "ok", None, None
     try:
         async with asyncio.timeout(timeout):
-            async with http.post(base_url + "/chat/completions", json=body, headers=headers) as resp:
-                http_status = resp.status
-                if resp.status != 200:
-                    status, error = "429" if resp.status == 429 else "error", (await resp.text())[:300]
-                else:
-                    async for line in resp.content:
-                        data = line[5:].strip() if line.startswith(b"data:") else None
-                        if data == b"[DONE]":
-                            done = True
-                        if not data or done:
-                            continue
-                        payload = json.loads(data)
-                        if "error" in payload:
-                            status, error = "error", json.dumps(payload["error"])[:300]
-                            continue
-                        usage = payload.get("usage") or usage
-                        text += [(c.get("delta") or {}).get("content") or "" for c in payload.get("choices") or []]
-                        if first is None and _first_generated(payload):
-                            first = time.perf_counter()
-                    if status == "ok" and not done:
-                        status, error = "error", "the stream ended without `data: [DONE]`"
+            r = await stream_chat(http, base_url, model, messages, max_tokens, headers=headers, extra=extra,
+                                  ignore_eos=None, path="/chat/completions")
+        http_status = 200
+        if not r["done"]:
+            status, error = "error", "the stream ended without `data: [DONE]`"
+    except ServerError as e:
+        status, error, http_status = "429" if e.status == 429 else "error", str(e), e.status
     except TimeoutError:
         status, error = "timeout", f"no whole answer within {timeout:g} s"
     except (aiohttp.ClientError, ValueError) as e:
         status, error = "error", f"{type(e).__name__}: {e}"[:300]
-    end = time.perf_counter()
-    usage = usage or {}
+    end, usage = time.perf_counter(), r.get("usage") or {}
     return {"status": status, "http_status": http_status, "error": error, "start": start,
-            "ttft_s": None if first is None else first - start, "total_s": end - start,
+            "ttft_s": None if r.get("empty", True) else r["first"] - start, "total_s": end - start,
             "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), "text": "".join(text)}
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), "text": r.get("text", "")}
 
 
 def answered(rows: list[dict]) -> list[dict]:

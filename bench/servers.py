@@ -2,17 +2,24 @@
 
 - `CONFIGS`: each configuration a bench can name (the native worker with and without the head,
   mlx-vlm's server with and without it, `mlx_lm.server`, and `native+mtp@baseline`, another build);
-- `server_argv` / `start_servers`: their command lines (the native worker's rendered from a validated
-  profile, as a deploy renders it) and the processes, started together and waited for until healthy;
-- `stream_chat`: one greedy chat completion streamed, timed at its send, first content and end.
+- `worker_profile` / `worker_command` / `server_argv`: their command lines (a worker's rendered from a
+  validated profile, as a deploy renders it; `on_program`: run by another build's `mtpstack`);
+- `start_workers` / `start_servers`: the processes, started together and waited for until healthy;
+- `stream_chat`: one greedy chat (or plain) completion streamed, timed at its send, first content and end;
+  `metrics`: a server's `/metrics`, parsed.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mtpstack.runtime import Process, Processes, free_port, url_of
+from mtpstack.validator import WorkerProfile, worker_argv
+from mtpstack.worker.launcher import resolve_command, worker_env
 
 #: Configuration -> (server, with the head).
 CONFIGS = {
@@ -30,38 +37,26 @@ WIDTH = 4
 REQUEST_TIMEOUT = 600
 
 
-def server_argv(name: str, target: Path, head: Path, depth: int, port: int, baseline: str | None = None) -> list[str]:
-    from mtpstack.validator import WorkerProfile, worker_argv
-    from mtpstack.worker.launcher import resolve_command
-
-    server, with_head = CONFIGS[name]
-    if server == "mlx-vlm":
-        argv = [sys.executable, "-m", "mlx_vlm.server", "--model", str(target), "--max-num-seqs", str(WIDTH),
-                "--host", "127.0.0.1", "--port", str(port)]
-        if with_head:
-            argv += ["--draft-model", str(head), "--draft-kind", "mtp", "--draft-block-size", str(depth + 1)]
-        return argv
-    profile = WorkerProfile.model_validate({
-        "model": "bench", "backend": server,
-        "target": {"path": str(target), "bits": "fp32"},
-        "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if with_head else None,
-        "maxNumSeqs": WIDTH, "port": port,
-    })
-    argv = resolve_command(worker_argv(profile))
-    if name.endswith("@baseline"):
-        if not baseline:
-            raise SystemExit(f"`{name}` needs `--baseline PROGRAM`: the `mtpstack` executable of the build to compare with")
-        argv = [baseline, *_known_to(baseline, argv[1:])]
-    return argv
+def worker_profile(target: Path, head: Path | None, depth: int, port: int, *, backend: str = "native",
+                   width: int = WIDTH, **fields) -> dict:
+    """A bench worker's profile, as a fleet config holds it: the fp32 target and the MTP head at `depth`
+    (`head` None: no head)."""
+    return {"model": "bench", "backend": backend, "target": {"path": str(target), "bits": "fp32"},
+            "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if head else None,
+            "maxNumSeqs": width, "port": port, **fields}
 
 
-def _known_to(program: str, args: list[str]) -> list[str]:
-    """`args` less the flags (with their values) that `program worker --help` does not list:
-    an older build does not know a flag this one renders."""
-    import subprocess
+def worker_command(profile: dict, program: str | None = None) -> list[str]:
+    """The command line a deploy renders for `profile`; `program`: another build's `mtpstack` runs it."""
+    argv = resolve_command(worker_argv(WorkerProfile.model_validate(profile)))
+    return on_program(program, argv) if program else argv
 
+
+def on_program(program: str, argv: list[str]) -> list[str]:
+    """A worker's `argv` run by `program` (another build), less the flags (with their values) that
+    `program worker --help` does not list: an older build does not know a flag this one renders."""
     helptext = subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
-    out, i = [], 0
+    args, out, i = argv[argv.index("worker"):], [program], 0
     while i < len(args):
         if args[i].startswith("--") and args[i] not in helptext:
             i += 2
@@ -71,68 +66,115 @@ def _known_to(program: str, args: list[str]) -> list[str]:
     return out
 
 
-def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, baseline: str | None = None) -> dict:
-    from mtpstack.runtime import Process, free_port, url_of
-    from mtpstack.worker.launcher import worker_env
+def server_argv(name: str, target: Path, head: Path, depth: int, port: int, baseline: str | None = None) -> list[str]:
+    server, with_head = CONFIGS[name]
+    if server == "mlx-vlm":
+        argv = [sys.executable, "-m", "mlx_vlm.server", "--model", str(target), "--max-num-seqs", str(WIDTH),
+                "--host", "127.0.0.1", "--port", str(port)]
+        if with_head:
+            argv += ["--draft-model", str(head), "--draft-kind", "mtp", "--draft-block-size", str(depth + 1)]
+        return argv
+    if name.endswith("@baseline") and not baseline:
+        raise SystemExit(f"`{name}` needs `--baseline PROGRAM`: the `mtpstack` executable of the build to compare with")
+    return worker_command(worker_profile(target, head if with_head else None, depth, port, backend=server),
+                          baseline if name.endswith("@baseline") else None)
 
-    servers = {}
+
+def start_workers(commands: dict[str, tuple[list[str], int]], logdir: Path, procs: Processes | None = None,
+                  timeout: float = 300) -> dict[str, Process]:
+    """Each named command line serving on its loopback port, started together and waited for until
+    healthy; if one is not, all are stopped (all of `procs` when given: the stack they belong to)."""
     env = worker_env()
     # mlx_lm.server answers /v1/models with an empty body when no HF cache dir exists.
-    hf_cache = logdir / "hf-cache"
-    hf_cache.mkdir(exist_ok=True)
-    env.setdefault("HF_HUB_CACHE", str(hf_cache))
-    for name in names:
-        port = free_port()
-        servers[name] = Process(server_argv(name, target, head, depth, port, baseline), log_path=logdir / f"{name}.log", name=name,
-                                kind="worker", url=url_of("127.0.0.1", port), env=env)
+    (logdir / "hf-cache").mkdir(parents=True, exist_ok=True)
+    env.setdefault("HF_HUB_CACHE", str(logdir / "hf-cache"))
+    procs = Processes() if procs is None else procs
     try:
-        for proc in servers.values():
-            proc.start()
-        for proc in servers.values():
-            proc.wait_ready("/health", 300, state="healthy")
-    except Exception:
-        for proc in servers.values():
-            proc.stop()
+        started = {name: procs.start(argv, log_path=logdir / f"{name.replace(' ', '-')}.log", name=name, kind="worker",
+                                     url=url_of("127.0.0.1", port), env=env) for name, (argv, port) in commands.items()}
+        for proc in started.values():
+            proc.wait_ready("/health", timeout, state="healthy")
+    except BaseException:
+        procs.stop_all()
         raise
-    return servers
+    return started
 
 
-async def stream_chat(session, url: str, model: str, messages: list, max_tokens: int, times: list | None = None,
-                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool = True,
-                      on_content=None) -> dict:
-    """One greedy chat completion streamed: when it was sent, its first content, its end, its text and usage
-    (each content chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
+def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, baseline: str | None = None) -> dict:
+    ports = {name: free_port() for name in names}
+    return start_workers({name: (server_argv(name, target, head, depth, port, baseline), port)
+                          for name, port in ports.items()}, logdir)
+
+
+def metrics(url: str) -> dict:
+    """A server's `/metrics`, parsed (`mtpstack.proxy.prometheus.sample` reads one series of it)."""
+    import urllib.request
+
+    from mtpstack.proxy.prometheus import parse_samples
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        return parse_samples(resp.read().decode())
+
+
+class ServerError(RuntimeError):
+    """A server's answer other than 200, or an error event inside its stream (`status` 200)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def stream_chat(session, url: str, model: str, messages: list | str, max_tokens: int, times: list | None = None,
+                      headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool | None = True,
+                      on_content=None, path: str | None = None, tool_text: bool = False) -> dict:
+    """One greedy chat completion streamed: when it was sent, its first token, its end, its text and usage
+    (each token chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
     to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
     (mlx_lm.server and mlx-vlm ignore the field, and stop at their model's end of turn; without it every
-    server stops there, so all decode the same text). The first token is the first
-    of the answer or of its reasoning; `text` is the answer's content, what a client sends back. `extra`:
-    more fields of the body (`chat_template_kwargs`); `on_content(piece, arrival)` is called with each piece of content or reasoning."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos, **(extra or {})}
+    server stops there, so all decode the same text; None: not sent). The first token is the first
+    of the answer, of its reasoning or of a tool call (`empty`: none came); `text` is the answer's content,
+    what a client sends back; `done`: the stream ended with `[DONE]`. `extra`: more fields of the body
+    (`chat_template_kwargs`, tools); `on_content(piece, arrival)` is called with each piece of content or
+    reasoning. `messages` a string: a plain completion of that prompt (no chat-output splitter holds text
+    back). `path`: the endpoint under `url` (default `/v1/chat/completions`, `/v1/completions` for a prompt).
+    `tool_text`: a tool call's streamed arguments join `text` (the sweep hashes what a tool-call turn wrote)."""
+    plain = isinstance(messages, str)
+    body = {"model": model, ("prompt" if plain else "messages"): messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True},
+            **({} if ignore_eos is None else {"ignore_eos": ignore_eos}), **(extra or {})}
+    path = path or ("/v1/completions" if plain else "/v1/chat/completions")
     start = time.perf_counter()
-    first, text, usage, timings, finish = None, [], None, None, None
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+    first, text, usage, timings, finish, done = None, [], None, None, None, False
+    async with session.post(url + path, json=body, headers=headers) as resp:
         if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+            raise ServerError(resp.status, f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
         async for line in resp.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            data = line[5:].strip() if line.startswith(b"data:") else b""
+            done = done or data == b"[DONE]"
+            if not data or done:
                 continue
-            payload = json.loads(line[6:])
+            payload = json.loads(data)
+            if payload.get("error"):
+                raise ServerError(resp.status, f"{url}: {json.dumps(payload['error'])[:300]}")
             usage = payload.get("usage") or usage
             timings = payload.get("timings") or timings  # mlx-vlm's: its speculative rounds
             for choice in payload.get("choices") or []:
                 finish = choice.get("finish_reason") or finish
                 delta = choice.get("delta") or {}
-                piece = delta.get("content")
-                if piece or delta.get("reasoning_content") or delta.get("reasoning"):
+                piece = choice.get("text") if plain else delta.get("content")
+                if tool_text and not piece:
+                    calls = delta.get("tool_calls") or []
+                    piece = "".join(str((c.get("function") or {}).get("arguments") or "") for c in calls)
+                thought = delta.get("reasoning_content") or delta.get("reasoning")
+                if piece or thought or delta.get("tool_calls"):
                     now = time.perf_counter()
                     first = first or now
                     if piece:
                         text.append(piece)
-                    if on_content is not None:
-                        on_content(piece or delta.get("reasoning_content") or delta.get("reasoning"), now)
+                    if on_content is not None and (piece or thought):
+                        on_content(piece or thought, now)
                     if times is not None:
                         times.append(now)
     end = time.perf_counter()
     return {"ttft_s": (first or end) - start, "sent": start, "first": first or end, "end": end, "text": "".join(text),
-            "usage": usage or {}, "timings": timings, "finish_reason": finish}
+            "usage": usage or {}, "timings": timings, "finish_reason": finish, "empty": first is None, "done": done}

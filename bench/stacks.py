@@ -2,8 +2,7 @@
 the front ends compared with it (nginx), the raw clients that time them, and the CPU their processes use.
 
 - `fleet` / `start_fleet`: a fleet config of native workers behind the proxy, and its processes started
-  (the workers, then the proxy once they are healthy); `request_lines`: the proxy's request log by id;
-- `start` / `wait_ready`: one server on loopback, its output in the run's folder;
+  (the workers, then the proxy once they are healthy);
 - `nginx_conf`: Debian's nginx as a reverse proxy (one process, no buffering, keep-alive upstream);
 - `Sample`, `plain`, `stream`: a plain request's latency, a stream's time to first chunk and duration
   (and, for a stamped upstream, each chunk's delivery delay);
@@ -14,8 +13,6 @@ The worker-level servers (the native worker against `mlx_lm.server` and mlx-vlm)
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import re
 import sys
@@ -26,9 +23,10 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from mtpstack.runtime import Process, Processes, StartError, url_of
+from mtpstack.bench.servers import start_workers, worker_profile
+from mtpstack.runtime import Processes, url_of
 from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.worker.launcher import resolve_command, worker_env
+from mtpstack.worker.launcher import resolve_command
 
 #: A fleet's queue and first-byte limits: long enough for a widened target's slowest turn.
 FLEET_TIMEOUT = 900
@@ -40,12 +38,7 @@ def fleet(policy: str, target: Path, head: Path, width: int, depth: int, ports: 
     return {
         "proxy": {"port": proxy_port, "routing": policy, "modelConcurrencyLimits": {"bench": width},
                   "queue": {"maxWaiting": 64, "timeoutSeconds": FLEET_TIMEOUT}, "timeouts": {"firstByteSeconds": FLEET_TIMEOUT}},
-        "workers": {
-            name: {"model": "bench", "target": {"path": str(target), "bits": "fp32"},
-                   "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"},
-                   "maxNumSeqs": width, "port": port}
-            for name, port in ports.items()
-        },
+        "workers": {name: worker_profile(target, head, depth, port, width=width) for name, port in ports.items()},
     }
 
 
@@ -53,49 +46,20 @@ def start_fleet(data: dict, rundir: Path):
     """The workers, then the proxy once they are healthy; every process a `mtpstack.runtime.Process`."""
     rundir.mkdir(parents=True, exist_ok=True)
     (rundir / "fleet.yaml").write_text(yaml.safe_dump(data))
-    config = FleetConfig.model_validate(data)
-    procs = Processes()
+    config, procs = FleetConfig.model_validate(data), Processes()
+    workers = start_workers({name: (resolve_command(worker_argv(w)), w.port) for name, w in config.workers.items()},
+                            rundir, procs, timeout=600)
     try:
-        workers = [procs.start(resolve_command(worker_argv(w)), log_path=rundir / f"{name}.log", name=name, kind="worker",
-                               url=url_of(w.host, w.port), env=worker_env())
-                   for name, w in config.workers.items()]
-        for w in workers:
-            w.wait_ready("/health", 600, state="healthy")
         proxy = procs.start([sys.executable, "-m", "mtpstack", "proxy", "--config", str(rundir / "fleet.yaml")],
                             log_path=rundir / "proxy.log", name="proxy", kind="proxy", url=url_of("127.0.0.1", data["proxy"]["port"]))
         proxy.wait_ready("/readyz", 60)
     except BaseException:
         procs.stop_all()
         raise
-    return procs, proxy, workers
+    return procs, proxy, list(workers.values())
 
 
-def request_lines(log_text: str) -> dict[str, dict]:
-    """The proxy's request log lines by request id (its one JSON object per line)."""
-    out = {}
-    for line in log_text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "request" and event.get("request_id"):
-            out[event["request_id"]] = event
-    return out
-
-
-# -- servers -------------------------------------------------------------------------------------
-
-def start(name: str, argv: list[str], workdir: Path, port: int, cwd: Path | None = None) -> Process:
-    """`name` serving on loopback `port`, its output in `workdir/NAME.log`; `cwd`: the checkout, for `python -m devkit...`."""
-    return Process(argv, log_path=workdir / f"{name}.log", name=name, url=url_of("127.0.0.1", port), cwd=cwd).start()
-
-
-async def wait_ready(proc: Process, path: str, timeout: float = 30.0) -> None:
-    try:
-        await asyncio.to_thread(proc.wait_ready, path, timeout)
-    except StartError as e:
-        raise SystemExit(f"error: {e}") from None
-
+# -- front ends ----------------------------------------------------------------------------------
 
 def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s: int | None = None) -> str:
     """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's.
@@ -106,8 +70,7 @@ def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s
     for listen, upstream in routes.items():
         members = " ".join(f"server 127.0.0.1:{port};" for port in ([upstream] if isinstance(upstream, int) else upstream))
         upstreams.append(f"  upstream u{listen} {{ {members} keepalive 16; }}")
-        servers.append(
-            f"""  server {{
+        servers.append(f"""  server {{
     listen 127.0.0.1:{listen};
     location / {{
       proxy_pass http://u{listen};
@@ -116,30 +79,20 @@ def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s
       proxy_buffering off;
       proxy_request_buffering off;{read_timeout}
     }}
-  }}"""
-        )
+  }}""")
     temp = workdir / "nginx-temp"
     temp.mkdir(exist_ok=True)
-    return "\n".join(
-        [
-            "daemon off;",
-            "master_process off;",
-            "worker_processes 1;",
-            f"pid {workdir}/nginx.pid;",
-            f"error_log {workdir}/nginx-error.log warn;",
-            "events { worker_connections 1024; }",
-            "http {",
-            f"  access_log {workdir}/nginx-access.log;",
-            f"  client_body_temp_path {temp}/body;",
-            f"  proxy_temp_path {temp}/proxy;",
-            f"  fastcgi_temp_path {temp}/fastcgi;",
-            f"  uwsgi_temp_path {temp}/uwsgi;",
-            f"  scgi_temp_path {temp}/scgi;",
-            *upstreams,
-            *servers,
-            "}",
-        ]
-    )
+    temps = "\n".join(f"  {kind}_temp_path {temp}/{folder};" for kind, folder in (
+        ("client_body", "body"), ("proxy", "proxy"), ("fastcgi", "fastcgi"), ("uwsgi", "uwsgi"), ("scgi", "scgi")))
+    return "\n".join([f"""daemon off;
+master_process off;
+worker_processes 1;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log {workdir}/nginx-access.log;
+{temps}""", *upstreams, *servers, "}"])
 
 
 # -- clients and probes ----------------------------------------------------------------------
@@ -173,21 +126,16 @@ async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sampl
             await r.read()
             s.errors += 1
             return
-        first = await r.content.readany()
-        t1 = time.perf_counter()
-        tail = first[-32:]
-        if stamped:
-            # Delivery delay of each chunk: our arrival time minus the upstream's send time
-            # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
-            now = time.monotonic()
-            s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(first))
-            while chunk := await r.content.readany():
+        chunk = await r.content.readany()
+        t1, tail = time.perf_counter(), b""
+        while chunk:
+            if stamped:
+                # Delivery delay of each chunk: our arrival time minus the upstream's send time
+                # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
                 now = time.monotonic()
                 s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(chunk))
-                tail = (tail + chunk)[-32:]
-        else:
-            while chunk := await r.content.readany():
-                tail = (tail + chunk)[-32:]
+            tail = (tail + chunk)[-32:]
+            chunk = await r.content.readany()
     if not tail.endswith(b"data: [DONE]\n\n"):
         s.errors += 1
         return

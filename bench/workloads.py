@@ -43,6 +43,11 @@ def first_question(conversation: int) -> str:
     return f"Task {conversation}: what is failing?"
 
 
+def opening(system: str, question: str = "what is failing?") -> list[dict]:
+    """A conversation's first turn: the agent's system prompt and the user's question."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
 def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
     """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in
     every run of a round. Without pauses, or with pauses short next to a turn, four conversations at
@@ -66,7 +71,7 @@ def conversation(index: int, system: str, question: str, turns: int, *, pause: f
                  output_lines: int = 0) -> Session:
     """A conversation fed its own answers: the system prompt and `question`, then `FOLLOW_UPS` in turn,
     each after `tool_pause` and, when asked for, `output_lines` lines of tool output."""
-    turns_ = [Turn([{"role": "system", "content": system}, {"role": "user", "content": question}], 0.0)]
+    turns_ = [Turn(opening(system, question), 0.0)]
     for turn in range(2, turns + 1):
         follow_up = FOLLOW_UPS[(turn - 2) % len(FOLLOW_UPS)]
         if output_lines:
@@ -218,14 +223,7 @@ def file_contents(rng: random.Random, chars: int, path: str) -> str:
     lines = list(head)
     while sum(len(x) + 8 for x in lines) < chars:
         lines += _source_lines(rng)
-    out, size = [], 0
-    for n, line in enumerate(lines, 1):
-        text = f"{n:6}\t{line}"
-        out.append(text)
-        size += len(text) + 1
-        if size >= chars:
-            break
-    return "\n".join(out)
+    return _until(rng, chars, lambda _, n: f"{n + 1:6}\t{lines[n]}")
 
 
 def pytest_output(rng: random.Random, chars: int, pkg: str) -> str:
@@ -313,7 +311,7 @@ def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOK
         pkg = PACKAGES[s % len(PACKAGES)]
         path, func, test = f"src/{pkg}/{srng.choice(MODULES)}.py", _func(srng), f"test_{_func(srng)}"
         task = srng.choice(TASKS).format(path=path, func=func, test=test)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Repository `{pkg}`. {task}"}]
+        messages = opening(SYSTEM, f"Repository `{pkg}`. {task}")
         session = Session(s, round(arrival, 3), [Turn(list(messages), 0.0)])
         for step in range(srng.randint(*sizes["turns"]) - 1):
             tokens = srng.randint(*sizes["output_tokens"])

@@ -32,13 +32,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from mtpstack.bench.stats import summarize
+from mtpstack.bench.parts import summarize
 from mtpstack.runtime import Process, StartError, free_port, url_of
 from mtpstack.up import DEMO_MODEL, default_fleet
 
@@ -53,45 +52,27 @@ TURN_SECONDS = 900
 
 class Recorder:
     """A relay in front of the proxy that records, per `/v1/messages`, its time to the first content
-    block and the usage `message_start` reports. Runs its own event loop in a thread."""
+    block and the usage `message_start` reports; it serves while the round awaits Claude Code's turns."""
 
     def __init__(self, upstream: str):
-        self.upstream = upstream
-        self.records: list[dict] = []
-        self.port = free_port()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.upstream, self.records, self.port = upstream, [], free_port()
 
-    def __enter__(self) -> "Recorder":
-        self._thread.start()
-        self._ready.wait(10)
+    async def __aenter__(self) -> "Recorder":
+        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_read=TURN_SECONDS))
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    async def __aexit__(self, *exc) -> None:
+        await self._session.close()
+        await self._runner.cleanup()
 
     @property
     def url(self) -> str:
         return url_of("127.0.0.1", self.port)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_read=TURN_SECONDS))
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._relay)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
-        self._ready.set()
-        await self._stop.wait()
-        await self._session.close()
-        await runner.cleanup()
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
@@ -180,12 +161,10 @@ AFTER_RESULT = "{}, after the tool's result"
 
 def turn_row(label: str, turns: list[dict]) -> str:
     """One line of the report: a turn's TTFT and cache reuse over the rounds (pure)."""
-    ttft = summarize([t["ttft_s"] for t in turns])
-    read = summarize([t["cache_read_input_tokens"] for t in turns])
-    prompt = summarize([t["prompt_tokens"] for t in turns])
-    return (f"| {label} | {prompt.median:,.0f} | {ttft.median:.2f} ({min(t['ttft_s'] for t in turns):.2f}-"
-            f"{max(t['ttft_s'] for t in turns):.2f}) | {read.median:,.0f} ({min(t['cache_read_input_tokens'] for t in turns):,}-"
-            f"{max(t['cache_read_input_tokens'] for t in turns):,}) | {len(turns)} |")
+    ttft, read, prompt = (summarize([t[key] for t in turns])
+                          for key in ("ttft_s", "cache_read_input_tokens", "prompt_tokens"))
+    return (f"| {label} | {prompt['median']:,.0f} | {ttft['median']:.2f} ({ttft['min']:.2f}-{ttft['max']:.2f}) | "
+            f"{read['median']:,.0f} ({read['min']:,.0f}-{read['max']:,.0f}) | {len(turns)} |")
 
 
 def report(result: dict) -> list[str]:
@@ -215,7 +194,7 @@ def _fleet(work: Path) -> tuple[Path, dict]:
 FIRST_PARTY_ENV = {"_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1"}
 
 
-def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
+async def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
     fleet, config = _fleet(work)
     up = Process([sys.executable, "-m", "mtpstack", "up", str(fleet), "--run-dir", str(work / "run")],
                  log_path=work / "up.log", name="demo", kind="up", url=url_of("127.0.0.1", config["proxy"]["port"]))
@@ -226,7 +205,7 @@ def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
         except StartError as e:
             raise SystemExit(f"error: `mtpstack up` was not ready: {e}") from None
         out: dict = {}
-        with Recorder(up.url) as rec:
+        async with Recorder(up.url) as rec:
             home = work / "home"
             home.mkdir()
             for label, prompt, again, folder in TURNS:
@@ -239,8 +218,8 @@ def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(FIRST_PARTY_ENV if first_party else {})}
                 before = len(rec.records)
                 argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3", "--allowedTools", "Bash,Read"]
-                done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                      timeout=TURN_SECONDS)
+                done = await asyncio.to_thread(subprocess.run, argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               capture_output=True, text=True, timeout=TURN_SECONDS)
                 requests = turn_requests(rec.records[before:])
                 if done.returncode != 0 or not requests:
                     raise SystemExit(f"error: turn `{label}`: claude exited {done.returncode}, "
@@ -274,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.rounds):
         print(f"round {i + 1} of {args.rounds}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="claude-bench-") as tmp:
-            result["rounds"].append(one_round(args.claude, Path(tmp), args.first_party))
+            result["rounds"].append(asyncio.run(one_round(args.claude, Path(tmp), args.first_party)))
     result["changing_fields"] = changing_fields([b for r in result["rounds"] for b in r.pop("billing")])
     result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
     if args.out:

@@ -1,42 +1,22 @@
 """Fleet benchmark: the whole stack against the stacks people build instead, on an agent workload;
 and, `--routing`, the proxy's `affinity` routing against `first-free` on agent conversations.
 
-An agent workload is replayed against any OpenAI-compatible base URL: N agent sessions (default 6)
-arrive over time, each a coding agent's conversation of several turns; every turn sends the whole
-conversation so far (a shared system prompt with its tool list, the task, then each tool call and
-its result: 200-2,000 tokens of file contents, test runs, searches and diffs), after a think time
-while the tool runs. A seed makes the workload repeatable: every stack and round gets the same one,
-byte for byte (the model's own answers are measured, not fed back, so the prompts never diverge).
-
-The stacks, each started fresh per round, their order rotating round by round, on loopback, on the
-same model (the demo target, widened as worker_bench.py does):
-  - `mtpstack`: `mtpstack proxy` (affinity routing) in front of two native workers of gate 2, each with
-    the MTP head at `--depth`;
-  - `litellm`: LiteLLM's proxy (its router, `least-busy`; PyPI, in .venv-litellm made by
-    scripts/bootstrap-litellm) in front of two `mlx_lm.server` processes with their prompt caches;
+The workload (`mtpstack.bench.workloads.make_workload`, seeded: every stack and round gets the same bytes):
+agent sessions arriving over time, each turn the whole conversation so far (a system prompt with its
+tools, the task, each tool call and its result), after a think time; the answers are measured, not fed back.
+The stacks, started fresh per round in rotating order, on the demo target widened:
+  - `mtpstack`: `mtpstack proxy` (affinity routing) in front of two native workers of gate 2 with the MTP head;
+  - `litellm`: LiteLLM's proxy (`least-busy`; .venv-litellm, from scripts/bootstrap-litellm) in front of two
+    `mlx_lm.server` processes at the validator's mlx-lm argv (the same width, their prompt caches, no head);
   - `nginx`: Debian's nginx, round-robin over the same two `mlx_lm.server` processes.
-Both `mlx_lm.server` stacks run at the same batch width as the native workers (the validator's
-mlx-lm argv: decode and prompt concurrency 2, a 2 GiB prompt cache); no head (`mlx_lm.server`
-loads only draft models).
+Per stack, the median over rounds (min-max) of turn TTFT and turn time p50/p95, output tok/s, the share of
+prompt tokens from a cache, errors, 429s and timeouts; each stack against mtpstack with a 95% bootstrap
+interval; a plot of TTFT by turn. `--routing`: mtpstack and `mtpstack-first-free` on four of the agent
+bench's conversations fed their answers, after tool pauses: TTFT on turns 2+ beside turn 1's, the affinity
+hit rate and routing decisions from the proxy, the cached share, and first-free over affinity (`stats.decide`).
+The method and the figures: docs/bench.md, and docs/proxy.md's benchmark of routing.
 
-Per stack: turn TTFT p50 and p95 (to the first generated token of any kind: text, reasoning or a
-tool call), turn completion time p50 and p95, aggregate output tok/s (output tokens over the span
-from the first request to the last answer), prompt tokens served from a cache (the stack's
-`usage.prompt_tokens_details.cached_tokens`), errors, 429s and timeouts: each the median of the
-per-round values with min-max over rounds. Then each stack against mtpstack, with a 95% bootstrap
-interval (resampling whole sessions for the latencies, rounds for throughput), and a plot of TTFT
-by turn per stack.
-
-`--routing`: the stacks `mtpstack` (affinity) and `mtpstack-first-free`, on the agent bench's
-conversation fed its own answers (a system prompt with its tool list, each greedy answer appended as
-the assistant turn, then the next follow-up), four at once, each opened by its own task, after a
-pause while its tool runs (the same pauses under both policies, optionally `--output-lines` of tool
-output). Per policy: TTFT on turns 2+ beside turn 1's; the affinity hit rate (the share of turns 2+
-served by the worker of the conversation's previous turn, from the proxy's log) and the proxy's
-routing decisions; the share of turns 2+'s prompt tokens answered from a cache and the workers'
-prefix-cache hit rate; first-free over affinity on turns 2+ (per-round medians, `stats.decide`).
-
-    python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target (not yet timed here)
+    python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target
     python bench/scripts/fleet_bench.py --quick                        # a few minutes: small and short
     python bench/scripts/fleet_bench.py --url http://HOST:PORT/v1 --model NAME   # replay against any server
     python bench/scripts/fleet_bench.py --routing --out /tmp/routing-bench   # 3 rounds, the widened target
@@ -61,12 +41,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from mtpstack import series
 from mtpstack.bench import stats
 from mtpstack.bench.conversations import API_KEY, REQUEST_TIMEOUT, answered, one_turn, run_sessions
-from mtpstack.bench.parts import demo_pair, fmt, rotated, run_meta, version_of
-from mtpstack.bench.stacks import cpu_seconds, fleet, nginx_conf, request_lines, start_fleet
+from mtpstack.bench.parts import demo_pair, ensure_preload, fmt, rotated, run_meta, summarize, version_of
+from mtpstack.bench.report import figure, save_figure
+from mtpstack.bench.servers import metrics, start_workers, worker_command, worker_profile
+from mtpstack.bench.load import request_events
+from mtpstack.bench.stacks import cpu_seconds, fleet, nginx_conf, start_fleet
 from mtpstack.bench.workloads import (ANSWER_TOKENS, CONTEXT, TOOLS, TURNS, calibrate, conversation, first_question,
                                       make_workload, system_prompt)
+from mtpstack.proxy.prometheus import sample
+from mtpstack.runtime import Processes, free_port, url_of
 
 ROOT = _checkout.ROOT
 STACKS = ("mtpstack", "litellm", "nginx")
@@ -113,6 +101,9 @@ METRICS = {
     "cached_share": ("prompt tokens from a cache", "", True),
 }
 COUNTS = ("error", "429", "timeout")
+#: The table's column of each of `METRICS`: (header, width).
+COLUMNS = {"ttft_p50": ("TTFT p50 s", 18), "ttft_p95": ("TTFT p95 s", 18), "turn_p50": ("turn p50 s", 18),
+           "turn_p95": ("turn p95 s", 18), "tok_s": ("out tok/s", 18), "cached_share": ("cached", 14)}
 
 
 def round_metrics(rows: list[dict]) -> dict:
@@ -141,21 +132,24 @@ def round_metrics(rows: list[dict]) -> dict:
 
 
 def spread(values: list) -> dict | None:
-    v = [x for x in values if x is not None]
-    if not v:
-        return None
-    return {"median": stats.median(v), "min": min(v), "max": max(v), "n": len(v)}
+    """`parts.summarize` of the values measured (not None); None when there are none."""
+    s = summarize([x for x in values if x is not None])
+    return s if s["n"] else None
+
+
+def per_round(rows: list[dict]) -> list[dict]:
+    """`round_metrics` of each round of `rows` (one stack's)."""
+    return [round_metrics([r for r in rows if r["round"] == rnd]) for rnd in sorted({r["round"] for r in rows})]
 
 
 def summarize_stacks(rows: list[dict]) -> dict:
     """Per stack: every figure of `round_metrics` as the median over rounds with min-max."""
     out = {}
     for stack in dict.fromkeys(r["stack"] for r in rows):
-        mine = [r for r in rows if r["stack"] == stack]
-        per_round = [round_metrics([r for r in mine if r["round"] == rnd]) for rnd in sorted({r["round"] for r in mine})]
-        out[stack] = {k: spread([m[k] for m in per_round]) for k in (*METRICS, *COUNTS)}
-        out[stack]["turns"] = sum(m["turns"] for m in per_round)
-        out[stack]["rounds"] = len(per_round)
+        per_round_ = per_round([r for r in rows if r["stack"] == stack])
+        out[stack] = {k: spread([m[k] for m in per_round_]) for k in (*METRICS, *COUNTS)}
+        out[stack]["turns"] = sum(m["turns"] for m in per_round_)
+        out[stack]["rounds"] = len(per_round_)
     return out
 
 
@@ -184,9 +178,7 @@ def compare(rows: list[dict], base: str = BASE_STACK, resamples: int = 2000) -> 
             if b and c:
                 ratio, lo, hi = stats.cluster_ratio_ci(b, c, lambda v, q=q: stats.percentile(v, q), resamples=resamples)
                 cell[name] = {"ratio": ratio, "lo": lo, "hi": hi, "n": [len(b), len(c)], "unit": "sessions"}
-        tb = [round_metrics([r for r in base_rows if r["round"] == k])["tok_s"] for k in sorted({r["round"] for r in base_rows})]
-        tc = [round_metrics([r for r in mine if r["round"] == k])["tok_s"] for k in sorted({r["round"] for r in mine})]
-        tb, tc = [x for x in tb if x], [x for x in tc if x]
+        tb, tc = ([m["tok_s"] for m in per_round(side) if m["tok_s"]] for side in (base_rows, mine))
         if tb and tc:
             if min(len(tb), len(tc)) >= stats.MIN_PASSES:
                 ratio, lo, hi = stats.ratio_ci(tb, tc, resamples=resamples)
@@ -235,26 +227,18 @@ def format_lines(report: dict) -> list[str]:
              f"{m['rounds_run']} round(s), stacks alternated; model: {m.get('models', '?')}",
              f"load average {m.get('loadavg_start', ['?'])[0]} at the start, {m.get('loadavg_end', ['?'])[0]} at the end; "
              "figures: median over rounds (min-max)"]
-    head = f"{'stack':<10} {'TTFT p50 s':>18} {'TTFT p95 s':>18} {'turn p50 s':>18} {'turn p95 s':>18} {'out tok/s':>18} {'cached':>14} {'err':>4} {'429':>4} {'t/o':>4}"
+    head = (f"{'stack':<10} " + " ".join(f"{header:>{w}}" for header, w in COLUMNS.values()) + " "
+            + " ".join(f"{header:>4}" for header in ("err", "429", "t/o")))
     lines += [head, "-" * len(head)]
     for stack, s in report["summary"]["stacks"].items():
-        lines.append(f"{stack:<10} {_fmt(s['ttft_p50'], 's'):>18} {_fmt(s['ttft_p95'], 's'):>18} {_fmt(s['turn_p50'], 's'):>18} "
-                     f"{_fmt(s['turn_p95'], 's'):>18} {_fmt(s['tok_s'], 'tok/s'):>18} {_fmt(s['cached_share'], ''):>14} "
-                     f"{_count(s['error']):>4} {_count(s['429']):>4} {_count(s['timeout']):>4}")
+        lines.append(f"{stack:<10} " + " ".join(f"{_fmt(s[key], METRICS[key][1]):>{w}}" for key, (_, w) in COLUMNS.items())
+                     + " " + " ".join(f"{_count(s[c]):>4}" for c in COUNTS))
     for stack, cell in report["summary"]["compare"].items():
-        parts = []
-        for key, c in cell.items():
-            what = METRICS[key][0]
-            if c["lo"] is None:
-                parts.append(f"{what} {c['ratio']:.2f}x (too few rounds for an interval)")
-            else:
-                parts.append(f"{what} {c['ratio']:.2f}x [{c['lo']:.2f}, {c['hi']:.2f}]")
-        lines.append(f"{stack} / {BASE_STACK}: " + "; ".join(parts))
-    for note in report["summary"].get("goal", []):
-        lines.append(f"goal: {note}")
-    for note in report["summary"].get("notes", []):
-        lines.append(f"note: {note}")
-    return lines
+        lines.append(f"{stack} / {BASE_STACK}: " + "; ".join(
+            f"{METRICS[key][0]} {c['ratio']:.2f}x " + ("(too few rounds for an interval)" if c["lo"] is None
+                                                       else f"[{c['lo']:.2f}, {c['hi']:.2f}]") for key, c in cell.items()))
+    summary = report["summary"]
+    return lines + [f"goal: {note}" for note in summary.get("goal", [])] + [f"note: {n}" for n in summary.get("notes", [])]
 
 
 def goal_lines(summary: dict, base: str = BASE_STACK) -> list[str]:
@@ -277,12 +261,7 @@ def goal_lines(summary: dict, base: str = BASE_STACK) -> list[str]:
 
 def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
     """TTFT by turn number, one line per stack: the median (solid) and p95 (dashed), log scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    fig, ax = figure(figsize=(7.0, 4.2))
     for i, (stack, points) in enumerate(by_turn.items()):
         if not points:
             continue
@@ -299,11 +278,7 @@ def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
     ax.legend(fontsize="small", ncol=len(by_turn))
     if title:
         ax.set_title(title, fontsize="medium")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def stack_order(round_index: int, stacks: tuple[str, ...] = STACKS) -> tuple[str, ...]:
@@ -369,9 +344,7 @@ def routing_summary(rows: list[dict], runs: list[dict], rounds: int) -> dict:
                 for s in dict.fromkeys(r["stack"] for r in rows) if s in POLICIES}
     notes = [] if any(p["prefix_cache"] for p in policies.values()) else [
         "the workers export no prefix cache: routing cannot shorten a turn yet, only move it"]
-    if rounds < stats.MIN_PASSES:
-        notes.append(f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more")
-    return {"policies": policies, "comparison": compare_policies(policies), "notes": notes,
+    return {"policies": policies, "comparison": compare_policies(policies), "notes": notes + few_rounds(rounds),
             "ttft_by_turn": ttft_by_turn(rows)}
 
 
@@ -428,28 +401,6 @@ class Running:
         self.procs.stop_all(timeout=30)
 
 
-def mlx_lm_servers(target: Path, procs, rundir: Path) -> list:
-    """`BACKENDS` mlx_lm.server processes at the validator's mlx-lm argv (batch width `WIDTH`, the default prompt cache)."""
-    from mtpstack.runtime import free_port, url_of
-    from mtpstack.validator import WorkerProfile, worker_argv
-    from mtpstack.worker.launcher import resolve_command, worker_env
-
-    env = worker_env()
-    hf_cache = rundir / "hf-cache"  # mlx_lm.server answers /v1/models with an empty body without one
-    hf_cache.mkdir(parents=True, exist_ok=True)
-    env.setdefault("HF_HUB_CACHE", str(hf_cache))
-    out = []
-    for i in range(BACKENDS):
-        port = free_port()
-        profile = WorkerProfile.model_validate({"model": "bench", "backend": "mlx-lm", "target": {"path": str(target), "bits": "fp32"},
-                                                "maxNumSeqs": WIDTH, "port": port})
-        out.append(procs.start(resolve_command(worker_argv(profile)), log_path=rundir / f"mlx_lm-{i}.log", name=f"mlx_lm.server {i}",
-                               kind="worker", url=url_of("127.0.0.1", port), env=env))
-    for p in out:
-        p.wait_ready("/health", 600, state="healthy")
-    return out
-
-
 def litellm_config(ports: list[int], target: Path) -> dict:
     """Two deployments of one model name behind LiteLLM's router, `least-busy`, with the master key its proxy
     wants; LiteLLM's other defaults stay (its retries included), save the timeouts, raised as for nginx."""
@@ -480,37 +431,35 @@ def nginx_program() -> str:
 
 
 def start_stack(name: str, target: Path, head: Path, args, rundir: Path, programs: dict) -> Running:
-    from mtpstack.runtime import Processes, free_port, url_of
-
+    """mtpstack's fleet, or `BACKENDS` mlx_lm.server processes at the validator's mlx-lm argv (batch width
+    `WIDTH`, the default prompt cache) behind LiteLLM or nginx."""
     rundir.mkdir(parents=True, exist_ok=True)
     if name.startswith("mtpstack"):
-
         ports = {f"w{i}": free_port() for i in range(BACKENDS)}
         data = fleet(POLICIES.get(name, "affinity"), target, head, WIDTH, args.depth, ports, free_port())
         if name == "mtpstack-wait":
             data["proxy"]["affinityWaitSeconds"] = args.affinity_wait
         procs, proxy, workers = start_fleet(data, rundir)
         return Running(name, proxy.url + "/v1", "bench", procs, proxy, workers, "bench")
-    procs = Processes()
+    procs, ports, port = Processes(), [free_port() for _ in range(BACKENDS)], free_port()
     try:
-        backends = mlx_lm_servers(target, procs, rundir)
-        ports = [int(b.url.rsplit(":", 1)[1]) for b in backends]
-        port = free_port()
+        commands = {f"mlx_lm.server {i}": (worker_command(worker_profile(target, None, args.depth, p, backend="mlx-lm",
+                                                                        width=WIDTH)), p) for i, p in enumerate(ports)}
+        backends = start_workers(commands, rundir, procs, timeout=600)
         if name == "litellm":
-            import yaml
-
             (rundir / "litellm.yaml").write_text(yaml.safe_dump(litellm_config(ports, target)))
+            argv = [programs["litellm"], "--config", str(rundir / "litellm.yaml"), "--host", "127.0.0.1",
+                    "--port", str(port)]
             env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
-            front = procs.start([programs["litellm"], "--config", str(rundir / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(port)],
-                                log_path=rundir / "litellm.log", name="litellm", kind="proxy", url=url_of("127.0.0.1", port), env=env)
-            front.wait_ready("/health/liveliness", 300)
-            return Running(name, front.url + "/v1", "bench", procs, front, backends, str(target))
-
-        (rundir / "nginx.conf").write_text(nginx_conf(rundir, {port: ports}, read_timeout_s=REQUEST_TIMEOUT))
-        front = procs.start([programs["nginx"], "-c", str(rundir / "nginx.conf"), "-p", str(rundir)], log_path=rundir / "nginx.log",
-                            name="nginx", kind="proxy", url=url_of("127.0.0.1", port))
-        front.wait_ready("/health", 60)
-        return Running(name, front.url + "/v1", str(target), procs, front, backends, str(target))
+            ready, model = "/health/liveliness", "bench"
+        else:
+            (rundir / "nginx.conf").write_text(nginx_conf(rundir, {port: ports}, read_timeout_s=REQUEST_TIMEOUT))
+            argv = [programs["nginx"], "-c", str(rundir / "nginx.conf"), "-p", str(rundir)]
+            env, ready, model = None, "/health", str(target)
+        front = procs.start(argv, log_path=rundir / f"{name}.log", name=name, kind="proxy",
+                            url=url_of("127.0.0.1", port), env=env)
+        front.wait_ready(ready, 300)
+        return Running(name, front.url + "/v1", model, procs, front, list(backends.values()), str(target))
     except BaseException:
         procs.stop_all()
         raise
@@ -543,27 +492,14 @@ def cpu_of(procs: list) -> dict[str, float]:
     return out
 
 
-async def worker_counts(running: Running) -> dict:
+def worker_counts(running: Running) -> dict:
     """mtpstack only: the workers' prefix-cache and draft counters and the proxy's routing decisions."""
-    import aiohttp
-
-    from mtpstack import series
-    from mtpstack.proxy.prometheus import parse_samples, sample
-
-    out: dict = {"prefix_cache_hits": 0.0, "prefix_cache_lookups": 0.0, "drafted": 0.0, "accepted": 0.0, "routing": {}}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        for w in running.backends:
-            async with http.get(w.url + "/metrics") as resp:
-                s = parse_samples(await resp.text())
-            out["prefix_cache_hits"] += sample(s, series.PREFIX_CACHE_HITS) or 0.0
-            out["prefix_cache_lookups"] += sample(s, series.PREFIX_CACHE_LOOKUPS) or 0.0
-            out["drafted"] += sample(s, series.TOKENS_DRAFTED) or 0.0
-            out["accepted"] += sample(s, series.TOKENS_ACCEPTED) or 0.0
-        async with http.get(running.front.url + "/metrics") as resp:
-            s = parse_samples(await resp.text())
-        for decision in ("affinity", "fallback_busy", "new"):
-            out["routing"][decision] = sample(s, "mtpstack_proxy_routing_total", model="bench", decision=decision) or 0.0
-    return out
+    names = {"prefix_cache_hits": series.PREFIX_CACHE_HITS, "prefix_cache_lookups": series.PREFIX_CACHE_LOOKUPS,
+             "drafted": series.TOKENS_DRAFTED, "accepted": series.TOKENS_ACCEPTED}
+    workers, proxy = [metrics(w.url) for w in running.backends], metrics(running.front.url)
+    return {**{key: sum(sample(s, name) or 0.0 for s in workers) for key, name in names.items()},
+            "routing": {decision: sample(proxy, "mtpstack_proxy_routing_total", model="bench", decision=decision) or 0.0
+                        for decision in ("affinity", "fallback_busy", "new")}}
 
 
 async def one_run(name: str, rnd: int, sessions: list, args, sizes: dict, target: Path, head: Path, workdir: Path,
@@ -580,17 +516,22 @@ async def one_run(name: str, rnd: int, sessions: list, args, sizes: dict, target
                                   labels={"stack": name, "round": rnd}, tag=f"fleet-{name}-{rnd}",
                                   extra=EXTRA["routing" if args.routing else "sessions"])
         cpu1, load1 = cpu_of(procs), os.getloadavg()
-        extra = await worker_counts(running) if name.startswith("mtpstack") else None
+        extra = await asyncio.to_thread(worker_counts, running) if name.startswith("mtpstack") else None
     finally:
         await asyncio.to_thread(running.stop)
     if name.startswith("mtpstack"):  # which worker served each turn, and why: the proxy's request log
-        logged = request_lines((rundir / "proxy.log").read_text(errors="replace"))
+        logged = request_lines(rundir / "proxy.log")
         for r in rows:
             line = logged.get(r["request_id"], {})
             r["worker"], r["routing"] = line.get("worker"), line.get("routing")
     info = {"stack": name, "round": rnd, "startup_s": round(started_s, 1), "loadavg_start": list(load0), "loadavg_end": list(load1),
             "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}, "metrics": round_metrics(rows), "workers": extra, "logs": str(rundir)}
     return rows, info
+
+
+def request_lines(log: Path) -> dict[str, dict]:
+    """The proxy's request log lines by request id: which worker served each turn, and why."""
+    return {e["request_id"]: e for e in request_events(log) if e.get("request_id")}
 
 
 def token_counter(target: Path):
@@ -603,9 +544,14 @@ def token_counter(target: Path):
 def summary_of(rows: list[dict], runs: list[dict], rounds: int) -> dict:
     summary = {"stacks": summarize_stacks(rows), "compare": compare(rows), "ttft_by_turn": ttft_by_turn(rows)}
     summary["goal"] = goal_lines(summary)
-    summary["notes"] = [f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more"
-                        ] if rounds < stats.MIN_PASSES else []
+    summary["notes"] = few_rounds(rounds)
     return summary
+
+
+def few_rounds(rounds: int) -> list[str]:
+    """The note a report carries when its rounds are too few for a verdict."""
+    return [f"{rounds} round(s): figures, not a verdict; rerun with --rounds {stats.MIN_PASSES} or more"
+            ] if rounds < stats.MIN_PASSES else []
 
 
 def routing_sessions(rnd: int, sizes: dict) -> list:
@@ -683,9 +629,28 @@ def parse_range(text: str) -> tuple[int, int]:
     return a, b
 
 
-#: The options that size a run (None: the mode's default, `FULL`, `QUICK`, `ROUTING` or `ROUTING_QUICK`).
-SIZE_OPTIONS = ("rounds", "sessions", "turns", "output_tokens", "answer_tokens", "arrival_s", "mlp_multiplier",
-                "extra_layers", "tools", "pause", "output_lines")
+#: The options that size a run: key -> (flag, type, what, the least it may be); unset, each is its mode's size
+#: (`FULL`, `QUICK`, `ROUTING` or `ROUTING_QUICK`).
+SIZE_OPTIONS = {
+    "rounds": ("--rounds", int, "rounds, each stack once per round", 1),
+    "sessions": ("--sessions", int, "agent sessions", 1),
+    "turns": ("--turns", parse_range, "turns per session, N or N-M", 1),
+    "output_tokens": ("--output-tokens", parse_range, "tokens of each tool output, N-M", 1),
+    "answer_tokens": ("--answer-tokens", int, "max_tokens of each turn", 1),
+    "arrival_s": ("--arrival", float, "mean seconds between session arrivals", 0),
+    "mlp_multiplier": ("--mlp-multiplier", int, "widen the target's MLPs", 1),
+    "extra_layers": ("--extra-layers", int, "zero layers appended to the target", 0),
+    "tools": ("--tools", int, "tool lines in the system prompt", 0),
+    "pause": ("--pause", float, "mean seconds a tool runs between turns", 0),
+    "output_lines": ("--output-lines", int, "lines of tool output before each follow-up (20 adds about 800 tokens "
+                     "a turn with the demo tokenizer, which a moved turn prefills again)", 0),
+}
+
+
+def _shown(value) -> str:
+    """A size as `--help` shows it: N, or N-M for a range."""
+    lo, hi = value if isinstance(value, tuple) else (value, value)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -696,28 +661,12 @@ def parser() -> argparse.ArgumentParser:
                    help="a few minutes: the demo pair as it is, 3 sessions of 2-3 turns (--routing: 12 tools, 3 turns), 1 round")
     p.add_argument("--routing", action="store_true",
                    help="affinity against first-free on four agent conversations fed their answers")
-    p.add_argument("--rounds", type=int, help=f"rounds, each stack once per round (default: {FULL['rounds']})")
-    p.add_argument("--sessions", type=int,
-                   help=f"agent sessions (default: {FULL['sessions']}; --routing {ROUTING['sessions']})")
-    p.add_argument("--turns", type=parse_range, help=f"turns per session, N or N-M (default: 4-6; --routing {TURNS}, "
-                   f"--quick {ROUTING_QUICK['turns'][1]})")
-    p.add_argument("--output-tokens", type=parse_range, help="tokens of each tool output, N-M (default: 200-2000)")
-    p.add_argument("--answer-tokens", type=int, help=f"max_tokens of each turn (default: {FULL['answer_tokens']}; "
-                   f"--routing {ROUTING['answer_tokens']})")
-    p.add_argument("--arrival", type=float, dest="arrival_s", help=f"mean seconds between session arrivals (default: {FULL['arrival_s']})")
-    p.add_argument("--tools", type=int, help=f"--routing: tool lines in the system prompt (default: {ROUTING['tools']}, "
-                   f"--quick {ROUTING_QUICK['tools']})")
-    p.add_argument("--pause", type=float,
-                   help=f"--routing: mean seconds a tool runs between turns (default: {ROUTING['pause']})")
-    p.add_argument("--output-lines", type=int,
-                   help="--routing: lines of tool output before each follow-up (default: 0, the agent bench's "
-                   "conversation; 20 adds about 800 tokens a turn with the demo tokenizer, which a moved turn prefills again)")
+    for key, (flag, kind, what, _) in SIZE_OPTIONS.items():
+        defaults = "; ".join(f"{mode}{_shown(sizes[key])}" for mode, sizes in (("", FULL), ("--routing ", ROUTING))
+                             if key in sizes)
+        p.add_argument(flag, type=kind, dest=key, help=f"{what} (default: {defaults})")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default: 0)")
     p.add_argument("--depth", type=int, default=DEPTH_DEFAULT, help=f"the MTP head's draft depth in mtpstack's workers (default: {DEPTH_DEFAULT})")
-    p.add_argument("--mlp-multiplier", type=int, help=f"widen the target's MLPs (default: {FULL['mlp_multiplier']}; "
-                   f"--routing {ROUTING['mlp_multiplier']})")
-    p.add_argument("--extra-layers", type=int,
-                   help=f"zero layers appended to the target (default: {FULL['extra_layers']}; --routing {ROUTING['extra_layers']})")
     p.add_argument("--stacks", nargs="+", choices=STACKS + EXTRA_STACKS,
                    help="stacks to run (default: the three; --routing: mtpstack mtpstack-first-free; "
                    "mtpstack-wait: mtpstack with --affinity-wait)")
@@ -735,11 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = dict((ROUTING_QUICK if args.quick else ROUTING) if args.routing else (QUICK if args.quick else FULL))
     sizes.update({key: getattr(args, key) for key in SIZE_OPTIONS if getattr(args, key) is not None})
-    at_least_0 = ("extra_layers", "arrival_s", "tools", "pause", "output_lines")
-    if min(sizes[k] for k in ("rounds", "sessions", "answer_tokens", "mlp_multiplier")) < 1 or min(
-            sizes.get(k, 0) for k in at_least_0) < 0:
-        p.error("--rounds, --sessions, --answer-tokens and --mlp-multiplier must be at least 1, --extra-layers, --arrival, "
-                "--tools, --pause and --output-lines at least 0")
+    for key, (flag, _, _, least) in SIZE_OPTIONS.items():
+        if not isinstance(sizes.get(key, least), tuple) and sizes.get(key, least) < least:
+            p.error(f"{flag} must be at least {least}")
     if args.routing and args.url:
         p.error("--routing starts its own stacks: no --url")
     args.stacks = args.stacks or (list(POLICIES) if args.routing else list(STACKS))
@@ -748,8 +695,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         report = asyncio.run(replay_only(args, sizes))
     else:
-        from mtpstack.bench.parts import ensure_preload
-
         ensure_preload()
         report = asyncio.run(run_all(args, sizes, Path(tempfile.mkdtemp(prefix="fleet-bench-"))))
     (out / "fleet.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -155,9 +155,10 @@ def test_the_routing_conversations_of_a_round_share_one_system_prompt_and_each_o
     assert a[0].turns[0].think_s == 0 and a[0].turns[1].follow_up.endswith("\n\nopen the failing test")
 
 
-def test_the_proxys_request_lines_are_read_by_request_id_and_other_lines_skipped():
-    log = "\n".join([json.dumps({"event": "listening"}), "not json",
-                     json.dumps({"event": "request", "request_id": "r1", "worker": "w1", "routing": "affinity"})])
+def test_the_proxys_request_lines_are_read_by_request_id_and_other_lines_skipped(tmp_path):
+    log = tmp_path / "proxy.log"
+    line = {"event": "request", "request_id": "r1", "worker": "w1", "routing": "affinity"}
+    log.write_text("\n".join([json.dumps({"event": "listening"}), "not json", json.dumps(line)]))
     assert fb.request_lines(log) == {"r1": {"event": "request", "request_id": "r1", "worker": "w1", "routing": "affinity"}}
 
 
