@@ -1,24 +1,18 @@
 """`mtpstack bench sweep`: measure one worker profile at several draft depths, carefully.
 
-For each configuration (each depth, plus the baseline):
+For each configuration (each depth, and the baseline), the steps of docs/bench.md ("What a sweep does"):
+1. the fleet is validated with it applied (a forbidden one stops the sweep before anything starts);
+2. a worker serves it on a free loopback port no fleet member uses;
+3. its weights are proven from the process's command line and `/identity` hashes (a mismatch aborts it);
+4. each workload's prompts run greedy, one discarded warm-up pass, then N measured passes (more while the
+   verdict is open, up to a cap), every streamed token timed, acceptance read off `/metrics`;
+5. the worker stops.
 
-1. the fleet is validated with the configuration applied; a forbidden one stops the sweep
-   before anything starts, naming the rule;
-2. a fresh worker process serves it on a free loopback port that no fleet member uses;
-3. the weights are proven from the process's own command line and its `/identity` hashes;
-   a mismatch aborts that configuration;
-4. each workload's fixed prompts run one at a time, greedy, fixed `max_tokens`: one
-   discarded warm-up pass, then N measured passes (more while the verdict is open, up to
-   a cap), timing every streamed token and reading acceptance off `/metrics`;
-5. the worker stops; the next configuration gets a new process, and the sweep fails if two
-   configurations were served by the same process (same PID and start time).
-
-That is the `fresh` design. When every configuration is a depth a request can carry (the default
-`auto` design, `choose_design`), one worker serves them all instead, its weights proven once at the
-deepest depth, each pass one round of every configuration in rotating order (paired passes,
-which cancel the machine's drift and reach a verdict in fewer passes).
-
-Everything raw goes to `results.json`; `report.md` and `sweep.png` are rendered from it.
+Two designs (`choose_design`): `fresh`, a new process per configuration (two served by one process fail
+the sweep); `alternated`, where every configuration is a depth a request can carry, one worker proven once
+at the deepest depth serves them all, each pass one round of every configuration in rotating order (paired
+passes cancel the machine's drift and decide sooner). Everything raw goes to `results.json`; `report.md`
+and `sweep.png` are rendered from it.
 """
 
 from __future__ import annotations
@@ -41,15 +35,15 @@ import aiohttp
 
 from mtpstack import series
 from mtpstack.bench import report as rpt
-from mtpstack.bench.parts import loadavg, version_of
+from mtpstack.bench.parts import loadavg, rotated, version_of
+from mtpstack.bench.servers import ServerError, stream_chat
 from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
 from mtpstack.errors import UserError
 from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url_of
 from mtpstack.validator import DEPTH_AUTO, FleetConfig, WorkerProfile, did_you_mean, format_path, validate_data, weights_from_argv, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
-from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights
-from mtpstack.worker.proof import prove_weights
+from mtpstack.worker.proof import IdentityUnavailable, ProofError, fetch_identity, hash_weights, prove_weights
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_WORKLOADS = ("code", "prose")
@@ -64,6 +58,8 @@ BENCH_HOST = "127.0.0.1"
 #: The worker's counters a pass reads before and after (`mtpstack_worker_target_steps_total` is one per
 #: batched decode forward, drafting and verifying every decoding row, at any width).
 COUNTERS = (series.TOKENS_DRAFTED, series.TOKENS_ACCEPTED, series.TARGET_STEPS)
+#: The sweep's designs (`--design`); `auto` picks one of the two others.
+DESIGNS = ("auto", "alternated", "fresh")
 
 
 class SweepError(UserError):
@@ -90,10 +86,11 @@ class Prompt:
 
 
 def load_prompts(workload: str, prompts_dir: Path | None = None) -> list[Prompt]:
-    path = Path(prompts_dir or PROMPTS_DIR) / f"{workload}.jsonl"
+    folder = Path(prompts_dir or PROMPTS_DIR)
+    path = folder / f"{workload}.jsonl"
     if not path.exists():
-        known = sorted(p.stem for p in Path(prompts_dir or PROMPTS_DIR).glob("*.jsonl"))
-        raise SweepError(f"no prompt set for workload `{workload}`: `{path}`", f"known workloads: {', '.join(known) or 'none'}")
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.jsonl"))) or "none"
+        raise SweepError(f"no prompt set for workload `{workload}`: `{path}`", f"known workloads: {known}")
     prompts = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -130,6 +127,19 @@ def parse_depths(text: str) -> list[int]:
     if not depths:
         raise SweepError(f"no depths given: `{text}`")
     return sorted(depths)
+
+
+def parse_widths(text: str, batch_width: int) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]; every width from 1 to the worker's own batch width (the coupling holds:
+    the worker runs at its profile's width, driven by w <= width clients)."""
+    try:
+        widths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SweepError(f"cannot read `--widths {text}`", "write it as `1,2,4`") from None
+    if not widths or widths[0] < 1 or widths[-1] > batch_width:
+        raise SweepError(f"`--widths {text}` must lie between 1 and the worker's batch width {batch_width}",
+                         f"drop the widths above {batch_width}, or sweep a worker with `maxNumSeqs` that wide")
+    return widths
 
 
 # -- configurations ----------------------------------------------------------------------
@@ -174,25 +184,38 @@ def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str)
     """The configurations to measure, baseline first, and the baseline itself."""
     if worker not in config.workers:
         guess = did_you_mean(worker, list(config.workers))
-        raise SweepError(
-            f"no worker named `{worker}` in the config",
-            f"did you mean `{guess}`?" if guess else "known workers: " + ", ".join(f"`{w}`" for w in config.workers),
-        )
+        raise SweepError(f"no worker named `{worker}` in the config", f"did you mean `{guess}`?" if guess
+                         else "known workers: " + ", ".join(f"`{w}`" for w in config.workers))
     profile = config.workers[worker]
     if profile.drafter is None:
-        raise SweepError(
-            f"worker `{worker}` has no drafter, so there is no draft depth to sweep",
-            f"add a `drafter` to `workers.{worker}` in the config",
-        )
-    if baseline == "no-drafter":
-        base = Configuration.of(None)
-    elif baseline == "configured":
-        # A depth per class is swept as its `default` depth; each configuration then drafts one depth for all.
-        base = Configuration.of(profile.drafter.default_depth)
-    else:
+        raise SweepError(f"worker `{worker}` has no drafter, so there is no draft depth to sweep",
+                         f"add a `drafter` to `workers.{worker}` in the config")
+    if baseline not in ("no-drafter", "configured"):
         raise SweepError(f"unknown baseline: `{baseline}`", "use `no-drafter` or `configured`")
-    others = [Configuration.of(d) for d in depths if Configuration.of(d) != base]
-    return [base, *others], base
+    # A depth per class is swept as its `default` depth; each configuration then drafts one depth for all.
+    base = Configuration.of(None if baseline == "no-drafter" else profile.drafter.default_depth)
+    return [base, *(Configuration.of(d) for d in depths if Configuration.of(d) != base)], base
+
+
+def choose_design(asked: str, configs: Sequence[Configuration], profile: WorkerProfile) -> tuple[str, str]:
+    """The design a sweep runs and why. Alternated (paired) passes reach a verdict in far fewer passes
+    than fresh processes (`mtpstack bench simulate`: 80% power for a 15% win within 15 pairs against 43% at
+    30 passes), but only for settings a request can carry: every configuration a depth (no `no-drafter`),
+    on the native worker (`mlx_lm.server` has no per-request depth). `alternated` asked for where it cannot run
+    is refused."""
+    restart = []
+    if any(c.depth is None for c in configs):
+        restart.append("the `no-drafter` baseline needs a worker without a drafter")
+    if profile.backend != "native":
+        restart.append(f"the `{profile.backend}` backend takes no depth per request")
+    if asked == "alternated" and restart:
+        raise SweepError(f"`--design alternated` needs every configuration to be a depth a request can carry: {'; '.join(restart)}",
+                         "use `--baseline configured` on a native worker, or `--design fresh` for a fresh process per configuration")
+    if asked != "auto":
+        return asked, f"asked for (`--design {asked}`)"
+    if restart:
+        return "fresh", "a fresh worker per configuration: " + "; ".join(restart)
+    return "alternated", "every configuration is a depth a request carries (`num_draft_tokens`), so one worker serves all, paired"
 
 
 def check_reachable(config: FleetConfig, worker: str, c: Configuration, source_name: str) -> None:
@@ -204,35 +227,29 @@ def check_reachable(config: FleetConfig, worker: str, c: Configuration, source_n
     if report.errors:
         f = report.errors[0]
         where = format_path(f.path)
-        raise SweepError(
-            f"configuration `{c.label}` is forbidden by the fleet's rules: {f.code}: {where}: {f.message}",
-            f.hint or f"sweep only depths the config allows (rule `{f.code}`)",
-        )
+        raise SweepError(f"configuration `{c.label}` is forbidden by the fleet's rules: {f.code}: {where}: {f.message}",
+                         f.hint or f"sweep only depths the config allows (rule `{f.code}`)")
 
 
 def fleet_ports(config: FleetConfig) -> set[tuple[str, int]]:
-    ports = {(w.host, w.port) for w in config.workers.values()}
-    ports.add((config.proxy.host, config.proxy.port))
-    return ports
+    return {(w.host, w.port) for w in config.workers.values()} | {(config.proxy.host, config.proxy.port)}
 
 
 def ensure_isolated(config: FleetConfig, host: str, port: int) -> None:
     """Step 2: never measure on a port a fleet member listens on (it may be taking traffic)."""
     for h, p in fleet_ports(config):
         if p == port and (h == host or h in WILDCARD_HOSTS or host in WILDCARD_HOSTS):
-            raise SweepError(
-                f"refusing to bench on port {port}: it belongs to the fleet (`{h}:{p}`)",
-                "the bench serves each configuration on its own free loopback port; stop whatever else picked it",
-            )
+            raise SweepError(f"refusing to bench on port {port}: it belongs to the fleet (`{h}:{p}`)",
+                             "the bench serves each configuration on its own free loopback port; stop whatever else picked it")
 
 
 def pick_port(config: FleetConfig, host: str = BENCH_HOST) -> int:
+    """A free port no fleet member uses (refused, should twenty tries all hit one)."""
     taken = {p for _, p in fleet_ports(config)}
     for _ in range(20):
         port = free_port(host)
         if port not in taken:
-            return port
-    port = free_port(host)
+            break
     ensure_isolated(config, host, port)
     return port
 
@@ -269,11 +286,9 @@ def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
     ones. Raises `ConfigurationAborted` listing every mismatch; returns the proof for results.json, with
     the drafter's kind as the worker resolved it (`WeightsProof.resolved_kind`, else the profile's)."""
     profile = expected.profile
-    want_drafter = profile.drafter.path if profile.drafter else None
-    want_depth = profile.drafter.default_depth if profile.drafter else None
     try:
         proof = prove_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
-                                 expected_sha256={"target": expected.target_sha256, "drafter": expected.drafter_sha256})
+                              expected_sha256={"target": expected.target_sha256, "drafter": expected.drafter_sha256})
     except IdentityUnavailable as e:
         raise ConfigurationAborted(f"cannot read `{url}/identity`: {e.__cause__ or e}") from None
     except ProofError as e:
@@ -282,38 +297,34 @@ def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
         raise ConfigurationAborted("the weights proof failed: " + "; ".join(
             f"{_SWEEP_NAMES.get((m.what, m.at), m.what)} ({m.at}): asked for {m.want!r}, the process has {m.got!r}"
             for m in proof.mismatches))
+    drafter = profile.drafter
     return {"cmdline": proof.argv, "claim": asdict(proof.claim), "identity": proof.identity,
             "drafter_kind": proof.resolved_kind or _declared_kind(profile), "expected": {
-        "target": profile.target.path, "target_sha256": expected.target_sha256,
-        "drafter": want_drafter, "drafter_sha256": expected.drafter_sha256, "depth": want_depth,
-    }}
+                "target": profile.target.path, "target_sha256": expected.target_sha256,
+                "drafter": drafter.path if drafter else None, "drafter_sha256": expected.drafter_sha256,
+                "depth": drafter.default_depth if drafter else None}}
 
 
-def process_key(pid: int, identity: dict | None) -> tuple[int, str]:
-    """What makes a process unique over time: its pid and start time, as the process reports
-    it (`/identity`), else as the kernel does (/proc/PID/stat field 22)."""
-    if identity and identity.get("started_at") is not None:
-        return pid, f"{float(identity['started_at']):.6f}"
+def process_key(proc: Process, native: bool) -> tuple[int, str]:
+    """What makes a process unique over time: its pid and start time, as a native worker reports it
+    (`/identity`), else as the kernel does (/proc/PID/stat field 22)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return pid, "ticks:" + stat.rsplit(")", 1)[1].split()[19]
+        started = fetch_identity(proc.url).get("started_at") if native else None
+    except Exception:  # noqa: BLE001 - the weights proof that follows reports it properly
+        started = None
+    if started is not None:
+        return proc.pid, f"{float(started):.6f}"
+    try:
+        return proc.pid, "ticks:" + Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
-        return pid, "unknown"
-
-
-def _identity_or_none(url: str) -> dict | None:
-    try:
-        return fetch_identity(url)
-    except Exception:  # noqa: BLE001 - the proof that follows reports it properly
-        return None
+        return proc.pid, "unknown"
 
 
 def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], str]) -> None:
     if key in seen:
         raise ProcessReused(
             f"configurations `{seen[key]}` and `{label}` were served by the same process (pid {key[0]}, started {key[1]})",
-            "each configuration needs a fresh worker; a server's counters and caches carry over otherwise",
-        )
+            "each configuration needs a fresh worker; a server's counters and caches carry over otherwise")
     seen[key] = label
 
 
@@ -330,59 +341,24 @@ async def scrape(session: aiohttp.ClientSession, url: str, counters: Sequence[st
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
                       extra: dict | None = None) -> dict:
-    """One greedy streamed chat completion, timed per chunk; the prompt's own fields (`tools`) and `extra`
-    (`num_draft_tokens`) join the body."""
-    body = {
-        **(prompt.body or {}),
-        **(extra or {}),
-        "model": model,
-        "messages": [{"role": "user", "content": prompt.prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "seed": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    text: list[str] = []
-    usage: dict = {}
-    t0 = time.monotonic()
-    t_first = t_last = None
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-        if resp.status != 200:
-            raise ConfigurationAborted(f"prompt `{prompt.id}`: the worker answered {resp.status}: {(await resp.text())[:300]}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                raise ConfigurationAborted(f"prompt `{prompt.id}`: {event['error'].get('message')}")
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                # A tool-call turn streams its call's arguments (the JSON the model writes), not content.
-                piece = delta.get("content") or "".join(
-                    str((call.get("function") or {}).get("arguments") or "") for call in delta.get("tool_calls") or [])
-                if piece:
-                    now = time.monotonic()
-                    t_first = t_first or now
-                    t_last = now
-                    text.append(piece)
-    t_end = time.monotonic()
-    out = "".join(text)
-    # Without a usage chunk, count content chunks: exact for servers that send one token per chunk.
-    tokens = int(usage["completion_tokens"]) if "completion_tokens" in usage else len(text)
+    """One greedy streamed chat completion (`stream_chat`), every chunk timed; the prompt's own fields (`tools`:
+    the call's streamed arguments are then what the turn wrote) and `extra` (`num_draft_tokens`) join the body."""
+    times: list[float] = []
+    body = {**(prompt.body or {}), **(extra or {}), "seed": 0}
+    try:
+        r = await stream_chat(session, url, model, [{"role": "user", "content": prompt.prompt}], max_tokens, times,
+                              extra=body, ignore_eos=None, tool_text=True)
+    except ServerError as e:  # an error answer, or an error event in the stream
+        raise ConfigurationAborted(f"prompt `{prompt.id}`: {e}") from None
+    usage = r["usage"]
     return {
         "prompt_id": prompt.id,
-        "tokens": tokens,
-        "seconds": t_end - t0,
-        "ttft_s": (t_first - t0) if t_first else None,
-        "decode_s": (t_last - t_first) if t_first and t_last else 0.0,
-        "output_sha256": hashlib.sha256(out.encode()).hexdigest(),
+        # Without a usage chunk, count the chunks: exact for servers that send one token per chunk.
+        "tokens": int(usage.get("completion_tokens", len(times))),
+        "seconds": r["end"] - r["sent"],
+        "ttft_s": None if r["empty"] else r["ttft_s"],
+        "decode_s": times[-1] - times[0] if times else 0.0,
+        "output_sha256": hashlib.sha256(r["text"].encode()).hexdigest(),
         "draft_tokens": usage.get("draft_tokens"),
         "accepted_draft_tokens": usage.get("accepted_draft_tokens"),
     }
@@ -397,7 +373,7 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     drafted = after.get(series.TOKENS_DRAFTED, 0.0) - before.get(series.TOKENS_DRAFTED, 0.0) if after else None
     accepted = after.get(series.TOKENS_ACCEPTED, 0.0) - before.get(series.TOKENS_ACCEPTED, 0.0) if after else None
     # Workers without the counter (older ones, mlx_lm.server) give None, not 0 steps.
-    steps = after[series.TARGET_STEPS] - before.get(series.TARGET_STEPS, 0.0) if after and series.TARGET_STEPS in after else None
+    steps = after[series.TARGET_STEPS] - before.get(series.TARGET_STEPS, 0.0) if series.TARGET_STEPS in after else None
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -438,10 +414,6 @@ async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts
     return out
 
 
-def _session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT))
-
-
 # -- the sweep ---------------------------------------------------------------------------
 
 
@@ -461,65 +433,21 @@ class SweepSettings:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     #: Concurrent clients per pass (`--widths`), each at most the worker's own batch width.
     widths: list[int] = field(default_factory=lambda: [1])
-    #: `--design`: `alternated` runs every configuration in one worker at the deepest depth, each request
-    #: carrying its configuration's depth (`num_draft_tokens`), a pass one round of all of them in rotating
-    #: order; `fresh` starts a worker per configuration; `auto` alternates whenever it can (`choose_design`).
+    #: `--design`, one of `DESIGNS` (`choose_design`).
     design: str = "auto"
 
 
-#: The sweep's designs (`--design`); `auto` picks one of the two others.
-DESIGNS = ("auto", "alternated", "fresh")
-
-
-def choose_design(asked: str, configs: Sequence[Configuration], profile: WorkerProfile) -> tuple[str, str]:
-    """The design a sweep runs and why. Alternated (paired) passes reach a verdict in far fewer passes
-    than fresh processes (`mtpstack bench simulate`: 80% power for a 15% win within 15 pairs against 43% at
-    30 passes), but only for settings a request can carry: every configuration a depth (no `no-drafter`),
-    on the native worker (`mlx_lm.server` has no per-request depth). Raises `SweepError` when
-    `alternated` is asked for and cannot be run."""
-    restart = []
-    if any(c.depth is None for c in configs):
-        restart.append("the `no-drafter` baseline needs a worker without a drafter")
-    if profile.backend != "native":
-        restart.append(f"the `{profile.backend}` backend takes no depth per request")
-    if asked == "alternated" and restart:
-        raise SweepError(f"`--design alternated` needs every configuration to be a depth a request can carry: {'; '.join(restart)}",
-                         "use `--baseline configured` on a native worker, or `--design fresh` for a fresh process per configuration")
-    if asked == "fresh":
-        return "fresh", "asked for (`--design fresh`)"
-    if asked == "alternated":
-        return "alternated", "asked for (`--design alternated`)"
-    if restart:
-        return "fresh", "a fresh worker per configuration: " + "; ".join(restart)
-    return "alternated", "every configuration is a depth a request carries (`num_draft_tokens`), so one worker serves all, paired"
-
-
-def parse_widths(text: str, batch_width: int) -> list[int]:
-    """`1,2,4` -> [1, 2, 4]; every width from 1 to the worker's own batch width (the coupling holds:
-    the worker runs at its profile's width, driven by w <= width clients)."""
-    try:
-        widths = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise SweepError(f"cannot read `--widths {text}`", "write it as `1,2,4`") from None
-    if not widths or widths[0] < 1 or widths[-1] > batch_width:
-        raise SweepError(
-            f"`--widths {text}` must lie between 1 and the worker's batch width {batch_width}",
-            f"drop the widths above {batch_width}, or sweep a worker with `maxNumSeqs` that wide",
-        )
-    return widths
-
-
 def git_revision() -> str | None:
-    root = Path(__file__).resolve().parent.parent
+    """The checkout's commit, `-dirty` when tracked files changed (a shared checkout runs what is on disk)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if rev.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        rev, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if rev.returncode == 0 else None
 
 
 def start_worker(profile: WorkerProfile, log_path: Path, name: str) -> Process:
@@ -536,31 +464,24 @@ class Sweep:
         self.s = settings
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        self.profile = config.workers[settings.worker] if settings.worker in config.workers else None
+        self.profile = config.workers.get(settings.worker)
         self.seen: dict[tuple[int, str], str] = {}
         self.pinned: dict[str, str] = {}
         self.results: dict = {}
         self._task = None
 
-    # the one launcher
     def launch(self, profile: WorkerProfile, label: str) -> Process:
         return start_worker(profile, self.s.out / "logs" / f"{label.replace(' ', '-')}.log", f"bench {label}")
 
     def stop(self, proc: Process) -> None:
         proc.stop()
 
-    def _advance(self, n: int = 1) -> None:
-        if self.progress is not None and self._task is not None:
-            self.progress.advance(self._task, n)
-
-    def _describe(self, what: str) -> None:
-        if self.progress is not None and self._task is not None:
-            self.progress.update(self._task, description=what)
-
-    def _grow(self, n: int) -> None:
+    def _progress(self, *, advance: int = 0, grow: int = 0, description: str | None = None) -> None:
+        """The bar, when there is one: passes run, passes added while a verdict is open, what runs now."""
         if self.progress is not None and self._task is not None:
             task = next(t for t in self.progress.tasks if t.id == self._task)
-            self.progress.update(self._task, total=(task.total or 0) + n)
+            self.progress.update(self._task, advance=advance, total=(task.total or 0) + grow,
+                                 description=description or task.description)
 
     def write(self) -> None:
         self.s.out.mkdir(parents=True, exist_ok=True)
@@ -592,18 +513,18 @@ class Sweep:
         if self.progress is not None:
             self._task = self.progress.add_task(
                 "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
+        paired = design == "alternated"
 
-        def expected(profile: WorkerProfile) -> Expected:
+        def expected(group: list[Configuration]) -> Expected:
+            profile = alternated_profile(self.profile, group) if paired else with_depth(self.profile, group[0].depth)
             return Expected(profile, hashes[0] or self.pinned.get("target"), hashes[1] or self.pinned.get("drafter"))
 
         try:
-            if design == "alternated":
-                for record in asyncio.run(
-                        self._alternated(configs, base, prompts, expected(alternated_profile(self.profile, configs)))):
+            # Alternated: one worker serves every configuration; fresh: a worker each, one after another.
+            for group in [configs] if paired else [[c] for c in configs]:
+                label = "alternated" if paired else group[0].label
+                for record in asyncio.run(self._serve(group, prompts, expected(group), label)):
                     self._keep(record)
-                configs = []
-            for c in configs:
-                self._keep(asyncio.run(self._one(c, base, prompts, expected(with_depth(self.profile, c.depth)))))
         except BaseException as e:
             # Keep what was measured; say why the sweep stopped.
             self.results["meta"]["stopped"] = getattr(e, "message", None) or type(e).__name__
@@ -647,25 +568,32 @@ class Sweep:
             "configurations": [],
         }
 
-    async def _serve(self, configs: Sequence[Configuration], expected: Expected, label: str, measure) -> list[dict]:
-        """One worker on a free loopback port no fleet member uses, serving `configs` (one record each):
-        started, waited for, then `await measure(proc, expected, records)` (which proves its weights); a
-        failure to start, to prove or to answer is every record's error. The worker is stopped either way."""
+    async def _serve(self, configs: list[Configuration], prompts: dict[str, list[Prompt]], expected: Expected,
+                     label: str) -> list[dict]:
+        """One worker on a free loopback port no fleet member uses, serving `configs` (one record each): started,
+        waited for, proven, then per width and workload measured (`_passes`); a failure to start, to prove or to
+        answer is every record's error. The worker is stopped either way."""
         port = pick_port(self.config)
-        ensure_isolated(self.config, BENCH_HOST, port)
         profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
         expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
         shared = {"shared": True} if len(configs) > 1 else {}
         records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
                     "error": None, "argv": worker_argv(profile), "process": {"port": port, **shared}, "proof": None,
                     "workloads": {}} for c in configs]
-        self._describe(f"{label}: starting")
+        self._progress(description=f"{label}: starting")
         proc = self.launch(profile, label)
         for r in records:
             r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
             proc.wait_ready("/health", self.s.startup_timeout, state="healthy")
-            await measure(proc, expected, records)
+            model = self._proven(proc, expected, records, label)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                for width in self.s.widths:
+                    for w in self.s.workloads:
+                        self._progress(description=f"{label}: {rpt.workload_key(w, width)}")
+                        await self._passes(session, proc.url, model, prompts[w], width, rpt.workload_key(w, width),
+                                           configs, records)
             for r in records:
                 r["status"] = "measured"
             return records
@@ -679,111 +607,74 @@ class Sweep:
             r["error"] = error
         return records
 
-    def _proven(self, proc: Process, expected: Expected, records: list[dict]) -> tuple[dict, str]:
-        """The weights proof of a started worker, kept in its records (with the device, BLAS and versions it
-        reports, in the meta), and the model name it serves."""
+    def _proven(self, proc: Process, expected: Expected, records: list[dict], label: str) -> str:
+        """A started worker proven new (a reused one would carry counters and caches over), then its weights
+        proven, the proof kept in its records (and the device, BLAS and versions it reports in the meta, the
+        hashes it reports pinned for the next worker); the model name it serves."""
+        profile = expected.profile
+        key = process_key(proc, profile.backend == "native")
+        for r in records:
+            r["process"].update({"started_at": key[1], "launched_at": proc.started_at})
+        check_fresh(label, key, self.seen)
         proof = check_weights(proc.pid, proc.url, expected)
         ident = proof["identity"] or {}
         for k in ("device", "blas", "versions"):
             if ident.get(k) is not None:
                 self.results["meta"].setdefault(k, ident[k])
+        for role in ("target", "drafter"):
+            if (ident.get(role) or {}).get("sha256"):
+                self.pinned.setdefault(role, ident[role]["sha256"])
         for r in records:
             r.update(proof=proof, drafter_kind=proof["drafter_kind"])
-        profile = expected.profile
         # mlx_lm.server serves its model under the path it was given (another name makes it load that model).
-        served = profile.target.path if profile.backend == "mlx-lm" else profile.model
-        return ident, ident.get("served_model_name") or served
+        return ident.get("served_model_name") or (profile.target.path if profile.backend == "mlx-lm" else profile.model)
 
-    def _cells(self, records: list[dict]):
-        """Each (width, workload, its results key), a fresh entry for it in every record."""
-        for width in self.s.widths:
-            for w in self.s.workloads:
-                key = rpt.workload_key(w, width)
-                for r in records:
-                    r["workloads"][key] = {"warmup": None, "passes": [], "clients": width}
-                yield width, w, key
-
-    async def _one(self, c: Configuration, base: Configuration, prompts: dict[str, list[Prompt]], expected: Expected) -> dict:
+    async def _passes(self, session: aiohttp.ClientSession, url: str, model: str, prompts: list[Prompt], width: int,
+                      key: str, configs: list[Configuration], records: list[dict]) -> None:
+        """One workload at one width: a discarded warm-up pass of each configuration, then rounds of one pass
+        each in rotating order (AB, BA, ... for two), more while a verdict is open (`_open`), up to the cap.
+        Several configurations share the worker, each request carrying its own depth; one has a worker of its own."""
         s = self.s
+        cells = [{"warmup": None, "passes": [], "clients": width} for _ in records]
+        for r, cell in zip(records, cells):
+            r["workloads"][key] = cell
 
-        async def measure(proc: Process, expected: Expected, records: list[dict]) -> None:
-            # A new process first (a reused one would carry counters and caches over), then its weights.
-            record = records[0]
-            identity = _identity_or_none(proc.url) if expected.profile.backend == "native" else None
-            key = process_key(proc.pid, identity)
-            record["process"].update({"started_at": key[1], "launched_at": proc.started_at})
-            check_fresh(c.label, key, self.seen)
-            ident, model = self._proven(proc, expected, records)
-            for role in ("target", "drafter"):
-                if (ident.get(role) or {}).get("sha256"):
-                    self.pinned.setdefault(role, ident[role]["sha256"])
-            async with _session() as session:
-                for width, w, key in self._cells(records):
-                    self._describe(f"{c.label}: {key}")
-                    wl = record["workloads"][key]
-                    wl["warmup"] = await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width)
-                    self._advance()
-                    passes = wl["passes"]
-                    while len(passes) < s.max_repeats and (
-                            len(passes) < s.repeats or self._pass_needed(c, base, key, passes)):
-                        if len(passes) >= s.repeats:
-                            self._grow(1)
-                        passes.append(await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width))
-                        self._advance()
+        async def one(i: int) -> dict:
+            extra = configs[i].request_fields if len(configs) > 1 else None
+            out = await run_pass(session, url, model, prompts, s.max_tokens, width, extra)
+            self._progress(advance=1)
+            return out
 
-        return (await self._serve([c], expected, c.label, measure))[0]
+        for i, cell in enumerate(cells):
+            cell["warmup"] = await one(i)
+        rounds = 0
+        while rounds < s.max_repeats and (rounds < s.repeats or self._open(configs, records, key)):
+            if rounds >= s.repeats:
+                self._progress(grow=len(configs))
+            for i in rotated(list(range(len(configs))), rounds):
+                cells[i]["passes"].append(await one(i))
+            rounds += 1
 
-    async def _alternated(self, configs: list[Configuration], base: Configuration, prompts: dict[str, list[Prompt]],
-                          expected: Expected) -> list[dict]:
-        """Every configuration in one worker (started at the deepest depth, its weights proven once); per
-        workload and width one warm-up round, then rounds of one pass per configuration in rotating order
-        (AB, BA, ... for two), more rounds while a paired verdict against the baseline is open, up to the cap."""
-        s = self.s
-
-        async def measure(proc: Process, expected: Expected, records: list[dict]) -> None:
-            _, model = self._proven(proc, expected, records)
-            async with _session() as session:
-                for width, w, key in self._cells(records):
-
-                    async def one(i: int) -> dict:
-                        return await run_pass(session, proc.url, model, prompts[w], s.max_tokens, width,
-                                              configs[i].request_fields)
-
-                    for i in range(len(configs)):
-                        records[i]["workloads"][key]["warmup"] = await one(i)
-                        self._advance()
-                    rounds = 0
-                    while rounds < s.max_repeats and (rounds < s.repeats or self._round_needed(records, key)):
-                        if rounds >= s.repeats:
-                            self._grow(len(configs))
-                        for i in [*range(rounds % len(configs), len(configs)), *range(rounds % len(configs))]:
-                            records[i]["workloads"][key]["passes"].append(await one(i))
-                            self._advance()
-                        rounds += 1
-
-        return await self._serve(configs, expected, "alternated", measure)
-
-    def _round_needed(self, records: list[dict], key: str) -> bool:
-        """A paired verdict against the baseline is still open (straddles `1 + margin` with a win as
-        its point estimate), or the comparison settling the recommendation is undecided."""
-        record = next(r for r in records if r["label"] == self.results["baseline"])
-        base, others = _candidate(record, key), [_candidate(r, key) for r in records if r is not record]
+    def _open(self, configs: list[Configuration], records: list[dict], key: str) -> bool:
+        """More passes can decide something. Alternated: a paired verdict against the baseline is open (it
+        straddles `1 + margin` with a win as its point estimate), or the comparison settling the recommendation
+        is undecided. A fresh configuration (the baseline measured before it): its verdict against the baseline
+        is open, or it is a side of the comparison settling the recommendation so far and that is undecided."""
         margin = self.s.margin
-        if any(decide_paired(list(base.values), list(c.values), margin=margin, resamples=1000).open for c in others):
-            return True
-        settled = settling(base, others, margin=margin, resamples=1000, paired=True)
-        return settled is not None and not settled.decided
-
-    def _pass_needed(self, c: Configuration, base: Configuration, key: str, passes: list[dict]) -> bool:
-        """Adaptive passes of a fresh configuration, one at a time up to the cap: while its verdict against the
-        measured baseline is open, and while it is a side of the comparison that settles the recommendation so far
-        (the best against the smallest within noise of it) and that comparison is undecided."""
-        base_record = next((r for r in self.results["configurations"] if r["label"] == base.label), None)
-        if c == base or base_record is None or base_record["status"] != "measured":
+        if len(configs) > 1:
+            record = next(r for r in records if r["label"] == self.results["baseline"])
+            base, others = _candidate(record, key), [_candidate(r, key) for r in records if r is not record]
+            if any(decide_paired(list(base.values), list(c.values), margin=margin, resamples=1000).open for c in others):
+                return True
+            settled = settling(base, others, margin=margin, resamples=1000, paired=True)
+            return settled is not None and not settled.decided
+        c = configs[0]
+        base_record = next((r for r in self.results["configurations"] if r["label"] == self.results["baseline"]), None)
+        if c.label == self.results["baseline"] or base_record is None or base_record["status"] != "measured":
             return False
-        mine = [p[rpt.PRIMARY_METRIC] for p in passes if p.get(rpt.PRIMARY_METRIC) is not None]
-        return (decide(rpt.values(base_record, key), mine, margin=self.s.margin).open
-                or self._settling_needs(key, Candidate(c.label, c.depth, tuple(mine))))
+        mine = _candidate(records[0], key)
+        return (decide(rpt.values(base_record, key), list(mine.values), margin=margin).open
+                or self._settling_needs(key, mine))
 
     def _settling_needs(self, workload: str, current: Candidate) -> bool:
         """The comparison settling the recommendation among what is measured so far is undecided and

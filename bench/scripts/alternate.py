@@ -10,9 +10,8 @@ over the wall time of its requests, sent one at a time, greedy, each run to `--m
 - `--map`: fixed single depths (`--fixed`) against the worker's depth per class, in one worker started with a
   depth map (its deepest class at least the deepest fixed depth): arm `map` sends the prompts as they are (the
   worker classifies them), arm `fixed D` names the deepest class (`mtpstack_class`, `--deep-class`) and lowers
-  it to D; an arm's run is the code and prose prompts interleaved (chat); the map is judged against each.
-
-Verdicts: `mtpstack.bench.stats.decide_paired`.
+  it to D; an arm's run is the code and prose prompts interleaved (chat); the map is judged against each
+  (`mtpstack.bench.stats.decide_paired`).
 
     python bench/scripts/alternate.py --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
     python bench/scripts/alternate.py --url http://127.0.0.1:18716 --map --deep-class code --fixed 1,2,3,4 --passes 10
@@ -63,11 +62,12 @@ def arms_of(args) -> tuple[str, dict[str, list[dict]], list[tuple[str, str]]]:
     return "/v1/chat/completions", arms, [("map", name) for name in arms if name != "map"]
 
 
-def report_lines(arms: dict, runs: list[dict], comparisons: list[tuple[str, str]], max_tokens: int) -> list[str]:
+def report(arms: dict, runs: list[dict], comparisons: list[tuple[str, str]], max_tokens: int) -> dict:
+    """The runs' summary lines, whether every output was the same text, and the drift correlation."""
     values = {name: [r["tok_s"] for r in runs if r["config"] == name] for name in arms}
+    identical = len({r["output_sha256"] for r in runs}) == 1
     lines = [f"{len(next(iter(arms.values())))} request(s) a run, max_tokens {max_tokens}, {len(runs) // len(arms)} "
-             f"passes, arms in rotating order in one worker; outputs identical across arms and passes: "
-             f"{len({r['output_sha256'] for r in runs}) == 1}"]
+             f"passes, arms in rotating order in one worker; outputs identical across arms and passes: {identical}"]
     for name, v in values.items():
         s = summarize(v)
         lines.append(f"{name:8} median {s.median:7.1f} tok/s  min-max {s.min:.1f}-{s.max:.1f}  n {s.n}")
@@ -78,7 +78,8 @@ def report_lines(arms: dict, runs: list[dict], comparisons: list[tuple[str, str]
         mark = "  <- best single depth" if len(comparisons) > 1 and base == best else ""
         lines.append(f"{cand} / {base}: {ratio} -> {v.decision}{mark}")
     rho = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
-    return lines + [f"drift correlation between neighbouring runs: {rho if rho is None else round(rho, 3)}"]
+    lines.append(f"drift correlation between neighbouring runs: {rho if rho is None else round(rho, 3)}")
+    return {"identical_text": identical, "rho": rho, "summary": lines}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,18 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     args.passes = args.passes or (10 if args.map else 20)
     args.max_tokens = args.max_tokens or (32 if args.map else 64)
     path, arms, comparisons = arms_of(args)
-    names = list(arms)
-    for name in names:  # warm-up, discarded
-        run_arm(args.url, path, arms[name][:2])
+    for bodies in arms.values():  # warm-up, discarded
+        run_arm(args.url, path, bodies[:2])
     runs = [{"config": name, **run_arm(args.url, path, arms[name])}
-            for i in range(args.passes) for name in rotated(names, i)]
-    lines = report_lines(arms, runs, comparisons, args.max_tokens)
-    print("\n".join(lines))
+            for i in range(args.passes) for name in rotated(list(arms), i)]
+    result = report(arms, runs, comparisons, args.max_tokens)
+    print("\n".join(result["summary"]))
     if args.out:
-        rho = neighbour_correlation([r["config"] for r in runs], [r["tok_s"] for r in runs])
-        identical = len({r["output_sha256"] for r in runs}) == 1
-        args.out.write_text(json.dumps({"url": args.url, "arms": arms, "passes": args.passes, "max_tokens": args.max_tokens,
-                                        "identical_text": identical, "rho": rho, "runs": runs, "summary": lines}, indent=1))
+        args.out.write_text(json.dumps({"url": args.url, "arms": arms, "passes": args.passes,
+                                        "max_tokens": args.max_tokens, "runs": runs, **result}, indent=1))
     return 0
 
 

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtpstack.bench.parts import rotated
 from mtpstack.bench.stats import summarize
 from mtpstack.runtime import Process, free_port, http_status, url_of
 from mtpstack.up import default_fleet
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="up-ready-") as tmp:
         for i in range(args.rounds):
-            order = pairs[i % len(pairs):] + pairs[: i % len(pairs)]
-            for name, models in order:
+            for name, models in rotated(pairs, i):
                 work = Path(tmp) / f"{name}-{i}"
                 work.mkdir()
                 seconds = one_run(models, work, args.timeout)

@@ -11,8 +11,6 @@ A benchmark script, not a test: the machines are shared and noisy.
 
 from __future__ import annotations
 
-import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
-
 import argparse
 import json
 import statistics

@@ -1,22 +1,14 @@
 """Worker benchmark: the native worker serving an MTP head, side by side with its peers, same models, one run.
 
-Configurations (all running at once, idle between measurements, so repeats interleave
-and a noisy neighbour hits every one alike):
-  - `native+mtp`, `native`: the native worker with and without the head (maxNumSeqs 4);
-  - `mlx-vlm+mtp`, `mlx-vlm`: mlx-vlm's server, the reference MTP implementation
-    (`--draft-kind mtp --draft-block-size depth+1 --max-num-seqs 4`), with and without the head;
-  - `mlx_lm.server`: plain batched decoding of the same target (no drafter).
-
-Measures, with medians and min-max over repeats (after discarded warm-up rounds):
-  1. single-stream throughput (tok/s, end to end) and time to first token;
-  2. the head's speedup over no head (native and mlx-vlm), and for every drafted configuration its
-     step cost: decode time per step with the head over decode time per token without it (the same
-     server, same prompt, round by round), beside the tokens a step emitted; their ratio is the
-     head's decode speedup (`native+mtp@baseline` priced in this build's `native` steps);
-  3. 4 concurrent clients: aggregate tok/s and time to first token (prompts new each round, so
-     no prefix cache holds them).
-Single-stream prompts repeat every 4 rounds: a server with a prefix cache answers those from it,
-and its time to first token is reported apart for cache hits and whole prefills.
+The configurations (`mtpstack.bench.servers.CONFIGS`: the native worker and mlx-vlm's server, each with and
+without the head, and `mlx_lm.server`) all run at once, idle between measurements, so rounds interleave and a
+noisy neighbour hits every one alike. Medians and min-max over the kept rounds of:
+  1. single-stream end-to-end tok/s and time to first token (apart for prefix-cache hits and whole prefills:
+     the prompts repeat every 4 rounds);
+  2. the head's speedup over no head, and each drafted configuration's step cost: decode time per step with
+     the head over decode time per token without it (same server, same prompt, round by round), beside the
+     tokens a step chose; their ratio is the head's decode speedup;
+  3. 4 concurrent clients: aggregate tok/s and time to first token (prompts new each round).
 
     python bench/scripts/worker_bench.py --out bench-worker.json          # the demo pair, target widened
     python bench/scripts/worker_bench.py --target DIR --drafter DIR       # any local target + head
@@ -63,9 +55,7 @@ def single_summary(runs: list[dict]) -> dict:
 
 
 def ratio(a: dict, b: dict) -> float | None:
-    if not a.get("median") or not b.get("median"):
-        return None
-    return a["median"] / b["median"]
+    return a["median"] / b["median"] if a.get("median") and b.get("median") else None
 
 
 def report_lines(summary: dict) -> list[str]:
@@ -76,8 +66,7 @@ def report_lines(summary: dict) -> list[str]:
             lines.append(f"  {'':<22} ttft prefilled whole {fmt(s['ttft_cold_s'], ' s', 3)}, "
                          f"from the prefix cache {fmt(s['ttft_hit_s'], ' s', 3)}")
     lines.append("the head's speedup over no head (ratio of medians):")
-    for name, value in summary["speedup"].items():
-        lines.append(f"  {name:<22} {value:.3f}x" if value else f"  {name:<22} n/a")
+    lines += [f"  {name:<22} {value:.3f}x" if value else f"  {name:<22} n/a" for name, value in summary["speedup"].items()]
     steps = summary.get("step_costs") or {}
     if steps:
         lines.append("step cost, decode only (time per step with the head / per token without it, same server, "
@@ -91,16 +80,11 @@ def report_lines(summary: dict) -> list[str]:
     if summary.get("acceptance") is not None:
         lines.append(f"  acceptance per drafted token (native+mtp's usage): {summary['acceptance']:.2f}")
     lines.append(f"{WIDTH} concurrent clients, maxNumSeqs {WIDTH}:")
-    for name, s in summary["concurrent"].items():
-        lines.append(
-            f"  {name:<22} aggregate {fmt(s['aggregate_tok_s'])} tok/s   "
-            f"ttft median {fmt(s['ttft_median_s'], ' s', 3)}   ttft max {fmt(s['ttft_max_s'], ' s', 3)}"
-        )
-    for label, value in summary.get("goals", {}).items():
-        lines.append(f"  {label}: {value:.3f}" if value is not None else f"  {label}: n/a")
-    for note in summary.get("notes", []):
-        lines.append(f"note: {note}")
-    return lines
+    lines += [f"  {name:<22} aggregate {fmt(s['aggregate_tok_s'])} tok/s   ttft median {fmt(s['ttft_median_s'], ' s', 3)}"
+              f"   ttft max {fmt(s['ttft_max_s'], ' s', 3)}" for name, s in summary["concurrent"].items()]
+    lines += [f"  {label}: {value:.3f}" if value is not None else f"  {label}: n/a"
+              for label, value in summary.get("goals", {}).items()]
+    return lines + [f"note: {note}" for note in summary.get("notes", [])]
 
 
 def default_configs(baseline: str | None) -> list[str]:
@@ -111,11 +95,8 @@ def default_configs(baseline: str | None) -> list[str]:
 def decode_steps(usage: dict, timings: dict | None = None, counted: float | None = None) -> int | None:
     """Verify steps (plain: tokens) an answer took after its first token: the native worker's own count
     (`counted`, its `/metrics` target steps over the answer), mlx-vlm's (`timings.draft_rounds`), else from
-    the usage (each step emits its accepted drafts and one token of the target's own; a server without a
-    head reports no accepted drafts and takes a step per token). The usage's count is short at an answer's
-    end when the end of turn is not counted as a token (the native worker's usage): the step that
-    chose it, and any drafts it accepted past it, emit nothing, so an answer that ends there is counted
-    a step or two short."""
+    the usage (a step emits its accepted drafts and one token of the target's own). The usage's count is a
+    step or two short for an answer that ends at an end of turn the usage does not count (the worker's)."""
     if counted:
         return int(counted)
     if timings and timings.get("draft_rounds"):
@@ -126,10 +107,9 @@ def decode_steps(usage: dict, timings: dict | None = None, counted: float | None
 
 
 def step_costs(single: dict[str, list[dict]]) -> dict:
-    """Per drafted configuration with its plain counterpart measured (`PLAIN_OF`): round by round, decode
-    seconds per step over the counterpart's seconds per token, the tokens per step, and their ratio (the
-    head's decode speedup), and the step's own milliseconds (servers compared in one unit); each
-    summarised over rounds."""
+    """Per drafted configuration with its plain counterpart measured (`PLAIN_OF`), summarised over rounds: round
+    by round, decode seconds per step over the counterpart's seconds per token, the tokens per step, their ratio
+    (the head's decode speedup), and the step's own milliseconds (servers compared in one unit)."""
     out = {}
     for name, plain in PLAIN_OF.items():
         costs, per_step, ms, inside = [], [], [], []
