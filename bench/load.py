@@ -1,63 +1,37 @@
 """The whole stack under load: the parts of `bench/scripts/load_bench.py`'s modes (faults, hostile, proxy, tenant).
 
-- `run_meta`: what a run was (date, command, machine, commit, uncommitted files, load average);
-- `fake_process` / `proxy_process`: a scripted upstream (`devkit.fake_fleet.FakeUpstream`) and `mtpstack proxy` on
-  loopback, started and waited for (each round's order of the arms: `mtpstack.bench.parts.rotated`);
+- `ready`: a process waited for; `fake_process` / `proxy_process`: a scripted upstream
+  (`devkit.fake_fleet.FakeUpstream`) and `mtpstack proxy` on loopback, started and ready;
 - `send` / `Answer` / `Tally` / `drive`: one request and what its client saw, counted over many, from
   concurrent client loops; `serves_again`;
 - `get_metrics` / `get_json`, `GaugeSampler` (the largest value of some gauges, polled), `settle` and
   `proxy_slots` (a leak is what does not come back to 0), `memory_kib`;
-- `request_events`: the proxy's request log lines;
-- `span`: samples as `median (min..max)`.
+- `log_events` / `request_events`: a process's JSON log lines, the proxy's request lines among them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
-import os
-import platform
-import shlex
-import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from mtpstack.bench.stats import summarize
 from mtpstack.proxy.prometheus import parse_samples, sample
-from mtpstack.runtime import Process, StartError, url_of
+from mtpstack.runtime import Process, StartError, free_port, url_of
 
 HOST = "127.0.0.1"
 #: The checkout: `python -m devkit.fake_upstream` runs from it.
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# -- runs and processes ------------------------------------------------------------------------
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def run_meta(argv: list[str]) -> dict:
-    """The run's date, command (`argv`, the script's path first), machine, commit and the tracked files
-    changed in the checkout (shared checkouts run what is on disk, not HEAD), and the load average now."""
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(shlex.quote(a) for a in argv), "cpus": os.cpu_count(),
-        "platform": platform.platform(terse=True), "python": platform.python_version(),
-        "commit": _git("rev-parse", "--short", "HEAD").strip() or "?",
-        "modified": [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()],
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-async def _ready(proc: Process, path: str, timeout: float = 60.0) -> Process:
+# -- processes and their logs --------------------------------------------------------------------
+async def ready(proc: Process, path: str, timeout: float = 60.0) -> Process:
+    """`proc` once `path` answers; a start that fails ends the run with its error."""
     try:
         await asyncio.to_thread(proc.wait_ready, path, timeout)
     except StartError as e:
@@ -65,42 +39,46 @@ async def _ready(proc: Process, path: str, timeout: float = 60.0) -> Process:
     return proc
 
 
-async def fake_process(procs, workdir: Path, name: str, gate: int, *args: str):
-    """`devkit.fake_upstream` as `name` on loopback at `gate` (`args`: its pacing), healthy: a `FakeUpstream`."""
+async def fake_process(procs, workdir: Path, name: str, model: str, gate: int, *args: str):
+    """`devkit.fake_upstream` as `name` serving `model` on loopback at `gate` (`args`: its pacing), healthy: a
+    `FakeUpstream` (`worker_config()`: its entry in a proxy's config)."""
     from devkit.fake_fleet import FakeUpstream
 
-    fake = FakeUpstream(name, name, gate, workdir / f"{name}.log", procs, args)
-    await _ready(fake.start(), "/health")
+    fake = FakeUpstream(name, model, gate, workdir / f"{name}.log", procs, args)
+    await ready(fake.start(), "/health")
     return fake
 
 
-async def proxy_process(procs, workdir: Path, name: str, config: dict, python: str = sys.executable,
+async def proxy_process(procs, workdir: Path, name: str, proxy: dict, workers: dict, python: str = sys.executable,
                         extra: tuple[str, ...] = ()) -> Process:
-    """`mtpstack proxy` (run by `python`) on `config` (written to `workdir/NAME.json`), its log
-    `workdir/NAME.log`, ready."""
+    """`mtpstack proxy` (run by `python`) on a free port, its config (`proxy`, `workers`) `workdir/NAME.json`,
+    its log `workdir/NAME.log`, ready."""
+    port = free_port()
     path = workdir / f"{name}.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps({"proxy": {**proxy, "port": port}, "workers": workers}))
     proc = procs.start([python, "-m", "mtpstack", "proxy", "--config", str(path), *extra],
-                       log_path=workdir / f"{name}.log", name=name, url=url_of(HOST, config["proxy"]["port"]), cwd=ROOT)
-    return await _ready(proc, "/readyz")
+                       log_path=workdir / f"{name}.log", name=name, url=url_of(HOST, port), cwd=ROOT)
+    return await ready(proc, "/readyz")
+
+
+def log_events(log: Path) -> tuple[list[str], list[dict]]:
+    """A log's lines and the JSON objects among them; none without the log."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return [], []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return lines, [e for e in events if isinstance(e, dict)]
 
 
 def request_events(log: Path) -> list[dict]:
-    """The proxy's request lines (one JSON object per line, `event` "request"), in order; none without the log."""
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"request"' in line:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == "request":
-                out.append(e)
-    return out
+    """The proxy's request lines (`event` "request"), in order."""
+    return [e for e in log_events(log)[1] if e.get("event") == "request"]
 
 
 def memory_kib(pid: int) -> dict:
@@ -114,19 +92,6 @@ def memory_kib(pid: int) -> dict:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return out
-
-
-def span(values: list[float], fmt: str = ".0f", scale: float = 1.0, sep: str = "..") -> str:
-    """`median (min..max)` of the samples (NaN left out), each times `scale`; `-` for none."""
-    v = [x * scale for x in values if x == x]
-    if not v:
-        return "-"
-    s = summarize(v)
-    return f"{s.median:{fmt}} ({s.min:{fmt}}{sep}{s.max:{fmt}})"
-
-
-def count(d: dict, key) -> None:
-    d[key] = d.get(key, 0) + 1
 
 
 # -- one request, and many ----------------------------------------------------------------------
@@ -195,11 +160,11 @@ class Tally:
     unanswered by why, streams by how they ended."""
 
     sent: int = 0
-    statuses: dict = field(default_factory=dict)
-    codes: dict = field(default_factory=dict)
-    retry_after: dict = field(default_factory=dict)
-    unanswered_reasons: dict = field(default_factory=dict)
-    streams: dict = field(default_factory=dict)
+    statuses: Counter = field(default_factory=Counter)
+    codes: Counter = field(default_factory=Counter)
+    retry_after: Counter = field(default_factory=Counter)
+    unanswered_reasons: Counter = field(default_factory=Counter)
+    streams: Counter = field(default_factory=Counter)
     latencies: list = field(default_factory=list)
 
     @property
@@ -208,19 +173,18 @@ class Tally:
 
     def add(self, a: Answer) -> None:
         self.sent += 1
-        if a.stream:
-            count(self.streams, "started")
+        self.streams["started"] += bool(a.stream)
         if a.status is None:
-            count(self.unanswered_reasons, a.reason)
+            self.unanswered_reasons[a.reason] += 1
             return
-        count(self.statuses, str(a.status))
+        self.statuses[str(a.status)] += 1
         self.latencies.append(a.seconds)
         if a.stream:
-            count(self.streams, a.stream)
+            self.streams[a.stream] += 1
         elif a.status != 200:
-            count(self.codes, f"{a.status} {a.code or '?'}")
+            self.codes[f"{a.status} {a.code or '?'}"] += 1
             if a.status == 429:
-                count(self.retry_after, a.retry_after)
+                self.retry_after[a.retry_after] += 1
 
     def figures(self, seconds: float) -> dict:
         lat = sorted(self.latencies)
@@ -228,40 +192,44 @@ class Tally:
         s = self.streams
         return {
             "sent": self.sent, "answered": self.sent - self.unanswered, "unanswered": self.unanswered,
-            "unanswered_reasons": self.unanswered_reasons, "statuses": self.statuses, "error_codes": self.codes,
-            "retry_after_missing": self.retry_after.get(None, 0),
+            "unanswered_reasons": dict(self.unanswered_reasons), "statuses": dict(self.statuses),
+            "error_codes": dict(self.codes), "retry_after_missing": self.retry_after[None],
             "retry_after_values": {k: n for k, n in self.retry_after.items() if k is not None},
-            "streams": s.get("started", 0), "streams_done": s.get("done", 0), "stream_errors": s.get("error", 0),
-            "stream_truncated": s.get("cut", 0),
+            "streams": s["started"], "streams_done": s["done"], "stream_errors": s["error"],
+            "stream_truncated": s["cut"],
             "seconds": round(seconds, 2), "requests_per_second": round(self.sent / seconds, 1) if seconds else None,
             "latency_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": round(lat[-1] * 1000, 1) if lat else None},
         }
 
 
+def until(n: int, deadline: float, start: int = 0):
+    """`start`..`n - 1`, as long as the deadline has not passed."""
+    for i in range(start, n):
+        if time.monotonic() > deadline:
+            return
+        yield i
+
+
 async def drive(session, url: str, n: int, clients: int, make_body, tally: Tally, bound: float, deadline: float,
                 start: int = 0) -> bool:
     """`clients` loops sending requests `start`..`n - 1` one after another; False when the deadline cut it short."""
-    counter = iter(range(start, n))
-    cut = False
+    counter, before = until(n, deadline, start), tally.sent
 
     async def client() -> None:
-        nonlocal cut
         for i in counter:
-            if time.monotonic() > deadline:
-                cut = True
-                return
             tally.add(await send(session, url, make_body(i), bound))
 
     await asyncio.gather(*(client() for _ in range(clients)))
-    return not cut
+    return tally.sent - before == n - start
 
 
-async def serves_again(session, url: str, bodies: list[dict], bound: float) -> dict:
-    """The `bodies` sent at once: do the slots serve after a fault?"""
-    tally = Tally()
+async def serves_again(session, url: str, bodies: list[dict], bound: float, tally: Tally | None = None) -> dict:
+    """The `bodies` sent at once (counted in `tally`, when given, over several calls): do the slots serve after
+    a fault?"""
+    tally = Tally() if tally is None else tally
     for a in await asyncio.gather(*(send(session, url, b, bound) for b in bodies)):
         tally.add(a)
-    return {"sent": tally.sent, "statuses": tally.statuses, "streams_done": tally.streams.get("done", 0),
+    return {"sent": tally.sent, "statuses": dict(tally.statuses), "streams_done": tally.streams["done"],
             "unanswered": tally.unanswered}
 
 

@@ -8,40 +8,18 @@
         [--baseline PYTHON] [--dashboard-poll] [--no-nginx]
     .venv/bin/python bench/scripts/load_bench.py tenant [--rounds 3] [--seconds 20] [--out tenant-bench.json]
 
-**Faults** (no mode; docs/load-bench.md has each phase's table row), every process started here on loopback and
-stopped at exit (Ctrl-C too): load through fake upstreams (`devkit.fake_upstream`, which count their own concurrency
-and refuse above their gate) behind `mtpstack proxy` at gates 2 and 4, with room in the queue for every client (any
-429 is a fault) and with a small `maxWaiting` (429 `queue_full` with Retry-After must appear); load through
-`mtpstack up` on tiny models (the worker's `worker_full` count must not move); worker kills mid-stream (fake and
-real: no hung client, no leaked slot) and failover to a model's second upstream; client disconnects by FIN and
-RST at every point of a request (the proxy logs each 499, the upstream lets go, the slots serve again); and a
-worker killed under load with another to fail over to (`--real-failovers`): every error must be one the dead
-worker had taken (issue 40's goal).
+**Faults** (no mode; docs/load-bench.md): load through fake upstreams (`devkit.fake_upstream`, which count their
+own concurrency and refuse above their gate) and through `mtpstack up` on tiny models behind `mtpstack proxy`, with
+room in the queue for every client and with a small `maxWaiting`; workers killed mid-stream and under load, failover
+to a model's second upstream, client disconnects by FIN and RST: no hung client, no leaked slot, no error the dead
+worker had not taken. **hostile** (docs/hardening.md): generated configs, malformed and hostile requests, slow clients
+and a grammar flood against a real proxy and worker; counts what must stay 0. **proxy** (docs/proxy.md): the admission
+proxy's added latency and CPU against the direct path and nginx, in interleaved rounds. **tenant** (docs/proxy.md):
+one tenant's queue wait beside another's flood, fair queueing on and off.
 
-**hostile** (docs/hardening.md): generated configs through `validate`, malformed requests to a real proxy
-(`mtpstack proxy` before a fake worker, `clientSeconds` 2) and a real worker (`mtpstack worker` on the demo
-pair), slow clients, hostile requests on the agent surfaces (the agent pair, `devkit.demo.agent`); counts what
-must stay 0 (tracebacks, 5xx, hangs, crashes, leaked slots, refusals not in OpenAI's shape or naming no field)
-and measures how long compiling hostile schemas holds `/health` and a plain stream, against idle (`devkit.stall`).
-The grammar flood: 120 distinct hostile schemas at once, and 0.5 s later tiny benign schemas from another client
-(address), from the flooding client, and one compiled before; `--against PYTHON` floods a worker run by another
-checkout's Python too, in alternate order, for a before/after in one run.
-
-**proxy** (docs/proxy.md): what the admission proxy costs, against calling the upstream directly and against
-Debian's nginx (`worker_processes 1`, buffering off, keep-alive upstream), in interleaved rounds: plain requests
-and 256-chunk SSE streams, 1 and 4 clients, an instant and a paced scripted upstream. Per cell and round: p50/p99
-latency (plain) or time to first chunk and stream duration (SSE) minus the direct path's ("added"); the proxy's
-CPU per request and per chunk (`mtpstack.bench.stacks.cpu_seconds`). `--loops uvloop,asyncio`: one proxy per
-event loop; `--baseline PYTHON`: another checkout's proxy beside, as `mtpstack-baseline`; `--dashboard-poll`: one
-operator's page open throughout (`/dashboard`, then `/v1/fleet/status` once a second).
-
-**tenant** (docs/proxy.md): fair queueing between tenants. One scripted worker (gate `--gate`, long streams)
-behind two proxies with the same two tenants' keys, `proxy.fairQueueing` on and off, used in alternating order:
-tenant `flood` keeps `--flood` streams in flight, tenant `steady` sends one plain request a second; reported:
-`steady`'s queue wait (the proxy's `queue_wait_ms`) p50 and p95 per phase, and the flood's streams served.
-
-Raw figures go to the JSON file (`--out`), the table to stdout, progress to stderr; the exit status is 1 when a
-check fails (the figures are still written). Benchmarks, not tests: the machines are shared; read the spread.
+Every process is started here on loopback and stopped at exit (Ctrl-C too). Raw figures go to the JSON file
+(`--out`), the table to stdout, progress to stderr; the exit status is 1 when a check fails (the figures are still
+written). Benchmarks, not tests: the machines are shared; read the spread.
 """
 
 from __future__ import annotations
@@ -62,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +49,12 @@ import aiohttp
 import yaml
 
 from devkit.fake_fleet import FakeFleet, FakeUpstream, proxy_before_fake
-from devkit.raw_http import RawStream
+from devkit.raw_http import RawStream, json_answer
 from mtpstack import series
-from mtpstack.bench.load import (HOST, GaugeSampler, Tally, count, drive, fake_process, get_json, get_metrics,
-                                 memory_kib, proxy_process, proxy_slots, request_events, run_meta, send,
-                                 serves_again, settle)
-from mtpstack.bench.parts import rotated
+from mtpstack.bench.load import (HOST, GaugeSampler, Tally, drive, fake_process, get_json, get_metrics, log_events,
+                                 memory_kib, proxy_process, proxy_slots, ready, request_events, send, serves_again,
+                                 settle, until)
+from mtpstack.bench.parts import loadavg, rotated, rounds, run_meta
 from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, stream
 from mtpstack.bench.stats import percentile
 from mtpstack.proxy.prometheus import sample
@@ -84,13 +62,13 @@ from mtpstack.runtime import Process, Processes, StartError, free_port, signal_g
 
 from load_report import (CLIENT_SECONDS, FLOOD_PROBE_DELAY, HANG_SECONDS, PROXY_CHUNKS, SETTLE_SECONDS,
                          STALL_IDLE_SECONDS, STALL_SCHEMAS, STALL_WIDTH, TENANT_MODES, checks, failover_counts,
-                         flood_answer_kind, hostile_lines,
-                         must_be_zero, proxy_lines, proxy_summary, report_lines, tenant_lines)  # beside this script
+                         flood_answer_kind, hostile_lines, must_be_zero, proxy_lines, proxy_summary, report_lines,
+                         tenant_lines)  # beside this script
 
 ROOT = _checkout.ROOT
 #: Fake upstream pacing under load: short enough that the proxy is the bottleneck, long enough
 #: that requests overlap inside an upstream (an instant plain answer never yields).
-LOAD_DELAY, LOAD_CHUNKS, LOAD_INTERVAL = 0.001, 8, 0.001
+LOAD_PACING = ["--delay", "0.001", "--chunks", "8", "--interval", "0.001"]
 #: A stream long enough to be cut in the middle: 2,000 chunks 5 ms apart (10 s).
 LONG_STREAM = {"chunks": 2000, "interval": 0.005}
 STREAM_EVERY = 4  # every 4th load request is streamed
@@ -121,20 +99,17 @@ def stop_all() -> None:
 
 
 # == faults: the fake setups ======================================================================
-def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int) -> FakeFleet:
-    """Fake upstreams, paced for load, behind a proxy whose gates are theirs and whose queue holds `max_waiting`."""
+@contextlib.asynccontextmanager
+async def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int):
+    """Fake upstreams, paced for load, behind a proxy whose gates are theirs and whose queue holds `max_waiting`;
+    started, and stopped on exit."""
     proxy = {
         "modelConcurrencyLimits": {model: gate for _, model, gate in fakes},
         "queue": {"maxWaiting": max_waiting, "timeoutSeconds": 60.0},
         "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30},
         "shutdownGraceSeconds": 2,
     }
-    pacing = ["--delay", str(LOAD_DELAY), "--chunks", str(LOAD_CHUNKS), "--interval", str(LOAD_INTERVAL)]
-    return FakeFleet(workdir / label, fakes, proxy, fake_args=pacing, processes=CHILDREN)
-
-
-@contextlib.asynccontextmanager
-async def started(setup: FakeFleet):
+    setup = FakeFleet(workdir / label, fakes, proxy, fake_args=LOAD_PACING, processes=CHILDREN)
     try:
         await asyncio.to_thread(setup.start)
         yield setup
@@ -158,14 +133,12 @@ async def measured_load(session, url: str, pid: int, targets: dict, n: int, clie
     """`n` requests from `clients` loops, `targets` sampled meanwhile, the proxy's memory (`pid`) before and
     after (and between two halves, to tell a one-time growth from a steady one)."""
     tally, rss = Tally(), {"before": memory_kib(pid).get("VmRSS")}
-    t0 = time.monotonic()
+    t0, half = time.monotonic(), n // 2 if halves else n
     with GaugeSampler(session, targets) as sampler:
+        complete = await drive(session, url, half, clients, make_body, tally, bound, deadline)
         if halves:
-            complete = await drive(session, url, n // 2, clients, make_body, tally, bound, deadline)
             rss["half"] = memory_kib(pid).get("VmRSS")
-            complete &= await drive(session, url, n, clients, make_body, tally, bound, deadline, start=n // 2)
-        else:
-            complete = await drive(session, url, n, clients, make_body, tally, bound, deadline)
+            complete &= await drive(session, url, n, clients, make_body, tally, bound, deadline, start=half)
     seconds = time.monotonic() - t0
     await asyncio.sleep(1.0)
     after = memory_kib(pid)
@@ -173,51 +146,52 @@ async def measured_load(session, url: str, pid: int, targets: dict, n: int, clie
     return {"requested": n, "complete": complete, **tally.figures(seconds), **sampler.figures(), "proxy_rss_kib": rss}
 
 
-def fake_body(model: str):
-    def make(i: int) -> dict:
-        stream = i % STREAM_EVERY == STREAM_EVERY - 1
-        if (i // STREAM_EVERY) % 2:
-            return {"model": model, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 8,
-                    "stream": stream}
-        return {"model": model, "prompt": f"hello {i}", "max_tokens": 8, "stream": stream}
+def request(model: str, text: str, chat: bool, **fields) -> dict:
+    """A chat completion of `text` as the user's message, or a completion of it as the prompt."""
+    said = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+    return {"model": model, **said, **fields}
 
-    return make
+
+def fake_body(i: int) -> dict:
+    """Every 4th streamed; chat and completions in turn, 4 at a time."""
+    return request("fake", f"hello {i}", (i // STREAM_EVERY) % 2 == 1, max_tokens=8,
+                   stream=i % STREAM_EVERY == STREAM_EVERY - 1)
 
 
 async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients: int, max_waiting: int,
                     deadline: float) -> dict:
     label = f"fake-gate{gate}-waiting{max_waiting}"
     say(f"{label}: {requests} requests from {clients} clients, 2 upstreams of gate {gate}")
-    async with started(fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting)) as setup:
+    async with fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting) as setup:
         targets = {f"inflight{{worker={f.name}}}": (setup.url, "mtpstack_proxy_inflight", {"worker": f.name})
                    for f in setup.fakes}
         targets["queue_depth{model=fake}"] = (setup.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
-        load = await measured_load(session, setup.url, setup.proxy.pid, targets, requests, clients, fake_body("fake"),
+        load = await measured_load(session, setup.url, setup.proxy.pid, targets, requests, clients, fake_body,
                                    90.0, deadline, halves=True)
         stats = await upstream_stats(session, setup)
         m = await get_metrics(session, setup.url)
-        result = {
-            **load_row(label, "fake", gate, len(setup.fakes), clients, max_waiting), **load,
-            "upstream_max_concurrency": {k: v.get("max_active") for k, v in stats.items()},
-            "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
-            "upstream_served": {k: v.get("served") for k, v in stats.items()},
-            "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values()),
-        }
-        say(f"{label}: {result['statuses']} in {result['seconds']:.1f} s, "
-            f"upstream max concurrency {result['upstream_max_concurrency']}")
-        return result
+    result = {
+        **load_row(label, "fake", gate, len(setup.fakes), clients, max_waiting), **load,
+        "upstream_max_concurrency": {k: v.get("max_active") for k, v in stats.items()},
+        "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
+        "upstream_served": {k: v.get("served") for k, v in stats.items()},
+        "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values()),
+    }
+    say(f"{label}: {result['statuses']} in {result['seconds']:.1f} s, "
+        f"upstream max concurrency {result['upstream_max_concurrency']}")
+    return result
 
 
 # == faults: kills, by raw streams (`devkit.raw_http.RawStream`) ===================================
-async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill, worker: str | None, streams: int = 3,
+async def kill_round(session, proxy_url: str, proxy_port: int, bodies: list[dict], kill, worker: str | None,
                      then=None) -> dict:
-    """`streams` streams of `body` (or of each of a list of bodies; the third queues behind a gate of 2);
-    once two have a chunk, `kill()`. Each client must then see its stream end (or an error status)
-    within HANG_SECONDS; `then()` runs before the proxy's slots (of `worker`, or all) must settle."""
+    """A stream of each of `bodies` (a third queues behind a gate of 2); once two have a chunk, `kill()`.
+    Each client must then see its stream end (or an error status) within HANG_SECONDS; `then()` runs
+    before the proxy's slots (of `worker`, or all) must settle."""
     opened = []
     try:
-        for i in range(streams):
-            opened.append(await RawStream.open(HOST, proxy_port, body[i] if isinstance(body, list) else body))
+        for body in bodies:
+            opened.append(await RawStream.open(HOST, proxy_port, body))
             await asyncio.sleep(0.02)  # arrival order: the third one queues behind the gate
 
         async def first_chunk(s: RawStream) -> bool:
@@ -251,18 +225,15 @@ async def kill_round(session, proxy_url: str, proxy_port: int, body: dict, kill,
     return {"admitted_before_kill": admitted, "outcomes": outcomes, "slot_leaked": not ok, "after": value}
 
 
-async def rounds_summary(session, proxy_url: str, rounds: list[dict], requested: int) -> dict:
+async def rounds_summary(session, proxy_url: str, kills: list[dict], requested: int) -> dict:
     """The kill rounds counted, once the proxy's slots settle."""
     ok, value = await settle(proxy_slots(session, proxy_url), SETTLE_SECONDS)
-    outcomes: dict = {}
-    for r in rounds:
-        for o in r["outcomes"]:
-            count(outcomes, o)
+    outcomes = Counter(o for r in kills for o in r["outcomes"])
     return {
-        "requested": requested, "kills": len(rounds), "clients": sum(len(r["outcomes"]) for r in rounds),
-        "hung": outcomes.get("hung", 0), "rounds_with_leaked_slot": sum(r["slot_leaked"] for r in rounds),
-        "admitted_streams_cut_without_error_event": outcomes.get("cut", 0), "outcomes": outcomes,
-        "kills_with_fewer_than_2_streams_started": sum(r["admitted_before_kill"] < 2 for r in rounds),
+        "requested": requested, "kills": len(kills), "clients": sum(len(r["outcomes"]) for r in kills),
+        "hung": outcomes["hung"], "rounds_with_leaked_slot": sum(r["slot_leaked"] for r in kills),
+        "admitted_streams_cut_without_error_event": outcomes["cut"], "outcomes": dict(outcomes),
+        "kills_with_fewer_than_2_streams_started": sum(r["admitted_before_kill"] < 2 for r in kills),
         "slots_after": value, "leaked_after": not ok,
     }
 
@@ -275,61 +246,10 @@ def restart(f: FakeUpstream):
     return kill
 
 
-async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dict:
-    """SIGKILL fake upstreams mid-stream, round robin over 4 models of one upstream each, and restart them."""
-    async with started(fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], 8)) as setup:
-        say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
-        rounds: list[dict] = []
-        for i in range(kills):
-            if time.monotonic() > deadline:
-                break
-            f = setup.fakes[i % len(setup.fakes)]
-            await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
-            body = {"model": f.model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}
-            rounds.append(await kill_round(session, setup.url, setup.port, body, restart(f), f.name))
-            if (i + 1) % 20 == 0:
-                say(f"fake kills: {i + 1} done")
-        result = {"target": "fake", **await rounds_summary(session, setup.url, rounds, kills)}
-        say(f"fake kills: {result['outcomes']}, leaked after: {result['slots_after']}")
-        return result
-
-
-async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict:
-    """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
-    The stream on the other must finish, and once the dead one's stream has its error event (the
-    proxy has then marked it unhealthy), new requests must be answered by the survivor."""
-    after = Tally()
-
-    async def requests_after() -> None:
-        body = {"model": "mm", "prompt": "x"}
-        for a in await asyncio.gather(*(send(session, setup.url, body, HANG_SECONDS) for _ in range(4))):
-            after.add(a)
-
-    async with started(fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], 8)) as setup:
-        say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
-        rounds: list[dict] = []
-        for i in range(n):
-            if time.monotonic() > deadline:
-                break
-            for f in setup.fakes:
-                await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
-            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded); each
-            # its own prompt, or cache-aware routing sends the second after the first, to f0's free slot
-            bodies = [{"model": "mm", "prompt": f"long {i}.{k}", "stream": True, "x_fake": {"chunks": 200, "interval": 0.005}}
-                      for k in range(2)]
-            kill = restart(setup.fakes[0])
-            rounds.append(await kill_round(session, setup.url, setup.port, bodies, kill, None, 2, requests_after))
-        result = {"target": "fake", **await rounds_summary(session, setup.url, rounds, n),
-                  "requests_after_failure": {"sent": after.sent, "statuses": after.statuses,
-                                             "unanswered": after.unanswered, "error_codes": after.codes}}
-        say(f"fake failover: {result['outcomes']}, requests after: {after.statuses}")
-        return result
-
-
-async def healthy(session, proxy_url: str, names, until: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
-    """Until the proxy's `/readyz` calls each worker of `names` healthy (True), or `until` passes (False);
+async def healthy(session, proxy_url: str, names, until_s: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
+    """Until the proxy's `/readyz` calls each worker of `names` healthy (True), or `until_s` passes (False);
     a fake of `fakes` that is not running is started again (its restart lost a race for the port)."""
-    while time.monotonic() < until:
+    while time.monotonic() < until_s:
         for f in fakes:
             if not f.process.alive():
                 f.start()
@@ -340,59 +260,87 @@ async def healthy(session, proxy_url: str, names, until: float, fakes: tuple[Fak
     return False
 
 
+async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dict:
+    """SIGKILL fake upstreams mid-stream, round robin over 4 models of one upstream each, and restart them."""
+    async with fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], 8) as setup:
+        say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
+        done: list[dict] = []
+        for i in until(kills, deadline):
+            f = setup.fakes[i % len(setup.fakes)]
+            await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
+            body = {"model": f.model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}
+            done.append(await kill_round(session, setup.url, setup.port, [body] * 3, restart(f), f.name))
+            if (i + 1) % 20 == 0:
+                say(f"fake kills: {i + 1} done")
+        result = {"target": "fake", **await rounds_summary(session, setup.url, done, kills)}
+    say(f"fake kills: {result['outcomes']}, leaked after: {result['slots_after']}")
+    return result
+
+
+async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict:
+    """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
+    The stream on the other must finish, and once the dead one's stream has its error event (the
+    proxy has then marked it unhealthy), new requests must be answered by the survivor."""
+    after = Tally()
+
+    async def then() -> None:  # requests right after each kill, counted in `after`
+        await serves_again(session, setup.url, [{"model": "mm", "prompt": "x"}] * 4, HANG_SECONDS, after)
+
+    async with fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], 8) as setup:
+        say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
+        done: list[dict] = []
+        for i in until(n, deadline):
+            await healthy(session, setup.url, ["f0", "f1"], min(deadline, time.monotonic() + 60), tuple(setup.fakes))
+            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded); each
+            # its own prompt, or cache-aware routing sends the second after the first, to f0's free slot
+            bodies = [{"model": "mm", "prompt": f"long {i}.{k}", "stream": True,
+                       "x_fake": {"chunks": 200, "interval": 0.005}} for k in range(2)]
+            done.append(await kill_round(session, setup.url, setup.port, bodies, restart(setup.fakes[0]), None, then))
+        result = {"target": "fake", **await rounds_summary(session, setup.url, done, n),
+                  "requests_after_failure": {"sent": after.sent, "statuses": dict(after.statuses),
+                                             "unanswered": after.unanswered, "error_codes": dict(after.codes)}}
+    say(f"fake failover: {result['outcomes']}, requests after: {dict(after.statuses)}")
+    return result
+
+
 # == faults: client disconnects =====================================================================
-async def disconnects(proxy_port: int, models: list[str], n: int, clients: int, body_for, deadline: float) -> dict:
-    """`n` requests closed early from `clients` concurrent loops, half by FIN, half by RST: 6 in 8
-    streams after 1-3 chunks (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading
-    (`early`: queued, or just admitted), 1 in 8 non-streamed requests 20-80 ms after sending
-    (`plain`: queued, or the worker still computing the answer)."""
-    rng = random.Random(7)
-    kinds: dict = {}
-    ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
-    counter = iter(range(n))
-
-    async def leave(i: int) -> str:
-        model, how = models[i % len(models)], "rst" if (i // 8) % 2 else "fin"
-        early = {3: "early", 7: "plain"}.get(i % 8)
-        s = None
-        rid = f"load-bench-{os.getpid()}-{i}"
-        try:
-            async with asyncio.timeout(HANG_SECONDS):
-                s = await RawStream.open(HOST, proxy_port, body_for(model, early != "plain"), rid)
-                if early:
-                    await asyncio.sleep(rng.uniform(0.02, 0.08))
-                    kind = f"{early}/{how}"
-                elif (status := await s.headers()) != 200:
-                    kind = f"status_{status}"
-                else:
-                    kind = f"mid-stream/{how}" if await s.until_events(rng.randint(1, 3)) else "ended_early"
-        except TimeoutError:
-            kind = "hung"
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-            kind = "connection_error"
-        finally:
-            if s is not None:
-                s.close(how)
-        ids[rid] = kind
-        return kind
-
-    async def loop():
-        for i in counter:
-            if time.monotonic() > deadline:
-                return
-            count(kinds, await leave(i))
-
-    await asyncio.gather(*(loop() for _ in range(clients)))
-    return {"disconnects": sum(kinds.values()), "kinds": kinds, "hung": kinds.get("hung", 0),
-            "connection_errors": kinds.get("connection_error", 0), "ids": ids}
-
-
 async def disconnect_phase(session, url: str, port: int, log: Path, models: list[str], n: int, clients: int, body_for,
                            deadline: float, idle, again: list[dict]) -> tuple[dict, tuple]:
-    """The disconnects, then: the proxy's slots settled, the upstream idle (`idle`, a settle check: how long
-    it took), the status the proxy logged for each request, its 499 counter, and `again` served."""
+    """`n` requests closed early from `clients` concurrent loops, half by FIN, half by RST: 6 in 8 streams after
+    1-3 chunks (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading (`early`: queued, or just
+    admitted), 1 in 8 non-streamed requests 20-80 ms after sending (`plain`: queued, or the worker still computing
+    the answer). Then: the proxy's slots settled, the upstream idle (`idle`, a settle check: how long it took), the
+    status the proxy logged for each request, its 499 counter, and `again` served."""
+    rng = random.Random(7)
+    ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
+    counter = until(n, deadline)
+
+    async def leave() -> None:
+        for i in counter:
+            model, how = models[i % len(models)], "rst" if (i // 8) % 2 else "fin"
+            early = {3: "early", 7: "plain"}.get(i % 8)
+            s, rid = None, f"load-bench-{os.getpid()}-{i}"
+            try:
+                async with asyncio.timeout(HANG_SECONDS):
+                    s = await RawStream.open(HOST, port, body_for(model, early != "plain"), rid)
+                    if early:
+                        await asyncio.sleep(rng.uniform(0.02, 0.08))
+                        kind = f"{early}/{how}"
+                    elif (status := await s.headers()) != 200:
+                        kind = f"status_{status}"
+                    else:
+                        kind = f"mid-stream/{how}" if await s.until_events(rng.randint(1, 3)) else "ended_early"
+            except TimeoutError:
+                kind = "hung"
+            except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+                kind = "connection_error"
+            finally:
+                if s is not None:
+                    s.close(how)
+            ids[rid] = kind
+
     m0 = await get_metrics(session, url)
-    r = await disconnects(port, models, n, clients, body_for, deadline)
+    await asyncio.gather(*(leave() for _ in range(clients)))
     ok, value = await settle(proxy_slots(session, url), SETTLE_SECONDS)
     # The proxy frees its slot first and then closes the upstream connection, so the
     # upstream notices a moment later: poll, and report how long it took.
@@ -401,27 +349,23 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
     idle_seconds = round(time.monotonic() - t_idle, 2)
     m1 = await get_metrics(session, url)
     served = await serves_again(session, url, again, HANG_SECONDS)
-    ids = r.pop("ids")
     seen = {e["request_id"]: e.get("status") for e in request_events(log) if e.get("request_id") in ids}
-    by_kind: dict[str, dict] = {}
+    by_kind: dict[str, Counter] = {}
     for rid, kind in ids.items():
-        count(by_kind.setdefault(kind, {}), str(seen.get(rid, "not logged")))
-    totals: dict = {}
-    for statuses in by_kind.values():
-        for status, k in statuses.items():
-            totals[status] = totals.get(status, 0) + k
-    r.update(requested=n, slots_after=value, leaked_after=not ok, proxy_logged=totals, proxy_logged_by_kind=by_kind,
-             proxy_499=_delta(m0, m1, "mtpstack_proxy_requests_total", "499"), serves_again=served)
+        by_kind.setdefault(kind, Counter())[str(seen.get(rid, "not logged"))] += 1
+    total_499 = lambda m: sum(v for k, v in m.get("mtpstack_proxy_requests_total", {}).items()  # noqa: E731
+                              if ("status", "499") in k)
+    kinds = Counter(ids.values())
+    r = {"disconnects": len(ids), "kinds": dict(kinds), "hung": kinds["hung"],
+         "connection_errors": kinds["connection_error"], "requested": n, "slots_after": value, "leaked_after": not ok,
+         "proxy_logged": dict(sum(by_kind.values(), Counter())),
+         "proxy_logged_by_kind": {k: dict(c) for k, c in by_kind.items()},
+         "proxy_499": int(total_499(m1) - total_499(m0)), "serves_again": served}
     return r, (idle_ok, idle_value, idle_seconds)
 
 
-def _delta(m0: dict, m1: dict, name: str, status: str) -> int:
-    total = lambda m: sum(v for k, v in m.get(name, {}).items() if ("status", status) in k)  # noqa: E731
-    return int(total(m1) - total(m0))
-
-
 async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
-    async with started(fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], 16)) as setup:
+    async with fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], 16) as setup:
         say(f"fake disconnects: {n} from 16 clients over {len(setup.fakes)} upstreams of gate 2")
         models = [f.model for f in setup.fakes]
 
@@ -435,16 +379,16 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
             lambda model, stream: {"model": model, "prompt": "long", "stream": stream,
                                    "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
             deadline, upstreams_idle, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
-        result = {
-            "target": "fake", **r,
-            "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
-            "upstream_idle_after_seconds": idle_seconds,
-            "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
-            "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
-        }
-        say(f"fake disconnects: {r['kinds']}, slots after: {r['slots_after']}, "
-            f"upstream active: {result['upstream_active_after']}")
-        return result
+    result = {
+        "target": "fake", **r,
+        "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
+        "upstream_idle_after_seconds": idle_seconds,
+        "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
+        "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
+    }
+    say(f"fake disconnects: {r['kinds']}, slots after: {r['slots_after']}, "
+        f"upstream active: {result['upstream_active_after']}")
+    return result
 
 
 # == faults: the real stack ========================================================================
@@ -452,8 +396,7 @@ class RealStack:
     """`mtpstack up` as a subprocess: native workers (`w0`, `w1`...) on tiny models, width 2, gate 2.
     What it started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
 
-    def __init__(self, workdir: Path, target: Path, drafter: Path, width: int = 2, workers: int = 1,
-                 name: str = "real"):
+    def __init__(self, workdir: Path, target: Path, drafter: Path, workers: int, name: str, width: int = 2):
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port, self.width = free_port(), width
@@ -469,31 +412,29 @@ class RealStack:
         self.run_dir, self.url, self.log = self.dir / "run", url_of(HOST, self.port), self.dir / "up.log"
         self.proc: Process | None = None
 
-    def status(self) -> dict:
-        """`mtpstack status`'s document for this run; {} before `mtpstack up` has written its run directory."""
+    async def status(self) -> dict:
+        """`mtpstack status`'s document for this run (it asks the processes over HTTP: in a thread); {} before
+        `mtpstack up` has written its run directory."""
         from mtpstack.status import StatusError, collect
 
         try:
-            return collect(self.run_dir)
+            return await asyncio.to_thread(collect, self.run_dir)
         except StatusError:
             return {}
-
-    async def astatus(self) -> dict:
-        return await asyncio.to_thread(self.status)  # it asks the processes over HTTP
 
     def pids(self, status: dict) -> list[int]:
         workers = status.get("workers", {}).values()
         return [p for p in [status.get("proxy", {}).get("pid"), *(w.get("pid") for w in workers)] if p]
 
     async def worker(self, name: str = "w0") -> dict:
-        return (await self.astatus()).get("workers", {}).get(name, {})
+        return (await self.status()).get("workers", {}).get(name, {})
 
     async def restarted(self, name: str, pid: int) -> None:
         """Until `mtpstack up` has restarted the worker `pid` was (up to 60 s)."""
         end = time.monotonic() + 60
         while (await self.worker(name)).get("pid") in (None, pid) and time.monotonic() < end:
             await asyncio.sleep(0.2)
-        UP_CHILDREN.extend(self.pids(await self.astatus()))
+        UP_CHILDREN.extend(self.pids(await self.status()))
 
     async def wait_ready(self, timeout: float) -> None:
         """Until the proxy is ready; `runtime.StartError` when `mtpstack up` exits first or `timeout` passes."""
@@ -502,60 +443,64 @@ class RealStack:
     async def start(self) -> None:
         argv = [sys.executable, "-m", "mtpstack", "up", str(self.config_path), "--run-dir", str(self.run_dir),
                 "--health-timeout", "180"]
+        t0 = time.monotonic()
         self.proc = CHILDREN.start(argv, log_path=self.log, name="mtpstack up", kind="stack", url=self.url, cwd=ROOT)
         await self.wait_ready(240)
-        UP_CHILDREN.extend(self.pids(await self.astatus()))
+        self.startup_seconds = round(time.monotonic() - t0, 1)
+        UP_CHILDREN.extend(self.pids(await self.status()))
 
-    def stop(self) -> None:
-        pids = self.pids(self.status())
+    async def stop(self) -> None:
+        pids = self.pids(await self.status())
         if self.proc is not None:
             self.proc.stop(timeout=45)
         for pid in pids:
             kill_if_ours(pid)  # only if `mtpstack up` left one behind
 
 
-def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream: bool | None = None) -> dict:
-    rng = random.Random(i)
-    stream = rng.random() < 0.5 if stream is None else stream
-    n = max_tokens or rng.randint(8, 32)
-    if i % 2:
-        return {"model": model, "messages": [{"role": "user", "content": f"Write a function number {i}."}],
-                "max_tokens": n, "temperature": 0, "stream": stream}
-    return {"model": model, "prompt": f"def f{i}(x):\n", "max_tokens": n, "temperature": 0, "stream": stream}
-
-
-async def real_phase(session, workdir: Path, out: dict, *, requests: int, clients: int, n_disconnects: int, kills: int,
-                     deadline: float) -> None:
-    """Load, disconnects and kills on one `mtpstack up` stack; fills `out` as it goes, so a failure part-way
-    keeps the figures of what finished."""
+@contextlib.asynccontextmanager
+async def real_stack(workdir: Path, name: str, workers: int = 1):
+    """A `RealStack` on tiny models built for it, started; an error names `mtpstack up`'s log tail; stopped on exit."""
     from devkit.demo.tiny import build_tiny_pair
 
-    say("real: building tiny models and starting `mtpstack up`")
-    target, drafter = build_tiny_pair(workdir / "models", seed=0)
-    stack = RealStack(workdir, target, drafter)
-    out.update({"width": stack.width, "gate": stack.width})
+    target, drafter = build_tiny_pair(workdir / f"{name}-models", seed=0)
+    stack = RealStack(workdir, target, drafter, workers, name)
     try:
-        t0 = time.monotonic()
         await stack.start()
-        out["startup_seconds"] = round(time.monotonic() - t0, 1)
-        status = await stack.astatus()
-        worker_url = status["workers"]["w0"]["url"]
-        out["load"] = await real_load(session, stack, worker_url, status["proxy"]["pid"], requests, clients, deadline)
-        if n_disconnects:
-            log = Path(status["proxy"]["log"])
-            out["disconnects"] = await real_disconnects(session, stack, worker_url, log, n_disconnects, deadline)
-        if kills:
-            out["kills"] = await real_kills(session, stack, kills, deadline)
+        yield stack
     except StartError:
         raise  # it names `mtpstack up` and ends with its log tail
     except Exception as e:
         raise RuntimeError(f"{e}\n`mtpstack up` log tail ({stack.log}):\n{tail_text(stack.log, 12)}") from e
     finally:
-        stack.stop()
+        await stack.stop()
 
 
-async def real_load(session, stack: RealStack, worker_url: str, proxy_pid: int, requests: int, clients: int,
-                    deadline: float) -> dict:
+def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream: bool | None = None) -> dict:
+    rng = random.Random(i)
+    stream = rng.random() < 0.5 if stream is None else stream
+    return request(model, f"Write a function number {i}." if i % 2 else f"def f{i}(x):\n", i % 2 == 1,
+                   max_tokens=max_tokens or rng.randint(8, 32), temperature=0, stream=stream)
+
+
+async def real_phase(session, workdir: Path, result: dict, *, requests: int, disconnects: int, kills: int,
+                     deadline: float) -> None:
+    """Load, disconnects and kills on one `mtpstack up` stack, each stored in `result` as it ends, so a
+    failure part-way keeps the figures of what finished."""
+    say("real: building tiny models and starting `mtpstack up`")
+    async with real_stack(workdir, "real") as stack:
+        result["real_startup_seconds"] = stack.startup_seconds
+        status = await stack.status()
+        worker_url = status["workers"]["w0"]["url"]
+        result["load"].append(await real_load(session, stack, worker_url, status["proxy"]["pid"], requests, deadline))
+        if disconnects:
+            log = Path(status["proxy"]["log"])
+            result["real_disconnects"] = await real_disconnects(session, stack, worker_url, log, disconnects, deadline)
+        if kills:
+            result["real_kills"] = await real_kills(session, stack, kills, deadline)
+
+
+async def real_load(session, stack: RealStack, worker_url: str, proxy_pid: int, requests: int, deadline: float,
+                    clients: int = 16) -> dict:
     say(f"real load: {requests} requests from {clients} clients")
     w0 = await get_metrics(session, worker_url)
     targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
@@ -595,23 +540,21 @@ async def real_disconnects(session, stack: RealStack, worker_url: str, proxy_log
 
 async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> dict:
     say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
-    rounds = []
-    for i in range(kills):
-        if time.monotonic() > deadline:
-            break
+    done = []
+    for i in until(kills, deadline):
         await stack.wait_ready(min(180, max(1, deadline - time.monotonic())))
         pid = (await stack.worker())["pid"]
-        body = real_body(i, max_tokens=400, stream=True)
         kill = lambda pid=pid: signal_group(pid, signal.SIGKILL)  # noqa: E731
-        rounds.append(await kill_round(session, stack.url, stack.port, body, kill, "w0"))
+        done.append(await kill_round(session, stack.url, stack.port, [real_body(i, max_tokens=400, stream=True)] * 3,
+                                     kill, "w0"))
         await stack.restarted("w0", pid)
-        say(f"real kills: {i + 1} done: {rounds[-1]['outcomes']}")
+        say(f"real kills: {i + 1} done: {done[-1]['outcomes']}")
     try:
         await stack.wait_ready(180)
         back = True
     except StartError:
         back = False
-    summary = await rounds_summary(session, stack.url, rounds, kills)
+    summary = await rounds_summary(session, stack.url, done, kills)
     bodies = [real_body(i, max_tokens=8) for i in range(2)]
     again = await serves_again(session, stack.url, bodies, HANG_SECONDS) if back else None
     return {"target": "real", **summary, "restarts": (await stack.worker()).get("restarts"), "serves_again": again}
@@ -636,9 +579,10 @@ def logged_requests(log: Path, ids) -> dict[str, dict]:
 FAILOVER_CLIENTS, FAILOVER_PAUSE = 6, (0.0, 0.4)
 
 
-async def _both_healthy(session, stack: RealStack, deadline: float) -> None:
+async def _both_serve(session, stack: RealStack, deadline: float) -> None:
     if not await healthy(session, stack.url, ("w0", "w1"), deadline):
         raise RuntimeError("the two workers were not both healthy before the deadline")
+    await asyncio.sleep(1.0)  # both serve the load
 
 
 async def _kill_w0(session, stack: RealStack, busy: bool, deadline: float) -> float:
@@ -660,14 +604,10 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
     again (`mtpstack up` restarts it): in turn while it holds requests (they fail, and mark it
     unhealthy) and while it holds none (the next requests sent to it find it dead: only failover
     keeps them from a 502). Every request's outcome is matched with the proxy's log line."""
-    from devkit.demo.tiny import build_tiny_pair
-
     say(f"real failover: building tiny models, `mtpstack up` with two workers; {kills} SIGKILLs of w0 under load")
-    target, drafter = build_tiny_pair(workdir / "failover-models", seed=0)
-    stack = RealStack(workdir, target, drafter, workers=2, name="failover")
     outcomes: dict[str, str] = {}
     kill_times: list[float] = []
-    kill_kinds: list[str] = []
+    kill_kinds = ["busy" if k % 2 == 0 else "idle" for k in range(kills)]  # in turn: while it holds requests, and none
     stop = asyncio.Event()
 
     async def client(c: int) -> None:
@@ -679,28 +619,22 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
             i += 1
             await asyncio.sleep(rng.uniform(*FAILOVER_PAUSE))
 
-    try:
-        await stack.start()
-        proxy_log = Path((await stack.astatus())["proxy"]["log"])
+    async with real_stack(workdir, "failover", workers=2) as stack:
+        proxy_log = Path((await stack.status())["proxy"]["log"])
         tasks = [asyncio.create_task(client(c)) for c in range(clients)]
         try:
-            for k in range(kills):
-                await _both_healthy(session, stack, deadline)
-                await asyncio.sleep(1.0)  # both serve the load
-                kill_kinds.append("busy" if k % 2 == 0 else "idle")  # in turn: while it holds requests, and none
-                kill_times.append(await _kill_w0(session, stack, k % 2 == 0, deadline))
-                say(f"real failover: kill {k + 1} done, {len(outcomes)} requests so far")
-            await _both_healthy(session, stack, deadline)
-            await asyncio.sleep(1.0)
+            for kind in kill_kinds:
+                await _both_serve(session, stack, deadline)
+                kill_times.append(await _kill_w0(session, stack, kind == "busy", deadline))
+                say(f"real failover: kill {len(kill_times)} done, {len(outcomes)} requests so far")
+            await _both_serve(session, stack, deadline)
         finally:
             stop.set()
             await asyncio.gather(*tasks)
         await asyncio.sleep(0.5)  # the last request lines reach the log
         counts = failover_counts(outcomes, logged_requests(proxy_log, outcomes), kill_times, "w0")
-    finally:
-        stack.stop()
-    result = {"target": "real", "requested": kills, "kills": len(kill_times), "kill_kinds": kill_kinds,
-              "clients": clients, **counts}
+    result = {"target": "real", "requested": kills, "kills": len(kill_times),
+              "kill_kinds": kill_kinds[:len(kill_times)], "clients": clients, **counts}
     say(f"real failover: {result['ok']} ok of {result['requests']}, errors {result['errors']}, "
         f"failed over {result['failed_over']}")
     return result
@@ -710,46 +644,44 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
 QUICK = {"requests": 2000, "bound_requests": 300, "kills": 10, "failovers": 4, "disconnects": 100, "real_requests": 40,
          "real_disconnects": 20, "real_kills": 1, "real_failovers": 1, "deadline": 300}
 FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20, "disconnects": 1000,
-        "real_requests": 300,
-        "real_disconnects": 200, "real_kills": 5, "real_failovers": 5, "deadline": 1100}
+        "real_requests": 300, "real_disconnects": 200, "real_kills": 5, "real_failovers": 5, "deadline": 1100}
 #: What `--only` selects: the fake loads, the fake queue bounds, then each phase by its result key.
 PHASE_KEYS = ("load", "bound", "fake_kills", "fake_failover", "fake_disconnects", "real", "real_failover")
 
 
-def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: float, real: dict) -> list:
-    """(name, run it, what `--only` calls it) of each phase, in order; the real phase fills `real`."""
-    phases = []
-    for select, n, waiting in (("load", args.requests, 64), ("bound", args.bound_requests, 16)):
-        for gate in (2, 4):
-            run = lambda g=gate, n=n, w=waiting: fake_load(  # noqa: E731
-                session, workdir, gate=g, requests=n, clients=64, max_waiting=w, deadline=deadline)
-            phases.append((f"fake {'load' if select == 'load' else 'queue bound'} gate {gate}", run, select))
-    phases += [("fake kills", lambda: fake_kills(session, workdir, args.kills, deadline), "fake_kills"),
-               ("fake failover", lambda: fake_failover(session, workdir, args.failovers, deadline), "fake_failover"),
-               ("fake disconnects", lambda: fake_disconnects(session, workdir, args.disconnects, deadline),
-                "fake_disconnects")]
-    if not args.skip_real:
-        phases.append(("real stack", lambda: real_phase(session, workdir, real, requests=args.real_requests, clients=16,
-                                                         n_disconnects=args.real_disconnects, kills=args.real_kills,
-                                                         deadline=deadline), "real"))
+def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: float, result: dict) -> list:
+    """(name, what `--only` calls it and the key of its figures, run it) of each phase, in order."""
+    def load(gate: int, n: int, waiting: int):
+        return lambda: fake_load(session, workdir, gate=gate, requests=n, clients=64, max_waiting=waiting,
+                                 deadline=deadline)
+
+    phases = [(f"fake {what} gate {gate}", key, load(gate, n, waiting))
+              for key, what, n, waiting in (("load", "load", args.requests, 64),
+                                            ("bound", "queue bound", args.bound_requests, 16)) for gate in (2, 4)]
+    phases += [("fake kills", "fake_kills", lambda: fake_kills(session, workdir, args.kills, deadline)),
+               ("fake failover", "fake_failover", lambda: fake_failover(session, workdir, args.failovers, deadline)),
+               ("fake disconnects", "fake_disconnects",
+                lambda: fake_disconnects(session, workdir, args.disconnects, deadline))]
+    if not args.skip_real:  # the real phase stores its figures itself, as each part ends
+        phases.append(("real stack", "real", lambda: real_phase(
+            session, workdir, result, requests=args.real_requests, disconnects=args.real_disconnects,
+            kills=args.real_kills, deadline=deadline)))
         if args.real_failovers:
-            phases.append(("real failover", lambda: real_failover(session, workdir, kills=args.real_failovers,
-                                                                   clients=FAILOVER_CLIENTS, deadline=deadline),
-                           "real_failover"))
+            phases.append(("real failover", "real_failover", lambda: real_failover(
+                session, workdir, kills=args.real_failovers, clients=FAILOVER_CLIENTS, deadline=deadline)))
     return phases
 
 
-async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     for key in FULL:
         if getattr(args, key) is None:
             setattr(args, key, (QUICK if args.quick else FULL)[key])
     deadline = time.monotonic() + args.deadline
     result: dict = {"load": [], "errors": []}
-    real: dict = {}
     connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        for name, phase, select in fault_phases(session, args, workdir, deadline, real):
-            if args.only and select not in args.only:
+        for name, key, phase in fault_phases(session, args, workdir, deadline, result):
+            if args.only and key not in args.only:
                 continue
             if time.monotonic() > deadline:
                 result["errors"].append(f"{name}: not started, the run's deadline of {args.deadline} s passed")
@@ -759,18 +691,13 @@ async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[st
             except Exception as e:  # noqa: BLE001 - one failed phase must not hide the others' figures
                 say(f"{name} failed: {type(e).__name__}: {e}")
                 result["errors"].append(f"{name}: {type(e).__name__}: {e}")
-                if select != "real":
-                    continue
-            if select in ("load", "bound"):
+                continue
+            if key in ("load", "bound"):
                 result["load"].append(r)
-            elif select == "real":  # what the real phase measured, also before it failed
-                result["load"] += [real["load"]] if "load" in real else []
-                result.update({f"real_{k}": real[k] for k in ("disconnects", "kills") if k in real})
-                result["real_startup_seconds"] = real.get("startup_seconds")
-            else:
-                result[select] = r
+            elif r is not None:
+                result[key] = r
     result["meta"] = {"settings": {k: getattr(args, k) for k in FULL}}
-    return result, [], all(passed for passed, _ in checks(result)) and not result["errors"]
+    return result, all(passed for passed, _ in checks(result)) and not result["errors"]
 
 
 # == hostile: input at volume =======================================================================
@@ -798,19 +725,14 @@ HOSTILE_COUNTS = {
 }
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def counted(n: int, one, **zeros: int) -> dict:
     """`one(i)` for each of `n` generated cases, one at a time, and what each returns counted (a name: that
     count; an int: that status); the counts, the statuses and the seconds they took."""
-    counts, statuses = dict(zeros), {}
+    counts, statuses = Counter(zeros), Counter()
     started_at = time.monotonic()
     for i in range(n):
         for key in one(i):
-            count(statuses if isinstance(key, int) else counts, key)
+            (statuses if isinstance(key, int) else counts)[key] += 1
     return {**counts, "statuses": dict(sorted(statuses.items())), "seconds": round(time.monotonic() - started_at, 1)}
 
 
@@ -876,22 +798,8 @@ def slow(port: int, n: int) -> dict:
     }
 
 
-def _log_lines(path: Path) -> tuple[int, int, int]:
-    """(lines, lines that are not one JSON object, lines carrying a traceback)."""
-    lines = path.read_text(errors="replace").splitlines()
-    bad = 0
-    for line in lines:
-        try:
-            bad += not isinstance(json.loads(line), dict)
-        except ValueError:
-            bad += 1
-    return len(lines), bad, sum("Traceback" in line for line in lines)
-
-
 def unrouted(url: str) -> int:
     """How many requests to paths and methods no route serves were answered other than in OpenAI's error shape."""
-    from devkit.raw_http import json_answer
-
     wrong = 0
     for method, path in UNROUTED:
         try:
@@ -907,7 +815,6 @@ def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
     """`n` generated hostile agent requests, one at a time (a third of them on `/v1/messages`):
     statuses, and refusals that are not JSON in their API's shape or (400s) name no field."""
     from devkit.hostile import anthropic_refusal_names_a_field, random_agent_request, random_messages_request
-    from devkit.raw_http import json_answer
 
     rng = random.Random(seed)
 
@@ -924,7 +831,7 @@ def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
         if anthropic:
             named = anthropic_refusal_names_a_field(payload)
         else:
-            named = isinstance(payload, dict) and payload.get("error", {}).get("param")
+            named = isinstance(payload, dict) and (payload.get("error") or {}).get("param")
         return [*got, status, *["5xx"] * (status >= 500), *["unnamed_400"] * (status == 400 and not named)]
 
     return counted(n, one, requests=n, messages=0, **{"5xx": 0}, hangs=0, not_json=0, unnamed_400=0)
@@ -936,15 +843,15 @@ def run_proxy(tmp: Path, n: int, n_slow: int, n_agent: int, seed: int) -> dict:
         out = {"malformed": malformed(port, n, seed, "m", proc.alive), "slow": slow(port, n_slow),
                "agent": agent_requests(running.url, n_agent, seed, "m"), "unrouted_not_json": unrouted(running.url)}
         time.sleep(0.5)
-        ready = _get(f"{running.url}/readyz")
+        ready = json_answer(f"{running.url}/readyz", timeout=10)[2]
         out["leaked_slots"] = (sum(w["inflight"] for w in ready["workers"].values())
                                + sum(m["waiting"] for m in ready["models"].values()))
         out["crashed"] = int(not proc.alive())
-    lines, not_json, tracebacks = _log_lines(log)
-    entries = [json.loads(line) for line in log.read_text().splitlines()]
-    out["log"] = {"lines": lines, "not_one_json_object": not_json, "with_traceback_field": tracebacks,
-                  "internal_errors": sum(e.get("code") == "internal_error" for e in entries),
-                  "logged_5xx": sum(e.get("event") == "request" and e.get("status", 0) >= 500 for e in entries)}
+    lines, events = log_events(log)
+    out["log"] = {"lines": len(lines), "not_one_json_object": len(lines) - len(events),
+                  "with_traceback_field": sum("Traceback" in line for line in lines),
+                  "internal_errors": sum(e.get("code") == "internal_error" for e in events),
+                  "logged_5xx": sum(e.get("event") == "request" and e.get("status", 0) >= 500 for e in events)}
     return out
 
 
@@ -969,14 +876,20 @@ def hostile_worker(target: Path, drafter: Path, log: Path, python: str = sys.exe
         proc.stop(30)
 
 
+def worker_after(proc: Process, pause: float) -> dict:
+    """`pause` after its clients are done: the slots a worker still holds, and whether it died."""
+    time.sleep(pause)
+    active = json_answer(f"{proc.url}/health", timeout=10)[2]["active"]
+    return {"leaked_slots": active, "crashed": int(not proc.alive())}
+
+
 def run_worker(tmp: Path, n: int, seed: int) -> dict:
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     log = tmp / "worker.log"
     with hostile_worker(DEMO_TARGET, DEMO_HEAD, log) as (proc, port):
         out = {"malformed": malformed(port, n, seed, "tiny", proc.alive), "unrouted_not_json": unrouted(proc.url)}
-        time.sleep(0.5)
-        out.update(leaked_slots=_get(f"{proc.url}/health")["active"], crashed=int(not proc.alive()))
+        out.update(worker_after(proc, 0.5))
     return {**out, "log_tracebacks": log.read_text(errors="replace").count("Traceback")}
 
 
@@ -1006,7 +919,7 @@ def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
     """The agent surfaces on a worker whose template has a tool-call format."""
     from devkit.demo.agent import build_agent_pair
     from devkit.hostile import AGENT_SEEDS, agent_stream, seed_request
-    from devkit.raw_http import json_answer, leave_streams
+    from devkit.raw_http import leave_streams
 
     target, drafter = build_agent_pair(tmp / "agent", seed=0)
     log = tmp / "agent-worker.log"
@@ -1015,16 +928,16 @@ def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
         for name in sorted(AGENT_SEEDS):
             path, body, param = seed_request(name, "tiny")
             status, _, payload = json_answer(proc.url + path, "POST", JSON, body, timeout=HOSTILE_HANG)
-            if (status, payload.get("error", {}).get("param")) != (400, param):
+            if (status, (payload.get("error") or {}).get("param")) != (400, param):
                 wrong_seeds.append(name)
         out = {"seeds": len(AGENT_SEEDS), "seeds_not_named": len(wrong_seeds),
                "requests": agent_requests(proc.url, n, seed, "tiny")}
         asyncio.run(leave_streams(HOST, port, [agent_stream(i) for i in range(n_cut)]))
         out.update(cut_streams=n_cut, stall=stall(proc.url, repeats))
-        time.sleep(1.0)  # the cut streams' sequences are dropped within a step
-        out.update(leaked_slots=_get(f"{proc.url}/health")["active"], crashed=int(not proc.alive()))
-    _, out["log_not_json"], tracebacks = _log_lines(log)
-    out["log_errors"] = tracebacks + log.read_text(errors="replace").count('"level": "error"')
+        out.update(worker_after(proc, 1.0))  # the cut streams' sequences are dropped within a step
+    lines, events = log_events(log)
+    out["log_not_json"] = len(lines) - len(events)
+    out["log_errors"] = sum(("Traceback" in line) + line.count('"level": "error"') for line in lines)
     return out
 
 
@@ -1039,9 +952,7 @@ def flood_round(url: str, n: int, first: int, tag: str) -> dict:
     idle, loaded, result = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
                                    lambda: flood(url, flood_bodies(range(first, first + n)), probes,
                                                  timeout=HOSTILE_HANG * 2))
-    kinds: dict[str, int] = {}
-    for a in result.hostile:
-        count(kinds, flood_answer_kind(a.status, a.error()))
+    kinds = Counter(flood_answer_kind(a.status, a.error()) for a in result.hostile)
     return {
         "hostile": dict(sorted(kinds.items())),
         "probes": {name: {"status": a.status, "seconds": round(a.seconds, 3), "code": a.error().get("code")}
@@ -1074,7 +985,7 @@ def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
     return out
 
 
-async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     phases = {
         "validate": lambda: configs(args.configs, args.seed, workdir),
         "proxy": lambda: run_proxy(workdir, args.requests, args.slow, args.agent, args.seed),
@@ -1086,19 +997,21 @@ async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[s
     for name in HOSTILE_PHASES:
         if name in args.only:
             result[name] = await asyncio.to_thread(phases[name])  # blocking clients; `run_agent` runs a loop of its own
-    return result, hostile_lines(result), all(v == 0 for v in must_be_zero(result).values())
+    return result, all(v == 0 for v in must_be_zero(result).values())
 
 
 # == proxy: what the admission proxy costs ============================================================
 #: Pause between chunks of the paced upstream: a few ms, as a model writes tokens; its wait before a plain answer.
 PACED_INTERVAL, PACED_DELAY = 0.002, 0.02
-#: Per cell, per target, per round: (requests at 1 client, requests at 4 clients).
+#: Per cell, per target, per round: (requests at 1 client, requests at 4 clients); the warm-up's, discarded.
 PROXY_COUNTS = {("plain", "instant"): (200, 400), ("plain", "paced"): (20, 40), ("sse", "instant"): (10, 20),
                 ("sse", "paced"): (2, 8)}
-WARMUP_PLAIN, WARMUP_STREAMS = 50, 2
+WARMUP_COUNTS = {("plain", "instant"): (50,), ("plain", "paced"): (5,), ("sse", "instant"): (2,),
+                 ("sse", "paced"): (2,)}
 #: How often the page polls `/v1/fleet/status` (the page's own POLL_MS).
 DASHBOARD_POLL_SECONDS = 1.0
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
+CHAT = "/v1/chat/completions"
 
 
 async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
@@ -1142,28 +1055,23 @@ class PagePoller:
 
 async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict, str | None]:
     """The two scripted upstreams, one `mtpstack proxy` per loop (and the baseline's), nginx: each target's
-    URL per upstream mode, and the pid whose CPU counts for it (the upstream's own for `direct`)."""
+    base URL per upstream mode, and the pid whose CPU counts for it (the upstream's own for `direct`)."""
     urls: dict[str, dict[str, str]] = {"direct": {}}
     pids: dict[str, dict[str, int]] = {"direct": {}}
-    ports: dict[str, int] = {}
+    workers = {}
     for mode, interval, delay in (("instant", 0.0, 0.0), ("paced", PACED_INTERVAL, PACED_DELAY)):
-        up = await fake_process(CHILDREN, workdir, f"upstream-{mode}", 4, "--chunks", str(PROXY_CHUNKS), "--interval",
-                                str(interval), "--delay", str(delay), *(["--stamp"] if mode == "paced" else []))
-        urls["direct"][mode], pids["direct"][mode] = f"{up.url}/v1/chat/completions", up.process.pid
-        ports[mode] = up.port
+        stamp = ["--stamp"] if mode == "paced" else []
+        up = await fake_process(CHILDREN, workdir, f"upstream-{mode}", mode, 4, "--chunks", str(PROXY_CHUNKS),
+                                "--interval", str(interval), "--delay", str(delay), *stamp)
+        urls["direct"][mode], pids["direct"][mode], workers[mode] = up.url, up.process.pid, up.worker_config()
     ours = {f"mtpstack-{loop}": (sys.executable, ("--loop", loop)) for loop in args.loops or ()}
     ours = ours or {"mtpstack": (sys.executable, ())}
     if args.baseline:  # another checkout's proxy (its own venv's interpreter) in the same rounds
         ours["mtpstack-baseline"] = (args.baseline, ())
-    workers = {mode: {"model": mode, "target": {"path": f"/bench/{mode}", "bits": 4}, "maxNumSeqs": 4,
-                      "port": ports[mode]} for mode in ports}
     for name, (python, extra) in ours.items():
-        port = free_port()
-        config = {"proxy": {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}, "port": port},
-                  "workers": workers}
-        proc = await proxy_process(CHILDREN, workdir, name, config, python, extra)
-        urls[name] = {mode: f"{url_of(HOST, port)}/v1/chat/completions" for mode in workers}
-        pids[name] = dict.fromkeys(workers, proc.pid)
+        proxy = {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}}
+        proc = await proxy_process(CHILDREN, workdir, name, proxy, workers, python, extra)
+        urls[name], pids[name] = dict.fromkeys(workers, proc.url), dict.fromkeys(workers, proc.pid)
     nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
     if not nginx or args.no_nginx:
         say("nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only")
@@ -1173,23 +1081,22 @@ async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, di
     conf.write_text(nginx_conf(workdir, {listen[mode]: workers[mode]["port"] for mode in workers}))
     ng = CHILDREN.start([nginx, "-c", str(conf), "-p", str(workdir)], log_path=workdir / "nginx.log", name="nginx",
                         url=url_of(HOST, listen["instant"]), cwd=ROOT)
-    await asyncio.to_thread(ng.wait_ready, "/health", 30.0)
-    nginx_urls = {m: f"{url_of(HOST, p)}/v1/chat/completions" for m, p in listen.items()}
-    urls = {"direct": urls.pop("direct"), "nginx": nginx_urls, **urls}
+    await ready(ng, "/health", 30.0)
+    urls = {"direct": urls.pop("direct"), "nginx": {m: url_of(HOST, p) for m, p in listen.items()}, **urls}
     pids["nginx"] = dict.fromkeys(workers, ng.pid)
     return urls, pids, subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
 
 
-async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int) -> dict:
+async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int, counts: dict = PROXY_COUNTS) -> dict:
     """One round: every cell on every target, the targets in this round's order; each one's samples and CPU."""
     cells: dict = {}
-    for (kind, mode), (n1, n4) in PROXY_COUNTS.items():
-        for clients, n in ((1, n1), (4, n4)):
+    for (kind, mode), ns in counts.items():
+        for clients, n in zip((1, 4), ns):
             key = f"{kind}/{mode}/{clients}c"
             cell = cells[key] = {}
             for t in rotated(list(urls), rnd):
                 c0 = cpu_seconds(pids[t][mode])  # proxies: the proxy's CPU; direct: the upstream's own, for reference
-                s = await run_cell(sessions[t], urls[t][mode], kind, clients, n, mode)
+                s = await run_cell(sessions[t], urls[t][mode] + CHAT, kind, clients, n, mode)
                 cpu = cpu_seconds(pids[t][mode]) - c0
                 if s.errors:
                     print(f"warning: {s.errors} failed requests: {t} {key}", file=sys.stderr)
@@ -1198,21 +1105,15 @@ async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int) -> dict:
     return cells
 
 
-async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     urls, pids, nginx_version = await proxy_stack(args, workdir)
     ours = next(t for t in urls if t.startswith("mtpstack"))
-    poller = PagePoller(urls[ours]["instant"].removesuffix("/v1/chat/completions")) if args.dashboard_poll else None
+    poller = PagePoller(urls[ours]["instant"]) if args.dashboard_poll else None
     poll_task = asyncio.create_task(poller.run()) if poller is not None else None
     sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False) for t in urls}
     try:
-        for t in urls:  # warm-up, discarded
-            for mode in ("instant", "paced"):
-                await run_cell(sessions[t], urls[t][mode], "plain", 1, WARMUP_PLAIN if mode == "instant" else 5, mode)
-                await run_cell(sessions[t], urls[t][mode], "sse", 1, WARMUP_STREAMS, mode)
-        rounds, started_at = [], time.monotonic()
-        for rnd in range(args.rounds):
-            rounds.append(await proxy_round(sessions, urls, pids, rnd))
-            print(f"round {rnd + 1}/{args.rounds} done ({time.monotonic() - started_at:.0f} s)", file=sys.stderr)
+        await proxy_round(sessions, urls, pids, 0, WARMUP_COUNTS)  # discarded
+        measured = [await proxy_round(sessions, urls, pids, rnd) for rnd, _ in rounds(0, args.rounds)]
     finally:
         for s in sessions.values():
             await s.close()
@@ -1220,13 +1121,13 @@ async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str
             poll_task.cancel()
             await asyncio.gather(poll_task, return_exceptions=True)
     proxies = [t for t in urls if t != "direct"]
+    per_cell = lambda counts: {f"{k}/{m}": v for (k, m), v in counts.items()}  # noqa: E731
     meta = {"rounds": args.rounds, "loops": args.loops, "chunks": PROXY_CHUNKS, "paced_interval_s": PACED_INTERVAL,
-            "paced_delay_s": PACED_DELAY, "counts": {f"{k[0]}/{k[1]}": v for k, v in PROXY_COUNTS.items()},
-            "warmup": {"plain": WARMUP_PLAIN, "streams": WARMUP_STREAMS}, "aiohttp": aiohttp.__version__,
-            "nginx": nginx_version,
+            "paced_delay_s": PACED_DELAY, "counts": per_cell(PROXY_COUNTS), "warmup": per_cell(WARMUP_COUNTS),
+            "aiohttp": aiohttp.__version__, "nginx": nginx_version,
             "dashboard_poll": None if poller is None else {"interval_s": DASHBOARD_POLL_SECONDS, "polls": poller.polls,
                                                             "failed": poller.failed}}
-    return {"meta": meta, "summary": proxy_summary(rounds, proxies), "rounds": rounds, "proxies": proxies}, [], True
+    return {"meta": meta, "summary": proxy_summary(measured, proxies), "rounds": measured, "proxies": proxies}, True
 
 
 def loops_arg(value: str) -> list[str]:
@@ -1268,63 +1169,65 @@ async def tenant_phase(url: str, log: Path, tag: str, args: argparse.Namespace) 
             "flood_served": len(flood.latency), "flood_errors": flood.errors}
 
 
-async def tenant(args: argparse.Namespace, workdir: Path) -> tuple[dict, list[str], bool]:
+async def tenant(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     keys = workdir / "keys"
     keys.write_text("".join(f"{t} {k}\n" for t, k in KEYS.items()))
-    up_port = (await fake_process(CHILDREN, workdir, "upstream", args.gate)).port
-    urls, logs = {}, {}
+    workers = {"w": (await fake_process(CHILDREN, workdir, "upstream", "m", args.gate)).worker_config()}
+    urls = {}
     for mode, fair in TENANT_MODES.items():
-        port = free_port()
-        config = {"proxy": {"port": port, "concurrencyLimit": args.gate, "apiKeysFile": str(keys), "fairQueueing": fair,
-                            "queue": {"maxWaiting": 64, "timeoutSeconds": 120}},
-                  "workers": {"w": {"model": "m", "target": {"path": "/bench/m", "bits": 4}, "maxNumSeqs": args.gate,
-                                    "port": up_port}}}
-        await proxy_process(CHILDREN, workdir, f"proxy-{mode}", config)
-        urls[mode], logs[mode] = f"{url_of(HOST, port)}/v1/chat/completions", workdir / f"proxy-{mode}.log"
-    rounds = []
-    for rnd in range(args.rounds):
-        rounds.append({})
+        proxy = {"concurrencyLimit": args.gate, "apiKeysFile": str(keys), "fairQueueing": fair,
+                 "queue": {"maxWaiting": 64, "timeoutSeconds": 120}}
+        urls[mode] = (await proxy_process(CHILDREN, workdir, f"proxy-{mode}", proxy, workers)).url + CHAT
+    phases = []
+    for rnd, _ in rounds(0, args.rounds):
+        phases.append({})
         for mode in rotated(list(TENANT_MODES), rnd):
-            r = rounds[-1][mode] = await tenant_phase(urls[mode], logs[mode], f"steady-{rnd}-{mode}", args)
+            r = phases[-1][mode] = await tenant_phase(urls[mode], workdir / f"proxy-{mode}.log", f"steady-{rnd}-{mode}",
+                                                      args)
             print(f"round {rnd + 1}/{args.rounds} {mode}: steady p50 {percentile(r['steady_queue_wait'], 50):.3f} s, "
                   f"p95 {percentile(r['steady_queue_wait'], 95):.3f} s", file=sys.stderr)
     settings = {k: v for k, v in vars(args).items() if k != "out" and not callable(v)}
-    return {"rounds": rounds, "settings": settings}, [], True
+    return {"rounds": phases, "settings": settings}, True
 
 
 # == main ==============================================================================================
+def common_options(p: argparse.ArgumentParser, out: str | None) -> argparse.ArgumentParser:
+    p.add_argument("--out", default=out, help=f"raw figures as JSON (default: {out})")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
+    return p
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="The whole stack under load: faults "
-                                 "(no mode), hostile input, the proxy's cost, fair queueing between tenants.")
+    ap = common_options(argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="The whole stack under "
+                        "load: faults (no mode), hostile input, the proxy's cost, fair queueing."), "load-bench.json")
     ap.add_argument("--quick", action="store_true", help="a smoke run of about a minute (smaller counts)")
-    ap.add_argument("--out", default="load-bench.json", help="where the raw figures go (default: load-bench.json)")
     ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
-    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
     ap.add_argument("--only", nargs="+", choices=PHASE_KEYS, help="run only these phases (default: all)")
     for key in FULL:
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
                         help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
     ap.set_defaults(run=faults, report=report_lines)
     modes = ap.add_subparsers(title="modes", metavar="MODE")
-    h = modes.add_parser("hostile", help="hostile input at volume (docs/hardening.md)")
+    h = common_options(modes.add_parser("hostile", help="hostile input at volume (docs/hardening.md)"), None)
     for option, (default, what) in HOSTILE_COUNTS.items():
         h.add_argument(f"--{option}", type=int, default=default, help=f"{what} (default: {default})")
     h.add_argument("--against", metavar="PYTHON", help="also flood a worker run by this Python (another checkout's)")
     h.add_argument("--only", nargs="+", choices=HOSTILE_PHASES, default=HOSTILE_PHASES, help="run only these phases")
     h.add_argument("--seed", type=int, default=1)
     h.add_argument("--json", action="store_true", help="print the raw counts as JSON")
-    h.set_defaults(run=hostile, out=None)
-    p = modes.add_parser("proxy", help="the proxy's added latency and CPU, against direct and nginx (docs/proxy.md)")
+    h.set_defaults(run=hostile, report=hostile_lines)
+    p = common_options(modes.add_parser("proxy", help="the proxy's added latency and CPU, against direct and nginx "
+                                        "(docs/proxy.md)"), "proxy-bench.json")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
     p.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
     p.add_argument("--loops", type=loops_arg, default=None, metavar="LOOP,LOOP",
                    help="one `mtpstack proxy` per event loop (`--loop`: uvloop, asyncio), side by side")
-    p.add_argument("--baseline", metavar="PYTHON", default=None, help="also run the proxy of another checkout, by its "
-                   "venv's "
+    p.add_argument("--baseline", metavar="PYTHON", help="also run the proxy of another checkout, by its venv's "
                    "interpreter (e.g. /work/main/.venv/bin/python), as `mtpstack-baseline` in the same rounds")
     p.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the proxy throughout")
-    p.set_defaults(run=proxy, out="proxy-bench.json", report=proxy_lines)
-    t = modes.add_parser("tenant", help="what one tenant's flood costs another's requests (docs/proxy.md)")
+    p.set_defaults(run=proxy, report=proxy_lines)
+    t = common_options(modes.add_parser("tenant", help="what one tenant's flood costs another's requests "
+                                        "(docs/proxy.md)"), "tenant-bench.json")
     t.add_argument("--rounds", type=int, default=3, help="rounds: a phase with fair queueing on, one off (default: 3)")
     t.add_argument("--seconds", type=float, default=20,
                    help="length of a phase: tenant `steady` sends one request a second (default: 20)")
@@ -1332,17 +1235,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     t.add_argument("--gate", type=int, default=2, help="the worker's batch width and the proxy's gate (default: 2)")
     t.add_argument("--chunks", type=int, default=100, help="chunks of each flood stream (default: 100)")
     t.add_argument("--interval", type=float, default=0.01, help="seconds between the flood's chunks (default: 0.01)")
-    t.set_defaults(run=tenant, out="tenant-bench.json", report=tenant_lines)
-    for sub in (h, p, t):
-        out = sub.get_default("out")
-        sub.add_argument("--out", default=out, help=f"raw figures as JSON (default: {out})")
-        sub.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    t.set_defaults(run=tenant, report=tenant_lines)
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     workdir = Path(tempfile.mkdtemp(prefix="mtpstack-load-bench-"))
     say(f"work directory: {workdir}")
 
@@ -1351,9 +1249,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIGINT ignored)
-    t0, meta = time.monotonic(), run_meta(["bench/scripts/load_bench.py", *argv])
+    t0, load_start = time.monotonic(), loadavg()
     try:
-        result, lines, ok = asyncio.run(args.run(args, workdir))
+        result, ok = asyncio.run(args.run(args, workdir))
     except KeyboardInterrupt:
         say("interrupted; stopping every process started here")
         stop_all()
@@ -1362,13 +1260,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         stop_all()
-    result["meta"] = {**meta, **result.get("meta", {}), "seconds": round(time.monotonic() - t0),
-                      "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    meta = result["meta"] = run_meta(checkout=True, loadavg_start=load_start, seconds=round(time.monotonic() - t0),
+                                     **result.get("meta", {}))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
         say(f"figures written to {args.out}")
-    print(json.dumps(result, indent=2) if getattr(args, "json", False) else "\n".join(lines or args.report(result)))
-    if max(meta["load_average_at_start"][0], result["meta"]["load_average_at_end"][0]) > (meta["cpus"] or 1):
+    print(json.dumps(result, indent=2) if getattr(args, "json", False) else "\n".join(args.report(result)))
+    if max(load_start[0], meta["loadavg"][0]) > (meta["cpus"] or 1):
         say(f"the load average exceeded the CPU count ({meta['cpus']}): other work shared the CPUs; read the spread")
     if args.keep or not ok:
         say(f"work directory kept{'' if ok else ' for its logs'}: {workdir}")

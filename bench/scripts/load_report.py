@@ -5,9 +5,9 @@ each mode) to its tables, the checks every run must pass, and the lines printed.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
-from mtpstack.bench.load import span
-from mtpstack.bench.parts import summarize
+from mtpstack.bench.parts import fmt, summarize
 from mtpstack.bench.stats import percentile
 
 #: A client waiting longer than this for its next step (first chunk, end, error) is hung.
@@ -36,6 +36,19 @@ def _times(d: dict, sort_by_count: bool = False) -> str:
     if sort_by_count:
         return ", ".join(f"{n} {k}" for k, n in sorted(d.items(), key=lambda kv: -kv[1]))
     return ", ".join(f"{n} x {k}" for k, n in sorted(d.items()))
+
+
+def _spread(values: list[float]) -> dict:
+    return summarize([x for x in values if x == x])  # NaN: a percentile of no samples
+
+
+def cell(s: dict | None, digits: int = 0, scale: float = 1.0, unit: str = "", sep: str = "..") -> str:
+    """A spread as `median (min..max)`, times `scale`, `unit` after the median; `-` for none."""
+    return fmt(s, unit, digits, scale=scale, sep=sep, count=False, missing="-")
+
+
+def _dash(values: list[float], digits: int = 2) -> str:
+    return cell(_spread(values), digits, sep="-")
 
 
 def _slots(v) -> str:
@@ -213,9 +226,8 @@ def checks(result: dict) -> list[tuple[bool, str]]:
 
 
 def meta_lines(meta: dict, title: str) -> list[str]:
-    lines = [f"mtpstack {title}, {meta['date']}", f"command: {meta['command']}",
-             f"machine: {meta['cpus']} CPUs, {meta['platform']}, Python {meta['python']}, commit {meta['commit']}, "
-             f"{meta['seconds']} s"]
+    lines = [f"mtpstack {title}, {meta['finished']}", f"command: {meta['command']}",
+             f"machine: {meta['cpus']} CPUs, {meta['machine']}, commit {meta['commit']}, {meta['seconds']} s"]
     if meta.get("modified"):
         lines.append("uncommitted changes in the checkout: " + ", ".join(meta["modified"]))
     return lines
@@ -305,10 +317,6 @@ def must_be_zero(r: dict) -> dict[str, int]:
     return out
 
 
-def _dash(values: list[float], fmt: str = ".2f") -> str:
-    return span(values, fmt, sep="-")
-
-
 def hostile_lines(r: dict) -> list[str]:
     """Pure: the lines printed for a hostile result."""
     lines = []
@@ -350,13 +358,10 @@ def flood_lines(f: dict) -> list[str]:
         lines.append(f"  {'this checkout' if arm == 'this' else 'against ' + str(f['against'])}:")
         kinds = sorted({k for x in rounds for k in x["hostile"]})
         lines.append("    hostile answers per repeat: " + ", ".join(
-            f"{kind} {_dash([x['hostile'].get(kind, 0) for x in rounds], '.0f')}" for kind in kinds))
+            f"{kind} {_dash([x['hostile'].get(kind, 0) for x in rounds], 0)}" for kind in kinds))
         for name in rounds[0]["probes"]:
             answers = [x["probes"][name] for x in rounds]
-            statuses: dict[str, int] = {}
-            for a in answers:
-                label = f"{a['status']}" + (f" {a['code']}" if a["code"] else "")
-                statuses[label] = statuses.get(label, 0) + 1
+            statuses = Counter(f"{a['status']}" + (f" {a['code']}" if a["code"] else "") for a in answers)
             lines.append(f"    {name}: {_times(statuses)}, answered in {_dash([a['seconds'] for a in answers])} s")
         each = {k: _dash([x[k] for x in rounds]) for k in rounds[0] if k.endswith("_max")}
         lines.append(f"    /health at worst {each['loaded_health_max']} s (idle {each['idle_health_max']}), a plain "
@@ -374,10 +379,6 @@ def comparisons(proxies: list[str]) -> list[tuple[str, str]]:
     (`--loops`' first loop) to each other one."""
     ours = [p for p in proxies if p.startswith("mtpstack")]
     return [(p, "nginx") for p in ours if "nginx" in proxies] + [(ours[0], p) for p in ours[1:]]
-
-
-def _spread(values: list[float]) -> dict:
-    return summarize([x for x in values if x == x])
 
 
 def _proxy_round(m: dict, direct: dict, kind: str) -> dict:
@@ -415,15 +416,12 @@ def proxy_summary(rounds: list[dict], proxies: list[str]) -> dict:
     return out
 
 
-def _us(s: dict | None, scale: float = 1e6, fmt: str = ".0f", unit: str = "") -> str:
-    """A spread as `median (min..max)`, times `scale`, `unit` after the median."""
-    if not s or s["median"] is None:
-        return "-"
-    return f"{s['median'] * scale:{fmt}}{unit} ({s['min'] * scale:{fmt}}..{s['max'] * scale:{fmt}})"
+def _us(s: dict | None) -> str:
+    return cell(s, scale=1e6)
 
 
 def _ratio(s: dict) -> str:
-    return _us(s, 1, ".2f", "x")
+    return cell(s, 2, unit="x")
 
 
 def proxy_table(summary: dict, proxies: list[str]) -> list[str]:
@@ -455,11 +453,14 @@ def proxy_table(summary: dict, proxies: list[str]) -> list[str]:
     return lines
 
 
+def _load(meta: dict) -> str:
+    return f"load average {meta['loadavg_start'][0]:.1f} -> {meta['loadavg'][0]:.1f} on {meta['cpus']} CPUs"
+
+
 def proxy_lines(result: dict) -> list[str]:
     meta = result["meta"]
-    start, end = meta["load_average_at_start"][0], meta["load_average_at_end"][0]
     lines = [f"{meta['rounds']} interleaved rounds; times in microseconds, median (min..max) over rounds; added = "
-             f"proxied minus direct in the same round; load average {start:.1f} -> {end:.1f} on {meta['cpus']} CPUs",
+             f"proxied minus direct in the same round; {_load(meta)}",
              *proxy_table(result["summary"], result["proxies"])]
     if (poll := meta["dashboard_poll"]) is not None:
         lines.append(f"dashboard: one page polled /v1/fleet/status {poll['polls']} times ({poll['failed']} failed)")
@@ -474,15 +475,14 @@ TENANT_MODES = {"fair": True, "fifo": False}
 def tenant_lines(result: dict) -> list[str]:
     rounds, meta = result["rounds"], result["meta"]
     lines = [f"{len(rounds)} rounds; tenant `steady`'s queue wait in ms, per phase p50 / p95, median (min..max) over "
-             f"rounds; load average {meta['load_average_at_start'][0]:.1f} -> {meta['load_average_at_end'][0]:.1f}",
+             f"rounds; {_load(meta)}",
              f"{'fair queueing':<14} {'steady p50':>18} {'steady p95':>18} {'steady latency p50':>20} "
              f"{'flood streams served':>22} {'errors':>7}"]
     for mode, fair in TENANT_MODES.items():
         per = [r[mode] for r in rounds]
-        ms = lambda key, q: span([percentile(p[key], q) for p in per], scale=1000)  # noqa: E731
-        served = summarize([p["flood_served"] for p in per])
+        ms = lambda key, q: cell(_spread([percentile(p[key], q) for p in per]), scale=1000)  # noqa: E731
         errors = sum(p["steady_errors"] + p["flood_errors"] for p in per)
         lines.append(f"{'on' if fair else 'off':<14} {ms('steady_queue_wait', 50):>18} "
                      f"{ms('steady_queue_wait', 95):>18} {ms('steady_latency', 50):>20} "
-                     f"{served['median']:>10.0f} ({served['min']:.0f}..{served['max']:.0f}) {errors:>7}")
+                     f"{cell(summarize([p['flood_served'] for p in per])):>22} {errors:>7}")
     return lines

@@ -72,8 +72,8 @@ def failover(**over) -> dict:
 
 def result(**over) -> dict:
     r = {
-        "meta": {"date": "2026-11-29 15:00 UTC", "command": "bench/scripts/load_bench.py --quick", "cpus": 2, "platform": "Linux",
-                 "python": "3.11.7", "commit": "abc1234", "seconds": 60},
+        "meta": {"finished": "2026-11-29T15:00:00Z", "command": "bench/scripts/load_bench.py --quick", "cpus": 2,
+                 "machine": "x86_64", "commit": "abc1234", "seconds": 60},
         "load": [fake_load()], "fake_kills": kills(), "fake_failover": failover(), "fake_disconnects": disconnects(), "errors": [],
     }
     r.update(over)
