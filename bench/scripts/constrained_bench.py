@@ -1,21 +1,20 @@
 """Constrained decoding's cost: decode speed with and without a JSON schema, with and without the drafter
 (in-process engine); with `--libraries`, the grammar libraries' own cost on a realistic vocabulary.
 
-Four configurations, run in interleaved rounds so a noisy neighbour hits each alike, after one
-discarded warm-up round: `plain`, `plain+schema`, `drafter`, `drafter+schema`. Each generates
-greedily from the same prompt; tok/s is emitted tokens over wall time of the decode (prefill
-included). The schema holds one free string, so the constrained output runs as long as the free
-one. Raw values go to JSON (`--out`); the table shows median ± MAD and min-max.
+`plain`, `plain+schema`, `drafter` and `drafter+schema` run in interleaved rounds after one discarded warm-up
+round, each greedy from the same prompt: emitted tokens over the decode's wall time (prefill included). The
+schema holds one free string, so the constrained output runs as long as the free one.
 
-`--libraries`: llguidance (and outlines-core, when importable) on a byte-level BPE tokenizer of about 150k
-entries trained here on local text (code and prose, `devkit.demo.corpus`; ~20 s, cached in `--tokenizer-dir`),
-as large as the Qwen3.5 family's. For each library: the tokenizer set-up, the schema compile (`AGENT_SCHEMA`),
-and the cost per token of a mask and an advance while walking a valid document token by token (what the worker
-does per emitted or verified position); `--rounds` repeats give median and min-max.
+`--libraries`: llguidance (and outlines-core, when importable) on a byte-level BPE tokenizer of ~150k entries,
+as large as the Qwen3.5 family's, trained here on local text (`devkit.demo.corpus`; ~20 s, cached in
+`--tokenizer-dir`): the tokenizer set-up, the compile of `AGENT_SCHEMA`, and a mask and an advance per token
+while walking a valid document (what the worker does per emitted or verified position).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
     python bench/scripts/constrained_bench.py --rounds 5 --out constrained.json     # the shipped demo pair
     python bench/scripts/constrained_bench.py --libraries --rounds 5 --out grammar.json
+
+Raw values go to the JSON; the table shows median (± MAD for the speeds) and min-max over `--rounds`.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpstack.bench.parts import emit, rounds
+from mtpstack.bench.parts import emit, fmt, rounds
 from mtpstack.bench.parts import summarize as spread
 from mtpstack.bench.stats import summarize
 from mtpstack.validator import DEPTH_DEFAULT
@@ -39,9 +38,9 @@ from mtpstack.validator import DEPTH_DEFAULT
 SCHEMA = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"], "additionalProperties": False}
 PROMPT = 'Return the function as JSON.\n{"code": "def parse_args(argv):\\n'
 CONFIGS = {"plain": (False, False), "plain+schema": (False, True), "drafter": (True, False), "drafter+schema": (True, True)}
-#: `--libraries`: the tokenizer's size, and a document of a response schema like an agent's.
+#: `--libraries`: the tokenizer's size, a response schema like an agent's (nested object, enum, bounded strings,
+#: an array) and a document of it.
 VOCAB = 150_000
-#: A response schema like an agent's: nested object, enum, bounded strings, an array.
 AGENT_SCHEMA = {
     "type": "object",
     "properties": {
@@ -55,6 +54,8 @@ AGENT_SCHEMA = {
     "required": ["name", "age", "role", "tags", "address"],
     "additionalProperties": False,
 }
+#: Each library's figures, and the digits the table gives them.
+LIBRARY_FIGURES = {"setup_s": 3, "compile_s": 3, "per_token_us": 0}
 DOCUMENT = {"name": "Ada Lovelace", "age": 36, "role": "admin", "tags": ["math", "engines", "poetry"],
             "address": {"city": "London", "zip": "12345"}}
 
@@ -98,14 +99,9 @@ def run_llguidance(tok_path: Path, ids: list[int], eos: int) -> dict:
 
 def _byte_vocab(tok) -> dict[bytes, list[int]]:
     """Each token's bytes, undoing the byte-level alphabet (GPT-2's) that outlines-core does not know."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    decode = {chr(c): b for b, c in zip(bs, cs)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    decode = {c: b for b, c in bytes_to_unicode().items()}
     out: dict[bytes, list[int]] = {}
     for text, i in tok.get_vocab().items():
         if all(ch in decode for ch in text):
@@ -132,8 +128,8 @@ def run_outlines(tok, ids: list[int], eos: int) -> dict | None:
     return {"setup_s": setup, "compile_s": compile_s, "per_token_us": per_token * 1e6, "accepting": guide.is_finished()}
 
 
-def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int) -> tuple[float, int, int, int]:
-    """(seconds, tokens emitted, drafted, accepted) of one greedy generation."""
+def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int) -> dict:
+    """One greedy generation's seconds, tokens emitted, drafted and accepted."""
     from devkit.engine import run
     from mtpstack.worker.sequence import SamplingParams
     from mtpstack.worker.protocol.chat import grammars_for
@@ -147,11 +143,11 @@ def one_run(engine, prompt: list[int], drafter: bool, schema: bool, tokens: int)
         seq.hook = RowHook(None, Constraint(g.matcher(json_grammar(SCHEMA)), g.vocab_size))
     start = time.perf_counter()
     run(seq)
-    return time.perf_counter() - start, len(seq.tokens), seq.drafted, seq.accepted
+    return {"seconds": time.perf_counter() - start, "tokens": len(seq.tokens), "drafted": seq.drafted,
+            "accepted": seq.accepted}
 
 
 def format_lines(report: dict) -> list[str]:
-    """Pure: the report as table lines."""
     lines = [f"{report['tokens']} tokens per run, {report['rounds']} rounds (+1 warm-up discarded), depth {report['depth']}",
              "config           tok/s median ± MAD   min-max         tokens/run   accepted/drafted"]
     for name, r in report["configs"].items():
@@ -162,14 +158,11 @@ def format_lines(report: dict) -> list[str]:
 
 
 def library_lines(report: dict) -> list[str]:
-    """Pure: the report as table lines."""
     lines = [f"vocabulary {report['vocab']} entries, document {report['tokens']} tokens, {report['runs']} runs",
              "library        setup s (med, min-max)     compile s (med, min-max)    us/token (med, min-max)"]
     for lib, r in report["libraries"].items():
-        cells = [f"{r[k]['median']:.3f} ({r[k]['min']:.3f}-{r[k]['max']:.3f})" for k in ("setup_s", "compile_s")]
-        t = r["per_token_us"]
-        cells.append(f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f})")
-        lines.append(f"{lib:<14} {cells[0]:<26} {cells[1]:<27} {cells[2]}")
+        setup, compile_s, per_token = (fmt(r[k], digits=d, count=False) for k, d in LIBRARY_FIGURES.items())
+        lines.append(f"{lib:<14} {setup:<26} {compile_s:<27} {per_token}")
     return lines
 
 
@@ -183,7 +176,7 @@ def run_libraries(args) -> int:
         if (o := run_outlines(tok, ids, eos)) is not None:
             raw["outlines-core"].append(o)
     report = {"vocab": tok.get_vocab_size(), "tokens": len(ids), "runs": args.rounds, "raw": raw, "libraries": {
-        lib: {k: spread([r[k] for r in runs]) for k in ("setup_s", "compile_s", "per_token_us")}
+        lib: {k: spread([r[k] for r in runs]) for k in LIBRARY_FIGURES}
         for lib, runs in raw.items() if runs}}
     return emit(report, library_lines(report), args.out)
 
@@ -211,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for _, keep in rounds(1, args.rounds):
         for name, (drafter, schema) in CONFIGS.items():
-            secs, n, drafted, accepted = one_run(engine, prompt, drafter, schema, args.tokens)
+            run = one_run(engine, prompt, drafter, schema, args.tokens)
             if keep:
-                raw[name].append({"seconds": secs, "tokens": n, "drafted": drafted, "accepted": accepted})
+                raw[name].append(run)
     report = {"target": args.target, "drafter": args.drafter, "depth": args.depth, "tokens": args.tokens,
               "rounds": args.rounds, "raw": raw, "configs": {}}
     for name, runs in raw.items():

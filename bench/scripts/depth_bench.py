@@ -1,22 +1,18 @@
 """Adaptive draft depth against every fixed depth: does `auto` find the depth that pays, and never cost?
 
-For each pair (the demo target widened with its own head, and the same target with a head that pays
-little: noise in its input projection, `devkit.demo.weak_head`), every configuration, fixed depths
-`--depths` and `auto`, runs in a fresh worker process of one profile (`drafter.depth = "auto"`,
-`maxDepth` the deepest fixed depth, `maxNumSeqs` the widest `--widths`): a fixed depth is a request's
-`num_draft_tokens`, `auto` a request without it, so every process has the same argv and its weights
-are proven from it (`mtpstack.bench.sweep.check_weights`). Configurations rotate their order each
-round; in each process, per width and workload (code, prose, a tool-call turn with `tools`), one
-warm-up request, then one measured pass of `--prompts` prompts greedy, each answer run to `--max-tokens`
-(`ignore_eos`: the demo target ends most answers within ten tokens), at width w shared by w clients. The figure is the pass's tokens over its wall time (time to first token
-included, as a user waits for it), median (min-max) over rounds; beside `auto`, its ratio to the best
-fixed depth and to depth 0, and the depths its steps ran at (`mtpstack_worker_draft_depth_steps_total`).
+Per pair (the demo target widened with its own head; the same target with a head that pays little,
+`devkit.demo.weak_head`), each configuration, fixed depths `--depths` and `auto`, runs in a fresh worker of
+one profile (`drafter.depth: auto`, `maxDepth` the deepest fixed depth): a fixed depth is a request's
+`num_draft_tokens`, so every process has the same argv and its weights are proven from it. Configurations
+rotate their order each round; per width and workload, one warm-up request, then a pass of `--prompts`
+prompts greedy: its tokens over its wall time, median (min-max) over rounds, with `auto`'s ratio to the best
+fixed depth and to depth 0, and the depths its steps ran at. The method: docs/bench.md.
 
     python bench/scripts/depth_bench.py --out bench-depth           # 2 pairs x 3 workloads x widths 1, 4
     python bench/scripts/depth_bench.py --rounds 3 --pairs demo-wide --widths 1
 
-Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (tok/s against depth per
-workload, `auto` drawn at the depth its steps ran at on average).
+Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (tok/s against depth per workload,
+`auto` drawn at the mean depth its steps ran at).
 """
 
 from __future__ import annotations
@@ -27,12 +23,16 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 
-from mtpstack.bench.parts import ensure_preload, rotated, widen_target
+from mtpstack.bench.parts import ensure_preload, fmt, rotated, widen_target
+from mtpstack.bench.servers import worker_profile
 from mtpstack.bench.parts import summarize as spread
+from mtpstack.bench.sweep import (Expected, SweepError, check_weights, load_prompts, local_hash, parse_depths,
+                                  parse_widths, run_pass, start_worker)
 
 AUTO = "auto"
 WORKLOADS = ("code", "prose", "tool")
@@ -56,11 +56,9 @@ def prepare(workdir: Path, args) -> dict[str, tuple[Path, Path]]:
 def profile_for(target: Path, head: Path, max_depth: int, width: int, port: int):
     from mtpstack.validator import WorkerProfile
 
-    return WorkerProfile.model_validate({
-        "model": "bench", "target": {"path": str(target), "bits": "fp32"},
-        "drafter": {"path": str(head), "bits": "fp32", "depth": AUTO, "maxDepth": max_depth, "kind": "mtp"},
-        "maxNumSeqs": width, "host": "127.0.0.1", "port": port,
-    })
+    profile = worker_profile(target, head, AUTO, port, width=width, host="127.0.0.1")
+    profile["drafter"]["maxDepth"] = max_depth
+    return WorkerProfile.model_validate(profile)
 
 
 async def depth_steps(session, url: str) -> dict[str, float]:
@@ -74,10 +72,8 @@ async def depth_steps(session, url: str) -> dict[str, float]:
 
 async def measure(proc, config, prompts: dict, args) -> dict:
     """One process: per width and workload a warm-up request and a measured pass."""
-    from mtpstack.bench.sweep import run_pass
-
-    # Every answer runs to --max-tokens: the demo target ends most answers within ten tokens, and a pass
-    # of those would time prefill and HTTP, not the decoding the depth changes.
+    # `ignore_eos`: the demo target ends most answers within ten tokens, and a pass of those would time
+    # prefill and HTTP, not the decoding the depth changes.
     extra = {"ignore_eos": True, **({} if config == AUTO else {"num_draft_tokens": config})}
     out = {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
@@ -95,7 +91,6 @@ async def measure(proc, config, prompts: dict, args) -> dict:
 
 
 def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
-    from mtpstack.bench.sweep import Expected, check_weights, local_hash, load_prompts, start_worker
     from mtpstack.runtime import free_port
 
     prompts = {w: load_prompts(w)[: args.prompts] for w in args.workloads}
@@ -123,10 +118,9 @@ def summarize(passes: dict, depths: list[int]) -> dict:
     for key in passes[AUTO]:
         cells = {c: spread([p["tps"] for p in passes[c][key]]) for c in passes}
         best = max((str(d) for d in depths), key=lambda d: cells[d]["median"])
-        steps: dict[str, float] = {}
+        steps: Counter = Counter()
         for p in passes[AUTO][key]:
-            for d, n in p["steps_by_depth"].items():
-                steps[d] = steps.get(d, 0.0) + n
+            steps.update(p["steps_by_depth"])
         total = sum(steps.values()) or 1.0
         out[key] = {
             "tps": cells, "best_fixed": int(best),
@@ -140,10 +134,6 @@ def summarize(passes: dict, depths: list[int]) -> dict:
     return out
 
 
-def fmt(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
-
-
 def report_lines(results: dict) -> list[str]:
     lines = []
     for pair, summary in results["summary"].items():
@@ -154,7 +144,7 @@ def report_lines(results: dict) -> list[str]:
         for key, row in summary.items():
             depths = ", ".join(f"{d}: {share:.0%}" for d, share in row["auto_depths"].items())
             ratio0 = "-" if row["auto_over_depth0"] is None else f"{row['auto_over_depth0']:.2f}"
-            lines.append(f"| {key} | " + " | ".join(fmt(row["tps"][c]) for c in configs)
+            lines.append(f"| {key} | " + " | ".join(fmt(row["tps"][c], digits=1, count=False) for c in configs)
                          + f" | {row['auto_over_best']:.2f} (best: {row['best_fixed']}) | {ratio0} | {depths} | {row['same_output']} |")
         lines.append("")
     return lines
@@ -193,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-depth"))
     parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS))
-    parser.add_argument("--depths", default="0,1,2,3,4", help="fixed depths beside auto (auto's maxDepth is the deepest)")
-    parser.add_argument("--widths", default="1,4")
+    parser.add_argument("--depths", default="0-4", help="fixed depths beside auto, `0-4` or `0,2` (auto's maxDepth is "
+                        "the deepest)")
+    parser.add_argument("--widths", default="1,4", help="widths from 1 to 4, `1,4`")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=4, help="prompts of each workload per pass")
@@ -203,12 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-layers", type=int, default=10)
     args = parser.parse_args(argv)
     try:
-        args.depths = sorted({int(d) for d in args.depths.split(",")})
-        args.widths = sorted({int(w) for w in args.widths.split(",")})
-    except ValueError:
-        parser.error("--depths and --widths are lists of integers, e.g. `0,1,2,3,4` and `1,4`")
-    if args.depths[0] < 0 or args.depths[-1] < 1 or not 1 <= args.widths[0] <= args.widths[-1] <= 4:
-        parser.error("depths are 0 or more with one of at least 1; widths lie between 1 and 4")
+        args.depths, args.widths = parse_depths(args.depths), parse_widths(args.widths, 4)
+    except SweepError as e:
+        parser.error(f"{e.message}: {e.hint}" if e.hint else e.message)
+    if args.depths[-1] < 1:
+        parser.error("--depths needs one depth of at least 1, which auto's maxDepth takes")
     ensure_preload()
     args.out.mkdir(parents=True, exist_ok=True)
     pairs = prepare(args.out / "models", args)

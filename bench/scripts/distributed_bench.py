@@ -1,24 +1,17 @@
 """Distributed worker benchmark: one process against two ranks of MLX's ring backend on loopback.
 
-Configurations (one running at a time, started afresh each round in a rotating order, so repeats
-interleave and a noisy neighbour hits every one alike), each with and without the MTP head:
-  - `one`: the native worker, one process;
-  - `tensor`: two ranks, every layer split (mlx-lm's `shard`);
-  - `pipeline`: two ranks, each a run of layers (mlx-lm's `pipeline`).
+Configurations, each with and without the MTP head, one running at a time, started afresh each round in a
+rotating order: `one`, the native worker in one process; `tensor`, two ranks, every layer split (mlx-lm's
+`shard`); `pipeline`, two ranks, each a run of layers. Measured: decode tok/s (completion tokens over wall
+time, end to end) at width 1 and 4, median and min-max over rounds after discarded warm-up rounds, and the
+ratio to `one` with the same head setting. Greedy texts are compared with `one`'s: pipeline must match token
+for token; tensor adds its partial sums in another order, so a near-tie may break otherwise (a note says
+where). Both ranks share one machine's cores: a floor on what their exchanges cost, not a speed claim for a
+Thunderbolt ring.
 
-Measured: decode throughput (completion tokens over wall time, end to end) at width 1 (one
-request) and width 4 (four at once), median and min-max over repeats after discarded warm-up
-rounds (and one short discarded request per start), and each configuration's ratio to `one` with the same head setting. Greedy texts are
-compared with `one`'s: pipeline must match it token for token; tensor adds its partial sums in
-another order, so a near-tie may break differently (a note says where).
-
-On one machine over loopback the two ranks share its cores and memory bandwidth, so this is a
-floor on what the ranks' exchanges cost, not a speed claim for a Thunderbolt ring.
-
-`--lose-rank`: how soon a distributed worker notices a lost rank instead. Two tensor ranks (the tiny
-hybrid pair of `devkit.demo.tiny_hybrid` with its head), idle; rank 1 killed (`kill -9`) or hung
-(`kill -STOP`); the time until rank 0's `/health` stops answering 200 and until rank 0 exits, median
-and min-max over `--repeats`.
+`--lose-rank`: how soon a distributed worker notices a lost rank instead. Two idle tensor ranks of the tiny
+hybrid pair (`devkit.demo.tiny_hybrid`); rank 1 killed (`kill -9`) or hung (`kill -STOP`); the time until
+rank 0's `/health` stops answering 200 and until it exits, median and min-max over `--repeats`.
 
     python bench/scripts/distributed_bench.py --out bench-distributed.json   # the demo pair, target widened
     python bench/scripts/distributed_bench.py --target DIR --drafter DIR
@@ -33,6 +26,7 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -41,32 +35,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtpstack.bench import parts
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, model_options, post_json,
                                   prepare_models, round_options, rotated, rounds, run_meta, summarize)
-from mtpstack.bench.parts import fmt as _fmt
+from mtpstack.bench.servers import worker_profile
 
-#: Configuration -> (strategy, or None for one process; with the head).
-CONFIGS = {
-    "one+mtp": (None, True),
-    "one": (None, False),
-    "tensor+mtp": ("tensor", True),
-    "tensor": ("tensor", False),
-    "pipeline+mtp": ("pipeline", True),
-    "pipeline": ("pipeline", False),
-}
+#: Configuration (`one+mtp`, `one`, `tensor+mtp`, ...) -> (strategy, or None for one process; with the head).
+CONFIGS = {f"{s}{mtp}": (None if s == "one" else s, bool(mtp))
+           for s in ("one", "tensor", "pipeline") for mtp in ("+mtp", "")}
 WIDTHS = (1, 4)
 REQUEST_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 #: `--lose-rank`: the signals that lose rank 1, and how long rank 0 sits idle, healthy, before it.
 SIGNALS = {"kill -9": signal.SIGKILL, "kill -STOP": signal.SIGSTOP}
 SETTLE_SECONDS = 2.0
+fmt = functools.partial(parts.fmt, digits=1)
 
 
 # -- pure parts (tested in tests/bench/test_distributed_bench_format.py) --------------------
-
-
-def fmt(s: dict) -> str:
-    return _fmt(s, digits=1)
 
 
 def baseline_of(name: str) -> str:
@@ -98,10 +84,9 @@ def report_lines(summary: dict, rel: dict, notes: list[str]) -> list[str]:
 
 
 def loss_line(name: str, runs: list[dict]) -> str:
-    u, e = summarize([r["unhealthy_s"] for r in runs]), summarize([r["exited_s"] for r in runs])
-    codes = sorted({r["exit_code"] for r in runs})
-    return (f"{name}: /health non-200 after {u['median']:.2f} s ({u['min']:.2f}-{u['max']:.2f}); rank 0 exited after "
-            f"{e['median']:.2f} s ({e['min']:.2f}-{e['max']:.2f}), exit codes {codes}, n={u['n']}")
+    u, e = (summarize([r[key] for r in runs]) for key in ("unhealthy_s", "exited_s"))
+    return (f"{name}: /health non-200 after {parts.fmt(u, ' s', count=False)}; rank 0 exited after "
+            f"{parts.fmt(e, ' s', count=False)}, exit codes {sorted({r['exit_code'] for r in runs})}, n={u['n']}")
 
 
 # -- running -------------------------------------------------------------------------------
@@ -111,20 +96,19 @@ class Server:
     """One worker's processes (one, or one per rank of two on loopback), started as `mtpstack up` starts them."""
 
     def __init__(self, name: str, strategy: str | None, worker: dict, logdir: Path):
-        from mtpstack.runtime import Process, free_port, free_port_run, url_of
+        from mtpstack.runtime import Process, free_port_run, url_of
         from mtpstack.validator import FleetConfig, rank_peers, worker_argv
         from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
-        port = free_port()
-        worker = {**worker, "port": port}
         hosts = {"r0": {"address": "127.0.0.1"}, "r1": {"address": "127.0.0.1"}}
         if strategy is not None:
-            worker["distributed"] = {"hosts": list(hosts), "strategy": strategy, "basePort": free_port_run(len(hosts))}
+            worker = {**worker, "distributed": {"hosts": list(hosts), "strategy": strategy,
+                                                "basePort": free_port_run(len(hosts))}}
         fleet = FleetConfig.model_validate({"proxy": {"concurrencyLimit": worker["maxNumSeqs"], "deployOn": "r0"},
                                             "hosts": hosts, "workers": {"w": worker}})
         argv = resolve_command(worker_argv(fleet.workers["w"]))
         envs = [{}] if strategy is None else rank_environments(rank_peers(fleet, "w"), "ring", logdir / f"hostfile-{name}.json")
-        self.url = url_of("127.0.0.1", port)
+        self.url = url_of("127.0.0.1", worker["port"])
         self.procs = [Process(argv, log_path=logdir / f"{name}-rank{r}.log", name=f"{name}/{r}", kind="worker", url=self.url,
                               env=worker_env({**os.environ, **env})) for r, env in enumerate(envs)]
 
@@ -143,11 +127,11 @@ class Server:
             p.stop(timeout=timeout)
 
 
-def worker_of(target: Path, head: Path | None, depth: int, width: int, model: str = "bench") -> dict:
+def worker_of(target: Path, head: Path | None, depth: int, width: int, **fields) -> dict:
+    from mtpstack.runtime import free_port
+
     # A distributed worker keeps no prefix cache: none here either, so every round prefills alike.
-    return {"model": model, "target": {"path": str(target), "bits": "fp32"}, "maxNumSeqs": width,
-            "prefixCache": {"maxGiB": 0},
-            "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if head else None}
+    return worker_profile(target, head, depth, free_port(), width=width, prefixCache={"maxGiB": 0}, **fields)
 
 
 def measure(url: str, width: int, max_tokens: int, rnd: int) -> tuple[float, list[str]]:

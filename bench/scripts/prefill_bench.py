@@ -1,23 +1,13 @@
 """Long prompts: how fast a fresh one prefills, and what it does to the streams decoding beside it, side by side with the peers.
 
-Every server runs the same target (the demo pair, target widened, by default) at batch width 4; they
-are all started, then measured one at a time in an order that rotates each round (the idle ones wait),
-so drift hits every server alike. Per round and server:
-  1. cold prefill: a never-seen chat prompt of each `--lengths` (real Python source read as a file, the
-     round's tag first so no prefix cache holds it), one token asked: prompt tokens / time to first
-     token; the server's peak resident memory after them (VmHWM);
-  2. beside a prefill, for 1 and 3 streams already decoding (widths 2 and 4): the streams' token rate
-     while a fresh prompt of the first length prefills, over their rate on the same tokens alone (the
-     same greedy streams run again with no prompt beside them, timed from the token count each had
-     when the prompt was sent to the count it had at the prompt's first token: a speculative stream's
-     tokens a step follow its text, 3.0 a step in its first seconds on the demo and 2.1 later, so its
-     rate in the seconds before the prompt is not its rate on the tokens it decoded beside it); the
-     longest gap between two of their chunks inside that window; the long prompt's time to first token
-     over its time alone (step 1). Tokens are counted by tokenizing each stream's text as it grows, not
-     by SSE events (a speculative stream sends several tokens an event). A stream that ended before the
-     prompt's first token (peers stop at the model's end of turn) is marked so;
-  3. a warm agent turn: a conversation of a ~3k-token file read then a question; the next turn adds
-     the answer and ~100 tokens: its time to first token, the prefix held by the server's cache.
+Every server (the same target, by default the demo pair with its target widened, at batch width 4) is started,
+then measured one at a time, the order rotated each round. Per round and server: `cold`, a never-seen prompt
+of each `--lengths` (real Python source, the round's tag first), prompt tokens over time to first token, then
+the server's peak resident memory; `beside`, 1 and 3 greedy streams decoding while a fresh prompt of the first
+length prefills: their rate over their rate on the same tokens alone (`kept`) and just before (`kept_vs_before`),
+their longest gap, the prompt's TTFT over its time alone; `warm`, a conversation's next turn after a ~3k-token
+file read: its TTFT and the prefix the cache held. The method, and why `kept` runs the streams again alone:
+docs/bench.md, "Long prompts".
 
     python bench/scripts/prefill_bench.py --out bench-prefill.json                 # 8k and 30k, 2 rounds
     python bench/scripts/prefill_bench.py --lengths 8192 --rounds 3 --configs native+mtp mlx_lm.server
@@ -37,7 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import check_models, emit, ensure_preload, fmt, longer_context, model_options, prepare_models, summarize
+from mtpstack.bench.load import memory_kib
+from mtpstack.bench.parts import (check_models, emit, ensure_preload, fmt, longer_context, model_options,
+                                  prepare_models, rotated, run_meta, summarize)
 from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, start_servers, stream_chat
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
@@ -97,14 +89,6 @@ class Counted:
         return max(b - a for a, b in zip(times, times[1:]))
 
 
-async def decoding_stream(session, url, model, prompt, counted: Counted, never_end: dict) -> None:
-    """One greedy chat stream kept from its end of turn (`ignore_eos` for the native worker; the peers ignore
-    that field but honour `logit_bias`, `never_end`), each piece counted as it arrives."""
-    await stream_chat(session, url, model, [{"role": "user", "content": prompt}], STREAM_TOKENS, on_content=counted.add,
-                         extra=never_end)
-    counted.ended = time.perf_counter()
-
-
 def end_of_turn_bias(target: Path) -> dict:
     """`logit_bias` that keeps the target's end-of-turn tokens (config.json's `eos_token_id`) from being chosen."""
     config = json.loads((target / "config.json").read_text())
@@ -113,31 +97,29 @@ def end_of_turn_bias(target: Path) -> dict:
     return {"logit_bias": {str(i): -100 for i in ids if isinstance(i, int)}}
 
 
-def peak_mib(pid: int | None) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, TypeError, ValueError):
-        return None
-    return None
-
-
 async def cold(session, proc, model, tokenizer, lengths, tag) -> dict:
     out = {}
     for n in lengths:
         r = await stream_chat(session, proc.url, model, [{"role": "user", "content": source_text(tokenizer, n, f"{tag} {n}")}], 1)
         prompt = r["usage"].get("prompt_tokens") or n
         out[str(n)] = {"ttft_s": r["ttft_s"], "prompt_tokens": prompt, "tok_s": prompt / r["ttft_s"]}
-    out["peak_mib"] = peak_mib(proc.pid)
+    peak_kib = memory_kib(proc.pid).get("VmHWM")
+    out["peak_mib"] = peak_kib / 1024 if peak_kib is not None else None
     return out
 
 
 async def decoders_running(session, proc, model, tokenizer, decoders, tag, never_end):
-    """`decoders` greedy streams started, each past its first few chunks: (their counts, their tasks)."""
+    """`decoders` greedy streams started, each past its first few chunks: (their counts, their tasks). Each is
+    kept from its end of turn (`ignore_eos` for the native worker; the peers ignore it but honour `logit_bias`,
+    `never_end`) and counted as it arrives."""
     streams = [Counted(tokenizer) for _ in range(decoders)]
-    tasks = [asyncio.create_task(decoding_stream(session, proc.url, model, f"{tag} stream {i}: write a long Python module.\n", c,
-                                                 never_end)) for i, c in enumerate(streams)]
+
+    async def decode(i: int, counted: Counted) -> None:
+        messages = [{"role": "user", "content": f"{tag} stream {i}: write a long Python module.\n"}]
+        await stream_chat(session, proc.url, model, messages, STREAM_TOKENS, on_content=counted.add, extra=never_end)
+        counted.ended = time.perf_counter()
+
+    tasks = [asyncio.create_task(decode(i, c)) for i, c in enumerate(streams)]
     deadline = time.perf_counter() + 120
     while any(len(c.marks) < 5 for c in streams) and time.perf_counter() < deadline and not all(t.done() for t in tasks):
         await asyncio.sleep(0.05)
@@ -210,8 +192,7 @@ async def run(args) -> dict:
             for name, proc in servers.items():  # warm-up: each server's first forwards (compiles, allocations)
                 await stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
             for rnd in range(args.rounds):
-                order = args.configs[rnd % len(args.configs):] + args.configs[: rnd % len(args.configs)]
-                for name in order:
+                for name in rotated(args.configs, rnd):
                     proc, model, tag = servers[name], models[name], f"Session {rnd}-{name}."
                     r = {"cold": await cold(session, proc, model, tokenizer, args.lengths, tag)}
                     alone = r["cold"][str(args.lengths[0])]["ttft_s"]
@@ -234,32 +215,31 @@ async def run(args) -> dict:
 def report(args, source: str, samples: dict, done: bool) -> dict:
     """The JSON report of the `samples` taken so far (`done`: every round ran; else `meta.partial`)."""
     taken = {name: rows for name, rows in samples.items() if rows}
-    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "models": source, "lengths": args.lengths,
-            "rounds": args.rounds, "depth": args.depth, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = run_meta(models=source, lengths=args.lengths, rounds=args.rounds, depth=args.depth)
     if not done:
         meta["partial"] = True
     return {"meta": meta, "summary": summary(taken, args.lengths), "samples": samples}
 
 
 def summary(samples: dict, lengths: list[int]) -> dict:
-    def over(name, pick):
-        values = [v for r in samples[name] for v in pick(r) if v is not None]
-        return summarize(values)
+    def decoded(r, d):  # the streams that decoded until the long prompt's first token
+        return [x for x in r["beside"][str(d)]["streams"] if not x["ended_early"]]
 
     out = {}
-    for name in samples:
-        s = {f"prefill_tok_s@{n}": over(name, lambda r, n=n: [r["cold"][str(n)]["tok_s"]]) for n in lengths}
-        s["peak_mib"] = over(name, lambda r: [r["cold"]["peak_mib"]])
-        for d in DECODERS if all("beside" in r for r in samples[name]) else ():
-            rows = lambda r, d=d: [x for x in r["beside"][str(d)]["streams"] if not x["ended_early"]]  # noqa: E731
-            s[f"kept@{d + 1}"] = over(name, lambda r, rows=rows: [x["kept"] for x in rows(r)])
-            s[f"kept_vs_before@{d + 1}"] = over(name, lambda r, rows=rows: [x.get("kept_vs_before") for x in rows(r)])
-            s[f"longest_gap_s@{d + 1}"] = over(name, lambda r, rows=rows: [x["longest_gap_s"] for x in rows(r)])
-            s[f"long_ttft_ratio@{d + 1}"] = over(name, lambda r, d=d: [r["beside"][str(d)]["ttft_ratio"]])
-            s[f"ended_early@{d + 1}"] = sum(x["ended_early"] for r in samples[name] for x in r["beside"][str(d)]["streams"])
-        if all("warm" in r for r in samples[name]):
-            s["warm_ttft_s"] = over(name, lambda r: [r["warm"]["ttft_s"]])
-            s["warm_cached_tokens"] = over(name, lambda r: [r["warm"]["cached_tokens"]])
+    for name, runs in samples.items():
+        def over(pick) -> dict:
+            return summarize([v for r in runs for v in pick(r) if v is not None])
+
+        s = {f"prefill_tok_s@{n}": over(lambda r, n=n: [r["cold"][str(n)]["tok_s"]]) for n in lengths}
+        s["peak_mib"] = over(lambda r: [r["cold"]["peak_mib"]])
+        for d in DECODERS if all("beside" in r for r in runs) else ():
+            for key in ("kept", "kept_vs_before", "longest_gap_s"):
+                s[f"{key}@{d + 1}"] = over(lambda r, key=key, d=d: [x.get(key) for x in decoded(r, d)])
+            s[f"long_ttft_ratio@{d + 1}"] = over(lambda r, d=d: [r["beside"][str(d)]["ttft_ratio"]])
+            s[f"ended_early@{d + 1}"] = sum(x["ended_early"] for r in runs for x in r["beside"][str(d)]["streams"])
+        if all("warm" in r for r in runs):
+            for key in ("ttft_s", "cached_tokens"):
+                s[f"warm_{key}"] = over(lambda r, key=key: [r["warm"][key]])
         out[name] = s
     return out
 
@@ -277,7 +257,6 @@ def report_lines(summary: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_options(p)
-    p.add_argument("--family", default=None, help=argparse.SUPPRESS)
     p.add_argument("--configs", nargs="+", choices=[c for c in CONFIGS if "@" not in c], default=DEFAULT_CONFIGS)
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 30000], help="cold prompt lengths in tokens (default: 8192 30000)")
     p.add_argument("--warm-tokens", type=int, default=3000, help="the warm turn's file read in tokens (default: 3000)")

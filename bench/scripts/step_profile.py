@@ -5,53 +5,39 @@
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py --memory \\
         [--depths 1 2 4] [--repeats 7] [--replayed]
 
-The pairs are the worker bench's (`mtpstack.bench.parts.prepare_models`): `demo`, the demo pair with its target
-widened to ~70M parameters, and `qwen3_5`, the tiny random Qwen3.5 hybrid of `devkit.demo.tiny_hybrid`
-with its target's MLPs widened x8 (a small pair, where per-step overhead dominates); any other bench
-family (`nemotron_h`, ...) may be named too. Each configuration (pair, width, depth; depth 0 is the plain
-step, no drafts) decodes `width` rows greedily in-process, in the worker's own batch (`Scheduler`, as
-served). Every round rebuilds each configuration's rows from the same prompts (so every round times the
-same contexts) and warms them up; then, in sweeps where every configuration runs one step (in an order
-rotated every sweep, so a burst of load on this shared machine hits each alike):
+The pairs are `mtpstack.bench.parts.prepare_models`'s: `demo`, the demo pair, target widened to ~70M
+parameters; `qwen3_5` (or any other bench family), its tiny random pair, target MLPs widened x8 (small,
+where per-step overhead dominates). Each configuration (pair, width, depth; depth 0 the plain step)
+decodes `width` rows greedily in-process in the worker's own batch (`Scheduler`, as served). Every round
+rebuilds each configuration's rows from the same prompts and warms them up; then, in sweeps where every
+configuration runs one step (order rotated every sweep, so a burst of load hits each alike):
 
-- `--steps` sweeps as served: the unforced step time (mlx evaluates lazily; only the step's own
-  evaluation points synchronise), and beside each step the floor: the target's forward alone over the
-  same number of positions with mlx-lm's own caches (no rollback, no head, no sampling);
-- `--steps` sweeps in profiling mode, where evaluation is forced at every part's boundary and each
-  part's time is split into graph building (Python) and evaluation (compute):
+- `--steps` sweeps as served: the unforced step time (mlx evaluates lazily; only the step's own evaluation
+  points synchronise), and beside it the floor: the target's forward alone over as many positions with
+  mlx-lm's own caches (no rollback, no head, no sampling);
+- `--steps` sweeps in profiling mode, evaluation forced at every part's boundary, each part's time split
+  into graph building (Python) and evaluation (compute): `draft` (the head's forwards and the target's
+  LM head on each), `verify` (the target's forward over 1 + k positions, less the `recurrence`: the
+  gated-delta / Mamba2 recurrence, keeping what rollback needs), `lm head`, `sample+accept` (sampling,
+  reading tokens back, the acceptance walk), `commit` (each row's kept recurrent state and conv window),
+  `head replay` (the head's accept step: rollback, replay over the accepted tail, next seed), `other`
+  (the step's inputs, emitting text, the scheduler's bookkeeping).
 
-  | part | what |
-  |---|---|
-  | draft | the drafter's proposals (a head: its forwards and the target's LM head on each) |
-  | verify | the target's forward over the step's 1 + k positions, less the recurrence |
-  | recurrence | the gated-delta / Mamba2 recurrence inside that forward, keeping what rollback needs |
-  | lm head | the target's LM head over the 1 + k positions |
-  | sample+accept | sampling every row, reading the tokens back, the acceptance walk |
-  | commit | each row's kept recurrent state and conv window |
-  | head replay | the head's accept step (rollback, replay forward over the accepted tail, next seed) |
-  | other | the rest: the step's inputs, emitting text, the scheduler's bookkeeping |
+Forcing changes the total (parts no longer overlap), so the forced total is printed beside the unforced
+one. A configuration's step cost is its median unforced step over the plain step's (same pair, width and
+round); the same ratio in process CPU time (all threads: steadier than wall time on shared cores, though
+it counts BLAS threads spinning); and its floor, the forward over 1 + k positions over the forward over
+one; each as median (min-max) over rounds. A benchmark, not a test.
 
-Forcing evaluation changes the total (parts no longer overlap, every boundary synchronises), so the
-forced total is printed beside the unforced one. A configuration's step cost is its median unforced
-step over the plain step's (depth 0, same pair and width) in the same round; the same ratio in the
-process's CPU time (all its threads; steadier than wall time when other jobs share the cores, though it
-counts BLAS threads spinning too); and its floor, the forward alone over 1 + k positions over the forward
-over one, same round; each summarised over rounds (median, min-max). A benchmark, not a test.
-
-`--memory`: speculation's extra memory per row per drafted position instead, against what the state sizes
-predict (`predicted_bytes`). A verify step of a hybrid target keeps, beyond a plain step, what sets each
-row's gated-delta state after its kept positions (`mtpstack.worker.caches.StepRecord`), in one of two ways:
-- where mlx-lm's recurrence is a loop of one op a position (the CPU), the state after every position:
-  `linear layers x value heads x key dim x value dim x 4` bytes (fp32) per row per drafted position;
-- where it is one Metal kernel over all positions (`--replayed` runs that way here, through mlx-lm's
-  ops), only the recurrence's inputs (q, k, v: `conv_dim` values, and two gates per value head) per
-  drafted position, and at commit one replayed state per row that rejected drafts, whatever the depth
-  (1/k of one per drafted position);
-plus, either way, a conv window's input (`conv_dim` values) and the attention layers' KV, both small. It
-builds a tiny Qwen3.5-family target widened where that state lives (`WIDE`), runs real decode steps at each
-width and depth, and reports the peak memory in use during one step (mlx's peak counter, reset before each
-step) above the depth-0 step's, per row per drafted position, next to the prediction: median and min-max
-over `--repeats` steps.
+`--memory`: speculation's extra memory per row per drafted position instead, against `predicted_bytes`.
+A hybrid target's verify step keeps what sets each row's gated-delta state after its kept positions
+(`mtpstack.worker.caches.StepRecord`): on the CPU (a loop of one op a position) the state after every
+position; with one Metal kernel over all positions (`--replayed` runs that way here, through mlx-lm's
+ops) only the recurrence's inputs a position, and at commit one replayed state per row that rejected
+drafts; either way a conv window's input and the attention KV. It builds a tiny Qwen3.5-family target
+widened where that state lives (`WIDE`), runs real steps at each width and depth, and reports the peak
+memory during one step (mlx's peak counter, reset before it) above the depth-0 step's, per row per
+drafted position: median and min-max over `--repeats` steps.
 
 `--model-dims MODEL`: the figures at a real model's dimensions worked out on paper, and exit: one row's step
 on Metal (`paper_step`), or with `--memory` the bytes it keeps (`predicted_bytes`).
@@ -62,15 +48,18 @@ from __future__ import annotations
 import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from argparse import Namespace
 from pathlib import Path
+from unittest import mock
 
-from mtpstack.bench.parts import (MODEL_DIMS, PROMPTS, command_line, emit, ensure_preload, loadavg, prepare_models,
-                                  rounds)
+from mtpstack.bench.parts import (MODEL_DIMS, PROMPTS, command_line, emit, ensure_preload, fmt, loadavg,
+                                  prepare_models, rotated, rounds)
+from mtpstack.bench.parts import summarize as span_of
 from mtpstack.bench.stats import summarize
 
 #: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
@@ -144,51 +133,29 @@ def step_cost_rounds(rounds: list[dict], depth: int) -> list[float]:
 
 
 def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    if not values:
-        return "n/a"
-    s = summarize([v * scale for v in values])
-    return f"{s.median:.{digits}f} ({s.min:.{digits}f}-{s.max:.{digits}f})"
+    return fmt(span_of(values), digits=digits, scale=scale, count=False)
 
 
 def table(report: dict) -> list[str]:
-    lines = [
-        "one decode step, in-process, greedy; ms median (min-max) over rounds; 'forced': evaluation forced at "
-        "every part boundary (profiling mode, changes the total), parts as build+eval ms",
-    ]
+    lines = ["one decode step, in-process, greedy; ms median (min-max) over rounds; 'forced': evaluation forced at "
+             "every part boundary (profiling mode, changes the total), parts as build+eval ms"]
+    head = (f"    {'depth':>5} {'step (unforced)':>22} {'step cost':>18} {'cpu time':>18} {'floor':>18} "
+            f"{'tokens/step':>11} {'forced':>20}   parts (forced, build+eval ms)")
     for pair in report["pairs"]:
         lines.append(f"pair {pair['name']}: {pair['models']}")
-        for width_rows in pair["widths"]:
-            width = width_rows["width"]
-            lines.append(f"  width {width}")
-            lines.append(f"    {'depth':>5} {'step (unforced)':>22} {'step cost':>18} {'cpu time':>18} {'floor':>18} {'tokens/step':>11} "
-                         f"{'forced':>20}   parts (forced, build+eval ms)")
-            for row in width_rows["depths"]:
-                parts = "  ".join(
-                    f"{p} {row['parts'][p]['build_ms']:.1f}+{row['parts'][p]['eval_ms']:.1f}"
-                    for p in PARTS if row["parts"][p]["build_ms"] + row["parts"][p]["eval_ms"] >= 0.05
-                )
-                lines.append(
-                    f"    {row['depth']:>5} {row['step_ms']:>22} {row['step_cost']:>18} {row['cpu_cost']:>18} {row['floor_cost']:>18} "
-                    f"{row['tokens_per_step']:>11.2f} "
-                    f"{row['forced_ms']:>20}   {parts}"
-                )
+        for width in pair["widths"]:
+            lines += [f"  width {width['width']}", head]
+            for row in width["depths"]:
+                parts = "  ".join(f"{p} {t['build_ms']:.1f}+{t['eval_ms']:.1f}" for p, t in row["parts"].items()
+                                  if t["build_ms"] + t["eval_ms"] >= 0.05)
+                lines.append(f"    {row['depth']:>5} {row['step_ms']:>22} {row['step_cost']:>18} {row['cpu_cost']:>18} "
+                             f"{row['floor_cost']:>18} {row['tokens_per_step']:>11.2f} {row['forced_ms']:>20}   "
+                             + parts)
     lines.append(f"load average before / after: {report['loadavg'][0]} / {report['loadavg'][1]}")
     return lines
 
 
 # -- measuring -------------------------------------------------------------------------------
-
-
-def _arrays(x) -> list:
-    import mlx.core as mx
-
-    if isinstance(x, mx.array):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [a for item in x for a in _arrays(item)]
-    if isinstance(x, dict):
-        return [a for item in x.values() for a in _arrays(item)]
-    return []
 
 
 class Forcing:
@@ -201,7 +168,7 @@ class Forcing:
     def __init__(self, engine, batch):
         self.engine, self.batch = engine, batch
         self.timeline = Timeline()
-        self._undo: list = []
+        self._patches = contextlib.ExitStack()
 
     def _timed(self, part: str, fn, *, eval_inputs: bool = False, after=None):
         import mlx.core as mx
@@ -211,12 +178,12 @@ class Forcing:
         def wrapper(*args, **kwargs):
             if eval_inputs and timeline.current():  # what the inputs still owe is the enclosing part's work
                 start = timeline.clock()
-                mx.eval(_arrays((args, kwargs)))
+                mx.eval(args, kwargs)
                 timeline.add(timeline.current() + " eval", timeline.clock() - start)
             timeline.enter(part)
             out = fn(*args, **kwargs)
             built = timeline.clock()
-            mx.eval(_arrays(out))
+            mx.eval(out)
             if after is not None:
                 after()
             timeline.add(part + " eval", timeline.clock() - built)
@@ -225,46 +192,35 @@ class Forcing:
 
         return wrapper
 
-    def _patch(self, owner, name: str, value) -> None:
-        had = name in vars(owner) if hasattr(owner, "__dict__") else False
-        old = getattr(owner, name)
-        self._undo.append((owner, name, old, had))
-        setattr(owner, name, value)
+    def _patch(self, owner, name: str, part: str, **timing) -> None:
+        self._patches.enter_context(mock.patch.object(owner, name, self._timed(part, getattr(owner, name), **timing)))
 
     def install(self) -> "Forcing":
         import mlx.core as mx
+        from mlx_lm.models import ssm
 
-        parts, drafter = self.engine.parts, self.batch.drafter
-        self._patch(parts, "hidden", self._timed("verify", parts.hidden))
-        self._patch(parts, "lm_head", self._timed("lm head", parts.lm_head))
+        parts, drafter, caches = self.engine.parts, self.batch.drafter, self.batch.caches
+        self._patch(parts, "hidden", "verify")
+        self._patch(parts, "lm_head", "lm head")
         if drafter is not None:
             # What a drafter leaves lazy (its caches, a head's next seed) is forced with the part that made it.
             def drafter_state():
                 mx.eval([c.state for c in drafter.caches], drafter.arrays(self.batch.rows))
 
-            self._patch(drafter, "draft", self._timed("draft", drafter.draft, after=drafter_state))
-            self._patch(drafter, "accept", self._timed("head replay", drafter.accept, after=drafter_state))
-        caches = self.batch.caches
+            self._patch(drafter, "draft", "draft", after=drafter_state)
+            self._patch(drafter, "accept", "head replay", after=drafter_state)
         for i, cache in enumerate(caches):
             last = i == len(caches) - 1
-            self._patch(cache, "commit", self._timed(
-                "commit", cache.commit, after=(lambda: mx.eval([c.state for c in caches])) if last else None))
+            self._patch(cache, "commit", "commit", after=(lambda: mx.eval([c.state for c in caches])) if last else None)
         for module in [m for name, m in list(sys.modules.items()) if name.startswith("mtpstack.worker") and m is not None]:
             for name in RECURRENCES:
                 if callable(getattr(module, name, None)):
-                    self._patch(module, name, self._timed("recurrence", getattr(module, name), eval_inputs=True))
-        from mlx_lm.models import ssm
-
-        self._patch(ssm, "ssm_update", self._timed("recurrence", ssm.ssm_update, eval_inputs=True))
+                    self._patch(module, name, "recurrence", eval_inputs=True)
+        self._patch(ssm, "ssm_update", "recurrence", eval_inputs=True)
         return self
 
     def remove(self) -> None:
-        for owner, name, old, had in reversed(self._undo):
-            if had or not hasattr(owner, "__dict__"):
-                setattr(owner, name, old)
-            else:
-                delattr(owner, name)
-        self._undo = []
+        self._patches.close()
 
 
 def decode_rows(engine, width: int, depth: int, prompts: list[str] = PROMPTS):
@@ -316,31 +272,25 @@ class Floor:
 
 
 def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
-    """One round: every configuration's rows rebuilt, then `steps` sweeps of one unforced step each (the
-    configurations in an order rotated every sweep, so a burst of load hits each alike), then `steps` sweeps of
-    forced steps; and the forward-only floor, interleaved the same way."""
+    """One round: every configuration's rows rebuilt, then `steps` sweeps of one unforced step each (with the
+    floor beside it), then `steps` sweeps of forced steps, each sweep's order rotated."""
     import mlx.core as mx
 
     scheds = {c: decode_rows(engines[c[0]], c[1], c[2]) for c in configs}
     floors = {c: Floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
     out = {c: {"unforced": [], "cpu": [], "forced": [], "parts": [], "floor": [], "tokens": 0} for c in configs}
-
-    def order(sweep: int) -> list:
-        shift = (rnd * steps + sweep) % len(configs)
-        return configs[shift:] + configs[:shift]
-
     for sweep in range(steps):
-        for c in order(sweep):
-            start, cpu = time.perf_counter(), time.process_time()
+        for c in rotated(configs, rnd * steps + sweep):
+            o, start, cpu = out[c], time.perf_counter(), time.process_time()
             results = scheds[c].step()
-            out[c]["unforced"].append(time.perf_counter() - start)
-            out[c]["cpu"].append(time.process_time() - cpu)
-            out[c]["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
-            out[c]["floor"].append(floors[c].step())
+            o["unforced"].append(time.perf_counter() - start)
+            o["cpu"].append(time.process_time() - cpu)
+            o["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
+            o["floor"].append(floors[c].step())
     for c in configs:
         mx.eval([cache.state for cache in scheds[c].batch.caches])  # nothing lazy carried into the forced steps
     for sweep in range(steps):
-        for c in order(sweep):
+        for c in rotated(configs, rnd * steps + sweep):
             sched = scheds[c]
             forcing = Forcing(engines[c[0]], sched.batch).install()
             try:
@@ -360,42 +310,38 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
 
 
 def measure(args) -> dict:
+    """Every round as a report of its own, merged: the rounds of one run combine as `--merge` combines runs."""
     from mtpstack.worker.loading import Engine
 
-    started = loadavg()
     depths = sorted(set(args.depths) | {0})
+    reports = []
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
         engines, sources = {}, {}
         for name in args.pairs:
-            bench_args = Namespace(target=None, drafter=None, family=None if name == "demo" else name,
-                                   mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
-            target, head, sources[name] = prepare_models(bench_args, Path(tmp) / name)
+            pair_args = Namespace(target=None, family=None if name == "demo" else name,
+                                  mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
+            target, head, sources[name] = prepare_models(pair_args, Path(tmp) / name)
             engines[name] = Engine.load(str(target), str(head), draft_depth=max(depths))
         configs = [(p, w, d) for p in args.pairs for w in args.widths for d in depths]
-        runs = [measure_round(engines, configs, args.steps, rnd) for rnd, _ in rounds(0, args.repeats)]
-    pairs = [{"name": name, "models": sources[name], "widths": [
-        {"width": width, "depths": [depth_row(runs, (name, width), d) for d in depths]} for width in args.widths]}
-        for name in args.pairs]
-    return {"command": command_line(), "repeats": args.repeats, "steps": args.steps, "loadavg": [started, loadavg()],
-            "pairs": pairs}
+        for rnd, _ in rounds(0, args.repeats):
+            started, run = loadavg(), measure_round(engines, configs, args.steps, rnd)
+            pairs = [{"name": name, "models": sources[name], "widths": [
+                {"width": w, "depths": [depth_row(run, (name, w), d) for d in depths]} for w in args.widths]}
+                for name in args.pairs]
+            reports.append({"command": command_line(), "repeats": 1, "steps": args.steps,
+                            "loadavg": [started, loadavg()], "pairs": pairs})
+    return merge(reports)
 
 
-def depth_row(rounds: list[dict], pair_width: tuple, depth: int) -> dict:
-    """One depth's row of a pair and width: its steps' medians over rounds, its costs paired by round."""
-    runs = [r[(*pair_width, depth)] for r in rounds]
-
-    def cost(key: str) -> list[float]:
-        per_round = [{d: v[key] for (*pw, d), v in r.items() if tuple(pw) == pair_width} for r in rounds]
-        return step_cost_rounds(per_round, depth)
-
-    def medians(key: str) -> list[float]:
-        return [summarize(run[key]).median for run in runs]
-
-    raw = {"step_ms": medians("unforced"), "step_cost": cost("unforced"), "cpu_cost": cost("cpu"),
-           "floor_cost": cost("floor"), "forced_ms": medians("forced")}
-    parts = {p: {k + "_ms": summarize([summarize([s[p][k] for s in run["parts"]]).median for run in runs]).median * 1e3
-                 for k in ("build", "eval")} for p in PARTS}
-    return row_of(depth, raw, parts, summarize([run["tokens_per_step"] for run in runs]).median)
+def depth_row(run: dict, pair_width: tuple, depth: int) -> dict:
+    """One depth's row of a pair and width in one round: its steps' medians, its costs over the plain step's."""
+    this, by_depth = run[(*pair_width, depth)], {d: v for (*pw, d), v in run.items() if tuple(pw) == pair_width}
+    raw = {"step_ms": [summarize(this["unforced"]).median], "forced_ms": [summarize(this["forced"]).median]}
+    for name, key in (("step_cost", "unforced"), ("cpu_cost", "cpu"), ("floor_cost", "floor")):
+        raw[name] = step_cost_rounds([{d: v[key] for d, v in by_depth.items()}], depth)
+    parts = {p: {k + "_ms": summarize([s[p][k] for s in this["parts"]]).median * 1e3 for k in ("build", "eval")}
+             for p in PARTS}
+    return row_of(depth, raw, parts, this["tokens_per_step"])
 
 
 def row_of(depth: int, raw: dict[str, list[float]], parts: dict, tokens_per_step: float) -> dict:
@@ -449,11 +395,9 @@ def paper_step(dims: dict, depth: int, target_bits: int = 4, head_bits: int = 6)
     target = (body + lm_head) * quantized_bytes(target_bits)
     head = depth * (head_layer * quantized_bytes(head_bits) + lm_head * quantized_bytes(target_bits))
     before = {"state_bytes": linear * (positions * 2 * state + 2 * state), "launches": linear * (3 * positions + 2)}
-    after_kept = {"state_bytes": linear * 2 * state, "launches": linear * (3 + 1)}
-    after_rejected = {"state_bytes": linear * 4 * state, "launches": linear * (3 + 3 + 1)}
-    plain = {"state_bytes": linear * 2 * state, "launches": linear * (3 + 1)}
-    return {"target_bytes": target, "head_bytes": head, "plain": plain, "before": before,
-            "after_all_kept": after_kept, "after_rejected": after_rejected}
+    plain = {"state_bytes": linear * 2 * state, "launches": linear * (3 + 1)}  # and a step whose drafts all held
+    return {"target_bytes": target, "head_bytes": head, "plain": plain, "before": before, "after_all_kept": plain,
+            "after_rejected": {"state_bytes": linear * 4 * state, "launches": linear * (3 + 3 + 1)}}
 
 
 def paper_lines(model: str, depth: int) -> str:
@@ -490,8 +434,7 @@ def merge(reports: list[dict]) -> dict:
             widths.append({"width": width["width"], "depths": rows})
         pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
     return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
-            "loadavg": [r["loadavg"][0] for r in reports][:1] + [r["loadavg"][-1] for r in reports][-1:],
-            "merged": len(reports), "pairs": pairs}
+            "loadavg": [first["loadavg"][0], reports[-1]["loadavg"][-1]], "pairs": pairs}
 
 
 # -- --memory: what a drafted position keeps -------------------------------------------------

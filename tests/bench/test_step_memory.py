@@ -1,7 +1,11 @@
 """The memory bench's prediction (`step_profile.py --memory`): bytes a row keeps per drafted position, from a
-model's dimensions."""
+model's dimensions; and one real step a configuration."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 from devkit.scripts import load_script
 
@@ -27,3 +31,14 @@ def test_replayed_the_state_is_kept_once_a_row_and_only_the_small_inputs_a_posit
 def test_a_target_of_attention_only_keeps_no_recurrent_state():
     dims = dict(sm.WIDE, full_attention_interval=1)
     assert sm.predicted_bytes(dims)["state"] == 0
+
+
+def test_one_step_a_configuration_is_measured_above_the_plain_step_beside_its_prediction(tmp_path):
+    out = tmp_path / "memory.json"
+    cmd = [sys.executable, "bench/scripts/step_profile.py", "--memory", "--depths", "1", "--widths", "1", "--repeats", "1",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["predicted"] == sm.predicted_bytes(sm.WIDE, 1)["total"] and row["median"] > 0
+    assert row["ratio"] == row["median"] / row["predicted"]

@@ -1,6 +1,11 @@
-"""The step profile's bookkeeping: nested parts counted once, the gaps between parts named, step cost paired by round."""
+"""The step profile's bookkeeping: nested parts counted once, the gaps between parts named, step cost paired by
+round; and two real rounds on the demo pair."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -106,3 +111,19 @@ def test_on_paper_at_27b_dimensions_the_recurrence_run_once_moves_a_fifth_of_the
     assert 14.0e9 < p["target_bytes"] < 15.0e9
     one = sp.paper_step(sp.MODEL_DIMS["qwen3.5-27b"], depth=1)
     assert p["head_bytes"] == 3 * one["head_bytes"] and 1.0e9 < one["head_bytes"] < 1.1e9
+
+
+def test_two_rounds_on_the_demo_pair_time_every_part_and_pair_the_costs_by_round(tmp_path):
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, "bench/scripts/step_profile.py", "--pairs", "demo", "--depths", "1", "--widths", "1",
+           "--repeats", "2", "--steps", "1", "--mlp-multiplier", "1", "--extra-layers", "0", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (width,) = report["pairs"][0]["widths"]
+    plain, drafted = width["depths"]
+    assert report["repeats"] == 2 and plain["step_cost_raw"] == [1.0, 1.0] and len(drafted["step_cost_raw"]) == 2
+    # the forced step's parts were timed where they run: the target's recurrence, the head's accept step
+    assert drafted["parts"]["recurrence"]["eval_ms"] > 0 and drafted["parts"]["head replay"]["eval_ms"] > 0
+    assert plain["parts"]["head replay"]["eval_ms"] == 0 and drafted["tokens_per_step"] >= 1
+    assert "step cost" in done.stderr
