@@ -1,8 +1,5 @@
-"""`mtpstack bench sweep|report|compare|simulate`.
-
-Running and analysing are separate: `sweep` writes raw passes to `results.json`
-(and renders `report.md` and `sweep.png` from it); `report` and `compare` only
-read result files. Data goes to stdout, progress and errors to stderr.
+"""`mtpstack bench sweep|report|compare|simulate`: `sweep` writes raw passes to `results.json` (and renders from it),
+`report` and `compare` only read result files. Data goes to stdout, progress and errors to stderr.
 """
 
 from __future__ import annotations
@@ -111,12 +108,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     settings = sw.SweepSettings(
         config_file=str(args.config), worker=args.worker, depths=sw.parse_depths(args.depths), baseline=args.baseline,
         repeats=args.repeats, max_repeats=max(args.max_repeats, args.repeats),
-        workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out,
+        workloads=[w.strip() for w in args.workloads.split(",") if w.strip()], out=args.out, design=args.design,
         max_tokens=args.max_tokens, margin=args.margin, prompts_dir=args.prompts_dir, startup_timeout=args.startup_timeout,
+        widths=sw.parse_widths(args.widths, getattr(config.workers.get(args.worker), "max_num_seqs", 1)),
     )
-    worker = config.workers.get(args.worker)
-    settings.widths = sw.parse_widths(args.widths, worker.max_num_seqs if worker is not None else 1)
-    settings.design = args.design
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("passes"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as progress:

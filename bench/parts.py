@@ -1,10 +1,10 @@
 """What every benchmark script shares at its edges, so the scripts in `bench/scripts/` compose these instead of
 importing each other (issue 50): the options naming the measured pair and the pair they name (`model_options`,
 `prepare_models`, `demo_pair`, `longer_context`), the BLAS re-exec (`ensure_preload`), real models' dimensions,
-the short prompts, the samples' JSON summary and its cell (`summarize`, `fmt`), the table-and-JSON ending (`emit`),
+the short prompts, the samples' JSON summary and its cell (`spread`, `fmt`), the table-and-JSON ending (`emit`),
 the rounds a bench runs and their order (`round_options`, `rounds`, `rotated`, `few_repeats`), what its report
-says of the run (`run_meta`) and one blocking JSON request (`post_json`). Servers and the streaming client are
-`mtpstack.bench.servers`.
+says of the run (`run_meta`, its checkout read by `git`) and one blocking JSON request (`post_json`). Servers
+and the streaming client are `mtpstack.bench.servers`.
 """
 
 from __future__ import annotations
@@ -71,12 +71,6 @@ def longer_context(target: Path, tokens: int) -> None:
     path.write_text(json.dumps(config, indent=1))
 
 
-def widen_target(src: Path, dest: Path, args) -> Path:
-    from devkit.demo.widen import widen
-
-    return Path(widen(src, dest, mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers))
-
-
 def ensure_preload() -> None:
     """Re-exec under `worker_env()` so the in-process mlx-lm runs with the same BLAS as the servers."""
     from mtpstack.worker.launcher import worker_env
@@ -109,7 +103,7 @@ PROMPTS = [
 ]
 
 
-def summarize(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict:
     """`stats.summarize` as a report's JSON holds it: median, min, max and count; None of no values."""
     if not values:
         return {"median": None, "min": None, "max": None, "n": 0}
@@ -159,11 +153,22 @@ def loadavg() -> list[float] | None:
         return None
 
 
+def git(*args: str) -> str | None:
+    """`git ARGS` run in this checkout: its output, None where it failed."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), *args], capture_output=True,
+                              text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def run_meta(*, checkout: bool = False, **fields) -> dict:
     """A report's `meta`: the command, `fields`, the machine, the BLAS preloaded and the versions it ran with;
     `checkout`: also its commit and the tracked files changed (a shared checkout runs what is on disk, not HEAD)."""
     import platform
-    import subprocess
     import time
 
     meta = {"command": command_line(), **fields, "machine": platform.machine(), "cpus": os.cpu_count(),
@@ -171,13 +176,9 @@ def run_meta(*, checkout: bool = False, **fields) -> dict:
             "versions": {"mlx": version_of("mlx"), "mlx_lm": version_of("mlx-lm"), "mlx_vlm": version_of("mlx-vlm")},
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if checkout:
-        git = ["git", "-C", str(Path(__file__).resolve().parents[1])]
-        run = lambda *a: subprocess.run([*git, *a], capture_output=True, text=True, timeout=5).stdout  # noqa: E731
-        try:
-            changed = run("status", "--porcelain", "--untracked-files=no").splitlines()
-            meta.update(commit=run("rev-parse", "--short", "HEAD").strip() or "?", modified=[line[3:] for line in changed])
-        except (OSError, subprocess.TimeoutExpired):
-            meta.update(commit="?", modified=[])
+        changed = (git("status", "--porcelain", "--untracked-files=no") or "").splitlines()
+        meta.update(commit=(git("rev-parse", "--short", "HEAD") or "").strip() or "?",
+                    modified=[line[3:] for line in changed])
     return meta
 
 

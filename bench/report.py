@@ -61,8 +61,7 @@ def workload_of(key: str) -> str:
 
 
 def alternated(results: dict) -> bool:
-    """The sweep alternated its configurations in one process (`--design alternated`, or `auto` where it
-    could): its passes are paired. Results without a design (older sweeps) ran a fresh worker each."""
+    """The passes are paired: one process alternated the configurations (older results ran a fresh worker each)."""
     return results.get("settings", {}).get("design") == "alternated"
 
 
@@ -133,8 +132,7 @@ def format_summary(s: Summary, unit: str) -> str:
 
 
 def spread_warning(workload: str, summaries: Sequence[tuple[str, Summary]]) -> str | None:
-    """One warning per workload, with its remedy, naming every configuration whose MAD is a
-    large share of its median."""
+    """One warning per workload, with its remedy, naming each configuration whose MAD is a large share of its median."""
     noisy = [(label, s) for label, s in summaries if s.n >= 2 and s.rel_mad > SPREAD_WARN]
     if not noisy:
         return None
@@ -146,9 +144,7 @@ def spread_warning(workload: str, summaries: Sequence[tuple[str, Summary]]) -> s
 
 
 def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DEFAULT_CONFIDENCE, *, paired: bool = False) -> str:
-    """One line per comparison; the decision always comes first, a ratio only when there is one.
-
-    `paired`: the passes were alternated pairs and `v.ratio` is the geometric mean of the pair ratios."""
+    """One line per comparison: the decision first, a ratio (`paired`: of pair ratios) only when there is one."""
     if v.decision == "too few passes":
         return (
             f"{label} vs {baseline}: too few passes to compare (n {v.n_cand} against {v.n_base}, at least {MIN_PASSES} per side)"
@@ -164,9 +160,8 @@ def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DE
 
 def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: float = DEFAULT_MARGIN,
                paired: bool = False) -> str | None:
-    """How many passes the measured spread calls for (normal approximation from the simulation),
-    over the range of spreads the configurations showed. The estimate is for unpaired passes; with
-    `paired` the note says so (pairing cancels drift, so it needs fewer: `bench simulate --design paired`)."""
+    """How many unpaired passes the configurations' range of measured spreads calls for (the simulation's normal
+    approximation); `paired` passes need fewer, and the note says so."""
     from mtpstack.bench.simulate import repeats_for_power
 
     usable = [s for s in summaries if s.n >= MIN_PASSES and s.median > 0]
@@ -340,8 +335,7 @@ def render_report(results: dict, *, margin: float | None = None) -> list[str]:
 
 
 def output_mismatches(results: dict) -> list[str]:
-    """Greedy decoding must give the same text with and without a drafter; say where it did not
-    (one warning per workload and configuration)."""
+    """Where greedy text differed with and without a drafter: one warning per workload and configuration."""
     out = []
     # At width 2-4 the batch's makeup changes float results, so text is compared at width 1 only.
     for workload in [k for k in workloads_of(results) if width_of(k) == 1]:
@@ -364,8 +358,7 @@ def output_mismatches(results: dict) -> list[str]:
 
 
 def compare_lines(a: dict, b: dict, *, a_name: str = "A", b_name: str = "B", margin: float = DEFAULT_MARGIN) -> list[str]:
-    """`mtpstack bench compare A.json B.json`: each configuration of B against the same-labelled one
-    of A (or the only one against the only one), with the same rule as the sweep."""
+    """`bench compare`: each configuration of B against A's of the same label (or the only one), by the sweep's rule."""
     ca, cb = measured(a), measured(b)
     pairs: list[tuple[dict, dict]] = [(x, y) for x in ca for y in cb if x["label"] == y["label"]]
     if not pairs and len(ca) == 1 and len(cb) == 1:
@@ -417,8 +410,7 @@ def plot_points(results: dict, workload: str) -> list[tuple[int, str, Summary]]:
 
 
 def plot_sweep(results: dict, path: str | Path) -> Path:
-    """sweep.png: end-to-end tok/s against draft depth, one panel per workload, medians with MAD (thick)
-    and min … max (thin) bars."""
+    """sweep.png: end-to-end tok/s by draft depth, medians with MAD (thick) and min … max (thin) bars."""
     names = list(results.get("settings", {}).get("workloads", [])) or ["?"]
     widths = widths_of(results)
     # One row of panels per width (aggregate tok/s of w concurrent clients), one column per workload.
@@ -466,8 +458,4 @@ def save_figure(fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
-
-
-def lines_to_text(lines: Sequence[str]) -> str:
-    return "\n".join(lines) + "\n"
 

@@ -1,13 +1,7 @@
-"""Decision quality, shown: how often the rule is fooled, on synthetic runs with a known truth.
-
-Runs are drawn lognormal around a median (22 tok/s) with a given coefficient of
-variation. The default CV, 0.14, puts the middle 90% of single runs at about
-17.5-27.7 tok/s: the spread measured on one machine serving byte-identical
-output (17.4-27.3 around 22). For each number of passes per side the
-simulation reports how often the rule adopts a change that is not real (true
-ratio 1.0) and how often it detects a real win (default 15%), beside a naive
-rule that divides two medians (at n = 1: two single runs) and adopts above
-`1 + margin`. The rule is the one the sweep applies (`mtpstack.bench.stats.decide_batch`).
+"""Decision quality, shown: how often the sweep's rule (`mtpstack.bench.stats.decide_batch`) is fooled, on
+synthetic lognormal runs with a known truth, beside a naive ratio of medians. The default CV, 0.14, puts the
+middle 90% of single runs at 17.5-27.7 tok/s around 22: the spread measured on one machine serving
+byte-identical output (17.4-27.3).
 """
 
 from __future__ import annotations
@@ -104,14 +98,18 @@ def exit_status(rows: Sequence[Row | PairedRow]) -> int:
     return 0 if (worst_false_adopt(rows) or 0.0) <= FALSE_ADOPT_LIMIT else 1
 
 
-def _adopt_rate(n: int, effect: float, setup: Setup, rng: np.random.Generator) -> tuple[float | None, float]:
+def _adopt_rate(n: int, effect: float, setup: Setup, rng: np.random.Generator,
+                on_step: Callable[[], None] | None) -> tuple[float | None, float]:
+    """The rule's adopt rate (None: it refuses) and the naive one, at n passes per side and a true `effect`."""
     base = draw(rng, (setup.trials, n), cv=setup.cv)
     cand = draw(rng, (setup.trials, n), cv=setup.cv) * (1.0 + effect)
     naive = float(np.mean(np.median(cand, axis=1) / np.median(base, axis=1) > 1.0 + setup.margin))
-    if n < MIN_PASSES:
-        return None, naive
-    adopt, _, _ = decide_batch(base, cand, margin=setup.margin, resamples=setup.resamples, rng=rng)
-    return float(adopt.mean()), naive
+    rule = None
+    if n >= MIN_PASSES:
+        rule = float(decide_batch(base, cand, margin=setup.margin, resamples=setup.resamples, rng=rng)[0].mean())
+    if on_step:
+        on_step()
+    return rule, naive
 
 
 def simulate(
@@ -122,12 +120,8 @@ def simulate(
     rng = np.random.default_rng(seed)
     rows = []
     for n in repeats:
-        rates = []
-        for effect in (0.0, setup.effect):
-            rates.append(_adopt_rate(n, effect, setup, rng))
-            if on_step:
-                on_step()
-        (rule_null, naive_null), (rule_win, naive_win) = rates
+        (rule_null, naive_null), (rule_win, naive_win) = (_adopt_rate(n, effect, setup, rng, on_step)
+                                                          for effect in (0.0, setup.effect))
         rows.append(Row(n, rule_null, rule_win, naive_null, naive_win))
     return rows
 

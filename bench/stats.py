@@ -184,11 +184,6 @@ def decide(
     return Verdict("adopt" if lo > 1.0 + margin else "not significant", nb, nc, margin, ratio, lo, hi)
 
 
-def decide_paired(base: Sequence[float], cand: Sequence[float], **kw) -> Verdict:
-    """`decide` for paired passes."""
-    return decide(base, cand, paired=True, **kw)
-
-
 def decide_batch(
     base: np.ndarray, cand: np.ndarray, *, margin: float = DEFAULT_MARGIN, confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = 1000, rng: np.random.Generator, paired: bool = False,

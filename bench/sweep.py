@@ -1,18 +1,10 @@
 """`mtpstack bench sweep`: measure one worker profile at several draft depths, carefully.
 
-For each configuration (each depth, and the baseline), the steps of docs/bench.md ("What a sweep does"):
-1. the fleet is validated with it applied (a forbidden one stops the sweep before anything starts);
-2. a worker serves it on a free loopback port no fleet member uses;
-3. its weights are proven from the process's command line and `/identity` hashes (a mismatch aborts it);
-4. each workload's prompts run greedy, one discarded warm-up pass, then N measured passes (more while the
-   verdict is open, up to a cap), every streamed token timed, acceptance read off `/metrics`;
-5. the worker stops.
-
-Two designs (`choose_design`): `fresh`, a new process per configuration (two served by one process fail
-the sweep); `alternated`, where every configuration is a depth a request can carry, one worker proven once
-at the deepest depth serves them all, each pass one round of every configuration in rotating order (paired
-passes cancel the machine's drift and decide sooner). Everything raw goes to `results.json`; `report.md`
-and `sweep.png` are rendered from it.
+Each configuration goes through docs/bench.md's steps ("What a sweep does"): the fleet validated with it applied,
+a worker on a free loopback port no fleet member uses, its weights proven, each workload's passes measured (more
+while the verdict is open, up to a cap), the worker stopped. `choose_design` runs each in a `fresh` process, or
+all `alternated` in one worker, passes paired. Everything raw goes to `results.json`; `report.md` and `sweep.png`
+are rendered from it.
 """
 
 from __future__ import annotations
@@ -24,7 +16,6 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +26,9 @@ import aiohttp
 
 from mtpstack import series
 from mtpstack.bench import report as rpt
-from mtpstack.bench.parts import loadavg, rotated, version_of
+from mtpstack.bench.parts import git, loadavg, rotated, version_of
 from mtpstack.bench.servers import ServerError, stream_chat
-from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, Candidate, decide, decide_paired, settling
+from mtpstack.bench.stats import DEFAULT_MARGIN, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, MIN_PASSES, decide, settling
 from mtpstack.errors import UserError
 from mtpstack.proxy.prometheus import unlabelled
 from mtpstack.runtime import WILDCARD_HOSTS, Process, StartError, free_port, url_of
@@ -169,15 +160,15 @@ def alternated_profile(profile: WorkerProfile, configs: Sequence[Configuration])
     if not any(c.depth == DEPTH_AUTO for c in configs):
         return with_depth(profile, max(fixed))
     assert profile.drafter is not None
-    reach = max([profile.drafter.max_depth, *fixed])
-    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": DEPTH_AUTO, "max_depth": reach})})
+    return with_depth(profile, DEPTH_AUTO, max_depth=max([profile.drafter.max_depth, *fixed]))
 
 
-def with_depth(profile: WorkerProfile, depth: int | str | None) -> WorkerProfile:
+def with_depth(profile: WorkerProfile, depth: int | str | None, **drafter) -> WorkerProfile:
+    """`profile` drafting at `depth` (None: without its drafter), `drafter` its other fields changed."""
     if depth is None:
         return profile.model_copy(update={"drafter": None})
     assert profile.drafter is not None
-    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": depth})})
+    return profile.model_copy(update={"drafter": profile.drafter.model_copy(update={"depth": depth, **drafter})})
 
 
 def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str) -> tuple[list[Configuration], Configuration]:
@@ -198,11 +189,9 @@ def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str)
 
 
 def choose_design(asked: str, configs: Sequence[Configuration], profile: WorkerProfile) -> tuple[str, str]:
-    """The design a sweep runs and why. Alternated (paired) passes reach a verdict in far fewer passes
-    than fresh processes (`mtpstack bench simulate`: 80% power for a 15% win within 15 pairs against 43% at
-    30 passes), but only for settings a request can carry: every configuration a depth (no `no-drafter`),
-    on the native worker (`mlx_lm.server` has no per-request depth). `alternated` asked for where it cannot run
-    is refused."""
+    """The design a sweep runs and why. Paired passes decide far sooner (`mtpstack bench simulate`: 80% power
+    for a 15% win within 15 pairs, 43% at 30 fresh passes), but only for settings a request carries: every
+    configuration a depth, on the native worker. `alternated` asked for where it cannot run is refused."""
     restart = []
     if any(c.depth is None for c in configs):
         restart.append("the `no-drafter` baseline needs a worker without a drafter")
@@ -280,11 +269,9 @@ _SWEEP_NAMES = {("target", "/identity"): "target path", ("drafter", "/identity")
 
 
 def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] | None = None) -> dict:
-    """Check a running worker against its configuration with the one weights proof
-    (`mtpstack.worker.proof.prove_weights`): its own command line must name what the profile asks
-    for, its `/identity` must agree with that command line, and the hashes must be the expected
-    ones. Raises `ConfigurationAborted` listing every mismatch; returns the proof for results.json, with
-    the drafter's kind as the worker resolved it (`WeightsProof.resolved_kind`, else the profile's)."""
+    """A running worker checked by the one weights proof (`mtpstack.worker.proof.prove_weights`) against what
+    `expected` asks for: `ConfigurationAborted` listing every mismatch, else the proof for results.json, with the
+    drafter's kind as the worker resolved it (else the profile's)."""
     profile = expected.profile
     try:
         proof = prove_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
@@ -439,15 +426,8 @@ class SweepSettings:
 
 def git_revision() -> str | None:
     """The checkout's commit, `-dirty` when tracked files changed (a shared checkout runs what is on disk)."""
-    def git(*args: str) -> subprocess.CompletedProcess:
-        root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
-
-    try:
-        rev, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if rev.returncode == 0 else None
+    rev, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    return None if rev is None else rev.strip() + ("-dirty" if (dirty or "").strip() else "")
 
 
 def start_worker(profile: WorkerProfile, log_path: Path, name: str) -> Process:
@@ -656,47 +636,35 @@ class Sweep:
             rounds += 1
 
     def _open(self, configs: list[Configuration], records: list[dict], key: str) -> bool:
-        """More passes can decide something. Alternated: a paired verdict against the baseline is open (it
-        straddles `1 + margin` with a win as its point estimate), or the comparison settling the recommendation
-        is undecided. A fresh configuration (the baseline measured before it): its verdict against the baseline
-        is open, or it is a side of the comparison settling the recommendation so far and that is undecided."""
-        margin = self.s.margin
+        """More passes can decide something: a verdict against the baseline is open (it straddles `1 + margin`
+        with a win as its point estimate), or the comparison settling the recommendation is undecided. Alternated:
+        every configuration in the worker, paired. Fresh (the baseline measured before it): this configuration's
+        verdict, or a settling comparison among what is measured so far of which it is one side."""
+        margin, baseline = self.s.margin, self.results["baseline"]
         if len(configs) > 1:
-            record = next(r for r in records if r["label"] == self.results["baseline"])
-            base, others = _candidate(record, key), [_candidate(r, key) for r in records if r is not record]
-            if any(decide_paired(list(base.values), list(c.values), margin=margin, resamples=1000).open for c in others):
+            record = next(r for r in records if r["label"] == baseline)
+            base, others = rpt.candidate(record, key), [rpt.candidate(r, key) for r in records if r is not record]
+            if any(decide(base.values, c.values, margin=margin, resamples=1000, paired=True).open for c in others):
                 return True
             settled = settling(base, others, margin=margin, resamples=1000, paired=True)
             return settled is not None and not settled.decided
-        c = configs[0]
-        base_record = next((r for r in self.results["configurations"] if r["label"] == self.results["baseline"]), None)
-        if c.label == self.results["baseline"] or base_record is None or base_record["status"] != "measured":
-            return False
-        mine = _candidate(records[0], key)
-        return (decide(rpt.values(base_record, key), list(mine.values), margin=margin).open
-                or self._settling_needs(key, mine))
-
-    def _settling_needs(self, workload: str, current: Candidate) -> bool:
-        """The comparison settling the recommendation among what is measured so far is undecided and
-        `current` is one of its two sides: more passes of `current` can decide it."""
         measured = [c for c in self.results["configurations"] if c["status"] == "measured"]
-        base = next((c for c in measured if c["label"] == self.results["baseline"]), None)
-        if base is None:
+        base_record = next((c for c in measured if c["label"] == baseline), None)
+        if configs[0].label == baseline or base_record is None:
             return False
-        others = [_candidate(c, workload) for c in measured if c is not base]
-        settled = settling(_candidate(base, workload), [*others, current], margin=self.s.margin, resamples=1000)
-        return settled is not None and not settled.decided and current in (settled.recommended, settled.best)
-
-
-def _candidate(record: dict, key: str) -> Candidate:
-    return Candidate(record["label"], record.get("depth"), tuple(rpt.values(record, key)))
+        base, mine = rpt.candidate(base_record, key), rpt.candidate(records[0], key)
+        if decide(base.values, mine.values, margin=margin).open:
+            return True
+        others = [rpt.candidate(c, key) for c in measured if c is not base_record]
+        settled = settling(base, [*others, mine], margin=margin, resamples=1000)
+        return settled is not None and not settled.decided and mine in (settled.recommended, settled.best)
 
 
 def write_outputs(results: dict, out: Path) -> list[Path]:
     """report.md and sweep.png next to results.json."""
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.md"
-    report_path.write_text(rpt.lines_to_text(rpt.render_report(results)))
+    report_path.write_text("\n".join(rpt.render_report(results)) + "\n")
     paths = [out / "results.json", report_path]
     if rpt.measured(results):
         paths.append(rpt.plot_sweep(results, out / "sweep.png"))

@@ -11,7 +11,7 @@ over the wall time of its requests, sent one at a time, greedy, each run to `--m
   depth map (its deepest class at least the deepest fixed depth): arm `map` sends the prompts as they are (the
   worker classifies them), arm `fixed D` names the deepest class (`mtpstack_class`, `--deep-class`) and lowers
   it to D; an arm's run is the code and prose prompts interleaved (chat); the map is judged against each
-  (`mtpstack.bench.stats.decide_paired`).
+  (`mtpstack.bench.stats.decide`, paired).
 
     python bench/scripts/alternate.py --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
     python bench/scripts/alternate.py --url http://127.0.0.1:18716 --map --deep-class code --fixed 1,2,3,4 --passes 10
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from mtpstack.bench.parts import post_json, rotated
-from mtpstack.bench.stats import decide_paired, neighbour_correlation, summarize
+from mtpstack.bench.stats import decide, neighbour_correlation, summarize
 from mtpstack.bench.sweep import load_prompts
 
 PROMPT = "def fibonacci(n):\n"
@@ -73,7 +73,7 @@ def report(arms: dict, runs: list[dict], comparisons: list[tuple[str, str]], max
         lines.append(f"{name:8} median {s.median:7.1f} tok/s  min-max {s.min:.1f}-{s.max:.1f}  n {s.n}")
     best = max({base for _, base in comparisons}, key=lambda n: summarize(values[n]).median)
     for cand, base in comparisons:
-        v = decide_paired(values[base], values[cand])
+        v = decide(values[base], values[cand], paired=True)
         ratio = "-" if v.ratio is None else f"{v.ratio:.3f} [{v.lo:.3f}, {v.hi:.3f}]"
         mark = "  <- best single depth" if len(comparisons) > 1 and base == best else ""
         lines.append(f"{cand} / {base}: {ratio} -> {v.decision}{mark}")

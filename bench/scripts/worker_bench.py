@@ -27,11 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from mtpstack import series
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, fmt, model_options,
-                                  prepare_models, round_options, rounds, run_meta, summarize)
+                                  prepare_models, round_options, rounds, run_meta, spread)
 from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, WIDTH, start_servers, stream_chat
 from mtpstack.bench.sweep import scrape
 from mtpstack.validator import DEPTH_DEFAULT
@@ -47,10 +48,10 @@ def single_summary(runs: list[dict]) -> dict:
     """tok/s over every run; time to first token over all, and apart for the runs whose prompt the
     server's prefix cache held (it reported `cached_tokens`) and those it prefilled whole."""
     return {
-        "tok_s": summarize([r["tok_s"] for r in runs]),
-        "ttft_s": summarize([r["ttft_s"] for r in runs]),
-        "ttft_cold_s": summarize([r["ttft_s"] for r in runs if not r.get("cached_tokens")]),
-        "ttft_hit_s": summarize([r["ttft_s"] for r in runs if r.get("cached_tokens")]),
+        "tok_s": spread([r["tok_s"] for r in runs]),
+        "ttft_s": spread([r["ttft_s"] for r in runs]),
+        "ttft_cold_s": spread([r["ttft_s"] for r in runs if not r.get("cached_tokens")]),
+        "ttft_hit_s": spread([r["ttft_s"] for r in runs if r.get("cached_tokens")]),
     }
 
 
@@ -121,9 +122,9 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
                 if r.get("step_s"):
                     inside.append(r["step_s"] / r["steps"] * 1e3)
         if costs:
-            out[name] = {"step_cost": summarize(costs), "tokens_per_step": summarize(per_step), "step_ms": summarize(ms),
-                         "speedup": summarize([t / c for t, c in zip(per_step, costs)]),
-                         "step_ms_inside": summarize(inside)}
+            out[name] = {"step_cost": spread(costs), "tokens_per_step": spread(per_step), "step_ms": spread(ms),
+                         "speedup": spread([t / c for t, c in zip(per_step, costs)]),
+                         "step_ms_inside": spread(inside)}
     return out
 
 
@@ -215,30 +216,26 @@ def summary_of(samples: dict, depth: int, notes: list[str]) -> dict:
     """The figures of every round's samples: single-stream and concurrent spreads, the head's speedups and step
     costs, native+mtp's acceptance, and the goals' ratios."""
     single = {name: single_summary(rs) for name, rs in samples["single"].items()}
-    conc = {name: {k: summarize([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
+    conc = {name: {k: spread([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
             for name, rs in samples["concurrent"].items()}
-
-    def tok_s(name: str) -> dict:
-        return single.get(name, {}).get("tok_s", {})
-
-    def aggregate(name: str) -> dict:
-        return conc.get(name, {}).get("aggregate_tok_s", {})
-
-    speedup = {"native": ratio(tok_s("native+mtp"), tok_s("native")),
-               "mlx-vlm": ratio(tok_s("mlx-vlm+mtp"), tok_s("mlx-vlm"))}
+    # The spreads a ratio divides, empty for a configuration not run.
+    tok_s = defaultdict(dict, {name: s["tok_s"] for name, s in single.items()})
+    aggregate = defaultdict(dict, {name: s["aggregate_tok_s"] for name, s in conc.items()})
+    speedup = {"native": ratio(tok_s["native+mtp"], tok_s["native"]),
+               "mlx-vlm": ratio(tok_s["mlx-vlm+mtp"], tok_s["mlx-vlm"])}
     costs = step_costs(samples["single"])
     mine = samples["single"].get("native+mtp", [])
     drafted = sum(r.get("drafted") or 0 for r in mine)
     goals = {
-        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1.15)": ratio(tok_s("native+mtp"), tok_s("mlx-vlm+mtp")),
+        "single stream: native+mtp / mlx-vlm+mtp (goal >= 1.15)": ratio(tok_s["native+mtp"], tok_s["mlx-vlm+mtp"]),
         "the head's speedup: native / mlx-vlm (goal >= 1)": (
             speedup["native"] / speedup["mlx-vlm"] if speedup["native"] and speedup["mlx-vlm"] else None),
         f"step cost at depth {depth}: native+mtp (goal <= 1.3)": (
             costs["native+mtp"]["step_cost"]["median"] if "native+mtp" in costs else None),
         f"aggregate at {WIDTH}: native+mtp / mlx-vlm+mtp (goal >= 1.3)": ratio(
-            aggregate("native+mtp"), aggregate("mlx-vlm+mtp")),
+            aggregate["native+mtp"], aggregate["mlx-vlm+mtp"]),
         f"aggregate at {WIDTH}: native+mtp / mlx_lm.server (goal >= 1)": ratio(
-            aggregate("native+mtp"), aggregate("mlx_lm.server")),
+            aggregate["native+mtp"], aggregate["mlx_lm.server"]),
     }
     return {"single": single, "speedup": speedup, "step_costs": costs, "concurrent": conc, "goals": goals,
             "notes": notes, "acceptance": sum(r.get("accepted") or 0 for r in mine) / drafted if drafted else None}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mtpstack.bench import simulate as sim
-from mtpstack.bench.stats import MIN_PAIRS, decide, decide_paired, neighbour_correlation
+from mtpstack.bench.stats import MIN_PAIRS, decide, neighbour_correlation
 
 
 def test_pairing_cancels_drift_that_blocks_hide_it_in():
@@ -19,14 +19,14 @@ def test_pairing_cancels_drift_that_blocks_hide_it_in():
     drift = [1.0, 1.6, 0.7, 1.3, 0.9, 1.5, 0.8, 1.2, 1.1, 0.75]
     base = [100 * d for d in drift]
     cand = [120 * d * (1.0 + 0.01 * (-1) ** i) for i, d in enumerate(drift)]
-    assert decide_paired(base, cand).adopt
+    assert decide(base, cand, paired=True).adopt
     assert not decide(base, cand).adopt
 
 
 def test_the_paired_rule_refuses_too_few_pairs_and_unequal_sides():
-    assert decide_paired([1.0] * (MIN_PAIRS - 1), [2.0] * (MIN_PAIRS - 1)).decision == "too few passes"
+    assert decide([1.0] * (MIN_PAIRS - 1), [2.0] * (MIN_PAIRS - 1), paired=True).decision == "too few passes"
     with pytest.raises(ValueError):
-        decide_paired([1.0] * 5, [1.0] * 6)
+        decide([1.0] * 5, [1.0] * 6, paired=True)
 
 
 def test_drifting_runs_keep_the_cv_and_correlate_neighbours_by_rho():

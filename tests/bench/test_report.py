@@ -177,10 +177,10 @@ def test_emit_config_prints_the_recommended_depth_per_workload_as_yaml_and_nix()
 
 
 def test_a_paired_verdict_names_its_statistic_and_the_unpaired_estimate_says_it_is_one():
-    from mtpstack.bench.stats import decide_paired
+    from mtpstack.bench.stats import decide
 
     noisy = [21.0, 22.0, 23.0, 22.5, 21.5, 20.0]
-    line = rpt.format_verdict("depth 2", "no-drafter", decide_paired(BASE + [20.0], noisy), paired=True)
+    line = rpt.format_verdict("depth 2", "no-drafter", decide(BASE + [20.0], noisy, paired=True), paired=True)
     assert "not significant" in line and "geometric mean of pair ratios" in line
     assert "; ratio " not in line
     spread = [summarize([15.0, 22.0, 30.0, 18.0, 26.0]), summarize([20.0, 21.0, 22.0, 23.0, 24.0])]

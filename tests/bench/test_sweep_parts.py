@@ -258,8 +258,6 @@ def test_the_weights_proof_refuses_a_declared_kind_the_worker_did_not_load_and_r
 
 
 def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(example):
-    from mtpstack.bench.stats import Candidate
-
     sweep = sw.Sweep.__new__(sw.Sweep)
     sweep.s = type("S", (), {"margin": 0.05})()
 
@@ -269,9 +267,13 @@ def test_extra_passes_go_to_a_side_of_the_undecided_settling_comparison_only(exa
 
     sweep.results = {"baseline": "no-drafter", "configurations": [
         measured("no-drafter", None, [300.0, 310.0, 320.0]), measured("depth 2", 2, [560.0, 585.0, 640.0])]}
+
+    def open_(label, depth, values):  # every one clearly adopted against the baseline: only settling can ask for more
+        return sweep._open([sw.Configuration(label, depth)], [measured(label, depth, values)], "code")
+
     # depth 3 is the best so far and undecided against depth 2: it gets passes.
-    assert sweep._settling_needs("code", Candidate("depth 3", 3, (600.0, 660.0, 700.0)))
+    assert open_("depth 3", 3, [600.0, 660.0, 700.0])
     # A clearly slower configuration is no side of it.
-    assert not sweep._settling_needs("code", Candidate("depth 1", 1, (400.0, 401.0, 402.0)))
+    assert not open_("depth 1", 1, [400.0, 401.0, 402.0])
     # Decided (far above): no more passes.
-    assert not sweep._settling_needs("code", Candidate("depth 3", 3, (900.0, 901.0, 902.0, 903.0)))
+    assert not open_("depth 3", 3, [900.0, 901.0, 902.0, 903.0])

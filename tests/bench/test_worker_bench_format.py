@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from devkit.scripts import load_script
-from mtpstack.bench.parts import fmt, summarize
+from mtpstack.bench.parts import fmt, spread
 
 wb = load_script("worker_bench")
 
 
 def test_summaries_keep_the_spread():
-    assert summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
-    assert summarize([])["median"] is None
-    assert fmt(summarize([1.0, 2.0, 4.0])) == "2.00 (1.00-4.00, n=3)"
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert spread([])["median"] is None
+    assert fmt(spread([1.0, 2.0, 4.0])) == "2.00 (1.00-4.00, n=3)"
 
 
 def test_a_ratio_needs_both_medians():
@@ -26,7 +26,7 @@ def run(decode_s: float, tokens: int, steps: int) -> dict:
 
 
 def test_report_lines_name_every_configuration_and_every_drafted_ones_step_cost():
-    s = summarize([10.0])
+    s = spread([10.0])
     single = {"native+mtp": [run(1.6, 9, 4)], "native": [run(1.0, 9, 8)],
               "mlx-vlm+mtp": [run(2.0, 9, 4)], "mlx-vlm": [run(1.6, 9, 8)]}
     summary = {
