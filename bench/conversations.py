@@ -1,14 +1,6 @@
-"""The multi-turn driver: agent sessions (`mtpstack.bench.workloads`) sent turn by turn, each streamed and timed.
-
-- `one_turn`: one chat turn streamed: its time to the first generated token (text, reasoning or a tool
-  call), to the end, the usage the server reports (prompt, cached and completion tokens), its answer's
-  text, and how it ended (`STATUSES`: a server's error, a 429 or a timeout is a row, not an exception);
-- `run_sessions`: every session as an agent runs it: it starts at its arrival and sends each turn after
-  the previous answer and its think time (a conversation fed its answers appends each to the next turn).
-
-Used by `agent_bench` (its conversations' turns) and `fleet_bench` (the fleet's sessions, and the
-routing mode's conversations); each turn is the bench's one streaming client, `mtpstack.bench.servers.stream_chat`.
-"""
+"""The multi-turn driver of `agent_bench` and `fleet_bench`: agent sessions (`mtpstack.bench.workloads`)
+sent as an agent sends them, each from its arrival, each turn after the previous answer and its think time,
+streamed by `servers.stream_chat` and timed; a server's error, a 429 or a timeout is a row, not an exception."""
 
 from __future__ import annotations
 
@@ -29,8 +21,7 @@ API_KEY = "sk-fleet-bench"
 
 async def one_turn(http, base_url: str, model: str, messages: list[dict], max_tokens: int, *,
                    timeout: float = REQUEST_TIMEOUT, rid: str | None = None, extra: dict | None = None) -> dict:
-    """One turn to `base_url` (`.../v1`), streamed by `servers.stream_chat`, how it ended a row's `status`;
-    `extra`: more fields of the body (tools, `ignore_eos`, ...)."""
+    """One turn to `base_url` (`.../v1`): its times, usage and text, how it ended its `status`."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {API_KEY}", **({"X-Request-Id": rid} if rid else {})}

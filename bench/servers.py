@@ -1,13 +1,6 @@
-"""The servers the benchmarks measure, started the same way by every script, and the one streaming client.
-
-- `CONFIGS`: each configuration a bench can name (the native worker with and without the head,
-  mlx-vlm's server with and without it, `mlx_lm.server`, and `native+mtp@baseline`, another build);
-- `worker_profile` / `worker_command` / `server_argv`: their command lines (a worker's rendered from a
-  validated profile, as a deploy renders it; `on_program`: run by another build's `mtpstack`);
-- `start_workers` / `start_servers`: the processes, started together and waited for until healthy;
-- `stream_chat`: one greedy chat (or plain) completion streamed, timed at its send, first content and end;
-  `metrics`: a server's `/metrics`, parsed.
-"""
+"""The servers the benchmarks measure (`CONFIGS`), started the same way by every script: a worker's command
+line rendered from a validated profile as a deploy renders it (`worker_command`), all waited for until
+healthy (`start_workers`); and the bench's one streaming client, `stream_chat`."""
 
 from __future__ import annotations
 
@@ -81,7 +74,7 @@ def server_argv(name: str, target: Path, head: Path, depth: int, port: int, base
 
 
 def start_workers(commands: dict[str, tuple[list[str], int]], logdir: Path, procs: Processes | None = None,
-                  timeout: float = 300) -> dict[str, Process]:
+                  timeout: float = 300, cwd: Path | None = None) -> dict[str, Process]:
     """Each named command line serving on its loopback port, started together and waited for until
     healthy; if one is not, all are stopped (all of `procs` when given: the stack they belong to)."""
     env = worker_env()
@@ -91,7 +84,8 @@ def start_workers(commands: dict[str, tuple[list[str], int]], logdir: Path, proc
     procs = Processes() if procs is None else procs
     try:
         started = {name: procs.start(argv, log_path=logdir / f"{name.replace(' ', '-')}.log", name=name, kind="worker",
-                                     url=url_of("127.0.0.1", port), env=env) for name, (argv, port) in commands.items()}
+                                     url=url_of("127.0.0.1", port), env=env, cwd=cwd)
+                   for name, (argv, port) in commands.items()}
         for proc in started.values():
             proc.wait_ready("/health", timeout, state="healthy")
     except BaseException:
@@ -127,17 +121,12 @@ class ServerError(RuntimeError):
 async def stream_chat(session, url: str, model: str, messages: list | str, max_tokens: int, times: list | None = None,
                       headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool | None = True,
                       on_content=None, path: str | None = None, tool_text: bool = False) -> dict:
-    """One greedy chat completion streamed: when it was sent, its first token, its end, its text and usage
-    (each token chunk's arrival time appended to `times` when given). `ignore_eos`: every answer runs
-    to `max_tokens`, so runs decode the same number of tokens whether or not the model ends its turn
-    (mlx_lm.server and mlx-vlm ignore the field, and stop at their model's end of turn; without it every
-    server stops there, so all decode the same text; None: not sent). The first token is the first
-    of the answer, of its reasoning or of a tool call (`empty`: none came); `text` is the answer's content,
-    what a client sends back; `done`: the stream ended with `[DONE]`. `extra`: more fields of the body
-    (`chat_template_kwargs`, tools); `on_content(piece, arrival)` is called with each piece of content or
-    reasoning. `messages` a string: a plain completion of that prompt (no chat-output splitter holds text
-    back). `path`: the endpoint under `url` (default `/v1/chat/completions`, `/v1/completions` for a prompt).
-    `tool_text`: a tool call's streamed arguments join `text` (the sweep hashes what a tool-call turn wrote)."""
+    """One greedy chat completion streamed: when it was sent, its first token (of the answer, its reasoning
+    or a tool call; `empty`: none came), its end, its content (`text`, what a client sends back) and usage;
+    each token chunk's arrival appended to `times`, and `on_content(piece, arrival)` called per piece.
+    `ignore_eos`: every answer runs to `max_tokens`, so runs decode the same number of tokens (mlx_lm.server
+    and mlx-vlm ignore it; None: not sent). `messages` a string: a plain completion (no chat-output splitter
+    holds text back). `tool_text`: tool-call arguments join `text` (the sweep hashes what such a turn wrote)."""
     plain = isinstance(messages, str)
     body = {"model": model, ("prompt" if plain else "messages"): messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},

@@ -1,15 +1,7 @@
-"""Whole stacks for the benches that measure past one worker: a fleet of workers behind `mtpstack proxy`,
-the front ends compared with it (nginx), the raw clients that time them, and the CPU their processes use.
-
-- `fleet` / `start_fleet`: a fleet config of native workers behind the proxy, and its processes started
-  (the workers, then the proxy once they are healthy);
-- `nginx_conf`: Debian's nginx as a reverse proxy (one process, no buffering, keep-alive upstream);
-- `Sample`, `plain`, `stream`: a plain request's latency, a stream's time to first chunk and duration
-  (and, for a stamped upstream, each chunk's delivery delay);
-- `cpu_seconds`: a process's CPU time over all its threads.
-
-The worker-level servers (the native worker against `mlx_lm.server` and mlx-vlm) are `mtpstack.bench.servers`.
-"""
+"""Whole stacks for the benches that measure past one worker: a fleet of native workers behind
+`mtpstack proxy` (`fleet`, `start_fleet`), nginx as the front end compared with it (`nginx_conf`), the raw
+clients that time them (`plain`, `stream`) and the CPU their processes use (`cpu_seconds`). The servers
+of one worker are `mtpstack.bench.servers`."""
 
 from __future__ import annotations
 
@@ -43,7 +35,7 @@ def fleet(policy: str, target: Path, head: Path, width: int, depth: int, ports: 
 
 
 def start_fleet(data: dict, rundir: Path):
-    """The workers, then the proxy once they are healthy; every process a `mtpstack.runtime.Process`."""
+    """The workers, then the proxy once they are healthy: (all processes, the proxy, the workers)."""
     rundir.mkdir(parents=True, exist_ok=True)
     (rundir / "fleet.yaml").write_text(yaml.safe_dump(data))
     config, procs = FleetConfig.model_validate(data), Processes()

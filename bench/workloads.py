@@ -1,15 +1,8 @@
-"""The workloads the benchmarks send, as data: one definition per kind of conversation, used by every script that needs it.
+"""The agent workloads the benchmarks send, one definition per kind of conversation:
 
-- An agent conversation of fixed turns (`agent_bench`, `fleet_bench --routing`): a coding agent's system
-  prompt with a tool list (`system_prompt`, the round number first so that no round hits another's
-  cache), then `FOLLOW_UPS` as the user's turns, each answer `ANSWER_TOKENS` long, appended
-  (`conversation`: one as a `Session` whose turns are fed the answers, with tool pauses and output).
-- Agent sessions replayed against a fleet (`fleet_bench`): `make_workload`, seeded, so that every
-  stack and round gets the same requests byte for byte: the whole conversation so far each turn,
-  with tool calls and results (file contents, test runs, searches and diffs) of the sizes asked for.
-
-Prompts of the short single-stream rounds are `mtpstack.bench.parts.PROMPTS`; the sweep's prompt
-sets are files in `bench/prompts/`.
+- a conversation of fixed turns fed its answers (`agent_bench`, `fleet_bench --routing`): `conversation`;
+- agent sessions replayed against a fleet (`fleet_bench`): `make_workload`, seeded, so that every stack
+  and round gets the same requests byte for byte, with tool calls and results of the sizes asked for.
 """
 
 from __future__ import annotations
@@ -49,12 +42,9 @@ def opening(system: str, question: str = "what is failing?") -> list[dict]:
 
 
 def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
-    """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in
-    every run of a round. Without pauses, or with pauses short next to a turn, four conversations at
-    full width keep their workers by themselves under any routing (a turn takes the slot its previous
-    turn just freed: first-free kept 8 of 8 at 0.3 s in a first version of the routing bench); with
-    pauses of seconds, as an agent's tools take, workers go idle between turns and first-free sends
-    the next turn to the first idle one in config order (15 of 24 kept at 2 s, docs/proxy.md)."""
+    """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in every
+    run of a round. Pauses of seconds, as an agent's tools take, let workers go idle between turns, so
+    that first-free can move a turn (at 0.3 s it kept 8 of 8 on their workers; docs/proxy.md)."""
     if turn == 1 or mean <= 0:
         return 0.0
     return random.Random(f"{rnd}-{conversation}-{turn}").uniform(0, 2 * mean)

@@ -1,30 +1,26 @@
 """Agent benchmark: what the prefix cache saves an agent, side by side with mlx_lm.server's prompt cache, one run.
 
-The two servers, started once and used alternately (drift hits both alike): `native+mtp`, the native worker
-with the MTP head and its prefix cache at the default budget, and `mlx_lm.server` with its own prompt cache.
-Each round sends a fresh system prompt (a coding agent's, with a tool list), so nothing carries over:
-  1. `turns`: a 6-turn conversation fed its greedy answers, time to first token per turn, once per
-     `--thinking` mode (the template's `enable_thinking`, sent to both servers);
+`native+mtp` (the native worker, the MTP head, its prefix cache at the default budget) and `mlx_lm.server`
+(its own prompt cache), started once and used alternately; each round a fresh system prompt (a coding
+agent's, with a tool list), so nothing carries over:
+  1. `turns`: a 6-turn conversation fed its greedy answers, TTFT per turn, per `--thinking` mode;
   2. `shared`: a second conversation on the same system prompt, its first turn against the first's;
-  3. `concurrent`: 4 clients at once with distinct prompts (no cache hits), median time to first token;
+  3. `concurrent`: 4 clients at once with distinct prompts (no cache hits), median TTFT;
   4. `prefill_itl` (native only): one streaming row's gaps while a 2,000-token prompt is prefilled beside it.
-Scenarios with native workers of their own, one at a time, started afresh:
-  5. `restart`: a conversation's first turn on a worker with a disk tier, the worker restarted on its
-     directory, its next turn, against that turn prefilled whole by a fresh worker: both TTFTs, the
-     restore's GB/s, and the first worker's writes (the line its disk tier logs when it stops);
-  6. `memory`: `--flood` distinct `--flood-tokens`-token prompts into one worker of the shipped demo pair:
-     its resident memory (VmRSS, VmHWM) against `mtpstack_worker_prefix_cache_bytes` after each;
-  7. `spill_itl`: a streaming row's gaps while distinct prompts pass a small memory budget (`SPILL_GIB`)
-     beside it: memory only, and with a disk tier taking every snapshot, rounds alternating the order;
-  8. `restore_itl`: the row's gaps while a long prompt whose snapshots are on disk only is restored
-     `--restores` times beside it, against the gaps outside those windows.
+On native workers of their own, started afresh:
+  5. `restart`: a first turn on a worker with a disk tier, the worker restarted on its directory, the next
+     turn, against it prefilled whole by a fresh worker (both TTFTs, the restore's GB/s, the first's writes);
+  6. `memory`: `--flood` distinct prompts into one worker of the shipped demo pair: its resident memory
+     (VmRSS, VmHWM) against `mtpstack_worker_prefix_cache_bytes` after each;
+  7. `spill_itl`: a row's gaps while distinct prompts pass a small budget (`SPILL_GIB`) beside it, memory
+     only and with a disk tier taking every snapshot;
+  8. `restore_itl`: the row's gaps while a prompt on disk only is restored `--restores` times beside it,
+     against the gaps outside those windows.
 `--baseline PROGRAM` runs `memory` and `restore_itl` for another build too (before and after a change).
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
-    python bench/scripts/agent_bench.py --only restart --rounds 5
-    python bench/scripts/agent_bench.py --only memory --baseline /tmp/base/.venv/bin/mtpstack
-    python bench/scripts/agent_bench.py --only restore_itl --baseline /tmp/base/.venv/bin/mtpstack
+    python bench/scripts/agent_bench.py --only memory restore_itl --baseline /tmp/base/.venv/bin/mtpstack
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -42,13 +38,13 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 
 from mtpstack import series
 from mtpstack.bench.conversations import REQUEST_TIMEOUT, answered, run_sessions
 from mtpstack.bench.load import memory_kib
-from mtpstack.bench.parts import demo_pair, emit, ensure_preload, fmt, post_json, rotated, rounds, summarize
+from mtpstack.bench.parts import demo_pair, emit, ensure_preload, fmt, post_json, rotated, rounds, spread
 from mtpstack.bench.servers import metrics, start_servers, start_workers, stream_chat, worker_command, worker_profile
 from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, conversation, opening, system_prompt
 from mtpstack.proxy.prometheus import sample
@@ -77,7 +73,7 @@ def ratio(a, b):
 
 def known(rows: list[dict], key: str) -> dict:
     """`key` summarized over the rows that measured it (a value, not None or 0)."""
-    return summarize([r[key] for r in rows if r.get(key)])
+    return spread([r[key] for r in rows if r.get(key)])
 
 
 # -- pure summaries (unit-testable) ------------------------------------------------------
@@ -92,14 +88,14 @@ def summarize_samples(samples: dict) -> dict:
         out[server] = {
             **turns_summary(s.get("turns", [])),
             "thinking": {mode: turns_summary(convs) for mode, convs in (s.get("turns_by_thinking") or {}).items()},
-            "shared_ttft_s": summarize([x for x, _ in s.get("shared", [])]),
-            "shared_over_first": summarize([x / f for x, f in s.get("shared", []) if f]),
-            "concurrent_ttft_s": summarize(s.get("concurrent", [])),
+            "shared_ttft_s": spread([x for x, _ in s.get("shared", [])]),
+            "shared_over_first": spread([x / f for x, f in s.get("shared", []) if f]),
+            "concurrent_ttft_s": spread(s.get("concurrent", [])),
         }
         if windows := s.get("prefill_itl"):
             out[server]["prefill_itl"] = {
-                **{key: summarize([w[key] for w in windows]) for key in ("median_s", "p99_s")},
-                "p99_over_median": summarize([w["p99_s"] / w["median_s"] for w in windows if w["median_s"]]),
+                **{key: spread([w[key] for w in windows]) for key in ("median_s", "p99_s")},
+                "p99_over_median": spread([w["p99_s"] / w["median_s"] for w in windows if w["median_s"]]),
                 "outside_median_s": known(windows, "outside_median_s"),
             }
     return out
@@ -109,10 +105,10 @@ def turns_summary(turns: list[list[float]]) -> dict:
     """Time to first token of each conversation's turns: turn 1, the later ones, and each
     conversation's later turns over its own turn 1."""
     return {
-        "turn1_ttft_s": summarize([conv[0] for conv in turns if conv]),
-        "later_ttft_s": summarize([t for conv in turns for t in conv[1:]]),
-        "later_over_turn1": summarize([statistics.median(conv[1:]) / conv[0] for conv in turns if len(conv) > 1 and conv[0]]),
-        "per_turn_ttft_s": [summarize([conv[i] for conv in turns if len(conv) > i]) for i in range(max(map(len, turns), default=0))],
+        "turn1_ttft_s": spread([conv[0] for conv in turns if conv]),
+        "later_ttft_s": spread([t for conv in turns for t in conv[1:]]),
+        "later_over_turn1": spread([statistics.median(conv[1:]) / conv[0] for conv in turns if len(conv) > 1 and conv[0]]),
+        "per_turn_ttft_s": [spread([conv[i] for conv in turns if len(conv) > i]) for i in range(max(map(len, turns), default=0))],
     }
 
 
@@ -120,14 +116,13 @@ def restart_summary(rounds: list[dict]) -> dict:
     """The next turn after a restart against the same turn prefilled whole, round by round."""
     restored, wrote = [r for r in rounds if r.get("restore_s")], [r for r in rounds if r.get("write_s")]
     return {
-        "restart_ttft_s": summarize([r["restart_ttft_s"] for r in rounds]),
-        "cold_ttft_s": summarize([r["cold_ttft_s"] for r in rounds]),
-        "restart_over_cold": summarize([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
-        "restore_s": summarize([r["restore_s"] for r in restored]),
-        "restore_gb_s": summarize([r["read_bytes"] / r["restore_s"] / 1e9 for r in restored if r.get("read_bytes")]),
-        **{key: summarize([r[key] for r in wrote]) for key in ("write_s", "sync_s", "written_mb")},
-        "sync_share": summarize([r["sync_s"] / r["write_s"] for r in wrote]),
-        **{key: summarize([r[key] for r in rounds]) for key in ("cached_tokens", "prompt_tokens")},
+        **{key: spread([r[key] for r in rounds])
+           for key in ("restart_ttft_s", "cold_ttft_s", "cached_tokens", "prompt_tokens")},
+        "restart_over_cold": spread([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
+        "restore_s": spread([r["restore_s"] for r in restored]),
+        "restore_gb_s": spread([r["read_bytes"] / r["restore_s"] / 1e9 for r in restored if r.get("read_bytes")]),
+        **{key: spread([r[key] for r in wrote]) for key in ("write_s", "sync_s", "written_mb")},
+        "sync_share": spread([r["sync_s"] / r["write_s"] for r in wrote]),
     }
 
 
@@ -141,7 +136,7 @@ def memory_summary(floods: list[dict]) -> dict:
             "rss_growth_mib": [round(a["rss_mib"] - base, 1) for a in after],
             "peak_growth_mib": [round(a["hwm_mib"] - base, 1) for a in after],
             "gauge_mib": [round(a["gauge_mib"], 1) for a in after],
-            "growth_per_prompt_mib": summarize([b["rss_mib"] - a["rss_mib"] for a, b in zip(after, after[1:])]),
+            "growth_per_prompt_mib": spread([b["rss_mib"] - a["rss_mib"] for a, b in zip(after, after[1:])]),
             "growth_over_gauge": (after[-1]["rss_mib"] - base) / after[-1]["gauge_mib"] if after and after[-1]["gauge_mib"] else None,
         }
     return out
@@ -151,17 +146,17 @@ def restore_summary(rounds: list[dict]) -> dict:
     out = {}
     for build in rounds[0] if rounds else []:
         mine = [r[build] for r in rounds]
-        out[build] = {k: summarize([m[k] for m in mine if m.get(k) is not None])
+        out[build] = {k: spread([m[k] for m in mine if m.get(k) is not None])
                       for k in ("median_s", "p99_s", "max_s", "outside_median_s", "disk_hits", "read_mb", "restore_s")}
-        out[build]["inside_over_outside"] = summarize([m["median_s"] / m["outside_median_s"] for m in mine
+        out[build]["inside_over_outside"] = spread([m["median_s"] / m["outside_median_s"] for m in mine
                                                        if m.get("median_s") and m.get("outside_median_s")])
     return out
 
 
 def spill_summary(rounds: list[dict]) -> dict:
     out = {v: {"median_s": known([r[v] for r in rounds], "median_s"), "p99_s": known([r[v] for r in rounds], "p99_s"),
-               "disk_writes": summarize([r[v]["disk_writes"] for r in rounds])} for v in ("memory", "disk")}
-    out["p99_disk_over_memory"] = summarize([r["disk"]["p99_s"] / r["memory"]["p99_s"] for r in rounds
+               "disk_writes": spread([r[v]["disk_writes"] for r in rounds])} for v in ("memory", "disk")}
+    out["p99_disk_over_memory"] = spread([r["disk"]["p99_s"] / r["memory"]["p99_s"] for r in rounds
                                              if r["disk"]["p99_s"] and r["memory"]["p99_s"]])
     return out
 
@@ -297,12 +292,17 @@ async def decoding_row(session, url: str, model: str, label: str, times: list, t
     return decoding
 
 
-async def stopped(decoding: asyncio.Task) -> None:
-    decoding.cancel()
+@asynccontextmanager
+async def beside_a_row(session, url: str, label: str):
+    """A decoding row (`decoding_row`) to measure the block beside: its chunks' times, the row stopped after."""
+    times: list[float] = []
+    decoding = await decoding_row(session, url, "bench", label, times)
     try:
-        await decoding
-    except (asyncio.CancelledError, Exception):
-        pass
+        yield times
+    finally:
+        decoding.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await decoding
 
 
 async def shared_servers(session, args, target: Path, head: Path, workdir: Path, on: set, samples: dict) -> str | None:
@@ -315,12 +315,10 @@ async def shared_servers(session, args, target: Path, head: Path, workdir: Path,
             for name in rotated(SERVERS, rnd):
                 url, model, got = servers[name].url, models[name], samples[name]
                 seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
-                ttfts, tokens, by_mode = [], [], {}
-                if "turns" in on:
-                    for m, mode in enumerate(args.thinking):
-                        by_mode[mode] = await conversation_turns(url, model, system_prompt(seed * 10 + m, args.tools),
-                                                                 THINKING[mode], f"agent-{rnd}-{name}-{mode}")
-                    ttfts, tokens = by_mode[args.thinking[0]]
+                by_mode = {mode: await conversation_turns(url, model, system_prompt(seed * 10 + m, args.tools),
+                                                          THINKING[mode], f"agent-{rnd}-{name}-{mode}")
+                           for m, mode in enumerate(args.thinking)} if "turns" in on else {}
+                ttfts, tokens = by_mode.get(args.thinking[0], ([], []))
                 other = (await shared(session, url, model, system_prompt(100 + seed, args.tools))
                          if "shared" in on else None)
                 conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None
@@ -329,13 +327,12 @@ async def shared_servers(session, args, target: Path, head: Path, workdir: Path,
                 print(f"round {rnd} {name}: turns {[round(t, 3) for t in ttfts]} shared {other} 4-clients {conc}"
                       + (f" itl median {itl['median_s']} p99 {itl['p99_s']}" if itl else ""), file=sys.stderr)
                 if keep:
-                    for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc)):
+                    for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc),
+                                       ("prefill_itl", itl if itl and itl["n"] else None)):
                         if value:
                             got[key].append(value)
                     for mode, (t, _) in by_mode.items():
                         got["turns_by_thinking"].setdefault(mode, []).append(t)
-                    if itl and itl["n"]:
-                        got["prefill_itl"].append(itl)
                 if tokens:
                     prompt_tokens = prompt_tokens or f"{tokens[0]}-{tokens[-1]}"
     finally:
@@ -413,15 +410,13 @@ async def restore_round(session, target: Path, head: Path, args, workdir: Path, 
         cache = Path(shutil.copytree(primed, workdir / f"restore-{rnd}-{b}"))
         with native_worker(target, head, args.depth, workdir, f"restore-{rnd}-{b}", program=programs[build],
                            cache_gib=SPILL_GIB, cache_dir=cache) as w:
-            times: list[float] = []
-            decoding = await decoding_row(session, w.url, "bench", f"restore {rnd}", times)
-            before, windows = scrape(w.url, names), []
-            for _ in range(args.restores):
-                r = await stream_chat(session, w.url, "bench", messages, 1)
-                windows.append((r["sent"], r["first"]))
-            after = scrape(w.url, names)
+            async with beside_a_row(session, w.url, f"restore {rnd}") as times:
+                before, windows = scrape(w.url, names), []
+                for _ in range(args.restores):
+                    r = await stream_chat(session, w.url, "bench", messages, 1)
+                    windows.append((r["sent"], r["first"]))
+                after = scrape(w.url, names)
             hits, read, seconds = (after[k] - before[k] for k in names)
-            await stopped(decoding)
         out[build] = {**itl_windows(times, windows), "disk_hits": hits, "read_mb": read / 1e6 / max(hits, 1),
                       "restore_s": seconds / max(hits, 1)}
     return out
@@ -433,14 +428,12 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
     for variant in rotated(["memory", "disk"], rnd):
         with native_worker(target, head, args.depth, workdir, f"spill-{rnd}-{variant}", cache_gib=SPILL_GIB,
                            cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None) as w:
-            times: list[float] = []
-            decoding = await decoding_row(session, w.url, "bench", f"spill {rnd}", times)
-            start = time.perf_counter()
-            for i in range(args.spill_prompts):
-                prompt = system_prompt(700 + rnd * 50 + i, args.tools // 2)
-                await stream_chat(session, w.url, "bench", [{"role": "user", "content": prompt}], 1)
-            end = time.perf_counter()
-            await stopped(decoding)
+            async with beside_a_row(session, w.url, f"spill {rnd}") as times:
+                start = time.perf_counter()
+                for i in range(args.spill_prompts):
+                    prompt = system_prompt(700 + rnd * 50 + i, args.tools // 2)
+                    await stream_chat(session, w.url, "bench", [{"role": "user", "content": prompt}], 1)
+                end = time.perf_counter()
             writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
         out[variant] = {**itl_window(times, start, end), "disk_writes": writes[series.PREFIX_CACHE_DISK_WRITES],
                         "evictions": writes[series.PREFIX_CACHE_EVICTIONS]}

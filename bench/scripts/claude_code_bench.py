@@ -1,13 +1,10 @@
 """Claude Code's turns against `mtpstack up`'s demo: time to first token and the prefix cache's reuse, per turn.
 
-Each round starts the demo fleet as `mtpstack up` ships it, puts a recording relay in front of its
-proxy, and runs Claude Code headless (`claude -p`) in a fresh home: a first turn (its system prompt,
-its context and its 12 tools: about 12k demo tokens, nothing cached), two next turns of the same
-conversation (`claude -c -p`), then the first turn of another conversation in another folder (whose
-system prompt and tools the worker has seen). The relay times each `/v1/messages` from its arrival to
-the stream's first content block and reads `usage` (`input_tokens`, `cache_read_input_tokens`) from
-`message_start`; a turn's request after its tool's result (the demo calls `Bash` once) gets a row of
-its own. Then the fleet stops, so every round's first turn is cold:
+Each round starts the demo fleet as `mtpstack up` ships it, a recording relay before its proxy, and
+Claude Code headless (`claude -p`) in a fresh home: `TURNS` (a cold first turn of about 12k demo tokens,
+two next turns, then another conversation's first turn on the same system prompt and tools). The relay
+times each `/v1/messages` to the stream's first content block and reads `message_start`'s `usage`; a
+turn's request after its tool's result gets a row of its own. The fleet stops after each round:
 
     flock /work/bench.lock python bench/scripts/claude_code_bench.py --rounds 3 --out claude.json
 
@@ -37,7 +34,7 @@ from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from mtpstack.bench.parts import summarize
+from mtpstack.bench.parts import spread
 from mtpstack.runtime import Process, StartError, free_port, url_of
 from mtpstack.up import DEMO_MODEL, default_fleet
 
@@ -150,18 +147,13 @@ def turn_requests(records: list[dict]) -> list[dict]:
     return [r for r in full if _prompt(r) * 2 >= longest]
 
 
-def main_request(records: list[dict]) -> dict | None:
-    """A turn's own request: the first of `turn_requests`."""
-    return next(iter(turn_requests(records)), None)
-
-
 #: The label of a turn's request after the tool's result.
 AFTER_RESULT = "{}, after the tool's result"
 
 
 def turn_row(label: str, turns: list[dict]) -> str:
     """One line of the report: a turn's TTFT and cache reuse over the rounds (pure)."""
-    ttft, read, prompt = (summarize([t[key] for t in turns])
+    ttft, read, prompt = (spread([t[key] for t in turns])
                           for key in ("ttft_s", "cache_read_input_tokens", "prompt_tokens"))
     return (f"| {label} | {prompt['median']:,.0f} | {ttft['median']:.2f} ({ttft['min']:.2f}-{ttft['max']:.2f}) | "
             f"{read['median']:,.0f} ({read['min']:,.0f}-{read['max']:,.0f}) | {len(turns)} |")
@@ -181,22 +173,15 @@ def report(result: dict) -> list[str]:
     return lines
 
 
-def _fleet(work: Path) -> tuple[Path, dict]:
-    config = default_fleet()
-    config["proxy"]["port"] = free_port()
-    config["workers"]["demo"]["port"] = free_port()
-    path = work / "fleet.json"
-    path.write_text(json.dumps(config))
-    return path, config
-
-
 #: Claude Code's own switch for its first-party mode (it otherwise checks the base URL for `api.anthropic.com`).
 FIRST_PARTY_ENV = {"_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1"}
 
 
 async def one_round(claude: Path, work: Path, first_party: bool = False) -> dict:
-    fleet, config = _fleet(work)
-    up = Process([sys.executable, "-m", "mtpstack", "up", str(fleet), "--run-dir", str(work / "run")],
+    config = default_fleet()
+    config["proxy"]["port"], config["workers"]["demo"]["port"] = free_port(), free_port()
+    (work / "fleet.json").write_text(json.dumps(config))
+    up = Process([sys.executable, "-m", "mtpstack", "up", str(work / "fleet.json"), "--run-dir", str(work / "run")],
                  log_path=work / "up.log", name="demo", kind="up", url=url_of("127.0.0.1", config["proxy"]["port"]))
     up.start()
     try:

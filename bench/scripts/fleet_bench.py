@@ -1,19 +1,11 @@
 """Fleet benchmark: the whole stack against the stacks people build instead, on an agent workload;
 and, `--routing`, the proxy's `affinity` routing against `first-free` on agent conversations.
 
-The workload (`mtpstack.bench.workloads.make_workload`, seeded: every stack and round gets the same bytes):
-agent sessions arriving over time, each turn the whole conversation so far (a system prompt with its
-tools, the task, each tool call and its result), after a think time; the answers are measured, not fed back.
-The stacks, started fresh per round in rotating order, on the demo target widened:
-  - `mtpstack`: `mtpstack proxy` (affinity routing) in front of two native workers of gate 2 with the MTP head;
-  - `litellm`: LiteLLM's proxy (`least-busy`; .venv-litellm, from scripts/bootstrap-litellm) in front of two
-    `mlx_lm.server` processes at the validator's mlx-lm argv (the same width, their prompt caches, no head);
-  - `nginx`: Debian's nginx, round-robin over the same two `mlx_lm.server` processes.
-Per stack, the median over rounds (min-max) of turn TTFT and turn time p50/p95, output tok/s, the share of
-prompt tokens from a cache, errors, 429s and timeouts; each stack against mtpstack with a 95% bootstrap
-interval; a plot of TTFT by turn. `--routing`: mtpstack and `mtpstack-first-free` on four of the agent
-bench's conversations fed their answers, after tool pauses: TTFT on turns 2+ beside turn 1's, the affinity
-hit rate and routing decisions from the proxy, the cached share, and first-free over affinity (`stats.decide`).
+The seeded workload (`workloads.make_workload`) goes to each stack, started fresh per round in rotating
+order on the demo target widened: `mtpstack` (the proxy before two native workers with the MTP head),
+`litellm` (LiteLLM's proxy, `least-busy`, from scripts/bootstrap-litellm) and `nginx` (round-robin), both
+before two `mlx_lm.server` processes at the validator's mlx-lm argv. `--routing`: mtpstack under both
+policies on four of the agent bench's conversations fed their answers, after tool pauses.
 The method and the figures: docs/bench.md, and docs/proxy.md's benchmark of routing.
 
     python bench/scripts/fleet_bench.py --out bench/out/fleet        # 3 rounds, the widened target
@@ -45,8 +37,8 @@ import yaml
 
 from mtpstack import series
 from mtpstack.bench import stats
-from mtpstack.bench.conversations import API_KEY, REQUEST_TIMEOUT, answered, one_turn, run_sessions
-from mtpstack.bench.parts import demo_pair, ensure_preload, fmt, rotated, run_meta, summarize, version_of
+from mtpstack.bench.conversations import API_KEY, REQUEST_TIMEOUT, STATUSES, answered, one_turn, run_sessions
+from mtpstack.bench.parts import demo_pair, ensure_preload, fmt, rotated, run_meta, spread, version_of
 from mtpstack.bench.report import figure, save_figure
 from mtpstack.bench.servers import metrics, start_workers, worker_command, worker_profile
 from mtpstack.bench.load import request_events
@@ -59,15 +51,12 @@ from mtpstack.runtime import Processes, free_port, url_of
 ROOT = _checkout.ROOT
 STACKS = ("mtpstack", "litellm", "nginx")
 BASE_STACK = "mtpstack"
-#: Stacks `--stacks` may name beyond the three compared by default: `mtpstack-wait` is mtpstack with
-#: `proxy.affinityWaitSeconds` at `--affinity-wait`, to measure that policy against mtpstack's default;
-#: `mtpstack-first-free` is mtpstack with `proxy.routing: first-free` (`--routing`).
+#: `--stacks` beyond the three: mtpstack with `proxy.affinityWaitSeconds` at `--affinity-wait`, and with
+#: `first-free` routing (`--routing`, whose table names each stack by its `POLICIES`).
 EXTRA_STACKS = ("mtpstack-wait", "mtpstack-first-free")
-#: `--routing`: each stack's routing policy, as its table names it.
 POLICIES = {"mtpstack": "affinity", "mtpstack-first-free": "first-free"}
-#: Two workers (or mlx_lm.server processes) per stack, each of this batch width (mtpstack's gate): with
-#: four conversations at once (`--routing`) every conversation has a slot, so routing is about where a
-#: turn goes, not about queueing.
+#: Two backends per stack of this batch width each: `--routing`'s four conversations each have a slot, so
+#: routing is about where a turn goes, not about queueing.
 BACKENDS = 2
 WIDTH = 2
 #: The sizes of a full run and of `--quick`. Token counts are the served model's (the demo tokenizer).
@@ -80,45 +69,38 @@ ROUTING = {"sessions": 4, "tools": 40, "turns": (TURNS, TURNS), "answer_tokens":
            "pause": 2.0, "output_lines": 0, "mlp_multiplier": 8, "extra_layers": 10}
 ROUTING_QUICK = {**ROUTING, "tools": 12, "turns": (3, 3), "answer_tokens": 8, "rounds": 1, "mlp_multiplier": 1,
                  "extra_layers": 0}
-#: Sent with every turn of the fleet's sessions, so that every stack renders the same prompt: `mlx_lm.server`
-#: turns a template's thinking switch on unless told (its tokenizer wrapper's default), the native worker
-#: leaves the template's own default (off in the demo's); LiteLLM passes the field through.
-THINKING_OFF = {"enable_thinking": False}
-#: The body's extra fields per workload: the fleet's sessions carry their tools; the routing conversations
-#: run every answer to its `max_tokens`, as the agent bench's do.
-EXTRA = {"sessions": {"tools": TOOLS, "chat_template_kwargs": THINKING_OFF}, "routing": {"ignore_eos": True}}
+#: The body's extra fields: the fleet's sessions carry their tools and thinking off, so that every stack
+#: renders the same prompt (`mlx_lm.server` turns a template's thinking on unless told, the native worker
+#: keeps the template's default); the routing conversations run every answer to `max_tokens`, as agent_bench's.
+EXTRA = {"sessions": {"tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}},
+         "routing": {"ignore_eos": True}}
 
 
 # -- summaries (pure) ---------------------------------------------------------------------------
 
-#: Per-round figures: name -> (what, unit, True when higher is better).
+#: Per-round figures: name -> (what, True when higher is better, the table's header and width, its
+#: digits and scale: the cached share a percentage).
 METRICS = {
-    "ttft_p50": ("turn TTFT p50", "s", False),
-    "ttft_p95": ("turn TTFT p95", "s", False),
-    "turn_p50": ("turn time p50", "s", False),
-    "turn_p95": ("turn time p95", "s", False),
-    "tok_s": ("output tok/s", "tok/s", True),
-    "cached_share": ("prompt tokens from a cache", "", True),
+    "ttft_p50": ("turn TTFT p50", False, "TTFT p50 s", 18, 2, 1),
+    "ttft_p95": ("turn TTFT p95", False, "TTFT p95 s", 18, 2, 1),
+    "turn_p50": ("turn time p50", False, "turn p50 s", 18, 2, 1),
+    "turn_p95": ("turn time p95", False, "turn p95 s", 18, 2, 1),
+    "tok_s": ("output tok/s", True, "out tok/s", 18, 1, 1),
+    "cached_share": ("prompt tokens from a cache", True, "cached", 14, 0, 100),
 }
-COUNTS = ("error", "429", "timeout")
-#: The table's column of each of `METRICS`: (header, width).
-COLUMNS = {"ttft_p50": ("TTFT p50 s", 18), "ttft_p95": ("TTFT p95 s", 18), "turn_p50": ("turn p50 s", 18),
-           "turn_p95": ("turn p95 s", 18), "tok_s": ("out tok/s", 18), "cached_share": ("cached", 14)}
+COUNTS = STATUSES[1:]  # the failures
+#: The latency percentiles: the figure's name -> (the row's field, the percentile).
+PERCENTILES = {f"{name}_p{q}": (key, q) for name, key in (("ttft", "ttft_s"), ("turn", "total_s")) for q in (50, 95)}
 
 
 def round_metrics(rows: list[dict]) -> dict:
     """One run's figures from its turns: latencies over the answered turns, throughput over the span from
     the first request to the last answer, the counts of each failure."""
     ok = [r for r in rows if r["status"] == "ok"]
-    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
-    total = [r["total_s"] for r in ok]
-    out = {
-        "ttft_p50": stats.percentile(ttft, 50) if ttft else None,
-        "ttft_p95": stats.percentile(ttft, 95) if ttft else None,
-        "turn_p50": stats.percentile(total, 50) if total else None,
-        "turn_p95": stats.percentile(total, 95) if total else None,
-        "tok_s": None, "cached_share": None, "turns": len(rows),
-    }
+    out: dict = {"tok_s": None, "cached_share": None, "turns": len(rows)}
+    for name, (key, q) in PERCENTILES.items():
+        values = [r[key] for r in ok if r.get(key) is not None]
+        out[name] = stats.percentile(values, q) if values else None
     if rows:
         span = max(r["sent_s"] + r["total_s"] for r in rows) - min(r["sent_s"] for r in rows)
         tokens = sum(r.get("completion_tokens") or 0 for r in ok)
@@ -131,9 +113,9 @@ def round_metrics(rows: list[dict]) -> dict:
     return out
 
 
-def spread(values: list) -> dict | None:
-    """`parts.summarize` of the values measured (not None); None when there are none."""
-    s = summarize([x for x in values if x is not None])
+def measured(values: list) -> dict | None:
+    """`parts.spread` of the values measured (not None); None when there are none."""
+    s = spread([x for x in values if x is not None])
     return s if s["n"] else None
 
 
@@ -147,7 +129,7 @@ def summarize_stacks(rows: list[dict]) -> dict:
     out = {}
     for stack in dict.fromkeys(r["stack"] for r in rows):
         per_round_ = per_round([r for r in rows if r["stack"] == stack])
-        out[stack] = {k: spread([m[k] for m in per_round_]) for k in (*METRICS, *COUNTS)}
+        out[stack] = {k: measured([m[k] for m in per_round_]) for k in (*METRICS, *COUNTS)}
         out[stack]["turns"] = sum(m["turns"] for m in per_round_)
         out[stack]["rounds"] = len(per_round_)
     return out
@@ -173,7 +155,7 @@ def compare(rows: list[dict], base: str = BASE_STACK, resamples: int = 2000) -> 
             continue
         mine = [r for r in rows if r["stack"] == stack]
         cell = {}
-        for name, key, q in (("ttft_p50", "ttft_s", 50), ("ttft_p95", "ttft_s", 95), ("turn_p50", "total_s", 50), ("turn_p95", "total_s", 95)):
+        for name, (key, q) in PERCENTILES.items():
             b, c = _clusters(base_rows, key), _clusters(mine, key)
             if b and c:
                 ratio, lo, hi = stats.cluster_ratio_ci(b, c, lambda v, q=q: stats.percentile(v, q), resamples=resamples)
@@ -202,15 +184,6 @@ def ttft_by_turn(rows: list[dict]) -> dict:
     return out
 
 
-def _fmt(s: dict | None, unit: str) -> str:
-    if not s:
-        return "-"
-    if unit == "":
-        return f"{s['median'] * 100:.0f}% ({s['min'] * 100:.0f}-{s['max'] * 100:.0f})"
-    digits = 1 if unit == "tok/s" else 2
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
-
-
 def _count(s: dict | None) -> str:
     if not s:
         return "-"
@@ -227,12 +200,13 @@ def format_lines(report: dict) -> list[str]:
              f"{m['rounds_run']} round(s), stacks alternated; model: {m.get('models', '?')}",
              f"load average {m.get('loadavg_start', ['?'])[0]} at the start, {m.get('loadavg_end', ['?'])[0]} at the end; "
              "figures: median over rounds (min-max)"]
-    head = (f"{'stack':<10} " + " ".join(f"{header:>{w}}" for header, w in COLUMNS.values()) + " "
+    head = (f"{'stack':<10} " + " ".join(f"{header:>{w}}" for _, _, header, w, _, _ in METRICS.values()) + " "
             + " ".join(f"{header:>4}" for header in ("err", "429", "t/o")))
     lines += [head, "-" * len(head)]
     for stack, s in report["summary"]["stacks"].items():
-        lines.append(f"{stack:<10} " + " ".join(f"{_fmt(s[key], METRICS[key][1]):>{w}}" for key, (_, w) in COLUMNS.items())
-                     + " " + " ".join(f"{_count(s[c]):>4}" for c in COUNTS))
+        cells = [f"{fmt(s[key], '%' if scale == 100 else '', digits, scale=scale, count=False, missing='-'):>{w}}"
+                 for key, (_, _, _, w, digits, scale) in METRICS.items()]
+        lines.append(f"{stack:<10} " + " ".join(cells) + " " + " ".join(f"{_count(s[c]):>4}" for c in COUNTS))
     for stack, cell in report["summary"]["compare"].items():
         lines.append(f"{stack} / {BASE_STACK}: " + "; ".join(
             f"{METRICS[key][0]} {c['ratio']:.2f}x " + ("(too few rounds for an interval)" if c["lo"] is None
@@ -248,7 +222,7 @@ def goal_lines(summary: dict, base: str = BASE_STACK) -> list[str]:
         return []
     out = []
     for key in ("ttft_p95", "turn_p95", "tok_s"):
-        what, _, higher = METRICS[key]
+        what, higher = METRICS[key][:2]
         values = {k: v[key]["median"] for k, v in stacks.items() if v.get(key)}
         if base not in values:
             continue
@@ -279,11 +253,6 @@ def plot_ttft_by_turn(by_turn: dict, path: str | Path, title: str = "") -> Path:
     if title:
         ax.set_title(title, fontsize="medium")
     return save_figure(fig, path)
-
-
-def stack_order(round_index: int, stacks: tuple[str, ...] = STACKS) -> tuple[str, ...]:
-    """The stacks of a round, rotated one place per round so that none always runs first or last."""
-    return tuple(rotated(list(stacks), round_index))
 
 
 # -- `--routing`'s summaries (pure) -------------------------------------------------------------
@@ -317,11 +286,11 @@ def summarize_policy(rows: list[dict], runs: list[dict]) -> dict:
     counts = [run["workers"] for run in runs if run.get("workers")]
     hits, lookups = sum(c["prefix_cache_hits"] for c in counts), sum(c["prefix_cache_lookups"] for c in counts)
     return {
-        "ttft_turn1_s": spread([r["ttft_s"] for r in rows if r["turn"] == 1]),
-        "ttft_later_s": spread([r["ttft_s"] for r in later]),
+        "ttft_turn1_s": measured([r["ttft_s"] for r in rows if r["turn"] == 1]),
+        "ttft_later_s": measured([r["ttft_s"] for r in later]),
         "ttft_later_per_run_s": [stats.median(v) for v in ([r["ttft_s"] for r in later if r["round"] == rnd]
                                                            for rnd in sorted({r["round"] for r in later})) if v],
-        "prompt_tokens": spread([r["prompt_tokens"] for r in rows if r.get("prompt_tokens")]),
+        "prompt_tokens": measured([r["prompt_tokens"] for r in rows if r.get("prompt_tokens")]),
         "affinity_hit_rate": _share(sum(kept), len(kept)), "affinity_hits": [sum(kept), len(kept)],
         "decisions": decisions,
         "cached_share_later": _share(cached_later, prompt_later), "cached_tokens_later": [cached_later, prompt_later],
@@ -396,9 +365,6 @@ class Running:
     backends: list
     #: The model name each backend expects when warmed up directly.
     backend_model: str
-
-    def stop(self) -> None:
-        self.procs.stop_all(timeout=30)
 
 
 def litellm_config(ports: list[int], target: Path) -> dict:
@@ -482,7 +448,6 @@ async def warm_up(running: Running, front: bool = True) -> None:
 
 
 def cpu_of(procs: list) -> dict[str, float]:
-
     out = {}
     for p in procs:
         try:
@@ -518,7 +483,7 @@ async def one_run(name: str, rnd: int, sessions: list, args, sizes: dict, target
         cpu1, load1 = cpu_of(procs), os.getloadavg()
         extra = await asyncio.to_thread(worker_counts, running) if name.startswith("mtpstack") else None
     finally:
-        await asyncio.to_thread(running.stop)
+        await asyncio.to_thread(running.procs.stop_all, timeout=30)
     if name.startswith("mtpstack"):  # which worker served each turn, and why: the proxy's request log
         logged = request_lines(rundir / "proxy.log")
         for r in rows:
@@ -541,7 +506,7 @@ def token_counter(target: Path):
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 
 
-def summary_of(rows: list[dict], runs: list[dict], rounds: int) -> dict:
+def summary_of(rows: list[dict], rounds: int) -> dict:
     summary = {"stacks": summarize_stacks(rows), "compare": compare(rows), "ttft_by_turn": ttft_by_turn(rows)}
     summary["goal"] = goal_lines(summary)
     summary["notes"] = few_rounds(rounds)
@@ -569,17 +534,14 @@ async def run_all(args, sizes: dict, workdir: Path) -> dict:
     sessions = None if args.routing else make_workload(args.seed, sizes, cpt)
     print(f"models: {source}\n  target {target}\n  head {head}" + ("" if args.routing else
           f"\n  tool outputs at {cpt:.2f} characters per token"), file=sys.stderr)
-    programs = {}
-    if "litellm" in args.stacks:
-        programs["litellm"] = await asyncio.to_thread(litellm_program)
-    if "nginx" in args.stacks:
-        programs["nginx"] = nginx_program()
+    found = {"litellm": litellm_program, "nginx": nginx_program}
+    programs = {name: await asyncio.to_thread(find) for name, find in found.items() if name in args.stacks}
     rows: list[dict] = []
     runs: list[dict] = []
     load_start = list(os.getloadavg())
     started = time.monotonic()
     for rnd in range(sizes["rounds"]):
-        for name in stack_order(rnd, tuple(args.stacks)):
+        for name in rotated(args.stacks, rnd):  # so that no stack always runs first or last
             workload = sessions or routing_sessions(rnd, sizes)
             r, info = await one_run(name, rnd, workload, args, sizes, target, head, workdir, programs)
             rows += r
@@ -595,7 +557,7 @@ async def run_all(args, sizes: dict, workdir: Path) -> dict:
                     rounds_run=sizes["rounds"], loadavg_start=load_start, loadavg_end=list(os.getloadavg()),
                     seconds=round(time.monotonic() - started))
     meta["versions"] = versions()
-    summary = routing_summary(rows, runs, sizes["rounds"]) if args.routing else summary_of(rows, runs, sizes["rounds"])
+    summary = routing_summary(rows, runs, sizes["rounds"]) if args.routing else summary_of(rows, sizes["rounds"])
     return {"meta": meta, "summary": summary, "runs": runs, "rows": rows}
 
 
@@ -618,7 +580,7 @@ async def replay_only(args, sizes: dict) -> dict:
                               extra=EXTRA["sessions"])
     meta = run_meta(models=args.model, sizes=sizes, seed=args.seed, rounds_run=1, loadavg_start=load_start,
                     loadavg_end=list(os.getloadavg()))
-    return {"meta": meta, "summary": summary_of(rows, [], 1), "runs": [], "rows": rows}
+    return {"meta": meta, "summary": summary_of(rows, 1), "runs": [], "rows": rows}
 
 
 def parse_range(text: str) -> tuple[int, int]:

@@ -30,10 +30,9 @@ def test_a_turns_requests_are_its_full_size_ones_the_first_its_own():
     small = {"usage": {"input_tokens": 30}}
     main = {"usage": {"input_tokens": 50, "cache_read_input_tokens": 12000}}
     after = {"usage": {"input_tokens": 90, "cache_read_input_tokens": 12000}}
-    assert _script.main_request([small, main, {"usage": None}]) is main
-    assert _script.turn_requests([small, main, after]) == [main, after]
-    assert _script.main_request([small, main, after]) is main  # not the longer one after the tool's result
-    assert _script.main_request([{"usage": None}]) is None
+    assert _script.turn_requests([small, main, {"usage": None}]) == [main]
+    assert _script.turn_requests([small, main, after]) == [main, after]  # its own, then the one after the result
+    assert _script.turn_requests([{"usage": None}]) == []
 
 
 def test_the_report_has_a_row_per_turn_with_median_and_range():

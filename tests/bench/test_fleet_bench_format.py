@@ -67,7 +67,7 @@ def test_ttft_by_turn_pools_sessions_and_rounds_per_turn_number():
 
 def report_of(rows):
     meta = {"sizes": SIZES, "rounds_run": 3, "models": "tiny", "loadavg_start": [2.5, 2, 2], "loadavg_end": [3.0, 2, 2]}
-    return {"meta": meta, "summary": fb.summary_of(rows, [], 3)}
+    return {"meta": meta, "summary": fb.summary_of(rows, 3)}
 
 
 def test_the_table_has_a_row_per_stack_the_ratios_with_intervals_and_the_goal():
@@ -86,14 +86,14 @@ def test_the_table_has_a_row_per_stack_the_ratios_with_intervals_and_the_goal():
 
 def test_the_goal_names_the_stack_that_beat_mtpstack():
     rows = workload_rows("mtpstack", 2.0) + workload_rows("litellm", 1.0)
-    goal = fb.goal_lines(fb.summary_of(rows, [], 3))
+    goal = fb.goal_lines(fb.summary_of(rows, 3))
     assert goal[0].startswith("turn TTFT p95: not met: best is litellm")
 
 
 def test_stacks_rotate_so_that_none_always_runs_first():
-    firsts = {fb.stack_order(r)[0] for r in range(3)}
+    firsts = {fb.rotated(list(fb.STACKS), r)[0] for r in range(3)}
     assert firsts == set(fb.STACKS)
-    assert sorted(fb.stack_order(1)) == sorted(fb.STACKS)
+    assert sorted(fb.rotated(list(fb.STACKS), 1)) == sorted(fb.STACKS)
 
 
 def test_the_ttft_by_turn_plot_is_written(tmp_path):
@@ -141,8 +141,8 @@ def test_a_policy_summary_keeps_turn_1_apart_and_counts_decisions_and_cache_hits
 
 
 def test_the_routing_stacks_alternate_from_affinity_and_run_under_their_policy():
-    stacks = tuple(fb.POLICIES)
-    assert [fb.stack_order(i, stacks) for i in range(3)] == [stacks, stacks[::-1], stacks]
+    stacks = list(fb.POLICIES)
+    assert [fb.rotated(stacks, i) for i in range(3)] == [stacks, stacks[::-1], stacks]
     assert [fb.POLICIES[s] for s in stacks] == ["affinity", "first-free"]
 
 
