@@ -1,17 +1,10 @@
-"""The whole stack under load: the parts of `bench/scripts/load_bench.py`'s modes (faults, hostile, proxy, tenant).
-
-- `ready`: a process waited for; `fake_process` / `proxy_process`: a scripted upstream
-  (`devkit.fake_fleet.FakeUpstream`) and `mtpstack proxy` on loopback, started and ready;
-- `send` / `Answer` / `Tally` / `drive`: one request and what its client saw, counted over many, from
-  concurrent client loops; `serves_again`;
-- `get_metrics` / `get_json`, `GaugeSampler` (the largest value of some gauges, polled), `settle` and
-  `proxy_slots` (a leak is what does not come back to 0), `memory_kib`;
-- `log_events` / `request_events`: a process's JSON log lines, the proxy's request lines among them.
-"""
+"""The whole stack under load, the parts of `bench/scripts/load_bench.py`'s modes: processes started and their
+logs read, one request and what its client saw (counted over many), gauges sampled, slots settled."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -21,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
+from mtpstack.bench.stats import percentile
 from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, StartError, free_port, url_of
 
@@ -69,10 +63,8 @@ def log_events(log: Path) -> tuple[list[str], list[dict]]:
         return [], []
     events = []
     for line in lines:
-        try:
+        with contextlib.suppress(ValueError):
             events.append(json.loads(line))
-        except ValueError:
-            continue
     return lines, [e for e in events if isinstance(e, dict)]
 
 
@@ -187,8 +179,7 @@ class Tally:
                 self.retry_after[a.retry_after] += 1
 
     def figures(self, seconds: float) -> dict:
-        lat = sorted(self.latencies)
-        pick = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 1) if lat else None  # noqa: E731
+        ms = lambda q: round(percentile(self.latencies, q) * 1000, 1) if self.latencies else None  # noqa: E731
         s = self.streams
         return {
             "sent": self.sent, "answered": self.sent - self.unanswered, "unanswered": self.unanswered,
@@ -198,7 +189,7 @@ class Tally:
             "streams": s["started"], "streams_done": s["done"], "stream_errors": s["error"],
             "stream_truncated": s["cut"],
             "seconds": round(seconds, 2), "requests_per_second": round(self.sent / seconds, 1) if seconds else None,
-            "latency_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": round(lat[-1] * 1000, 1) if lat else None},
+            "latency_ms": {"p50": ms(50), "p99": ms(99), "max": ms(100)},
         }
 
 
@@ -236,27 +227,23 @@ async def serves_again(session, url: str, bodies: list[dict], bound: float, tall
 # -- what the processes report ---------------------------------------------------------------
 async def get_metrics(session: aiohttp.ClientSession, url: str) -> dict:
     """`/metrics`, parsed by `mtpstack.proxy.prometheus`; {} when it does not answer."""
-    try:
-        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return parse_samples(await r.text())
-    except (aiohttp.ClientError, TimeoutError):
-        return {}
+    return await get_json(session, url + "/metrics", parse_samples)
 
 
-async def get_json(session: aiohttp.ClientSession, url: str) -> dict:
+async def get_json(session: aiohttp.ClientSession, url: str, parse=json.loads) -> dict:
+    """`url`'s answer, parsed (JSON, or by `parse`); {} when it does not answer or does not parse."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return await r.json(content_type=None) or {}
+            return parse(await r.text()) or {}
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return {}
 
 
 class GaugeSampler:
-    """Polls /metrics of some processes on an interval, keeping the largest value of each series
-    asked for. A sample, not a trace: a peak shorter than the interval can be missed."""
+    """Polls /metrics on an interval, keeping the largest value of each target (key -> base url, metric, labels).
+    A sample, not a trace: a peak shorter than the interval can be missed."""
 
     def __init__(self, session, targets: dict[str, tuple[str, str, dict]], interval: float = 0.1):
-        #: key -> (base url, metric name, labels of the one series wanted)
         self.session, self.targets, self.interval = session, targets, interval
         self.max: dict[str, float] = {}
         self.samples = 0

@@ -8,18 +8,14 @@
         [--baseline PYTHON] [--dashboard-poll] [--no-nginx]
     .venv/bin/python bench/scripts/load_bench.py tenant [--rounds 3] [--seconds 20] [--out tenant-bench.json]
 
-**Faults** (no mode; docs/load-bench.md): load through fake upstreams (`devkit.fake_upstream`, which count their
-own concurrency and refuse above their gate) and through `mtpstack up` on tiny models behind `mtpstack proxy`, with
-room in the queue for every client and with a small `maxWaiting`; workers killed mid-stream and under load, failover
-to a model's second upstream, client disconnects by FIN and RST: no hung client, no leaked slot, no error the dead
-worker had not taken. **hostile** (docs/hardening.md): generated configs, malformed and hostile requests, slow clients
-and a grammar flood against a real proxy and worker; counts what must stay 0. **proxy** (docs/proxy.md): the admission
-proxy's added latency and CPU against the direct path and nginx, in interleaved rounds. **tenant** (docs/proxy.md):
-one tenant's queue wait beside another's flood, fair queueing on and off.
+**Faults** (no mode; docs/load-bench.md): load through fake upstreams that count their own concurrency and through
+`mtpstack up` on tiny models, workers killed mid-stream and under load, client disconnects: no hung client, no leaked
+slot, no error the dead worker had not taken. **hostile** (docs/hardening.md): hostile input at volume; counts what
+must stay 0. **proxy** (docs/proxy.md): the proxy's added latency and CPU against direct and nginx. **tenant**
+(docs/proxy.md): one tenant's queue wait beside another's flood, fair queueing on and off.
 
-Every process is started here on loopback and stopped at exit (Ctrl-C too). Raw figures go to the JSON file
-(`--out`), the table to stdout, progress to stderr; the exit status is 1 when a check fails (the figures are still
-written). Benchmarks, not tests: the machines are shared; read the spread.
+Every process is started on loopback and stopped at exit (Ctrl-C too). Raw figures go to `--out`, the table to
+stdout, progress to stderr; the exit status is 1 when a check fails (the figures are still written).
 """
 
 from __future__ import annotations
@@ -55,6 +51,7 @@ from mtpstack.bench.load import (HOST, GaugeSampler, Tally, drive, fake_process,
                                  memory_kib, proxy_process, proxy_slots, ready, request_events, send, serves_again,
                                  settle, until)
 from mtpstack.bench.parts import loadavg, rotated, rounds, run_meta
+from mtpstack.bench.servers import start_workers
 from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, stream
 from mtpstack.bench.stats import percentile
 from mtpstack.proxy.prometheus import sample
@@ -101,8 +98,7 @@ def stop_all() -> None:
 # == faults: the fake setups ======================================================================
 @contextlib.asynccontextmanager
 async def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int):
-    """Fake upstreams, paced for load, behind a proxy whose gates are theirs and whose queue holds `max_waiting`;
-    started, and stopped on exit."""
+    """Fake upstreams paced for load behind a proxy of their gates, its queue `max_waiting`; stopped on exit."""
     proxy = {
         "modelConcurrencyLimits": {model: gate for _, model, gate in fakes},
         "queue": {"maxWaiting": max_waiting, "timeoutSeconds": 60.0},
@@ -278,9 +274,8 @@ async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dic
 
 
 async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict:
-    """A model served by two upstreams: one stream on each, SIGKILL the first upstream mid-stream.
-    The stream on the other must finish, and once the dead one's stream has its error event (the
-    proxy has then marked it unhealthy), new requests must be answered by the survivor."""
+    """A model on two upstreams, a stream on each, the first SIGKILLed mid-stream: the other stream must finish,
+    and once the dead one's has its error event (it is marked unhealthy), the survivor answers new requests."""
     after = Tally()
 
     async def then() -> None:  # requests right after each kill, counted in `after`
@@ -393,8 +388,8 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
 
 # == faults: the real stack ========================================================================
 class RealStack:
-    """`mtpstack up` as a subprocess: native workers (`w0`, `w1`...) on tiny models, width 2, gate 2.
-    What it started (pids, addresses, restarts) is read as `mtpstack status --format json` reports it."""
+    """`mtpstack up` on tiny models, native workers `w0`, `w1`... of width and gate 2; what it started (pids,
+    addresses, restarts) read as `mtpstack status` reports it."""
 
     def __init__(self, workdir: Path, target: Path, drafter: Path, workers: int, name: str, width: int = 2):
         self.dir = workdir / name
@@ -413,8 +408,7 @@ class RealStack:
         self.proc: Process | None = None
 
     async def status(self) -> dict:
-        """`mtpstack status`'s document for this run (it asks the processes over HTTP: in a thread); {} before
-        `mtpstack up` has written its run directory."""
+        """`mtpstack status`'s document (in a thread: it asks over HTTP); {} before the run directory exists."""
         from mtpstack.status import StatusError, collect
 
         try:
@@ -573,9 +567,8 @@ def logged_requests(log: Path, ids) -> dict[str, dict]:
     return out
 
 
-#: Clients of the failover phase, and the pause each takes between its requests (an agent's tool
-#: time, shortened): busy enough to keep both workers serving, idle enough that a worker is
-#: sometimes between requests, which is when a request finds it dead before anything else does.
+#: The failover phase's clients and their pause between requests (an agent's tool time, shortened): busy enough
+#: to keep both workers serving, idle enough that a worker is sometimes between requests, found dead by one.
 FAILOVER_CLIENTS, FAILOVER_PAUSE = 6, (0.0, 0.4)
 
 
@@ -599,15 +592,13 @@ async def _kill_w0(session, stack: RealStack, busy: bool, deadline: float) -> fl
 
 
 async def real_failover(session, workdir: Path, *, kills: int, clients: int, deadline: float) -> dict:
-    """Two native workers of one model behind `mtpstack up`'s proxy, `clients` clients each sending
-    requests with short pauses (half streamed); `w0` SIGKILLed `kills` times, each once both serve
-    again (`mtpstack up` restarts it): in turn while it holds requests (they fail, and mark it
-    unhealthy) and while it holds none (the next requests sent to it find it dead: only failover
-    keeps them from a 502). Every request's outcome is matched with the proxy's log line."""
+    """Two workers of one model under `mtpstack up`, `clients` clients sending with short pauses; `w0` SIGKILLed
+    `kills` times once both serve, in turn while it holds requests (they fail, and mark it unhealthy) and while it
+    holds none (the next ones find it dead: only failover keeps them from a 502). Outcomes matched with the log."""
     say(f"real failover: building tiny models, `mtpstack up` with two workers; {kills} SIGKILLs of w0 under load")
     outcomes: dict[str, str] = {}
     kill_times: list[float] = []
-    kill_kinds = ["busy" if k % 2 == 0 else "idle" for k in range(kills)]  # in turn: while it holds requests, and none
+    kill_kinds = ["busy" if k % 2 == 0 else "idle" for k in range(kills)]
     stop = asyncio.Event()
 
     async def client(c: int) -> None:
@@ -857,23 +848,16 @@ def run_proxy(tmp: Path, n: int, n_slow: int, n_agent: int, seed: int) -> dict:
 
 @contextlib.contextmanager
 def hostile_worker(target: Path, drafter: Path, log: Path, python: str = sys.executable, width: int = 2):
-    """`mtpstack worker` on this pair (run by `python`: another checkout's, to compare), `width`
-    slots, served as `tiny`, healthy; stopped on exit."""
-    from mtpstack.worker.launcher import worker_env
-
-    port = free_port()
-    proc = Process(
-        [python, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
-         "--max-num-seqs", str(width), "--served-model-name", "tiny", "--port", str(port)],
-        # Not the checkout as its directory: `-m mtpstack` would import this checkout's base package
-        # before the other Python's own install.
-        log_path=log, name="tiny", kind="worker", url=url_of(HOST, port), cwd=log.parent, env=worker_env(),
-    ).start()
+    """`mtpstack worker` on this pair (run by `python`: another checkout's, to compare), `width` slots, served as
+    `tiny`, healthy, logging to `log`; stopped on exit. It runs in `log`'s folder: from the checkout, `-m mtpstack`
+    would import this checkout's package before the other Python's own."""
+    port, procs = free_port(), Processes()
+    argv = [python, "-m", "mtpstack", "worker", "--model", str(target), "--draft-model", str(drafter),
+            "--max-num-seqs", str(width), "--served-model-name", "tiny", "--port", str(port)]
     try:
-        proc.wait_ready("/health", 120, state="healthy")
-        yield proc, port
+        yield start_workers({log.stem: (argv, port)}, log.parent, procs, 120, cwd=log.parent)[log.stem], port
     finally:
-        proc.stop(30)
+        procs.stop_all(timeout=30)
 
 
 def worker_after(proc: Process, pause: float) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from mtpstack.bench.parts import fmt, summarize
+from mtpstack.bench.parts import fmt, spread
 from mtpstack.bench.stats import percentile
 
 #: A client waiting longer than this for its next step (first chunk, end, error) is hung.
@@ -39,7 +39,7 @@ def _times(d: dict, sort_by_count: bool = False) -> str:
 
 
 def _spread(values: list[float]) -> dict:
-    return summarize([x for x in values if x == x])  # NaN: a percentile of no samples
+    return spread([x for x in values if x == x])  # NaN: a percentile of no samples
 
 
 def cell(s: dict | None, digits: int = 0, scale: float = 1.0, unit: str = "", sep: str = "..") -> str:
@@ -105,11 +105,9 @@ def fault_lines(result: dict) -> list[str]:
 
 
 def failover_counts(outcomes: dict[str, str], logged: dict[str, dict], kills: list[float], dead: str) -> dict:
-    """Pure: what the clients saw while `dead` was killed (at the wall-clock `kills`) under load.
-    `outcomes`: request id -> "ok" or what went wrong; `logged`: request id -> the proxy's request
-    line (`worker`, `failed_over`, `code`, `sent` and `ended` in wall-clock seconds). A request the
-    dead worker had taken is one sent to it before a kill and ended after it; every other error
-    counts against the goal of none."""
+    """Pure: what the clients saw (`outcomes`: request id -> "ok" or what went wrong) while `dead` was killed at
+    the wall-clock `kills`, by the proxy's request lines (`logged`, with `sent` and `ended`). An error the dead
+    worker had taken was sent to it before a kill and ended after; every other counts against the goal of none."""
     out = {"requests": len(outcomes), "ok": 0, "errors_taken_by_dead": 0, "errors_not_taken": 0, "failed_over": 0,
            "errors": {}, "errors_not_taken_ids": []}
     for rid, outcome in outcomes.items():
@@ -424,21 +422,23 @@ def _ratio(s: dict) -> str:
     return cell(s, 2, unit="x")
 
 
+#: The proxy table's columns after the cell's and the proxy's: heading, width, the summary's key.
+PROXY_COLUMNS = [("added p50 us", 18, "added_p50"), ("added p99 us", 20, "added_p99"),
+                 ("first chunk +us", 18, "added_first_chunk_p50"), ("CPU/req us", 16, "cpu_per_request"),
+                 ("CPU/chunk us", 14, "cpu_per_chunk")]
+
+
 def proxy_table(summary: dict, proxies: list[str]) -> list[str]:
     """The printed table: one row per cell and proxy; times in microseconds, median (min..max) over rounds."""
     w = max(9, *map(len, proxies))  # the proxy column: as wide as its longest name
-    head = (f"{'cell':<24} {'proxy':<{w}} {'added p50 us':>18} {'added p99 us':>20} {'first chunk +us':>18} "
-            f"{'CPU/req us':>16} {'CPU/chunk us':>14}")
+    row = lambda key, p, cells: f"{key:<24} {p:<{w}} " + " ".join(  # noqa: E731
+        f"{c:>{n}}" for c, (_, n, _) in zip(cells, PROXY_COLUMNS))
+    head = row("cell", "proxy", [h for h, _, _ in PROXY_COLUMNS])
     lines = [head, "-" * len(head)]
     for key, cell in summary.items():
         if up := cell.get("direct", {}).get("upstream_cpu_per_request"):
-            lines.append(f"{key:<24} {'(direct)':<{w}} {'-':>18} {'-':>20} {'-':>18} {_us(up):>16} {'':>14}"
-                         "  <- the upstream's own CPU")
-        for p in [p for p in proxies if p in cell]:
-            c = cell[p]
-            lines.append(f"{key:<24} {p:<{w}} {_us(c['added_p50']):>18} {_us(c['added_p99']):>20} "
-                         f"{_us(c.get('added_first_chunk_p50')):>18} {_us(c['cpu_per_request']):>16} "
-                         f"{_us(c.get('cpu_per_chunk')):>14}")
+            lines.append(row(key, "(direct)", ["-", "-", "-", _us(up), ""]) + "  <- the upstream's own CPU")
+        lines += [row(key, p, [_us(cell[p].get(k)) for _, _, k in PROXY_COLUMNS]) for p in proxies if p in cell]
         for p in proxies:
             c = cell.get(p, {})
             extra = [f"stream throughput vs direct {_ratio(c[k])}" for k in ("throughput_vs_direct",) if k in c]
@@ -484,5 +484,5 @@ def tenant_lines(result: dict) -> list[str]:
         errors = sum(p["steady_errors"] + p["flood_errors"] for p in per)
         lines.append(f"{'on' if fair else 'off':<14} {ms('steady_queue_wait', 50):>18} "
                      f"{ms('steady_queue_wait', 95):>18} {ms('steady_latency', 50):>20} "
-                     f"{cell(summarize([p['flood_served'] for p in per])):>22} {errors:>7}")
+                     f"{cell(spread([p['flood_served'] for p in per])):>22} {errors:>7}")
     return lines
