@@ -1,20 +1,19 @@
 """Constrained decoding's cost: decode speed with and without a JSON schema, with and without the drafter
-(in-process engine); with `--libraries`, the grammar libraries' own cost on a realistic vocabulary.
+(in-process engine); with `--libraries`, the grammar libraries' own cost on a realistic vocabulary
+(docs/agent-api.md, "Cost" and "Choosing the library").
 
-`plain`, `plain+schema`, `drafter` and `drafter+schema` run in interleaved rounds after one discarded warm-up
-round, each greedy from the same prompt: emitted tokens over the decode's wall time (prefill included). The
-schema holds one free string, so the constrained output runs as long as the free one.
-
-`--libraries`: llguidance (and outlines-core, when importable) on a byte-level BPE tokenizer of ~150k entries,
-as large as the Qwen3.5 family's, trained here on local text (`devkit.demo.corpus`; ~20 s, cached in
-`--tokenizer-dir`): the tokenizer set-up, the compile of `AGENT_SCHEMA`, and a mask and an advance per token
-while walking a valid document (what the worker does per emitted or verified position).
+`plain`, `plain+schema`, `drafter` and `drafter+schema` run greedy from one prompt in interleaved rounds after a
+discarded warm-up round: emitted tokens over the decode's wall time (prefill included). The schema holds one
+free string, so the constrained output runs as long as the free one. `--libraries`: llguidance (and
+outlines-core, when importable) on a ~150k-entry byte-level BPE tokenizer (the Qwen3.5 family's size) trained
+on local text (`devkit.demo.corpus`; ~20 s, cached in `--tokenizer-dir`): its set-up, the compile of
+`AGENT_SCHEMA`, and a mask and an advance per token of a valid document (the worker's work per position).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
     python bench/scripts/constrained_bench.py --rounds 5 --out constrained.json     # the shipped demo pair
     python bench/scripts/constrained_bench.py --libraries --rounds 5 --out grammar.json
 
-Raw values go to the JSON; the table shows median (± MAD for the speeds) and min-max over `--rounds`.
+The table: median (± MAD for the speeds) and min-max over `--rounds`; the JSON keeps every run.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpstack.bench.parts import emit, fmt, rounds
-from mtpstack.bench.parts import summarize as spread
+from mtpstack.bench.parts import emit, fmt, rounds, spread
 from mtpstack.bench.stats import summarize
 from mtpstack.validator import DEPTH_DEFAULT
 

@@ -1,18 +1,16 @@
 """Adaptive draft depth against every fixed depth: does `auto` find the depth that pays, and never cost?
 
-Per pair (the demo target widened with its own head; the same target with a head that pays little,
-`devkit.demo.weak_head`), each configuration, fixed depths `--depths` and `auto`, runs in a fresh worker of
-one profile (`drafter.depth: auto`, `maxDepth` the deepest fixed depth): a fixed depth is a request's
-`num_draft_tokens`, so every process has the same argv and its weights are proven from it. Configurations
-rotate their order each round; per width and workload, one warm-up request, then a pass of `--prompts`
-prompts greedy: its tokens over its wall time, median (min-max) over rounds, with `auto`'s ratio to the best
-fixed depth and to depth 0, and the depths its steps ran at. The method: docs/bench.md.
+Per pair (the demo target widened, with its own head and with `devkit.demo.weak_head`'s head that pays little),
+each configuration (fixed depths `--depths`, and `auto`) runs in a fresh worker of one profile (`drafter.depth:
+auto`, `maxDepth` the deepest fixed depth; a fixed depth is a request's `num_draft_tokens`, so every process has
+the same argv and its weights are proven from it), in an order rotated each round. Per width and workload: a
+warm-up request, then a greedy pass of `--prompts` prompts, its tokens over its wall time; median (min-max) over
+rounds, `auto`'s ratios to the best fixed depth and to depth 0, and the depths its steps ran at (docs/bench.md).
 
     python bench/scripts/depth_bench.py --out bench-depth           # 2 pairs x 3 workloads x widths 1, 4
     python bench/scripts/depth_bench.py --rounds 3 --pairs demo-wide --widths 1
 
-Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (tok/s against depth per workload,
-`auto` drawn at the mean depth its steps ran at).
+Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (`auto` drawn at its mean depth).
 """
 
 from __future__ import annotations
@@ -28,9 +26,9 @@ from pathlib import Path
 
 import aiohttp
 
-from mtpstack.bench.parts import ensure_preload, fmt, rotated, widen_target
+from mtpstack.bench.parts import demo_pair, ensure_preload, fmt, rotated, spread
+from mtpstack.bench.report import figure, save_figure
 from mtpstack.bench.servers import worker_profile
-from mtpstack.bench.parts import summarize as spread
 from mtpstack.bench.sweep import (Expected, SweepError, check_weights, load_prompts, local_hash, parse_depths,
                                   parse_widths, run_pass, start_worker)
 
@@ -46,19 +44,11 @@ WARMUP_TOKENS = 16
 
 def prepare(workdir: Path, args) -> dict[str, tuple[Path, Path]]:
     from devkit.demo.weak_head import weaken_head
-    from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
-    target = widen_target(DEMO_TARGET, workdir / "wide-target", args)
-    pairs = {"demo-wide": (target, DEMO_HEAD), "weak-head": (target, weaken_head(DEMO_HEAD, workdir / "weak-head", noise=WEAK_NOISE))}
+    target, head, _ = demo_pair(workdir, args.mlp_multiplier, args.extra_layers)
+    weak = weaken_head(head, workdir / "weak-head", noise=WEAK_NOISE)
+    pairs = {"demo-wide": (target, head), "weak-head": (target, weak)}
     return {name: pairs[name] for name in args.pairs}
-
-
-def profile_for(target: Path, head: Path, max_depth: int, width: int, port: int):
-    from mtpstack.validator import WorkerProfile
-
-    profile = worker_profile(target, head, AUTO, port, width=width, host="127.0.0.1")
-    profile["drafter"]["maxDepth"] = max_depth
-    return WorkerProfile.model_validate(profile)
 
 
 async def depth_steps(session, url: str) -> dict[str, float]:
@@ -92,13 +82,16 @@ async def measure(proc, config, prompts: dict, args) -> dict:
 
 def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
     from mtpstack.runtime import free_port
+    from mtpstack.validator import WorkerProfile
 
     prompts = {w: load_prompts(w)[: args.prompts] for w in args.workloads}
     configs = [*args.depths, AUTO]
     passes: dict[str, dict[str, list[dict]]] = {str(c): {} for c in configs}
     for r in range(args.rounds):
         for config in rotated(configs, r):
-            profile = profile_for(target, head, max(args.depths), max(args.widths), free_port())
+            profile = worker_profile(target, head, AUTO, free_port(), width=max(args.widths), host="127.0.0.1")
+            profile["drafter"]["maxDepth"] = max(args.depths)
+            profile = WorkerProfile.model_validate(profile)
             proc = start_worker(profile, logdir / f"{name}-{config}-{r}.log", f"{name} {config}")
             try:
                 proc.wait_ready("/health", 600, state="healthy")
@@ -151,14 +144,9 @@ def report_lines(results: dict) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     pairs = list(results["summary"])
     widths = sorted({int(k.split("@")[1]) for s in results["summary"].values() for k in s})
-    fig, axes = plt.subplots(len(pairs), len(widths), figsize=(5 * len(widths), 3.6 * len(pairs)), squeeze=False)
+    fig, axes = figure(len(pairs), len(widths), figsize=(5 * len(widths), 3.6 * len(pairs)), squeeze=False)
     for i, pair in enumerate(pairs):
         for j, width in enumerate(widths):
             ax = axes[i][j]
@@ -171,12 +159,9 @@ def plot(results: dict, path: Path) -> Path:
                 ax.plot([row["auto_mean_depth"]], [row["tps"][AUTO]["median"]], marker="*", markersize=14, color=line.get_color(),
                         linestyle="none")
             ax.set_title(f"{pair}, width {width}  (star: auto, at its mean depth)", fontsize=9)
-            ax.set_xlabel("draft depth")
-            ax.set_ylabel("tokens/s")
+            ax.set(xlabel="draft depth", ylabel="tokens/s")
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

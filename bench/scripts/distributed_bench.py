@@ -1,23 +1,22 @@
 """Distributed worker benchmark: one process against two ranks of MLX's ring backend on loopback.
 
-Configurations, each with and without the MTP head, one running at a time, started afresh each round in a
-rotating order: `one`, the native worker in one process; `tensor`, two ranks, every layer split (mlx-lm's
-`shard`); `pipeline`, two ranks, each a run of layers. Measured: decode tok/s (completion tokens over wall
-time, end to end) at width 1 and 4, median and min-max over rounds after discarded warm-up rounds, and the
-ratio to `one` with the same head setting. Greedy texts are compared with `one`'s: pipeline must match token
-for token; tensor adds its partial sums in another order, so a near-tie may break otherwise (a note says
-where). Both ranks share one machine's cores: a floor on what their exchanges cost, not a speed claim for a
-Thunderbolt ring.
+Configurations, each with and without the MTP head, started afresh one at a time in an order rotated each round:
+`one`, the native worker in one process; `tensor`, two ranks, every layer split (mlx-lm's `shard`); `pipeline`,
+two ranks, each a run of layers. Measured: decode tok/s end to end at widths 1 and 4, median and min-max over
+rounds after discarded warm-up rounds, and its ratio to `one` with the same head setting. Greedy texts must
+match `one`'s: pipeline token for token; tensor sums its partials in another order, so a near-tie may break
+(a note says where). Both ranks share one machine's cores: a floor on what their exchanges cost, not a speed
+claim for a Thunderbolt ring.
 
 `--lose-rank`: how soon a distributed worker notices a lost rank instead. Two idle tensor ranks of the tiny
-hybrid pair (`devkit.demo.tiny_hybrid`); rank 1 killed (`kill -9`) or hung (`kill -STOP`); the time until
-rank 0's `/health` stops answering 200 and until it exits, median and min-max over `--repeats`.
+hybrid pair; rank 1 killed (`kill -9`) or hung (`kill -STOP`); the time until rank 0's `/health` stops
+answering 200 and until it exits, median and min-max over `--repeats`.
 
     python bench/scripts/distributed_bench.py --out bench-distributed.json   # the demo pair, target widened
     python bench/scripts/distributed_bench.py --target DIR --drafter DIR
     python bench/scripts/distributed_bench.py --lose-rank --repeats 3
 
-Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
+JSON (samples and summaries) to stdout or --out; a readable table to stderr.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from mtpstack.bench import parts
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, model_options, post_json,
-                                  prepare_models, round_options, rotated, rounds, run_meta, summarize)
+                                  prepare_models, round_options, rotated, rounds, run_meta, spread)
 from mtpstack.bench.servers import worker_profile
 
 #: Configuration (`one+mtp`, `one`, `tensor+mtp`, ...) -> (strategy, or None for one process; with the head).
@@ -84,7 +83,7 @@ def report_lines(summary: dict, rel: dict, notes: list[str]) -> list[str]:
 
 
 def loss_line(name: str, runs: list[dict]) -> str:
-    u, e = (summarize([r[key] for r in runs]) for key in ("unhealthy_s", "exited_s"))
+    u, e = (spread([r[key] for r in runs]) for key in ("unhealthy_s", "exited_s"))
     return (f"{name}: /health non-200 after {parts.fmt(u, ' s', count=False)}; rank 0 exited after "
             f"{parts.fmt(e, ' s', count=False)}, exit codes {sorted({r['exit_code'] for r in runs})}, n={u['n']}")
 
@@ -95,11 +94,14 @@ def loss_line(name: str, runs: list[dict]) -> str:
 class Server:
     """One worker's processes (one, or one per rank of two on loopback), started as `mtpstack up` starts them."""
 
-    def __init__(self, name: str, strategy: str | None, worker: dict, logdir: Path):
-        from mtpstack.runtime import Process, free_port_run, url_of
+    def __init__(self, name: str, strategy: str | None, logdir: Path, target: Path, head: Path | None, depth: int,
+                 width: int, **fields):
+        from mtpstack.runtime import Process, free_port, free_port_run, url_of
         from mtpstack.validator import FleetConfig, rank_peers, worker_argv
         from mtpstack.worker.launcher import rank_environments, resolve_command, worker_env
 
+        # A distributed worker keeps no prefix cache: none here either, so every round prefills alike.
+        worker = worker_profile(target, head, depth, free_port(), width=width, prefixCache={"maxGiB": 0}, **fields)
         hosts = {"r0": {"address": "127.0.0.1"}, "r1": {"address": "127.0.0.1"}}
         if strategy is not None:
             worker = {**worker, "distributed": {"hosts": list(hosts), "strategy": strategy,
@@ -125,13 +127,6 @@ class Server:
             with contextlib.suppress(Exception):
                 p.signal(signal.SIGCONT)  # a rank hung by `--lose-rank` stops as any other
             p.stop(timeout=timeout)
-
-
-def worker_of(target: Path, head: Path | None, depth: int, width: int, **fields) -> dict:
-    from mtpstack.runtime import free_port
-
-    # A distributed worker keeps no prefix cache: none here either, so every round prefills alike.
-    return worker_profile(target, head, depth, free_port(), width=width, prefixCache={"maxGiB": 0}, **fields)
 
 
 def measure(url: str, width: int, max_tokens: int, rnd: int) -> tuple[float, list[str]]:
@@ -161,8 +156,7 @@ def run(args) -> dict:
         # the one measured); the order rotates each round so drift on a shared machine spreads out.
         for name in rotated(args.configs, rnd):
             strategy, with_head = CONFIGS[name]
-            worker = worker_of(target, head if with_head else None, args.depth, max(WIDTHS))
-            server = Server(name, strategy, worker, workdir)
+            server = Server(name, strategy, workdir, target, head if with_head else None, args.depth, max(WIDTHS))
             try:
                 server.start().wait()
                 measure(server.url, max(WIDTHS), 4, rnd)  # discarded: the first forwards of a fresh process
@@ -177,7 +171,7 @@ def run(args) -> dict:
                 one = by_name.get(baseline_of(name))
                 if one is not None and t != one:
                     notes.append(f"round {rnd}, width {width}: `{name}` greedy text differs from `{baseline_of(name)}`'s")
-    summary = {name: {w: summarize(v) for w, v in by_width.items()} for name, by_width in samples.items()}
+    summary = {name: {w: spread(v) for w, v in by_width.items()} for name, by_width in samples.items()}
     return {
         "meta": run_meta(models=source, target=str(target), head=str(head), depth=args.depth,
                          max_tokens=args.max_tokens, repeats=args.repeats, warmup=args.warmup,
@@ -191,7 +185,7 @@ def lose_rank(target: Path, head: Path, sig: int, logdir: Path, n: int) -> dict:
     """Two idle ranks; rank 1 lost to `sig`: seconds until rank 0's `/health` is not 200, until it exits, its code."""
     from mtpstack.runtime import http_status
 
-    server = Server(f"loss{n}-{sig}", "tensor", worker_of(target, head, 3, 2, model="tiny"), logdir).start()
+    server = Server(f"loss{n}-{sig}", "tensor", logdir, target, head, 3, 2, model="tiny").start()
     rank0, rank1 = server.procs
     try:
         server.wait(120)

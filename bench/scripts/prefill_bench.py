@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mtpstack.bench.load import memory_kib
 from mtpstack.bench.parts import (check_models, emit, ensure_preload, fmt, longer_context, model_options,
-                                  prepare_models, rotated, run_meta, summarize)
+                                  prepare_models, rotated, rounds, run_meta, spread)
 from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, start_servers, stream_chat
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
@@ -191,7 +191,7 @@ async def run(args) -> dict:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT * 3)) as session:
             for name, proc in servers.items():  # warm-up: each server's first forwards (compiles, allocations)
                 await stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
-            for rnd in range(args.rounds):
+            for rnd, _ in rounds(0, args.rounds):
                 for name in rotated(args.configs, rnd):
                     proc, model, tag = servers[name], models[name], f"Session {rnd}-{name}."
                     r = {"cold": await cold(session, proc, model, tokenizer, args.lengths, tag)}
@@ -203,7 +203,6 @@ async def run(args) -> dict:
                     if "warm" in args.only:
                         r["warm"] = await warm_turn(session, proc, model, tokenizer, f"{tag} warm", args.warm_tokens)
                     samples[name].append(r)
-                    print(f"round {rnd + 1}/{args.rounds}: {name} done", file=sys.stderr)
                     if args.out:  # what is done so far, so a run stopped early keeps it
                         Path(args.out).write_text(json.dumps(report(args, source, samples, done=False), indent=2) + "\n")
     finally:
@@ -228,7 +227,7 @@ def summary(samples: dict, lengths: list[int]) -> dict:
     out = {}
     for name, runs in samples.items():
         def over(pick) -> dict:
-            return summarize([v for r in runs for v in pick(r) if v is not None])
+            return spread([v for r in runs for v in pick(r) if v is not None])
 
         s = {f"prefill_tok_s@{n}": over(lambda r, n=n: [r["cold"][str(n)]["tok_s"]]) for n in lengths}
         s["peak_mib"] = over(lambda r: [r["cold"]["peak_mib"]])
@@ -261,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 30000], help="cold prompt lengths in tokens (default: 8192 30000)")
     p.add_argument("--warm-tokens", type=int, default=3000, help="the warm turn's file read in tokens (default: 3000)")
     p.add_argument("--only", nargs="+", choices=["cold", "beside", "warm"], default=["cold", "beside", "warm"],
-                   help="the parts measured after the cold prefill, which always runs (default: both)")
+                   help="the parts measured after the cold prefill, which always runs (default: all)")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds (default: 2)")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)

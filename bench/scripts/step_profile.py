@@ -5,42 +5,31 @@
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py --memory \\
         [--depths 1 2 4] [--repeats 7] [--replayed]
 
-The pairs are `mtpstack.bench.parts.prepare_models`'s: `demo`, the demo pair, target widened to ~70M
-parameters; `qwen3_5` (or any other bench family), its tiny random pair, target MLPs widened x8 (small,
-where per-step overhead dominates). Each configuration (pair, width, depth; depth 0 the plain step)
-decodes `width` rows greedily in-process in the worker's own batch (`Scheduler`, as served). Every round
-rebuilds each configuration's rows from the same prompts and warms them up; then, in sweeps where every
-configuration runs one step (order rotated every sweep, so a burst of load hits each alike):
+The pairs are `mtpstack.bench.parts.prepare_models`'s: `demo` (target widened to ~70M parameters) or a bench
+family's tiny random pair, target MLPs widened x8 (where per-step overhead dominates). Each configuration (pair,
+width, depth; depth 0 the plain step) decodes `width` rows greedily in the worker's own batch (`Scheduler`).
+Every round rebuilds and warms each configuration's rows from the same prompts; then sweeps in which every
+configuration runs one step, the order rotated each sweep so a burst of load hits each alike:
 
-- `--steps` sweeps as served: the unforced step time (mlx evaluates lazily; only the step's own evaluation
-  points synchronise), and beside it the floor: the target's forward alone over as many positions with
-  mlx-lm's own caches (no rollback, no head, no sampling);
-- `--steps` sweeps in profiling mode, evaluation forced at every part's boundary, each part's time split
-  into graph building (Python) and evaluation (compute): `draft` (the head's forwards and the target's
-  LM head on each), `verify` (the target's forward over 1 + k positions, less the `recurrence`: the
-  gated-delta / Mamba2 recurrence, keeping what rollback needs), `lm head`, `sample+accept` (sampling,
-  reading tokens back, the acceptance walk), `commit` (each row's kept recurrent state and conv window),
-  `head replay` (the head's accept step: rollback, replay over the accepted tail, next seed), `other`
-  (the step's inputs, emitting text, the scheduler's bookkeeping).
+- `--steps` sweeps as served: the unforced step (mlx evaluates lazily; only the step's own evaluation points
+  synchronise), and beside it the floor: the target's forward alone over as many positions with mlx-lm's caches;
+- `--steps` sweeps in profiling mode, evaluation forced at every part's boundary (`PARTS`), each part split into
+  graph building (Python) and evaluation (compute). `verify` excludes the `recurrence` (gated-delta / Mamba2);
+  `head replay` is the head's accept step; `other` is what the timed parts leave of the forced total.
 
-Forcing changes the total (parts no longer overlap), so the forced total is printed beside the unforced
-one. A configuration's step cost is its median unforced step over the plain step's (same pair, width and
-round); the same ratio in process CPU time (all threads: steadier than wall time on shared cores, though
-it counts BLAS threads spinning); and its floor, the forward over 1 + k positions over the forward over
-one; each as median (min-max) over rounds. A benchmark, not a test.
+Forcing changes the total (parts no longer overlap), so the forced total is printed beside the unforced one.
+Step cost: the median unforced step over the plain step's (same pair, width and round); the same in process
+CPU time (steadier on shared cores, though it counts BLAS threads spinning); floor cost: the forward over 1 + k
+positions over the forward over one; each median (min-max) over rounds. A benchmark, not a test.
 
-`--memory`: speculation's extra memory per row per drafted position instead, against `predicted_bytes`.
-A hybrid target's verify step keeps what sets each row's gated-delta state after its kept positions
-(`mtpstack.worker.caches.StepRecord`): on the CPU (a loop of one op a position) the state after every
-position; with one Metal kernel over all positions (`--replayed` runs that way here, through mlx-lm's
-ops) only the recurrence's inputs a position, and at commit one replayed state per row that rejected
-drafts; either way a conv window's input and the attention KV. It builds a tiny Qwen3.5-family target
-widened where that state lives (`WIDE`), runs real steps at each width and depth, and reports the peak
-memory during one step (mlx's peak counter, reset before it) above the depth-0 step's, per row per
-drafted position: median and min-max over `--repeats` steps.
+`--memory`: speculation's extra memory per row per drafted position instead (docs/worker.md, "Speculation's
+memory"): on a tiny Qwen3.5 target widened where the gated-delta state lives (`WIDE`), the peak memory of one
+step (mlx's counter, reset before it) above the depth-0 step's, per row per drafted position, median and min-max
+over `--repeats` steps, beside `predicted_bytes`. `--replayed` runs the gated-delta layers as on Metal (one call
+a step, rejecting rows replayed at commit) through mlx-lm's ops.
 
-`--model-dims MODEL`: the figures at a real model's dimensions worked out on paper, and exit: one row's step
-on Metal (`paper_step`), or with `--memory` the bytes it keeps (`predicted_bytes`).
+`--model-dims MODEL`: the figures at a real model's dimensions worked out on paper, and exit: one row's step on
+Metal (`paper_step`), or with `--memory` the bytes it keeps (`predicted_bytes`).
 """
 
 from __future__ import annotations
@@ -58,11 +47,14 @@ from pathlib import Path
 from unittest import mock
 
 from mtpstack.bench.parts import (MODEL_DIMS, PROMPTS, command_line, emit, ensure_preload, fmt, loadavg,
-                                  prepare_models, rotated, rounds)
-from mtpstack.bench.parts import summarize as span_of
+                                  prepare_models, rotated, rounds, spread as span_of)
 from mtpstack.bench.stats import summarize
 
-#: The parts of a step, in the order they run (`other` is what the timed parts leave of the forced total).
+#: The parts of a step, in the order they run: `draft` (the head's forwards and the target's LM head on each),
+#: `verify` (the target's forward over 1 + k positions, less the `recurrence`), `lm head`, `sample+accept`
+#: (sampling, reading tokens back, the acceptance walk), `commit` (each row's kept recurrent state and conv
+#: window), `head replay` (rollback, replay over the accepted tail, next seed), `other` (the step's inputs,
+#: emitting text, bookkeeping: what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")
 #: Recurrences the worker calls inside a recurrent layer's forward, by the name its modules import them as
 #: (`_states_ops`: the worker's loop of mlx-lm's one-position op that keeps every position's state, the CPU's way).
@@ -125,11 +117,7 @@ def step_parts(timeline: Timeline, total: float) -> dict[str, float]:
 
 def step_cost_rounds(rounds: list[dict], depth: int) -> list[float]:
     """Per round, the median unforced step at `depth` over the plain step's (depth 0) median, same round."""
-    out = []
-    for r in rounds:
-        if depth in r and 0 in r and r[0]:
-            out.append(summarize(r[depth]).median / summarize(r[0]).median)
-    return out
+    return [summarize(r[depth]).median / summarize(r[0]).median for r in rounds if depth in r and r.get(0)]
 
 
 def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -195,7 +183,7 @@ class Forcing:
     def _patch(self, owner, name: str, part: str, **timing) -> None:
         self._patches.enter_context(mock.patch.object(owner, name, self._timed(part, getattr(owner, name), **timing)))
 
-    def install(self) -> "Forcing":
+    def __enter__(self) -> "Forcing":
         import mlx.core as mx
         from mlx_lm.models import ssm
 
@@ -219,7 +207,7 @@ class Forcing:
         self._patch(ssm, "ssm_update", "recurrence", eval_inputs=True)
         return self
 
-    def remove(self) -> None:
+    def __exit__(self, *exc) -> None:
         self._patches.close()
 
 
@@ -292,13 +280,10 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
     for sweep in range(steps):
         for c in rotated(configs, rnd * steps + sweep):
             sched = scheds[c]
-            forcing = Forcing(engines[c[0]], sched.batch).install()
-            try:
+            with Forcing(engines[c[0]], sched.batch) as forcing:
                 start = time.perf_counter()
                 sched.step()
                 total = time.perf_counter() - start
-            finally:
-                forcing.remove()
             out[c]["forced"].append(total)
             timeline = forcing.timeline
             exclusive = step_parts(timeline, total)
@@ -370,17 +355,14 @@ def quantized_bytes(bits: int) -> float:
 
 
 def paper_step(dims: dict, depth: int, target_bits: int = 4, head_bits: int = 6) -> dict:
-    """One row's speculative step on Metal at a dense Qwen3.5 hybrid's dimensions, worked out on paper: the
-    bytes it reads and writes (weights, and the gated-delta state traffic), and the kernel launches of the
-    gated-delta recurrence, before and after the recurrence ran once per step.
+    """One row's speculative step on Metal at a dense Qwen3.5 hybrid's dimensions, on paper: bytes read and
+    written (weights, gated-delta state) and the recurrence's kernel launches, before and after it ran once a step.
 
-    Weights: the target's body and LM head once per verify forward; each of the head's `depth` forwards reads
-    its layer, its `fc` and the target's LM head. State: each launch of mlx-lm's gated-delta kernel reads the
-    state it starts from and writes the one it ends with (value heads x key dim x value dim, fp32). Before:
-    one launch per position, each with its state, and a commit copying the kept one; after: one launch, and a
-    second from the step's start over the kept positions only for a row that rejected drafts. A launch of the
-    recurrence is three kernels (the decay, the gate, the recurrence); the commit's conv window one more, and
-    before, the copy of the kept state one more."""
+    The target's body and LM head are read once a verify; each of the head's `depth` forwards reads its layer,
+    its `fc` and the target's LM head. A launch of the gated-delta kernel (three kernels: decay, gate,
+    recurrence) reads its start state and writes its end state (fp32). Before: a launch per position and a
+    commit copying the kept state (one kernel more); after: one launch, and a second over the kept positions
+    for a row that rejected drafts. The commit's conv window is one kernel more either way."""
     sizes = hybrid_sizes(dims)
     linear, attention, state, conv_dim = sizes["linear"], sizes["attention"], sizes["state"], sizes["conv_dim"]
     h, mlp, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
@@ -535,8 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     from devkit.demo.tiny_families import PAIRS
 
     p.add_argument("--pairs", nargs="+", default=["demo", "qwen3_5"], choices=["demo", *PAIRS],
-                   help="demo: the demo pair, target widened; a family (qwen3_5, the tiny hybrid, ...): its tiny pair, "
-                   "target MLPs widened")
+                   help="demo (the demo pair, target widened) or a family's tiny pair (target MLPs widened)")
     p.add_argument("--depths", type=int, nargs="+",
                    help="drafted depths (the plain step, 0, always runs; default: 1 2 3 4, with --memory 1 2 4)")
     p.add_argument("--widths", type=int, nargs="+", default=[1, 4])
@@ -548,10 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON report here (default: stdout)")
     p.add_argument("--merge", nargs="+", metavar="REPORT", help="print these reports' rounds as one (no measuring)")
     p.add_argument("--memory", action="store_true", help="measure speculation's memory per drafted position instead")
-    p.add_argument("--replayed", action="store_true", help="with --memory: run the gated-delta layers as on Metal (one "
-                   "call a step, rejected rows replayed at commit) through mlx-lm's ops, and predict that")
-    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the figures at a real model's dimensions "
-                   "worked out on paper (one row's step on Metal; with --memory, the bytes it keeps) and exit")
+    p.add_argument("--replayed", action="store_true", help="with --memory: gated-delta as on Metal")
+    p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the figures on paper at these dims")
     args = p.parse_args(argv)
     args.depths = args.depths or ([1, 2, 4] if args.memory else [1, 2, 3, 4])
     args.repeats = args.repeats or (7 if args.memory else 4)

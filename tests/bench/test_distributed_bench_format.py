@@ -9,19 +9,19 @@ db = load_script("distributed_bench")
 
 
 def test_summaries_keep_the_spread():
-    assert db.summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
-    assert db.summarize([])["median"] is None
-    assert db.fmt(db.summarize([1.0, 2.0, 4.0])) == "2.0 (1.0-4.0, n=3)"
-    assert db.fmt(db.summarize([])) == "n/a"
+    assert db.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert db.spread([])["median"] is None
+    assert db.fmt(db.spread([1.0, 2.0, 4.0])) == "2.0 (1.0-4.0, n=3)"
+    assert db.fmt(db.spread([])) == "n/a"
 
 
 def test_each_configuration_is_compared_with_one_process_of_the_same_head_setting():
     assert db.baseline_of("tensor+mtp") == "one+mtp" and db.baseline_of("pipeline") == "one"
     summary = {
-        "one+mtp": {"1": db.summarize([10.0]), "4": db.summarize([20.0])},
-        "one": {"1": db.summarize([5.0])},
-        "tensor+mtp": {"1": db.summarize([5.0]), "4": db.summarize([30.0])},
-        "pipeline": {"1": db.summarize([4.0]), "4": db.summarize([4.0])},
+        "one+mtp": {"1": db.spread([10.0]), "4": db.spread([20.0])},
+        "one": {"1": db.spread([5.0])},
+        "tensor+mtp": {"1": db.spread([5.0]), "4": db.spread([30.0])},
+        "pipeline": {"1": db.spread([4.0]), "4": db.spread([4.0])},
     }
     rel = db.ratios(summary)
     assert rel["tensor+mtp"] == {"1": 0.5, "4": 1.5}
@@ -29,7 +29,7 @@ def test_each_configuration_is_compared_with_one_process_of_the_same_head_settin
 
 
 def test_report_lines_name_every_configuration_and_end_with_the_notes():
-    summary = {"one": {"1": db.summarize([5.0])}, "pipeline": {"1": db.summarize([4.0])}}
+    summary = {"one": {"1": db.spread([5.0])}, "pipeline": {"1": db.spread([4.0])}}
     lines = db.report_lines(summary, db.ratios(summary), ["only 1 repeats"])
     text = "\n".join(lines)
     assert "one " in text and "0.80x" in text and "5.0 (5.0-5.0, n=1)" in text
