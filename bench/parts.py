@@ -1,18 +1,20 @@
-"""What every benchmark script shares at its edges, so the scripts in `bench/scripts/` compose these instead of
-importing each other (issue 50): the options naming the measured pair and the pair they name (`model_options`,
-`prepare_models`, `demo_pair`, `longer_context`), the BLAS re-exec (`ensure_preload`), real models' dimensions,
-the short prompts, the samples' JSON summary and its cell (`spread`, `fmt`), the table-and-JSON ending (`emit`),
-the rounds a bench runs and their order (`round_options`, `rounds`, `rotated`, `few_repeats`), what its report
-says of the run (`run_meta`, its checkout read by `git`) and one blocking JSON request (`post_json`). Servers
-and the streaming client are `mtpstack.bench.servers`.
+"""What the benchmark scripts share at their edges, so that they compose these instead of importing each other: the
+measured pair and its options, the BLAS re-exec, the prompts, the rounds and their order, the JSON summary of
+samples, the table-and-JSON ending and a report's `meta`. Servers and the streaming client are `bench.servers`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 from mtpstack.bench import stats
@@ -44,9 +46,16 @@ def prepare_models(args, workdir: Path) -> tuple[Path, Path, str]:
     return demo_pair(workdir, args.mlp_multiplier, args.extra_layers)
 
 
+def prepared_pair(args, prefix: str) -> tuple[Path, Path, Path, str]:
+    """`prepare_models` in a fresh work directory, said on stderr: (the directory, target, head, what they are)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    target, head, source = prepare_models(args, workdir)
+    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
+    return workdir, target, head, source
+
+
 def demo_pair(workdir: Path, mlp_multiplier: int, extra_layers: int, context: int | None = None) -> tuple[Path, Path, str]:
-    """The demo pair, its target widened into `workdir` (as shipped at x1 and +0 with no `context`), its
-    context raised to `context` tokens when given; the target, the head and what they are."""
+    """The demo pair, its target widened into `workdir` (as shipped at x1, +0) and its context raised to `context`."""
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     if mlp_multiplier == 1 and extra_layers == 0 and context is None:
@@ -137,11 +146,9 @@ def command_line() -> str:
 
 
 def version_of(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return version(dist)
-    except PackageNotFoundError:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
@@ -155,8 +162,6 @@ def loadavg() -> list[float] | None:
 
 def git(*args: str) -> str | None:
     """`git ARGS` run in this checkout: its output, None where it failed."""
-    import subprocess
-
     try:
         done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), *args], capture_output=True,
                               text=True, timeout=5)
@@ -168,9 +173,6 @@ def git(*args: str) -> str | None:
 def run_meta(*, checkout: bool = False, **fields) -> dict:
     """A report's `meta`: the command, `fields`, the machine, the BLAS preloaded and the versions it ran with;
     `checkout`: also its commit and the tracked files changed (a shared checkout runs what is on disk, not HEAD)."""
-    import platform
-    import time
-
     meta = {"command": command_line(), **fields, "machine": platform.machine(), "cpus": os.cpu_count(),
             "ld_preload": os.environ.get("LD_PRELOAD"), "loadavg": loadavg(),
             "versions": {"mlx": version_of("mlx"), "mlx_lm": version_of("mlx-lm"), "mlx_vlm": version_of("mlx-vlm")},
@@ -189,7 +191,7 @@ def rotated(items: list, k: int) -> list:
 
 
 def rounds(warmup: int, repeats: int):
-    """Each round's number and whether it is kept (the first `warmup` are discarded), a line on stderr after it."""
+    """Each round's number and whether it is kept (not one of the first `warmup`), a line on stderr after it."""
     total = warmup + repeats
     for rnd in range(total):
         yield rnd, rnd >= warmup
@@ -198,8 +200,6 @@ def rounds(warmup: int, repeats: int):
 
 def post_json(url: str, path: str, body: dict, timeout: float = 600) -> dict:
     """One JSON request, its JSON answer (blocking: for scripts that time one request at a time)."""
-    import urllib.request
-
     req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:

@@ -1,13 +1,7 @@
-"""The statistics behind every number the bench prints. Pure functions, no I/O.
-
-Throughput on one machine moves a lot from run to run (the same model serving
-byte-identical output has measured anywhere from 17.4 to 27.3 tok/s), so:
-
-- a result is a set of passes, summarised as median ± MAD and min … max, with n;
-- two configurations are compared by the ratio of their medians with a
-  bootstrap confidence interval, never by a ratio of two single runs;
-- a change is adopted only when the whole interval clears `1 + margin`, and
-  nothing is compared at all with fewer than `MIN_PASSES` passes per side.
+"""The statistics behind every number the bench prints (pure). One machine serving byte-identical output
+measured 17.4 to 27.3 tok/s, so a result is a set of passes (median ± MAD, min … max, n), two configurations
+are compared by a bootstrap interval of their ratio, never by two single runs, and a change is adopted only
+when the whole interval clears `1 + margin`.
 """
 
 from __future__ import annotations
@@ -19,25 +13,21 @@ from typing import Literal
 
 import numpy as np
 
-#: Fewer passes than this per side and no ratio is computed: with two values a
-#: median is an average and the bootstrap interval collapses onto the data.
+#: Fewer passes per side and no ratio is computed: with two values the bootstrap interval collapses onto the data.
 MIN_PASSES = 3
-#: Paired passes (two configurations back to back, AB then BA, so drift shared by neighbouring runs cancels
-#: in the pair's ratio): fewer pairs than this and the paired rule refuses; a bootstrap over 3 pairs adopts
-#: a change that is not real about 6% of the time (`mtpstack bench simulate --design paired`).
+#: Fewer pairs (AB then BA, so shared drift cancels) and the paired rule refuses: over 3 pairs it adopts a change
+#: that is not real about 6% of the time (`mtpstack bench simulate --design paired`).
 MIN_PAIRS = 5
 #: A change must beat the baseline by at least this share, with the whole interval.
 DEFAULT_MARGIN = 0.05
 DEFAULT_CONFIDENCE = 0.95
 #: Bootstrap resamples for a decision; the interval's ends move by well under 1% between seeds.
 DEFAULT_RESAMPLES = 4000
-#: The sweep's passes per configuration and workload, chosen from `mtpstack bench simulate` (docs/bench.md):
-#: at 10 the rule is fooled well under 1% of the time and detects a real 15% win 93% of the time at 5% CV;
-#: a busy machine's 14% CV needs about 60, so the sweep extends only open verdicts, up to `DEFAULT_MAX_REPEATS`.
+#: The sweep's passes, from `mtpstack bench simulate` (docs/bench.md): at 10 the rule is fooled well under 1% of
+#: the time and detects a 15% win 93% of the time at 5% CV; 14% CV needs about 60, so only open verdicts extend.
 DEFAULT_REPEATS = 10
 DEFAULT_MAX_REPEATS = 30
-#: Relative MAD above which a result gets a warning: the run-to-run noise this
-#: high hides changes of the size a draft depth makes.
+#: Relative MAD above which a result gets a warning: noise this high hides what a draft depth changes.
 SPREAD_WARN = 0.05
 #: Keeps one bootstrap batch under about 50 MB of indices.
 _BATCH_ELEMENTS = 6_000_000
@@ -55,12 +45,10 @@ class Summary:
 
     @property
     def rel_mad(self) -> float:
-        """MAD as a share of the median (0 when the median is 0)."""
         return self.mad / self.median if self.median else 0.0
 
     @property
     def rel_range(self) -> float:
-        """(max - min) as a share of the median."""
         return (self.max - self.min) / self.median if self.median else 0.0
 
 
@@ -70,15 +58,12 @@ def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
 
 
-def mad(values: Sequence[float]) -> float:
-    """Median absolute deviation from the median (raw, not scaled to a standard deviation)."""
-    arr = np.asarray(values, dtype=float)
-    return float(np.median(np.abs(arr - median(arr))))
-
-
 def summarize(values: Sequence[float]) -> Summary:
+    """The MAD raw, not scaled to a standard deviation."""
     arr = np.asarray(values, dtype=float)
-    return Summary(n=int(arr.size), median=median(arr), mad=mad(arr), min=float(arr.min()), max=float(arr.max()))
+    mid = median(arr)
+    return Summary(n=arr.size, median=mid, mad=float(np.median(np.abs(arr - mid))), min=float(arr.min()),
+                   max=float(arr.max()))
 
 
 def _resampled(x: np.ndarray, rows: slice, resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -89,9 +74,8 @@ def _resampled(x: np.ndarray, rows: slice, resamples: int, rng: np.random.Genera
 
 
 def _interval(t: int, width: int, resamples: int, confidence: float, draws) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap interval of T rows, in batches: `draws(rows)` is the statistic of each resample of
-    those rows, (rows, resamples). One implementation serves a single decision (T = 1) and the simulation,
-    so the simulation measures exactly the rule the sweep applies."""
+    """Percentile bootstrap interval of T rows, in batches; `draws(rows)`: (rows, resamples) statistics. One
+    decision is T = 1, so the simulation measures exactly the rule the sweep applies."""
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.empty(t), np.empty(t)
     step = max(1, _BATCH_ELEMENTS // (resamples * width))
@@ -101,11 +85,15 @@ def _interval(t: int, width: int, resamples: int, confidence: float, draws) -> t
     return lo, hi
 
 
-Intervals = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _ratio_batch(base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng) -> Intervals:
-    """(ratio, lo, hi) of median(cand) / median(base), row by row: `base` is (T, n), `cand` is (T, m)."""
+def _batch(base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng,
+           paired: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ratio, lo, hi) row by row, `base` (T, n) and `cand` (T, m): of median(cand) / median(base), or, `paired`,
+    of the geometric mean of the pair ratios (resampling pairs)."""
+    if paired:
+        logs = np.log(cand) - np.log(base)
+        lo, hi = _interval(logs.shape[0], logs.shape[1], resamples, confidence,
+                           lambda rows: _resampled(logs, rows, resamples, rng).mean(axis=2))
+        return np.exp(logs.mean(axis=1)), np.exp(lo), np.exp(hi)
 
     def draws(rows: slice) -> np.ndarray:
         mb = np.median(_resampled(base, rows, resamples, rng), axis=2)
@@ -115,19 +103,10 @@ def _ratio_batch(base: np.ndarray, cand: np.ndarray, confidence: float, resample
     return np.median(cand, axis=1) / np.median(base, axis=1), lo, hi
 
 
-def _paired_batch(base: np.ndarray, cand: np.ndarray, confidence: float, resamples: int, rng) -> Intervals:
-    """(ratio, lo, hi) of the geometric mean of cand/base pair by pair (resampling pairs), for T rows of n pairs."""
-    logs = np.log(cand) - np.log(base)
-    lo, hi = _interval(logs.shape[0], logs.shape[1], resamples, confidence,
-                       lambda rows: _resampled(logs, rows, resamples, rng).mean(axis=2))
-    return np.exp(logs.mean(axis=1)), np.exp(lo), np.exp(hi)
-
-
-def _one(ci, base: Sequence[float], cand: Sequence[float], confidence: float, resamples: int,
-         seed: int | None) -> tuple[float, float, float]:
-    """A batch interval `ci` of one pair of samples, as floats."""
+def _one(base: Sequence[float], cand: Sequence[float], confidence: float, resamples: int, seed: int | None,
+         paired: bool = False) -> tuple[float, float, float]:
     b, c = (np.asarray(x, dtype=float)[None, :] for x in (base, cand))
-    ratio, lo, hi = ci(b, c, confidence, resamples, np.random.default_rng(seed))
+    ratio, lo, hi = _batch(b, c, confidence, resamples, np.random.default_rng(seed), paired)
     return float(ratio[0]), float(lo[0]), float(hi[0])
 
 
@@ -139,7 +118,7 @@ def ratio_ci(
     report rendered twice from the same results file says the same thing."""
     if len(base) < 1 or len(cand) < 1:
         raise ValueError("both sides need at least one value")
-    return _one(_ratio_batch, base, cand, confidence, resamples, seed)
+    return _one(base, cand, confidence, resamples, seed)
 
 
 @dataclass(frozen=True)
@@ -160,11 +139,8 @@ class Verdict:
 
     @property
     def open(self) -> bool:
-        """More passes could still turn this into "adopt": the threshold lies inside the
-        interval and the point estimate is a win. A change that looks slower is not chased."""
-        if self.decision != "not significant" or self.lo is None or self.hi is None or self.ratio is None:
-            return False
-        return self.lo <= 1.0 + self.margin < self.hi and self.ratio > 1.0
+        """More passes could still adopt it: the threshold inside the interval, the point estimate a win."""
+        return self.decision == "not significant" and self.lo <= 1.0 + self.margin < self.hi and self.ratio > 1.0
 
 
 def decide(
@@ -180,7 +156,7 @@ def decide(
         raise ValueError(f"paired passes need as many of each: {nb} and {nc}")
     if min(nb, nc) < (MIN_PAIRS if paired else MIN_PASSES):
         return Verdict("too few passes", nb, nc, margin)
-    ratio, lo, hi = _one(_paired_batch if paired else _ratio_batch, base, cand, confidence, resamples, seed)
+    ratio, lo, hi = _one(base, cand, confidence, resamples, seed, paired)
     return Verdict("adopt" if lo > 1.0 + margin else "not significant", nb, nc, margin, ratio, lo, hi)
 
 
@@ -188,13 +164,12 @@ def decide_batch(
     base: np.ndarray, cand: np.ndarray, *, margin: float = DEFAULT_MARGIN, confidence: float = DEFAULT_CONFIDENCE,
     resamples: int = 1000, rng: np.random.Generator, paired: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`decide` for T independent experiments at once (rows of `base` and `cand`), for the simulation.
-    Returns (adopt, open, ratio) arrays of shape (T,); open: the interval straddles `1 + margin` and,
-    unpaired, the point estimate is a win (as `Verdict.open`)."""
+    """`decide` for the T experiments in the rows of `base` and `cand`, for the simulation: (adopt, open, ratio),
+    each (T,); open as `Verdict.open`, except that paired the point estimate need not be a win."""
     t = base.shape[0]
     if min(base.shape[1], cand.shape[1]) < (MIN_PAIRS if paired else MIN_PASSES):
         return np.zeros(t, bool), np.zeros(t, bool), np.full(t, np.nan)
-    ratio, lo, hi = (_paired_batch if paired else _ratio_batch)(base, cand, confidence, resamples, rng)
+    ratio, lo, hi = _batch(base, cand, confidence, resamples, rng, paired)
     threshold = 1.0 + margin
     adopt = lo > threshold
     still_open = ~adopt & (hi > threshold)
@@ -232,12 +207,7 @@ class Settling:
     def decided(self) -> bool:
         """The interval of best/recommended lies wholly above or wholly below `1 + margin`."""
         v = self.verdict
-        if v is None:
-            return True
-        if v.lo is None or v.hi is None:
-            return False
-        threshold = 1.0 + v.margin
-        return v.lo > threshold or v.hi < threshold
+        return v is None or (v.lo is not None and not v.lo <= 1.0 + v.margin <= v.hi)
 
 
 def settling(
@@ -245,14 +215,9 @@ def settling(
     confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
     paired: bool = False,
 ) -> Settling | None:
-    """The configuration to run, the smallest depth whose result is within noise of the best, with the
-    comparison it rests on; None when any configuration has fewer than `MIN_PASSES` passes.
-
-    Only the baseline and the candidates adopted against it are eligible; the baseline comes first
-    (keeping the default wins every tie). "Within noise of the best" uses the decision rule itself:
-    the best does not beat it by the margin with its whole interval. `paired`: pass i of every
-    configuration ran in the same round (an alternated sweep).
-    """
+    """The smallest eligible configuration (the baseline, which wins ties, then those adopted against it) that the
+    best does not beat by the decision rule, with that comparison; None when any has fewer than `MIN_PASSES` passes.
+    `paired`: pass i of every configuration ran in the same round (an alternated sweep)."""
     everyone = [baseline, *candidates]
     if any(len(c.values) < MIN_PASSES for c in everyone):
         return None
@@ -269,23 +234,18 @@ def settling(
 
 
 def neighbour_correlation(labels: Sequence[str], values: Sequence[float]) -> float | None:
-    """The drift correlation between neighbouring runs of an alternated run (runs in time order):
-    the lag-1 autocorrelation of log throughput after removing each configuration's own mean.
-    None with fewer than 4 runs or no spread."""
+    """Lag-1 autocorrelation of log throughput, runs in time order, each configuration's own mean removed: the
+    drift shared by neighbouring runs. None with fewer than 4 runs or no spread."""
     if len(labels) != len(values) or len(values) < 4:
         return None
-    logs = np.log(np.asarray(values, dtype=float))
+    labels, logs = np.asarray(labels), np.log(np.asarray(values, dtype=float))
     resid = logs.copy()
     for label in set(labels):
-        mask = np.array([x == label for x in labels])
-        resid[mask] -= logs[mask].mean()
+        resid[labels == label] -= logs[labels == label].mean()
     var = float(np.mean(resid * resid))
     if var == 0.0:
         return None
     return float(np.mean(resid[1:] * resid[:-1]) / var)
-
-
-# -- percentiles and clustered samples ---------------------------------------------------
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -301,10 +261,9 @@ def cluster_ratio_ci(
     base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], statistic: Callable[[Sequence[float]], float],
     *, confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES, seed: int | None = 0,
 ) -> tuple[float, float, float]:
-    """(statistic(cand) / statistic(base), interval low, interval high) over pooled values, the interval
-    from a percentile bootstrap that resamples whole clusters on each side (e.g. one agent session's
-    turns): values within a cluster share its load and its cache, so resampling them one by one would
-    claim more certainty than the run has. Empty clusters are dropped; each side needs one value."""
+    """(statistic(cand) / statistic(base), low, high) over pooled values, the bootstrap resampling whole clusters
+    (one session's turns share its load and cache, so resampling values alone would claim too much certainty).
+    Empty clusters are dropped; each side needs one value."""
     b = [list(c) for c in base if len(c)]
     c = [list(x) for x in cand if len(x)]
     if not b or not c:

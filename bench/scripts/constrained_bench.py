@@ -1,19 +1,15 @@
-"""Constrained decoding's cost: decode speed with and without a JSON schema, with and without the drafter
-(in-process engine); with `--libraries`, the grammar libraries' own cost on a realistic vocabulary
-(docs/agent-api.md, "Cost" and "Choosing the library").
+"""Constrained decoding's cost (docs/agent-api.md, "Cost" and "Choosing the library"): decode speed with and without
+a JSON schema, with and without the drafter (in-process engine); with `--libraries`, the grammar libraries' own.
 
 `plain`, `plain+schema`, `drafter` and `drafter+schema` run greedy from one prompt in interleaved rounds after a
-discarded warm-up round: emitted tokens over the decode's wall time (prefill included). The schema holds one
-free string, so the constrained output runs as long as the free one. `--libraries`: llguidance (and
-outlines-core, when importable) on a ~150k-entry byte-level BPE tokenizer (the Qwen3.5 family's size) trained
-on local text (`devkit.demo.corpus`; ~20 s, cached in `--tokenizer-dir`): its set-up, the compile of
-`AGENT_SCHEMA`, and a mask and an advance per token of a valid document (the worker's work per position).
+discarded warm-up: emitted tokens over the decode's wall time (prefill included); the schema's one free string lets
+the constrained output run as long as the free one. `--libraries`: llguidance (and outlines-core, when importable)
+on a 150k-entry byte-level BPE tokenizer (the Qwen3.5 family's size) trained on local text (~20 s, cached in
+`--tokenizer-dir`): its set-up, the compile of `AGENT_SCHEMA`, and a mask and an advance per token of a document.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
     python bench/scripts/constrained_bench.py --rounds 5 --out constrained.json     # the shipped demo pair
     python bench/scripts/constrained_bench.py --libraries --rounds 5 --out grammar.json
-
-The table: median (± MAD for the speeds) and min-max over `--rounds`; the JSON keeps every run.
 """
 
 from __future__ import annotations
@@ -205,12 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             run = one_run(engine, prompt, drafter, schema, args.tokens)
             if keep:
                 raw[name].append(run)
+    configs = {name: {"tok_s": asdict(summarize([r["tokens"] / r["seconds"] for r in runs])),
+                      "tokens_per_run": sum(r["tokens"] for r in runs) / len(runs),
+                      **{k: sum(r[k] for r in runs) for k in ("drafted", "accepted")}} for name, runs in raw.items()}
     report = {"target": args.target, "drafter": args.drafter, "depth": args.depth, "tokens": args.tokens,
-              "rounds": args.rounds, "raw": raw, "configs": {}}
-    for name, runs in raw.items():
-        report["configs"][name] = {"tok_s": asdict(summarize([r["tokens"] / r["seconds"] for r in runs])),
-                                   "tokens_per_run": sum(r["tokens"] for r in runs) / len(runs),
-                                   "drafted": sum(r["drafted"] for r in runs), "accepted": sum(r["accepted"] for r in runs)}
+              "rounds": args.rounds, "raw": raw, "configs": configs}
     return emit(report, format_lines(report), args.out)
 
 

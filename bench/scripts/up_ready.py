@@ -1,13 +1,12 @@
 """How long `mtpstack up` takes to be ready with one demo pair against another, runs interleaved.
 
-Each run writes the bundled demo fleet with one pair's target and head (a folder holding `target/`
-and `mtp/`, as worker/demo/models does), launches `mtpstack up FLEET`, and times launch to the
-proxy's `/readyz` answering 200; then stops it (SIGINT, as Ctrl-C) before the next run. The pairs
-take turns in rotating order, so a busy machine slows both alike:
+Each run writes the bundled demo fleet with one pair's target and head (a folder holding `target/` and `mtp/`, as
+worker/demo/models does), times `mtpstack up FLEET` from launch to the proxy's `/readyz` answering 200, and stops it
+(SIGINT, as Ctrl-C). The pairs take turns in rotating order, so a busy machine slows both alike:
 
     python bench/scripts/up_ready.py --pair old=/tmp/old-models --pair new=worker/demo/models --rounds 8 --out ready.json
 
-Prints each pair's median and min-max seconds and the ratio of medians to the first pair.
+Prints each pair's median (min-max) seconds and the ratio of medians to the first pair's.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpstack.bench.parts import rotated
-from mtpstack.bench.stats import summarize
+from mtpstack.bench.parts import emit, fmt, rotated, spread
 from mtpstack.runtime import Process, free_port, http_status, url_of
 from mtpstack.up import default_fleet
 
@@ -62,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a pair to time: MODELS holds target/ and mtp/ (give two or more)")
     p.add_argument("--rounds", type=int, default=8, help="runs per pair (default: 8)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take to be ready (default: 300)")
-    p.add_argument("--out", type=Path, help="where to write every run (JSON)")
+    p.add_argument("--out", help="write the JSON (every run) here instead of stdout")
     args = p.parse_args(argv)
     pairs = []
     for spec in args.pair:
@@ -82,15 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = one_run(models, work, args.timeout)
                 runs.append({"pair": name, "round": i, "seconds": seconds})
                 print(f"round {i + 1}/{args.rounds} {name}: ready in {seconds:.2f} s", file=sys.stderr)
-    base = None
-    for name, _ in pairs:
-        s = summarize([r["seconds"] for r in runs if r["pair"] == name])
-        base = base or s.median
-        print(f"{name}\tmedian {s.median:.2f} s\tmin-max {s.min:.2f}-{s.max:.2f}\tn {s.n}\t"
-              f"ratio {s.median / base:.2f}")
-    if args.out:
-        args.out.write_text(json.dumps({"runs": runs}, indent=1))
-    return 0
+    ready = {name: spread([r["seconds"] for r in runs if r["pair"] == name]) for name, _ in pairs}
+    base = ready[pairs[0][0]]["median"]
+    lines = [f"{name}\t{fmt(s, ' s')}\tratio {s['median'] / base:.2f}" for name, s in ready.items()]
+    return emit({"runs": runs, "ready_s": ready}, lines, args.out)
 
 
 if __name__ == "__main__":
