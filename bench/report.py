@@ -1,8 +1,5 @@
-"""From a results file to words and a figure. Every formatting function is pure and returns lines.
-
-The order of a verdict line is the point: a configuration that does not clear the
-rule reads "not significant: keep the default" before any ratio appears, and a
-configuration with fewer than `MIN_PASSES` passes gets no ratio at all.
+"""From a results file to words and a figure, in pure functions returning lines. A verdict that does not clear the rule
+reads "not significant: keep the default" before any ratio, and one with fewer than `MIN_PASSES` passes gets none.
 """
 
 from __future__ import annotations
@@ -41,9 +38,6 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
-# -- access ------------------------------------------------------------------------------
-
-
 #: How a workload measured at width w > 1 is keyed in results (`code @ width 2`); width 1 keeps the bare name.
 WIDTH_KEY = " @ width "
 
@@ -52,16 +46,8 @@ def workload_key(workload: str, width: int) -> str:
     return workload if width == 1 else f"{workload}{WIDTH_KEY}{width}"
 
 
-def width_of(key: str) -> int:
-    return int(key.rsplit(WIDTH_KEY, 1)[1]) if WIDTH_KEY in key else 1
-
-
-def workload_of(key: str) -> str:
-    return key.split(WIDTH_KEY, 1)[0]
-
-
 def alternated(results: dict) -> bool:
-    """The passes are paired: one process alternated the configurations (older results ran a fresh worker each)."""
+    """The passes are paired: one process alternated the configurations."""
     return results.get("settings", {}).get("design") == "alternated"
 
 
@@ -69,10 +55,13 @@ def widths_of(results: dict) -> list[int]:
     return list(results.get("settings", {}).get("widths") or [1])
 
 
+def workload_names(results: dict) -> list[str]:
+    return list(results.get("settings", {}).get("workloads", []))
+
+
 def workloads_of(results: dict) -> list[str]:
     """Every measured workload key: each workload at each width (`bench sweep --widths`)."""
-    names = list(results.get("settings", {}).get("workloads", []))
-    return [workload_key(w, width) for width in widths_of(results) for w in names]
+    return [workload_key(w, width) for width in widths_of(results) for w in workload_names(results)]
 
 
 def measured(results: dict) -> list[dict]:
@@ -116,9 +105,6 @@ def _settled(results: dict, base: dict, workload: str, margin: float | None) -> 
     return settling(candidate(base, workload), others, margin=_margin(results, margin), paired=alternated(results))
 
 
-# -- formatting --------------------------------------------------------------------------
-
-
 def _num(x: float) -> str:
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
@@ -137,19 +123,16 @@ def spread_warning(workload: str, summaries: Sequence[tuple[str, Summary]]) -> s
     if not noisy:
         return None
     which = ", ".join(f"{label} (MAD {s.rel_mad:.0%}, min … max {s.rel_range:.0%} wide)" for label, s in noisy)
-    return (
-        f"warning: {workload}: the spread is large for {which}; differences under that size cannot be told apart from noise"
-        "\n\nhint: rerun with more `--repeats` on a quieter machine (close other programs, keep it on mains power)"
-    )
+    return (f"warning: {workload}: the spread is large for {which}; differences under that size cannot be told apart"
+            " from noise\n\nhint: rerun with more `--repeats` on a quieter machine (close other programs, keep it on"
+            " mains power)")
 
 
 def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DEFAULT_CONFIDENCE, *, paired: bool = False) -> str:
     """One line per comparison: the decision first, a ratio (`paired`: of pair ratios) only when there is one."""
     if v.decision == "too few passes":
-        return (
-            f"{label} vs {baseline}: too few passes to compare (n {v.n_cand} against {v.n_base}, at least {MIN_PASSES} per side)"
-            f"; no ratio is printed\n\nhint: rerun with `--repeats {MIN_PASSES}` or more"
-        )
+        return (f"{label} vs {baseline}: too few passes to compare (n {v.n_cand} against {v.n_base}, at least"
+                f" {MIN_PASSES} per side); no ratio is printed\n\nhint: rerun with `--repeats {MIN_PASSES}` or more")
     ci = f"{confidence:.0%} CI {v.lo:.3f}-{v.hi:.3f}"
     if v.adopt:
         return f"{label} vs {baseline}: adopt: {v.ratio:.3f}x ({ci}, clears {1 + v.margin:.2f})"
@@ -160,8 +143,7 @@ def format_verdict(label: str, baseline: str, v: Verdict, confidence: float = DE
 
 def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: float = DEFAULT_MARGIN,
                paired: bool = False) -> str | None:
-    """How many unpaired passes the configurations' range of measured spreads calls for (the simulation's normal
-    approximation); `paired` passes need fewer, and the note says so."""
+    """How many unpaired passes the configurations' measured spreads call for (by the normal approximation)."""
     from mtpstack.bench.simulate import repeats_for_power
 
     usable = [s for s in summaries if s.n >= MIN_PASSES and s.median > 0]
@@ -171,16 +153,9 @@ def noise_note(summaries: Sequence[Summary], *, effect: float = 0.15, margin: fl
     need = [repeats_for_power(cv=cv, effect=effect, margin=margin) for cv in (cvs[0], cvs[-1])]
     cv_text = f"{cvs[0]:.1%}" if cvs[0] == cvs[-1] else f"{cvs[0]:.1%}-{cvs[-1]:.1%}"
     need_text = str(need[0]) if need[0] == need[1] else f"{need[0]}-{need[1]}"
-    return (
-        f"measured spread: CV about {cv_text} across configurations;"
-        f" detecting a {effect:.0%} win at that spread needs about {need_text} passes per side"
-        + (" if unpaired; these passes are paired and need fewer (see `mtpstack bench simulate --design paired`)" if paired else "")
-    )
-
-
-def _median_cell(config: dict, workload: str, metric: str) -> str:
-    found = values(config, workload, metric)
-    return _num(summarize(found).median) if found else "-"
+    tail = " if unpaired; these passes are paired and need fewer (see `mtpstack bench simulate --design paired`)"
+    return (f"measured spread: CV about {cv_text} across configurations; detecting a {effect:.0%} win at that spread"
+            f" needs about {need_text} passes per side" + (tail if paired else ""))
 
 
 def workload_table(results: dict, workload: str) -> list[str]:
@@ -194,7 +169,8 @@ def workload_table(results: dict, workload: str) -> list[str]:
             continue
         s = summarize(e2e)
         rate = acceptance(c, workload)
-        decode, ttft, step = (_median_cell(c, workload, m) for m in ("decode_tps", "ttft_s", "step_ms"))
+        decode, ttft, step = (_num(summarize(v).median) if (v := values(c, workload, m)) else "-"
+                              for m in ("decode_tps", "ttft_s", "step_ms"))
         lines.append(
             f"| {c['label']} | {c.get('drafter_kind') or '-'} | {c.get('process', {}).get('pid', '-')} | {s.n} |"
             f" {_num(s.median)} ± {_num(s.mad)} | {_num(s.min)} … {_num(s.max)} | {decode} | {ttft} |"
@@ -225,17 +201,15 @@ def recommendation_line(results: dict, workload: str, margin: float | None = Non
         line = f"{workload}: use `{rec.label}` (the smallest depth within noise of the best)"
     v = settled.verdict
     if not settled.decided and v is not None:
-        line += (
-            f"; it rests on an undecided comparison: `{settled.best.label}` / `{rec.label}` {v.ratio:.3f}"
-            f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + _margin(results, margin):.2f} ({v.n_cand} and {v.n_base} passes)"
-        )
+        line += (f"; it rests on an undecided comparison: `{settled.best.label}` / `{rec.label}` {v.ratio:.3f}"
+                 f" [{v.lo:.3f}, {v.hi:.3f}] straddles {1 + _margin(results, margin):.2f} ({v.n_cand} and {v.n_base}"
+                 " passes)")
     return line
 
 
 def emit_config(results: dict, margin: float | None = None) -> list[str]:
-    """The depth map the sweep recommends, as a YAML and a Nix fragment for the operator to review.
-    `default` is the configured depth; a workload with no recommendation, or one recommending no
-    drafter (a map cannot say "no drafter" for one class), keeps it and is named in a comment."""
+    """The depth map the sweep recommends, as a YAML and a Nix fragment to review; a workload with no recommendation,
+    or recommending no drafter (a map cannot say it), keeps the configured `default` and is named in a comment."""
     profile = results.get("meta", {}).get("profile") or {}
     configured = (profile.get("drafter") or {}).get("depth")
     if isinstance(configured, dict):
@@ -247,9 +221,8 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     width = profile.get("maxNumSeqs")
     at = width if width in widths_of(results) else 1
     base = baseline_of(results)
-    for key in [k for k in workloads_of(results) if width_of(k) == at]:
-        settled = None if base is None else _settled(results, base, key, margin)
-        workload = workload_of(key)
+    for workload in workload_names(results) if at in widths_of(results) else []:
+        settled = None if base is None else _settled(results, base, workload_key(workload, at), margin)
         if settled is None:
             notes.append(f"{workload}: no recommendation; it keeps `default`")
         elif settled.recommended.depth is None:
@@ -270,46 +243,38 @@ def emit_config(results: dict, margin: float | None = None) -> list[str]:
     return lines
 
 
-def _load(meta: dict) -> str:
-    start, end = meta.get("load_average_start"), meta.get("load_average_end")
-    if not start:
-        return "?"
-    return f"{start[0]:.2f} at the start" + (f", {end[0]:.2f} at the end" if end else "")
-
-
 def render_report(results: dict, *, margin: float | None = None) -> list[str]:
     """report.md as lines."""
     meta = results.get("meta", {})
     settings = results.get("settings", {})
     margin, paired = _margin(results, margin), alternated(results)
+    start, end = meta.get("load_average_start"), meta.get("load_average_end")
+    load = f"{start[0]:.2f} at the start" + (f", {end[0]:.2f} at the end" if end else "") if start else "?"
     lines = [f"# Bench: worker `{meta.get('worker', '?')}`", ""]
-    facts = [
-        ("config", f"`{meta.get('config_file', '?')}`"),
-        ("host", f"{meta.get('host', '?')} ({meta.get('cpus', '?')} CPUs, load average {_load(meta)})"),
-        ("device", f"{meta.get('device', '?')} (BLAS: {meta.get('blas', '?')})"),
-        ("versions", ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items()) or "?"),
-        ("git revision", meta.get("git_revision") or "?"),
-        ("when", meta.get("started") or "?"),
-        (
-            "method",
-            f"{settings.get('warmup', 1)} warm-up pass discarded, then {settings.get('repeats', '?')} measured passes"
-            f" per workload (up to {settings.get('max_repeats', '?')} while a verdict is open), greedy,"
-            f" max_tokens {settings.get('max_tokens', '?')}, "
-            + ("one request at a time" if widths_of(results) == [1] else
-               f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s aggregate beyond 1,"
-               " output compared at width 1 only)")
-            + (", every configuration in one worker (its depth carried per request by `num_draft_tokens`), a pass"
-               " is one round of all configurations in rotating order, paired" if paired
-               else ", a fresh worker per configuration"),
-        ),
-        ("design", f"{settings.get('design', 'fresh')}"
-                   + (f" ({settings['design_reason']})" if settings.get("design_reason") else "")),
-        ("decision", "adopt only when the whole 95% bootstrap interval of the "
-                     + ("geometric mean of the paired ratios" if paired else "ratio of medians")
-                     + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}"),
-        ("baseline", f"`{results.get('baseline', '?')}`"),
-    ]
-    lines += [f"- {k}: {v}" for k, v in facts]
+    facts = {
+        "config": f"`{meta.get('config_file', '?')}`",
+        "host": f"{meta.get('host', '?')} ({meta.get('cpus', '?')} CPUs, load average {load})",
+        "device": f"{meta.get('device', '?')} (BLAS: {meta.get('blas', '?')})",
+        "versions": ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items()) or "?",
+        "git revision": meta.get("git_revision") or "?",
+        "when": meta.get("started") or "?",
+        "method": f"{settings.get('warmup', 1)} warm-up pass discarded, then {settings.get('repeats', '?')} measured"
+                  f" passes per workload (up to {settings.get('max_repeats', '?')} while a verdict is open), greedy,"
+                  f" max_tokens {settings.get('max_tokens', '?')}, "
+                  + ("one request at a time" if widths_of(results) == [1] else
+                     f"at widths {', '.join(map(str, widths_of(results)))} (that many concurrent clients; tok/s"
+                     " aggregate beyond 1, output compared at width 1 only)")
+                  + (", every configuration in one worker (its depth carried per request by `num_draft_tokens`), a"
+                     " pass is one round of all configurations in rotating order, paired" if paired
+                     else ", a fresh worker per configuration"),
+        "design": settings.get("design", "fresh")
+                  + (f" ({settings['design_reason']})" if settings.get("design_reason") else ""),
+        "decision": "adopt only when the whole 95% bootstrap interval of the "
+                    + ("geometric mean of the paired ratios" if paired else "ratio of medians")
+                    + f" ({PRIMARY_METRIC}) clears {1 + margin:.2f}",
+        "baseline": f"`{results.get('baseline', '?')}`",
+    }
+    lines += [f"- {k}: {v}" for k, v in facts.items()]
     if "reference" in str(meta.get("blas", "")):
         lines += ["", "warning: the workers ran mlx on its bundled reference BLAS, many times slower than OpenBLAS;"
                   " these figures say little about a configured machine",
@@ -338,21 +303,18 @@ def output_mismatches(results: dict) -> list[str]:
     """Where greedy text differed with and without a drafter: one warning per workload and configuration."""
     out = []
     # At width 2-4 the batch's makeup changes float results, so text is compared at width 1 only.
-    for workload in [k for k in workloads_of(results) if width_of(k) == 1]:
+    for workload in workload_names(results) if 1 in widths_of(results) else []:
         first: dict[str, tuple[str, str]] = {}  # prompt id -> (output digest, configuration)
         for c in measured(results):
             wl = c.get("workloads", {}).get(workload, {})
-            records = [r for p in [wl.get("warmup") or {}, *wl.get("passes", [])] for r in p.get("requests", [])]
-            for r in records:
+            for r in (r for p in [wl.get("warmup") or {}, *wl.get("passes", [])] for r in p.get("requests", [])):
                 key, digest = r.get("prompt_id"), r.get("output_sha256")
                 if key is None or digest is None:
                     continue
                 seen = first.setdefault(key, (digest, c["label"]))
                 if seen[0] != digest:
-                    out.append(
-                        f"warning: {workload}: prompt `{key}` gave different greedy output under `{c['label']}`"
-                        f" than under `{seen[1]}`; speculative decoding should not change greedy text"
-                    )
+                    out.append(f"warning: {workload}: prompt `{key}` gave different greedy output under `{c['label']}`"
+                               f" than under `{seen[1]}`; speculative decoding should not change greedy text")
                     break
     return out
 
@@ -370,10 +332,8 @@ def compare_lines(a: dict, b: dict, *, a_name: str = "A", b_name: str = "B", mar
             differ = "differ" if key == "versions" else "differs"
             lines.append(f"note: {key} {differ}: {ma.get(key)} ({a_name}) vs {mb.get(key)} ({b_name})")
     if not pairs:
-        lines.append(
-            f"error: no configuration to compare: {a_name} has {', '.join(c['label'] for c in ca) or 'none'},"
-            f" {b_name} has {', '.join(c['label'] for c in cb) or 'none'}"
-        )
+        lines.append(f"error: no configuration to compare: {a_name} has {', '.join(c['label'] for c in ca) or 'none'},"
+                     f" {b_name} has {', '.join(c['label'] for c in cb) or 'none'}")
         return lines
     workloads = [w for w in workloads_of(a) if w in workloads_of(b)]
     for x, y in pairs:
@@ -396,13 +356,9 @@ def _target_hash(config: dict) -> str | None:
     return ((ident.get("target") or {}).get("sha256")) or None
 
 
-# -- the figure --------------------------------------------------------------------------
-
-
 def plot_points(results: dict, workload: str) -> list[tuple[int, str, Summary]]:
-    """(x, tick label, summary) per configuration; no drafter sits at x = 0. Pure, for tests."""
+    """(x, tick label, summary) per configuration: no drafter at 0, `auto` one past the deepest fixed depth."""
     found = [(c.get("depth"), v) for c in measured(results) if (v := values(c, workload))]
-    # `auto` sits one past the deepest fixed depth.
     past = 1 + max((d for d, _ in found if isinstance(d, int)), default=0)
     out = [(0 if d is None else d if isinstance(d, int) else past, "none" if d is None else str(d), summarize(v))
            for d, v in found]
@@ -411,7 +367,7 @@ def plot_points(results: dict, workload: str) -> list[tuple[int, str, Summary]]:
 
 def plot_sweep(results: dict, path: str | Path) -> Path:
     """sweep.png: end-to-end tok/s by draft depth, medians with MAD (thick) and min … max (thin) bars."""
-    names = list(results.get("settings", {}).get("workloads", [])) or ["?"]
+    names = workload_names(results) or ["?"]
     widths = widths_of(results)
     # One row of panels per width (aggregate tok/s of w concurrent clients), one column per workload.
     fig, axes = figure(len(widths), len(names), figsize=(5.0 * len(names), 4.0 * len(widths)), sharey="row", squeeze=False)
@@ -420,14 +376,13 @@ def plot_sweep(results: dict, path: str | Path) -> Path:
     for ax, workload in cells:
         points = plot_points(results, workload)
         if points:
-            xs = [p[0] for p in points]
-            med = [p[2].median for p in points]
-            ax.errorbar(
-                xs, med, yerr=[[m - p[2].min for m, p in zip(med, points)], [p[2].max - m for m, p in zip(med, points)]],
-                fmt="none", ecolor="0.6", elinewidth=1, capsize=4, label="min … max",
-            )
-            ax.errorbar(xs, med, yerr=[p[2].mad for p in points], fmt="o-", color="C0", elinewidth=3, capsize=0, label="median ± MAD")
-            ax.set_xticks(xs, [p[1] for p in points])
+            xs, ticks, spreads = zip(*points)
+            med = [s.median for s in spreads]
+            ax.errorbar(xs, med, yerr=[[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]],
+                        fmt="none", ecolor="0.6", elinewidth=1, capsize=4, label="min … max")
+            ax.errorbar(xs, med, yerr=[s.mad for s in spreads], fmt="o-", color="C0", elinewidth=3, capsize=0,
+                        label="median ± MAD")
+            ax.set_xticks(xs, ticks)
             if base is not None and values(base, workload):
                 ax.axhline(summarize(values(base, workload)).median, color="C3", ls="--", lw=1, label=f"baseline ({base['label']})")
         ax.set_title(workload)

@@ -1,10 +1,6 @@
-"""`mtpstack bench sweep`: measure one worker profile at several draft depths, carefully.
-
-Each configuration goes through docs/bench.md's steps ("What a sweep does"): the fleet validated with it applied,
-a worker on a free loopback port no fleet member uses, its weights proven, each workload's passes measured (more
-while the verdict is open, up to a cap), the worker stopped. `choose_design` runs each in a `fresh` process, or
-all `alternated` in one worker, passes paired. Everything raw goes to `results.json`; `report.md` and `sweep.png`
-are rendered from it.
+"""`mtpstack bench sweep`: one worker profile measured at several draft depths, by docs/bench.md's "What a sweep
+does": each configuration validated, served on a free loopback port, its weights proven and its passes measured, in a
+`fresh` process each or all `alternated` in one (paired). `results.json` holds everything raw.
 """
 
 from __future__ import annotations
@@ -46,26 +42,21 @@ DEFAULT_STARTUP_TIMEOUT = 600.0
 #: One request may not stall longer than this between two chunks.
 READ_TIMEOUT = 300.0
 BENCH_HOST = "127.0.0.1"
-#: The worker's counters a pass reads before and after (`mtpstack_worker_target_steps_total` is one per
-#: batched decode forward, drafting and verifying every decoding row, at any width).
+#: The worker's counters a pass reads before and after (target steps: one per batched decode forward).
 COUNTERS = (series.TOKENS_DRAFTED, series.TOKENS_ACCEPTED, series.TARGET_STEPS)
-#: The sweep's designs (`--design`); `auto` picks one of the two others.
 DESIGNS = ("auto", "alternated", "fresh")
 
 
 class SweepError(UserError):
-    """Stops the whole sweep. `hint` says what to do."""
+    """Stops the whole sweep."""
 
 
 class ConfigurationAborted(Exception):
-    """Stops one configuration (its weights could not be proven, it failed to start or to answer)."""
+    """Stops one configuration (not proven, not started or not answering)."""
 
 
 class ProcessReused(SweepError):
     pass
-
-
-# -- inputs ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -121,8 +112,7 @@ def parse_depths(text: str) -> list[int]:
 
 
 def parse_widths(text: str, batch_width: int) -> list[int]:
-    """`1,2,4` -> [1, 2, 4]; every width from 1 to the worker's own batch width (the coupling holds:
-    the worker runs at its profile's width, driven by w <= width clients)."""
+    """`1,2,4` -> [1, 2, 4], each from 1 to the worker's own batch width."""
     try:
         widths = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
@@ -131,9 +121,6 @@ def parse_widths(text: str, batch_width: int) -> list[int]:
         raise SweepError(f"`--widths {text}` must lie between 1 and the worker's batch width {batch_width}",
                          f"drop the widths above {batch_width}, or sweep a worker with `maxNumSeqs` that wide")
     return widths
-
-
-# -- configurations ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -147,14 +134,12 @@ class Configuration:
 
     @property
     def request_fields(self) -> dict | None:
-        """What a request carries to run at this configuration in a worker serving them all: a fixed
-        depth is its `num_draft_tokens`, `auto` a request without it."""
+        """What a request carries in a worker serving every configuration (`auto`: nothing)."""
         return {"num_draft_tokens": self.depth} if isinstance(self.depth, int) else None
 
 
 def alternated_profile(profile: WorkerProfile, configs: Sequence[Configuration]) -> WorkerProfile:
-    """The one worker an alternated sweep runs every configuration in: drafting at the deepest fixed depth,
-    or, where `auto` is one of them, at `auto` with a `maxDepth` that reaches the deepest fixed depth too
+    """The one worker of an alternated sweep: at the deepest fixed depth, or at `auto` with a `maxDepth` reaching it
     (a request's `num_draft_tokens` lowers its depth, never raises it)."""
     fixed = [c.depth for c in configs if isinstance(c.depth, int)]
     if not any(c.depth == DEPTH_AUTO for c in configs):
@@ -189,9 +174,8 @@ def plan(config: FleetConfig, worker: str, depths: Sequence[int], baseline: str)
 
 
 def choose_design(asked: str, configs: Sequence[Configuration], profile: WorkerProfile) -> tuple[str, str]:
-    """The design a sweep runs and why. Paired passes decide far sooner (`mtpstack bench simulate`: 80% power
-    for a 15% win within 15 pairs, 43% at 30 fresh passes), but only for settings a request carries: every
-    configuration a depth, on the native worker. `alternated` asked for where it cannot run is refused."""
+    """The design a sweep runs and why: paired passes decide far sooner (docs/bench.md), but only for settings a
+    request carries: every configuration a depth, on the native worker."""
     restart = []
     if any(c.depth is None for c in configs):
         restart.append("the `no-drafter` baseline needs a worker without a drafter")
@@ -243,11 +227,8 @@ def pick_port(config: FleetConfig, host: str = BENCH_HOST) -> int:
     return port
 
 
-# -- the weights proof (step 3) -----------------------------------------------------------
-
-
 def local_hash(path: str) -> str | None:
-    """The content hash of a local model directory (None for a hub id: only the worker can resolve it)."""
+    """A local model directory's content hash (None for a hub id)."""
     p = Path(path).expanduser()
     return hash_weights(p) if p.is_dir() else None
 
@@ -269,9 +250,8 @@ _SWEEP_NAMES = {("target", "/identity"): "target path", ("drafter", "/identity")
 
 
 def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[str], dict] | None = None) -> dict:
-    """A running worker checked by the one weights proof (`mtpstack.worker.proof.prove_weights`) against what
-    `expected` asks for: `ConfigurationAborted` listing every mismatch, else the proof for results.json, with the
-    drafter's kind as the worker resolved it (else the profile's)."""
+    """The weights proof (`prove_weights`) of a running worker against `expected`, for results.json;
+    `ConfigurationAborted` listing every mismatch."""
     profile = expected.profile
     try:
         proof = prove_weights(pid, url, asked=weights_from_argv(worker_argv(profile)), fetch=fetch,
@@ -293,8 +273,7 @@ def check_weights(pid: int, url: str, expected: Expected, *, fetch: Callable[[st
 
 
 def process_key(proc: Process, native: bool) -> tuple[int, str]:
-    """What makes a process unique over time: its pid and start time, as a native worker reports it
-    (`/identity`), else as the kernel does (/proc/PID/stat field 22)."""
+    """A process's pid and start time, from a native worker's `/identity`, else /proc/PID/stat field 22."""
     try:
         started = fetch_identity(proc.url).get("started_at") if native else None
     except Exception:  # noqa: BLE001 - the weights proof that follows reports it properly
@@ -307,17 +286,6 @@ def process_key(proc: Process, native: bool) -> tuple[int, str]:
         return proc.pid, "unknown"
 
 
-def check_fresh(label: str, key: tuple[int, str], seen: dict[tuple[int, str], str]) -> None:
-    if key in seen:
-        raise ProcessReused(
-            f"configurations `{seen[key]}` and `{label}` were served by the same process (pid {key[0]}, started {key[1]})",
-            "each configuration needs a fresh worker; a server's counters and caches carry over otherwise")
-    seen[key] = label
-
-
-# -- measuring (step 4) ------------------------------------------------------------------
-
-
 async def scrape(session: aiohttp.ClientSession, url: str, counters: Sequence[str] = COUNTERS) -> dict[str, float]:
     """The worker's `counters` now (none from a server without `/metrics`)."""
     async with session.get(url + "/metrics") as resp:
@@ -328,8 +296,7 @@ async def scrape(session: aiohttp.ClientSession, url: str, counters: Sequence[st
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
                       extra: dict | None = None) -> dict:
-    """One greedy streamed chat completion (`stream_chat`), every chunk timed; the prompt's own fields (`tools`:
-    the call's streamed arguments are then what the turn wrote) and `extra` (`num_draft_tokens`) join the body."""
+    """One greedy streamed chat completion, every chunk timed, with the prompt's own fields and `extra`."""
     times: list[float] = []
     body = {**(prompt.body or {}), **(extra or {}), "seed": 0}
     try:
@@ -357,10 +324,8 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
     decode_s = sum(r["decode_s"] for r in requests)
     decode_tokens = sum(max(r["tokens"] - 1, 0) for r in requests)
     ttfts = sorted(r["ttft_s"] for r in requests if r["ttft_s"] is not None)
-    drafted = after.get(series.TOKENS_DRAFTED, 0.0) - before.get(series.TOKENS_DRAFTED, 0.0) if after else None
-    accepted = after.get(series.TOKENS_ACCEPTED, 0.0) - before.get(series.TOKENS_ACCEPTED, 0.0) if after else None
-    # Workers without the counter (older ones, mlx_lm.server) give None, not 0 steps.
-    steps = after[series.TARGET_STEPS] - before.get(series.TARGET_STEPS, 0.0) if series.TARGET_STEPS in after else None
+    # A worker without a counter (an older one, mlx_lm.server) gives None, not 0.
+    drafted, accepted, steps = (after[k] - before.get(k, 0.0) if k in after else None for k in COUNTERS)
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -379,9 +344,8 @@ def summarize_pass(requests: list[dict], before: dict[str, float], after: dict[s
 
 async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts: Sequence[Prompt], max_tokens: int,
                    clients: int = 1, extra: dict | None = None) -> dict:
-    """Every prompt once. One client: one request at a time. `clients` > 1: that many clients take the
-    prompts from one queue, each one request at a time; tok/s is then aggregate (tokens over the
-    pass's wall time) and time to first token is per request."""
+    """Every prompt once, by `clients` clients taking them from one queue one at a time; beyond one client tok/s
+    is aggregate (tokens over the pass's wall time)."""
     before = await scrape(session, url)
     todo = list(prompts)
     done: list[dict] = []
@@ -401,9 +365,6 @@ async def run_pass(session: aiohttp.ClientSession, url: str, model: str, prompts
     return out
 
 
-# -- the sweep ---------------------------------------------------------------------------
-
-
 @dataclass
 class SweepSettings:
     config_file: str
@@ -418,20 +379,18 @@ class SweepSettings:
     margin: float = DEFAULT_MARGIN
     prompts_dir: Path | None = None
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
-    #: Concurrent clients per pass (`--widths`), each at most the worker's own batch width.
     widths: list[int] = field(default_factory=lambda: [1])
-    #: `--design`, one of `DESIGNS` (`choose_design`).
     design: str = "auto"
 
 
 def git_revision() -> str | None:
-    """The checkout's commit, `-dirty` when tracked files changed (a shared checkout runs what is on disk)."""
+    """The checkout's commit, `-dirty` when tracked files changed."""
     rev, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     return None if rev is None else rev.strip() + ("-dirty" if (dirty or "").strip() else "")
 
 
 def start_worker(profile: WorkerProfile, log_path: Path, name: str) -> Process:
-    """A worker process serving `profile`, its argv rendered as a deploy renders it, started (not yet waited for)."""
+    """A worker serving `profile` as a deploy renders it, started, not waited for."""
     return Process(resolve_command(worker_argv(profile)), log_path=log_path, name=name, kind="worker",
                    url=url_of(profile.host, profile.port), env=worker_env()).start()
 
@@ -439,14 +398,16 @@ def start_worker(profile: WorkerProfile, log_path: Path, name: str) -> Process:
 class Sweep:
     """One sweep. `launch` is the single place a worker process is made (tests override it)."""
 
-    def __init__(self, config: FleetConfig, settings: SweepSettings, *, progress=None, log: Callable[[str], None] | None = None):
+    def __init__(self, config: FleetConfig, settings: SweepSettings, *, progress=None,
+                 log: Callable[[str], None] | None = None):
         self.config = config
         self.s = settings
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         self.profile = config.workers.get(settings.worker)
         self.seen: dict[tuple[int, str], str] = {}
-        self.pinned: dict[str, str] = {}
+        #: The weights' hashes, from disk, else as the first worker reported them (a hub id cannot be hashed here).
+        self.hashes: dict[str, str | None] = {}
         self.results: dict = {}
         self._task = None
 
@@ -475,17 +436,19 @@ class Sweep:
         for c in configs:
             check_reachable(self.config, s.worker, c, s.config_file)
         if s.repeats < 1 or s.max_repeats < s.repeats:
-            raise SweepError(f"`--max-repeats` ({s.max_repeats}) must be at least `--repeats` ({s.repeats}), which must be at least 1")
+            raise SweepError(f"`--max-repeats` ({s.max_repeats}) must be at least `--repeats` ({s.repeats}),"
+                             " which must be at least 1")
         prompts = {w: load_prompts(w, s.prompts_dir) for w in s.workloads}
         if s.repeats < MIN_PASSES:
-            self.log(f"warning: with {s.repeats} passes per configuration no ratio can be printed (at least {MIN_PASSES} per side)"
-                     f"\n\nhint: rerun with `--repeats {MIN_PASSES}` or more")
+            self.log(f"warning: with {s.repeats} passes per configuration no ratio can be printed (at least"
+                     f" {MIN_PASSES} per side)\n\nhint: rerun with `--repeats {MIN_PASSES}` or more")
         assert self.profile is not None and self.profile.drafter is not None
         try:
-            # A hub id cannot be hashed here; then the first worker's hashes pin the rest.
-            hashes = (local_hash(self.profile.target.path), local_hash(self.profile.drafter.path))
+            self.hashes = {"target": local_hash(self.profile.target.path),
+                           "drafter": local_hash(self.profile.drafter.path)}
         except FileNotFoundError as e:
-            raise SweepError(f"cannot hash the weights: {e}", "point `target.path` and `drafter.path` at model directories") from None
+            raise SweepError(f"cannot hash the weights: {e}",
+                             "point `target.path` and `drafter.path` at model directories") from None
         self.results = self._header(base, prompts)
         design, why = choose_design(s.design, configs, self.profile)
         self.results["settings"].update(design=design, design_reason=why)
@@ -493,18 +456,14 @@ class Sweep:
         if self.progress is not None:
             self._task = self.progress.add_task(
                 "sweep", total=len(configs) * len(s.workloads) * len(s.widths) * (WARMUP_PASSES + s.repeats))
-        paired = design == "alternated"
-
-        def expected(group: list[Configuration]) -> Expected:
-            profile = alternated_profile(self.profile, group) if paired else with_depth(self.profile, group[0].depth)
-            return Expected(profile, hashes[0] or self.pinned.get("target"), hashes[1] or self.pinned.get("drafter"))
-
         try:
             # Alternated: one worker serves every configuration; fresh: a worker each, one after another.
-            for group in [configs] if paired else [[c] for c in configs]:
-                label = "alternated" if paired else group[0].label
-                for record in asyncio.run(self._serve(group, prompts, expected(group), label)):
-                    self._keep(record)
+            for group in [configs] if design == "alternated" else [[c] for c in configs]:
+                for record in asyncio.run(self._serve(group, prompts)):
+                    self.results["configurations"].append(record)
+                    if record["status"] != "measured":
+                        self.log(f"error: configuration `{record['label']}` aborted: {record['error']}")
+                    self.write()
         except BaseException as e:
             # Keep what was measured; say why the sweep stopped.
             self.results["meta"]["stopped"] = getattr(e, "message", None) or type(e).__name__
@@ -515,17 +474,11 @@ class Sweep:
         self.write()
         return self.results
 
-    def _keep(self, record: dict) -> None:
-        """A configuration's record into results.json (rewritten), its error, if any, on stderr."""
-        self.results["configurations"].append(record)
-        if record["status"] != "measured":
-            self.log(f"error: configuration `{record['label']}` aborted: {record['error']}")
-        self.write()
-
     def _header(self, base: Configuration, prompts: dict[str, list[Prompt]]) -> dict:
         """results.json before any configuration: what ran where, and with which settings."""
         s = self.s
         assert self.profile is not None
+        digest = {w: hashlib.sha256(json.dumps([asdict(x) for x in p]).encode()).hexdigest() for w, p in prompts.items()}
         return {
             "schema": rpt.SCHEMA,
             "meta": {
@@ -539,26 +492,26 @@ class Sweep:
                 "profile": self.profile.model_dump(by_alias=True, mode="json"),
             },
             "settings": {
-                "depths": s.depths, "widths": s.widths, "repeats": s.repeats, "max_repeats": s.max_repeats, "warmup": WARMUP_PASSES,
-                "workloads": s.workloads, "max_tokens": s.max_tokens, "margin": s.margin, "endpoint": "/v1/chat/completions",
-                "prompts": {w: {"count": len(p), "sha256": hashlib.sha256(json.dumps([asdict(x) for x in p]).encode()).hexdigest()}
-                            for w, p in prompts.items()},
+                "depths": s.depths, "widths": s.widths, "repeats": s.repeats, "max_repeats": s.max_repeats,
+                "warmup": WARMUP_PASSES, "workloads": s.workloads, "max_tokens": s.max_tokens, "margin": s.margin,
+                "endpoint": "/v1/chat/completions",
+                "prompts": {w: {"count": len(p), "sha256": digest[w]} for w, p in prompts.items()},
             },
             "baseline": base.label,
             "configurations": [],
         }
 
-    async def _serve(self, configs: list[Configuration], prompts: dict[str, list[Prompt]], expected: Expected,
-                     label: str) -> list[dict]:
-        """One worker on a free loopback port no fleet member uses, serving `configs` (one record each): started,
-        waited for, proven, then per width and workload measured (`_passes`); a failure to start, to prove or to
-        answer is every record's error. The worker is stopped either way."""
+    async def _serve(self, configs: list[Configuration], prompts: dict[str, list[Prompt]]) -> list[dict]:
+        """One worker on a free loopback port serving `configs` (a record each): started, proven, measured per
+        width and workload; a failure to start, to prove or to answer is every record's error."""
+        shared = len(configs) > 1
+        label = "alternated" if shared else configs[0].label
         port = pick_port(self.config)
-        profile = expected.profile.model_copy(update={"host": BENCH_HOST, "port": port})
-        expected = Expected(profile, expected.target_sha256, expected.drafter_sha256)
-        shared = {"shared": True} if len(configs) > 1 else {}
+        profile = alternated_profile(self.profile, configs) if shared else with_depth(self.profile, configs[0].depth)
+        profile = profile.model_copy(update={"host": BENCH_HOST, "port": port})
+        process = {"port": port, **({"shared": True} if shared else {})}
         records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
-                    "error": None, "argv": worker_argv(profile), "process": {"port": port, **shared}, "proof": None,
+                    "error": None, "argv": worker_argv(profile), "process": dict(process), "proof": None,
                     "workloads": {}} for c in configs]
         self._progress(description=f"{label}: starting")
         proc = self.launch(profile, label)
@@ -566,14 +519,14 @@ class Sweep:
             r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
             proc.wait_ready("/health", self.s.startup_timeout, state="healthy")
-            model = self._proven(proc, expected, records, label)
+            model = self._proven(proc, profile, records, label)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 for width in self.s.widths:
                     for w in self.s.workloads:
-                        self._progress(description=f"{label}: {rpt.workload_key(w, width)}")
-                        await self._passes(session, proc.url, model, prompts[w], width, rpt.workload_key(w, width),
-                                           configs, records)
+                        key = rpt.workload_key(w, width)
+                        self._progress(description=f"{label}: {key}")
+                        await self._passes(session, proc.url, model, prompts[w], width, key, configs, records)
             for r in records:
                 r["status"] = "measured"
             return records
@@ -587,23 +540,24 @@ class Sweep:
             r["error"] = error
         return records
 
-    def _proven(self, proc: Process, expected: Expected, records: list[dict], label: str) -> str:
-        """A started worker proven new (a reused one would carry counters and caches over), then its weights
-        proven, the proof kept in its records (and the device, BLAS and versions it reports in the meta, the
-        hashes it reports pinned for the next worker); the model name it serves."""
-        profile = expected.profile
+    def _proven(self, proc: Process, profile: WorkerProfile, records: list[dict], label: str) -> str:
+        """A started worker proven new (a reused one would carry counters and caches over), then its weights, the
+        proof kept in its records, what it reports of its machine in the meta; the model name it serves."""
         key = process_key(proc, profile.backend == "native")
         for r in records:
             r["process"].update({"started_at": key[1], "launched_at": proc.started_at})
-        check_fresh(label, key, self.seen)
-        proof = check_weights(proc.pid, proc.url, expected)
+        if key in self.seen:
+            raise ProcessReused(f"configurations `{self.seen[key]}` and `{label}` were served by the same process"
+                                f" (pid {key[0]}, started {key[1]})", "each configuration needs a fresh worker;"
+                                " a server's counters and caches carry over otherwise")
+        self.seen[key] = label
+        proof = check_weights(proc.pid, proc.url, Expected(profile, self.hashes["target"], self.hashes["drafter"]))
         ident = proof["identity"] or {}
         for k in ("device", "blas", "versions"):
             if ident.get(k) is not None:
                 self.results["meta"].setdefault(k, ident[k])
         for role in ("target", "drafter"):
-            if (ident.get(role) or {}).get("sha256"):
-                self.pinned.setdefault(role, ident[role]["sha256"])
+            self.hashes[role] = self.hashes[role] or (ident.get(role) or {}).get("sha256") or None
         for r in records:
             r.update(proof=proof, drafter_kind=proof["drafter_kind"])
         # mlx_lm.server serves its model under the path it was given (another name makes it load that model).
@@ -611,13 +565,10 @@ class Sweep:
 
     async def _passes(self, session: aiohttp.ClientSession, url: str, model: str, prompts: list[Prompt], width: int,
                       key: str, configs: list[Configuration], records: list[dict]) -> None:
-        """One workload at one width: a discarded warm-up pass of each configuration, then rounds of one pass
-        each in rotating order (AB, BA, ... for two), more while a verdict is open (`_open`), up to the cap.
-        Several configurations share the worker, each request carrying its own depth; one has a worker of its own."""
+        """One workload at one width: a discarded warm-up pass of each configuration, then rounds of a pass each in
+        rotating order (AB, BA, ...), more while a verdict is open (`_open`), up to the cap."""
         s = self.s
-        cells = [{"warmup": None, "passes": [], "clients": width} for _ in records]
-        for r, cell in zip(records, cells):
-            r["workloads"][key] = cell
+        cells = [r["workloads"].setdefault(key, {"warmup": None, "passes": [], "clients": width}) for r in records]
 
         async def one(i: int) -> dict:
             extra = configs[i].request_fields if len(configs) > 1 else None
@@ -636,28 +587,23 @@ class Sweep:
             rounds += 1
 
     def _open(self, configs: list[Configuration], records: list[dict], key: str) -> bool:
-        """More passes can decide something: a verdict against the baseline is open (it straddles `1 + margin`
-        with a win as its point estimate), or the comparison settling the recommendation is undecided. Alternated:
-        every configuration in the worker, paired. Fresh (the baseline measured before it): this configuration's
-        verdict, or a settling comparison among what is measured so far of which it is one side."""
-        margin, baseline = self.s.margin, self.results["baseline"]
-        if len(configs) > 1:
-            record = next(r for r in records if r["label"] == baseline)
-            base, others = rpt.candidate(record, key), [rpt.candidate(r, key) for r in records if r is not record]
-            if any(decide(base.values, c.values, margin=margin, resamples=1000, paired=True).open for c in others):
-                return True
-            settled = settling(base, others, margin=margin, resamples=1000, paired=True)
-            return settled is not None and not settled.decided
-        measured = [c for c in self.results["configurations"] if c["status"] == "measured"]
-        base_record = next((c for c in measured if c["label"] == baseline), None)
-        if configs[0].label == baseline or base_record is None:
+        """More passes can decide something: a verdict against the baseline is open, or the comparison settling the
+        recommendation is undecided (fresh: one this configuration is a side of, among what is measured so far)."""
+        paired = len(configs) > 1
+        pool = records if paired else [*(c for c in self.results["configurations"] if c["status"] == "measured"),
+                                       *records]
+        base_record = next((r for r in pool if r["label"] == self.results["baseline"]), None)
+        mine = [rpt.candidate(r, key) for r in records if r is not base_record]
+        if base_record is None or not mine:
             return False
-        base, mine = rpt.candidate(base_record, key), rpt.candidate(records[0], key)
-        if decide(base.values, mine.values, margin=margin).open:
+        base, kw = rpt.candidate(base_record, key), {"margin": self.s.margin, "paired": paired}
+        # Alternated asks of every configuration each round: with fewer resamples.
+        if any(decide(base.values, c.values, **kw, **({"resamples": 1000} if paired else {})).open for c in mine):
             return True
-        others = [rpt.candidate(c, key) for c in measured if c is not base_record]
-        settled = settling(base, [*others, mine], margin=margin, resamples=1000)
-        return settled is not None and not settled.decided and mine in (settled.recommended, settled.best)
+        others = [rpt.candidate(r, key) for r in pool if r is not base_record]
+        settled = settling(base, others, resamples=1000, **kw)
+        return (settled is not None and not settled.decided
+                and (paired or any(c in (settled.recommended, settled.best) for c in mine)))
 
 
 def write_outputs(results: dict, out: Path) -> list[Path]:

@@ -1,17 +1,10 @@
-"""Arms alternated in one live worker, each a setting a request carries, judged by the paired rule.
+"""Arms alternated in one live worker, each a setting a request carries, judged by the paired rule (docs/bench.md).
 
-Every arm runs in the one process, in rotating order pass by pass (a pass runs every arm once: AB, BA, ...
-for two), after one discarded warm-up of each, so slow drift is shared; its tok/s is completion tokens
-over the wall time of its requests, sent one at a time, greedy, each run to `--max-tokens`. Two modes:
-
-- `--depths A,B` (default `0,3`): two depths (`num_draft_tokens`, up to the worker's own), an arm's run one
-  completion of a fixed prompt; the output lists the runs in time order with their tok/s, for the drift
-  correlation `mtpstack bench simulate --rho-from` reads, and judges B against A;
-- `--map`: fixed single depths (`--fixed`) against the worker's depth per class, in one worker started with a
-  depth map (its deepest class at least the deepest fixed depth): arm `map` sends the prompts as they are (the
-  worker classifies them), arm `fixed D` names the deepest class (`mtpstack_class`, `--deep-class`) and lowers
-  it to D; an arm's run is the code and prose prompts interleaved (chat); the map is judged against each
-  (`mtpstack.bench.stats.decide`, paired).
+A pass runs every arm once, in rotating order, after one discarded warm-up of each; an arm's tok/s is completion
+tokens over the wall time of its requests, sent one at a time, greedy, each run to `--max-tokens`. `--depths A,B`: two
+depths on one fixed prompt, the runs in time order for `mtpstack bench simulate --rho-from`; `--map`: the worker's
+depth per class against fixed depths (the deepest class, `--deep-class`, lowered by `num_draft_tokens`), on the code
+and prose prompts interleaved.
 
     python bench/scripts/alternate.py --url http://127.0.0.1:8101 --depths 0,3 --pairs 20 --out runs.json
     python bench/scripts/alternate.py --url http://127.0.0.1:18716 --map --deep-class code --fixed 1,2,3,4 --passes 10
