@@ -8,20 +8,21 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+from mtpstack.proxy.prometheus import parse_samples
 from mtpstack.runtime import Process, Processes, free_port, url_of
 from mtpstack.validator import WorkerProfile, worker_argv
 from mtpstack.worker.launcher import resolve_command, worker_env
 
-#: Configuration -> (server, with the head).
+#: Configuration -> (server, with the head); `@baseline`: `native+mtp` run by another build (`--baseline PROGRAM`).
 CONFIGS = {
     "native+mtp": ("native", True),
     "native": ("native", False),
     "mlx-vlm+mtp": ("mlx-vlm", True),
     "mlx-vlm": ("mlx-vlm", False),
     "mlx_lm.server": ("mlx-lm", False),
-    # The same as `native+mtp`, run by another build of mtpstack (`--baseline PROGRAM`): before vs after a change.
     "native+mtp@baseline": ("native", True),
 }
 #: Batch width of every server (4 clients at once).
@@ -32,11 +33,15 @@ REQUEST_TIMEOUT = 600
 
 def worker_profile(target: Path, head: Path | None, depth: int, port: int, *, backend: str = "native",
                    width: int = WIDTH, **fields) -> dict:
-    """A bench worker's profile, as a fleet config holds it: the fp32 target and the MTP head at `depth`
-    (`head` None: no head)."""
+    """A bench worker's profile as a fleet config holds it: the fp32 target, the MTP head (if any) at `depth`."""
     return {"model": "bench", "backend": backend, "target": {"path": str(target), "bits": "fp32"},
             "drafter": {"path": str(head), "bits": "fp32", "depth": depth, "kind": "mtp"} if head else None,
             "maxNumSeqs": width, "port": port, **fields}
+
+
+def served_model(name: str, target: Path) -> str:
+    """The model name configuration `name`'s server answers to: the profile's for the native worker, else its path."""
+    return "bench" if CONFIGS[name][0] == "native" else str(target)
 
 
 def worker_command(profile: dict, program: str | None = None) -> list[str]:
@@ -46,16 +51,15 @@ def worker_command(profile: dict, program: str | None = None) -> list[str]:
 
 
 def on_program(program: str, argv: list[str]) -> list[str]:
-    """A worker's `argv` run by `program` (another build), less the flags (with their values) that
-    `program worker --help` does not list: an older build does not know a flag this one renders."""
+    """A worker's `argv` run by `program`, less the flags (and values) its `worker --help` does not list:
+    an older build does not know a flag this one renders."""
     helptext = subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
-    args, out, i = argv[argv.index("worker"):], [program], 0
-    while i < len(args):
-        if args[i].startswith("--") and args[i] not in helptext:
-            i += 2
-            continue
-        out.append(args[i])
-        i += 1
+    args, out = iter(argv[argv.index("worker"):]), [program]
+    for arg in args:
+        if arg.startswith("--") and arg not in helptext:
+            next(args, None)  # its value
+        else:
+            out.append(arg)
     return out
 
 
@@ -102,10 +106,6 @@ def start_servers(target: Path, head: Path, depth: int, logdir: Path, names, bas
 
 def metrics(url: str) -> dict:
     """A server's `/metrics`, parsed (`mtpstack.proxy.prometheus.sample` reads one series of it)."""
-    import urllib.request
-
-    from mtpstack.proxy.prometheus import parse_samples
-
     with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
         return parse_samples(resp.read().decode())
 
@@ -121,12 +121,10 @@ class ServerError(RuntimeError):
 async def stream_chat(session, url: str, model: str, messages: list | str, max_tokens: int, times: list | None = None,
                       headers: dict[str, str] | None = None, extra: dict | None = None, ignore_eos: bool | None = True,
                       on_content=None, path: str | None = None, tool_text: bool = False) -> dict:
-    """One greedy chat completion streamed: when it was sent, its first token (of the answer, its reasoning
-    or a tool call; `empty`: none came), its end, its content (`text`, what a client sends back) and usage;
-    each token chunk's arrival appended to `times`, and `on_content(piece, arrival)` called per piece.
-    `ignore_eos`: every answer runs to `max_tokens`, so runs decode the same number of tokens (mlx_lm.server
-    and mlx-vlm ignore it; None: not sent). `messages` a string: a plain completion (no chat-output splitter
-    holds text back). `tool_text`: tool-call arguments join `text` (the sweep hashes what such a turn wrote)."""
+    """One greedy completion streamed, chat or (`messages` a string) plain: its send, first token (of any kind;
+    `empty`: none), end, text and usage; each token chunk's arrival appended to `times` and passed, with its
+    piece, to `on_content`. `ignore_eos` (None: not sent; mlx_lm.server and mlx-vlm ignore it) runs every answer to
+    `max_tokens`; `tool_text`: tool-call arguments join `text` (the sweep hashes what such a turn wrote)."""
     plain = isinstance(messages, str)
     body = {"model": model, ("prompt" if plain else "messages"): messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},

@@ -1,12 +1,14 @@
 """Whole stacks for the benches that measure past one worker: a fleet of native workers behind
-`mtpstack proxy` (`fleet`, `start_fleet`), nginx as the front end compared with it (`nginx_conf`), the raw
-clients that time them (`plain`, `stream`) and the CPU their processes use (`cpu_seconds`). The servers
-of one worker are `mtpstack.bench.servers`."""
+`mtpstack proxy` (`start_fleet`), nginx as the front end compared with it (`start_nginx`), the raw
+clients that time them (`plain`, `stream`) and the CPU their processes use (`cpu_seconds`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,43 +17,49 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from mtpstack.bench.servers import start_workers, worker_profile
-from mtpstack.runtime import Processes, url_of
-from mtpstack.validator import FleetConfig, worker_argv
-from mtpstack.worker.launcher import resolve_command
-
-#: A fleet's queue and first-byte limits: long enough for a widened target's slowest turn.
-FLEET_TIMEOUT = 900
+from mtpstack.bench.conversations import REQUEST_TIMEOUT
+from mtpstack.bench.servers import start_workers, worker_command, worker_profile
+from mtpstack.runtime import Process, Processes, free_port, url_of
+from mtpstack.validator import FleetConfig
 
 
 # -- fleets -------------------------------------------------------------------------------------
 
-def fleet(policy: str, target: Path, head: Path, width: int, depth: int, ports: dict[str, int], proxy_port: int) -> dict:
-    return {
-        "proxy": {"port": proxy_port, "routing": policy, "modelConcurrencyLimits": {"bench": width},
-                  "queue": {"maxWaiting": 64, "timeoutSeconds": FLEET_TIMEOUT}, "timeouts": {"firstByteSeconds": FLEET_TIMEOUT}},
-        "workers": {name: worker_profile(target, head, depth, port, width=width) for name, port in ports.items()},
-    }
-
-
-def start_fleet(data: dict, rundir: Path):
-    """The workers, then the proxy once they are healthy: (all processes, the proxy, the workers)."""
+def start_fleet(policy: str, target: Path, head: Path, width: int, depth: int, backends: int, rundir: Path,
+                **proxy_fields) -> tuple[Processes, Process, list[Process]]:
+    """`backends` workers (w0, w1, ...), then the proxy once they are healthy, its queue and first-byte limits
+    a turn's (`REQUEST_TIMEOUT`): (all processes, the proxy, the workers)."""
+    port = free_port()
+    workers = {f"w{i}": worker_profile(target, head, depth, free_port(), width=width) for i in range(backends)}
+    data = {"proxy": {"port": port, "routing": policy, "modelConcurrencyLimits": {"bench": width},
+                      "queue": {"maxWaiting": 64, "timeoutSeconds": REQUEST_TIMEOUT},
+                      "timeouts": {"firstByteSeconds": REQUEST_TIMEOUT}, **proxy_fields}, "workers": workers}
+    FleetConfig.model_validate(data)  # a bad proxy field fails here, not after the workers have loaded
     rundir.mkdir(parents=True, exist_ok=True)
     (rundir / "fleet.yaml").write_text(yaml.safe_dump(data))
-    config, procs = FleetConfig.model_validate(data), Processes()
-    workers = start_workers({name: (resolve_command(worker_argv(w)), w.port) for name, w in config.workers.items()},
-                            rundir, procs, timeout=600)
+    procs = Processes()
+    started = start_workers({name: (worker_command(w), w["port"]) for name, w in workers.items()}, rundir, procs,
+                            timeout=600)
     try:
         proxy = procs.start([sys.executable, "-m", "mtpstack", "proxy", "--config", str(rundir / "fleet.yaml")],
-                            log_path=rundir / "proxy.log", name="proxy", kind="proxy", url=url_of("127.0.0.1", data["proxy"]["port"]))
+                            log_path=rundir / "proxy.log", name="proxy", kind="proxy", url=url_of("127.0.0.1", port))
         proxy.wait_ready("/readyz", 60)
     except BaseException:
         procs.stop_all()
         raise
-    return procs, proxy, list(workers.values())
+    return procs, proxy, list(started.values())
 
 
-# -- front ends ----------------------------------------------------------------------------------
+# -- nginx ---------------------------------------------------------------------------------------
+
+def nginx_program() -> str | None:
+    """nginx's executable (Debian's nginx-light puts it in /usr/sbin, often off PATH), None if not installed."""
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def nginx_version(program: str | None) -> str | None:
+    return subprocess.run([program, "-v"], capture_output=True, text=True).stderr.strip() if program else None
+
 
 def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s: int | None = None) -> str:
     """One process, no buffering either way, keep-alive to the upstream, an access log like the proxy's.
@@ -60,7 +68,7 @@ def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s
     upstreams, servers = [], []
     read_timeout = f"\n      proxy_read_timeout {read_timeout_s}s;" if read_timeout_s else ""
     for listen, upstream in routes.items():
-        members = " ".join(f"server 127.0.0.1:{port};" for port in ([upstream] if isinstance(upstream, int) else upstream))
+        members = " ".join(f"server 127.0.0.1:{p};" for p in ([upstream] if isinstance(upstream, int) else upstream))
         upstreams.append(f"  upstream u{listen} {{ {members} keepalive 16; }}")
         servers.append(f"""  server {{
     listen 127.0.0.1:{listen};
@@ -74,8 +82,8 @@ def nginx_conf(workdir: Path, routes: dict[int, int | list[int]], read_timeout_s
   }}""")
     temp = workdir / "nginx-temp"
     temp.mkdir(exist_ok=True)
-    temps = "\n".join(f"  {kind}_temp_path {temp}/{folder};" for kind, folder in (
-        ("client_body", "body"), ("proxy", "proxy"), ("fastcgi", "fastcgi"), ("uwsgi", "uwsgi"), ("scgi", "scgi")))
+    kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    temps = "\n".join(f"  {kind}_temp_path {temp}/{kind};" for kind in kinds)
     return "\n".join([f"""daemon off;
 master_process off;
 worker_processes 1;
@@ -85,6 +93,14 @@ events {{ worker_connections 1024; }}
 http {{
   access_log {workdir}/nginx-access.log;
 {temps}""", *upstreams, *servers, "}"])
+
+
+def start_nginx(procs: Processes, program: str, workdir: Path, routes: dict[int, int | list[int]], *,
+                read_timeout_s: int | None = None, name: str = "nginx", cwd: Path | None = None) -> Process:
+    """nginx over `routes` (`nginx_conf`), started among `procs`, its URL the first route's; not yet waited for."""
+    (workdir / "nginx.conf").write_text(nginx_conf(workdir, routes, read_timeout_s))
+    return procs.start([program, "-c", str(workdir / "nginx.conf"), "-p", str(workdir)], name=name, kind="proxy",
+                       log_path=workdir / f"{name}.log", url=url_of("127.0.0.1", next(iter(routes))), cwd=cwd)
 
 
 # -- clients and probes ----------------------------------------------------------------------
@@ -121,9 +137,7 @@ async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sampl
         chunk = await r.content.readany()
         t1, tail = time.perf_counter(), b""
         while chunk:
-            if stamped:
-                # Delivery delay of each chunk: our arrival time minus the upstream's send time
-                # (both CLOCK_MONOTONIC), independent of how regularly the upstream paces.
+            if stamped:  # both clocks CLOCK_MONOTONIC: the delay whatever the upstream's pacing
                 now = time.monotonic()
                 s.chunk_delay.extend(now - float(m) for m in _STAMP.findall(chunk))
             tail = (tail + chunk)[-32:]
@@ -136,20 +150,13 @@ async def stream(session: aiohttp.ClientSession, url: str, body: bytes, s: Sampl
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks)."""
+    """CPU time of every thread of `pid` so far: schedstat (ns) if the kernel has it, else stat (ticks). Raises
+    FileNotFoundError once the process is gone."""
     total, found = 0, False
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-                    found = True
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-    except FileNotFoundError:
-        pass
+    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that has just ended
+            total, found = total + int(path.read_text().split()[0]), True
     if found:
         return total / 1e9
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

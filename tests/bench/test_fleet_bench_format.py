@@ -1,9 +1,13 @@
 """The fleet bench's pure parts: the figures per round and per stack, the comparison against mtpstack,
-the table and the plot (the agent workload it replays: test_workloads.py)."""
+the table and the plot (the agent workload it replays: test_workloads.py); and one small real run of each mode."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+
+import pytest
 
 from devkit.scripts import load_script
 
@@ -199,3 +203,34 @@ def test_compare_policies_refuses_a_verdict_on_fewer_than_three_runs_a_side():
     policies = {"affinity": {"ttft_later_per_run_s": [0.2, 0.21, 0.19]}, "first-free": {"ttft_later_per_run_s": [1.0, 1.1, 0.9]}}
     c = fb.compare_policies(policies)
     assert c["decision"] == "adopt" and c["ratio"] == 5.0
+
+
+# -- end to end: both modes on the demo pair as it is ------------------------------------------------
+
+
+def run_bench(tmp_path, *args):
+    pytest.importorskip("mlx.core", reason="a real run needs mlx (Linux: pip install 'mlx[cpu]')")
+    done = subprocess.run([sys.executable, "bench/scripts/fleet_bench.py", "--quick", "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((tmp_path / "fleet.json").read_text()), done.stderr
+
+
+def test_a_quick_run_starts_each_stack_and_answers_every_turn(tmp_path):
+    stacks = ["mtpstack", "nginx"] if fb.nginx_program() else ["mtpstack"]
+    report, stderr = run_bench(tmp_path, "--sessions", "2", "--turns", "2", "--stacks", *stacks)
+    assert {r["stack"] for r in report["rows"]} == set(stacks) and all(r["status"] == "ok" for r in report["rows"])
+    assert all(r["worker"] in ("w0", "w1") for r in report["rows"] if r["stack"] == "mtpstack")  # the proxy's log read
+    (run,) = [x for x in report["runs"] if x["stack"] == "mtpstack"]
+    assert run["workers"]["prefix_cache_lookups"] > 0 and set(run["cpu_s"]) == {"proxy `proxy`", "worker `w0`",
+                                                                                  "worker `w1`"}
+    assert report["summary"]["stacks"]["mtpstack"]["ttft_p95"]["median"] > 0
+    assert "goal: zero errors, 429s and timeouts for mtpstack: met" in stderr
+    assert (tmp_path / "ttft-by-turn.png").stat().st_size > 5000
+
+
+def test_a_quick_routing_run_reports_both_policies(tmp_path):
+    report, stderr = run_bench(tmp_path, "--routing")
+    assert set(report["summary"]["policies"]) == {"affinity", "first-free"}
+    assert report["summary"]["policies"]["affinity"]["affinity_hits"][1] == 8  # 4 conversations x turns 2-3
+    assert "comparison: too few passes" in stderr
