@@ -1,5 +1,5 @@
-"""The whole stack under load, the parts of `bench/scripts/load_bench.py`'s modes: processes started and their
-logs read, one request and what its client saw (counted over many), gauges sampled, slots settled."""
+"""The whole stack under load (`bench/scripts/load_bench.py`'s modes): processes started and their logs read, what
+each request's client saw, counted over many, gauges sampled, slots settled."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from mtpstack.proxy.prometheus import parse_samples, sample
 from mtpstack.runtime import Process, StartError, free_port, url_of
 
 HOST = "127.0.0.1"
-#: The checkout: `python -m devkit.fake_upstream` runs from it.
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout, where `python -m devkit...` runs
 
 
 # -- processes and their logs --------------------------------------------------------------------
@@ -34,8 +33,7 @@ async def ready(proc: Process, path: str, timeout: float = 60.0) -> Process:
 
 
 async def fake_process(procs, workdir: Path, name: str, model: str, gate: int, *args: str):
-    """`devkit.fake_upstream` as `name` serving `model` on loopback at `gate` (`args`: its pacing), healthy: a
-    `FakeUpstream` (`worker_config()`: its entry in a proxy's config)."""
+    """A healthy `devkit.fake_fleet.FakeUpstream` serving `model` at `gate` (`args`: its pacing)."""
     from devkit.fake_fleet import FakeUpstream
 
     fake = FakeUpstream(name, model, gate, workdir / f"{name}.log", procs, args)
@@ -45,8 +43,7 @@ async def fake_process(procs, workdir: Path, name: str, model: str, gate: int, *
 
 async def proxy_process(procs, workdir: Path, name: str, proxy: dict, workers: dict, python: str = sys.executable,
                         extra: tuple[str, ...] = ()) -> Process:
-    """`mtpstack proxy` (run by `python`) on a free port, its config (`proxy`, `workers`) `workdir/NAME.json`,
-    its log `workdir/NAME.log`, ready."""
+    """`mtpstack proxy` (run by `python`) on a free port, ready; its config and log `workdir/NAME.json`, `.log`."""
     port = free_port()
     path = workdir / f"{name}.json"
     path.write_text(json.dumps({"proxy": {**proxy, "port": port}, "workers": workers}))
@@ -69,7 +66,6 @@ def log_events(log: Path) -> tuple[list[str], list[dict]]:
 
 
 def request_events(log: Path) -> list[dict]:
-    """The proxy's request lines (`event` "request"), in order."""
     return [e for e in log_events(log)[1] if e.get("event") == "request"]
 
 
@@ -89,8 +85,8 @@ def memory_kib(pid: int) -> dict:
 # -- one request, and many ----------------------------------------------------------------------
 @dataclass
 class Answer:
-    """What a client saw: a status (None: no answer, `reason` says why), a refusal's or a failed
-    stream's error code, how a 200 stream ended (`done`, `error`, `cut`) and the time it took."""
+    """What a client saw: a status (None: no answer, `reason` says why), an error code, how a 200 stream ended
+    (`done`, `error`, `cut`) and the time it took."""
 
     status: int | None = None
     code: str | None = None
@@ -118,8 +114,7 @@ def _code(raw: bytes) -> str | None:
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict, bound: float, rid: str | None = None) -> Answer:
-    """One request (chat completions for a body with `messages`, else completions); an answer that
-    does not come within `bound` is no answer."""
+    """One request (chat completions for a body with `messages`, else completions); none after `bound` s."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     a = Answer()
     t0 = time.monotonic()
@@ -148,8 +143,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: dict, bound: floa
 
 @dataclass
 class Tally:
-    """Answers counted: by status, a refusal by `status code`, 429s by Retry-After (None: without one), the
-    unanswered by why, streams by how they ended."""
+    """Answers counted: by status, a refusal by `status code`, 429s by Retry-After, the unanswered by why, streams
+    by how they ended."""
 
     sent: int = 0
     statuses: Counter = field(default_factory=Counter)
@@ -178,23 +173,25 @@ class Tally:
             if a.status == 429:
                 self.retry_after[a.retry_after] += 1
 
+    def counts(self) -> dict:
+        return {"sent": self.sent, "statuses": dict(self.statuses), "error_codes": dict(self.codes),
+                "streams_done": self.streams["done"], "unanswered": self.unanswered}
+
     def figures(self, seconds: float) -> dict:
         ms = lambda q: round(percentile(self.latencies, q) * 1000, 1) if self.latencies else None  # noqa: E731
-        s = self.streams
         return {
-            "sent": self.sent, "answered": self.sent - self.unanswered, "unanswered": self.unanswered,
-            "unanswered_reasons": dict(self.unanswered_reasons), "statuses": dict(self.statuses),
-            "error_codes": dict(self.codes), "retry_after_missing": self.retry_after[None],
+            **self.counts(), "answered": self.sent - self.unanswered,
+            "unanswered_reasons": dict(self.unanswered_reasons),
+            "retry_after_missing": self.retry_after[None],
             "retry_after_values": {k: n for k, n in self.retry_after.items() if k is not None},
-            "streams": s["started"], "streams_done": s["done"], "stream_errors": s["error"],
-            "stream_truncated": s["cut"],
+            "streams": self.streams["started"], "stream_errors": self.streams["error"],
+            "stream_truncated": self.streams["cut"],
             "seconds": round(seconds, 2), "requests_per_second": round(self.sent / seconds, 1) if seconds else None,
             "latency_ms": {"p50": ms(50), "p99": ms(99), "max": ms(100)},
         }
 
 
 def until(n: int, deadline: float, start: int = 0):
-    """`start`..`n - 1`, as long as the deadline has not passed."""
     for i in range(start, n):
         if time.monotonic() > deadline:
             return
@@ -215,18 +212,15 @@ async def drive(session, url: str, n: int, clients: int, make_body, tally: Tally
 
 
 async def serves_again(session, url: str, bodies: list[dict], bound: float, tally: Tally | None = None) -> dict:
-    """The `bodies` sent at once (counted in `tally`, when given, over several calls): do the slots serve after
-    a fault?"""
+    """The `bodies` sent at once (counted in `tally`, when given): do the slots serve after a fault?"""
     tally = Tally() if tally is None else tally
     for a in await asyncio.gather(*(send(session, url, b, bound) for b in bodies)):
         tally.add(a)
-    return {"sent": tally.sent, "statuses": dict(tally.statuses), "streams_done": tally.streams["done"],
-            "unanswered": tally.unanswered}
+    return tally.counts()
 
 
 # -- what the processes report ---------------------------------------------------------------
 async def get_metrics(session: aiohttp.ClientSession, url: str) -> dict:
-    """`/metrics`, parsed by `mtpstack.proxy.prometheus`; {} when it does not answer."""
     return await get_json(session, url + "/metrics", parse_samples)
 
 
@@ -239,48 +233,38 @@ async def get_json(session: aiohttp.ClientSession, url: str, parse=json.loads) -
         return {}
 
 
-class GaugeSampler:
-    """Polls /metrics on an interval, keeping the largest value of each target (key -> base url, metric, labels).
-    A sample, not a trace: a peak shorter than the interval can be missed."""
+@contextlib.asynccontextmanager
+async def sampled(session, targets: dict[str, tuple[str, str, dict]], interval: float = 0.1):
+    """Polls /metrics meanwhile, keeping each target's (key -> base url, metric, labels) largest value: a sample,
+    not a trace, so a peak shorter than the interval can be missed."""
+    found: dict = {"sampled_max": dict.fromkeys(targets), "samples": 0}
+    peaks = found["sampled_max"]
 
-    def __init__(self, session, targets: dict[str, tuple[str, str, dict]], interval: float = 0.1):
-        self.session, self.targets, self.interval = session, targets, interval
-        self.max: dict[str, float] = {}
-        self.samples = 0
-        self._task: asyncio.Task | None = None
-
-    async def _run(self) -> None:
-        urls = sorted({u for u, _, _ in self.targets.values()})
+    async def run() -> None:
         while True:
-            for url in urls:
-                m = await get_metrics(self.session, url)
-                for key, (u, name, labels) in self.targets.items():
-                    v = sample(m, name, **labels) if u == url else None
-                    if v is not None:
-                        self.max[key] = max(self.max.get(key, 0.0), v)
-            self.samples += 1
-            await asyncio.sleep(self.interval)
+            for url in sorted({u for u, _, _ in targets.values()}):
+                m = await get_metrics(session, url)
+                for key, (u, name, labels) in targets.items():
+                    if u == url and (v := sample(m, name, **labels)) is not None:
+                        peaks[key] = max(peaks[key] or 0.0, v)
+            found["samples"] += 1
+            await asyncio.sleep(interval)
 
-    def __enter__(self) -> GaugeSampler:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-    def figures(self) -> dict:
-        return {"sampled_max": {k: self.max.get(k) for k in self.targets}, "samples": self.samples}
+    task = asyncio.create_task(run())
+    try:
+        yield found
+    finally:
+        task.cancel()
 
 
-async def settle(check, timeout: float) -> tuple[bool, object]:
+async def settle(check, timeout: float, interval: float = 0.1) -> tuple[bool, object]:
     """Poll `check()` -> (ok, value) until ok or `timeout`; returns the last (ok, value)."""
     deadline = time.monotonic() + timeout
     while True:
         ok, value = await check()
         if ok or time.monotonic() > deadline:
             return ok, value
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(interval)
 
 
 def proxy_slots(session, proxy_url: str, worker: str | None = None):

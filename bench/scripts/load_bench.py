@@ -1,21 +1,7 @@
-"""The whole stack under load, one script with a mode per part of the question (issue 50):
-
-    .venv/bin/python bench/scripts/load_bench.py [--quick] [--out load-bench.json] [--skip-real] [--real-failovers N]
-    .venv/bin/python bench/scripts/load_bench.py hostile [--configs 10000] [--requests 2000] [--slow 200] [--agent 600]
-        [--cut 40] [--stall-repeats 5] [--flood 120] [--flood-repeats 5] [--against PYTHON] [--only flood ...]
-        [--seed 1] [--json]
-    .venv/bin/python bench/scripts/load_bench.py proxy [--rounds 5] [--out proxy-bench.json] [--loops uvloop,asyncio]
-        [--baseline PYTHON] [--dashboard-poll] [--no-nginx]
-    .venv/bin/python bench/scripts/load_bench.py tenant [--rounds 3] [--seconds 20] [--out tenant-bench.json]
-
-**Faults** (no mode; docs/load-bench.md): load through fake upstreams that count their own concurrency and through
-`mtpstack up` on tiny models, workers killed mid-stream and under load, client disconnects: no hung client, no leaked
-slot, no error the dead worker had not taken. **hostile** (docs/hardening.md): hostile input at volume; counts what
-must stay 0. **proxy** (docs/proxy.md): the proxy's added latency and CPU against direct and nginx. **tenant**
-(docs/proxy.md): one tenant's queue wait beside another's flood, fair queueing on and off.
-
-Every process is started on loopback and stopped at exit (Ctrl-C too). Raw figures go to `--out`, the table to
-stdout, progress to stderr; the exit status is 1 when a check fails (the figures are still written).
+"""The whole stack under load, a mode per part of the question (issue 50): no mode, faults through fake upstreams
+and `mtpstack up` on tiny models (docs/load-bench.md); `hostile`, hostile input at volume (docs/hardening.md);
+`proxy`, the proxy's added latency and CPU, and `tenant`, fair queueing (docs/proxy.md). Every process starts on
+loopback and stops at exit; raw figures go to `--out`, the table to stdout; a failed check exits 1.
 """
 
 from __future__ import annotations
@@ -27,18 +13,18 @@ import asyncio
 import contextlib
 import datetime as dt
 import io
+import itertools
 import json
 import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -47,12 +33,12 @@ import yaml
 from devkit.fake_fleet import FakeFleet, FakeUpstream, proxy_before_fake
 from devkit.raw_http import RawStream, json_answer
 from mtpstack import series
-from mtpstack.bench.load import (HOST, GaugeSampler, Tally, drive, fake_process, get_json, get_metrics, log_events,
-                                 memory_kib, proxy_process, proxy_slots, ready, request_events, send, serves_again,
-                                 settle, until)
+from mtpstack.bench.load import (HOST, Tally, drive, fake_process, get_json, get_metrics, log_events,
+                                 memory_kib, proxy_process, proxy_slots, ready, request_events, sampled, send,
+                                 serves_again, settle, until)
 from mtpstack.bench.parts import loadavg, rotated, rounds, run_meta
 from mtpstack.bench.servers import start_workers
-from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_conf, plain, stream
+from mtpstack.bench.stacks import Sample, cpu_seconds, nginx_program, nginx_version, plain, start_nginx, stream
 from mtpstack.bench.stats import percentile
 from mtpstack.proxy.prometheus import sample
 from mtpstack.runtime import Process, Processes, StartError, free_port, signal_group, tail_text, url_of
@@ -63,15 +49,13 @@ from load_report import (CLIENT_SECONDS, FLOOD_PROBE_DELAY, HANG_SECONDS, PROXY_
                          tenant_lines)  # beside this script
 
 ROOT = _checkout.ROOT
-#: Fake upstream pacing under load: short enough that the proxy is the bottleneck, long enough
-#: that requests overlap inside an upstream (an instant plain answer never yields).
+#: Fake upstream pacing: the proxy is the bottleneck, yet requests overlap inside an upstream.
 LOAD_PACING = ["--delay", "0.001", "--chunks", "8", "--interval", "0.001"]
 #: A stream long enough to be cut in the middle: 2,000 chunks 5 ms apart (10 s).
 LONG_STREAM = {"chunks": 2000, "interval": 0.005}
 STREAM_EVERY = 4  # every 4th load request is streamed
-#: Every process this script started, so all of them die at exit, also on Ctrl-C.
+#: Every process started here, stopped at exit (Ctrl-C too); and the pids `mtpstack up` started for us.
 CHILDREN = Processes()
-#: Processes `mtpstack up` started for this script, killed at exit if `mtpstack up` left one behind.
 UP_CHILDREN: list[int] = []
 
 
@@ -99,12 +83,9 @@ def stop_all() -> None:
 @contextlib.asynccontextmanager
 async def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]], max_waiting: int):
     """Fake upstreams paced for load behind a proxy of their gates, its queue `max_waiting`; stopped on exit."""
-    proxy = {
-        "modelConcurrencyLimits": {model: gate for _, model, gate in fakes},
-        "queue": {"maxWaiting": max_waiting, "timeoutSeconds": 60.0},
-        "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30},
-        "shutdownGraceSeconds": 2,
-    }
+    proxy = {"modelConcurrencyLimits": {model: gate for _, model, gate in fakes},
+             "queue": {"maxWaiting": max_waiting, "timeoutSeconds": 60.0},
+             "timeouts": {"connectSeconds": 5, "firstByteSeconds": 60, "idleSeconds": 30}, "shutdownGraceSeconds": 2}
     setup = FakeFleet(workdir / label, fakes, proxy, fake_args=LOAD_PACING, processes=CHILDREN)
     try:
         await asyncio.to_thread(setup.start)
@@ -114,23 +95,17 @@ async def fake_setup(workdir: Path, label: str, fakes: list[tuple[str, str, int]
 
 
 async def upstream_stats(session, setup: FakeFleet) -> dict[str, dict]:
-    """Each fake's own count of what it served (`/stats`), by name."""
     return {f.name: await get_json(session, f.url + "/stats") for f in setup.fakes}
 
 
-def load_row(label: str, target: str, gate: int, upstreams: int, clients: int, max_waiting: int) -> dict:
-    capacity = gate * upstreams + max_waiting
-    return {"label": label, "target": target, "gate": gate, "upstreams": upstreams, "clients": clients,
-            "max_waiting": max_waiting, "capacity": capacity, "queue_bound_reachable": clients > capacity}
-
-
-async def measured_load(session, url: str, pid: int, targets: dict, n: int, clients: int, make_body, bound: float,
+async def measured_load(session, row: dict, url: str, pid: int, targets: dict, n: int, make_body, bound: float,
                         deadline: float, halves: bool = False) -> dict:
-    """`n` requests from `clients` loops, `targets` sampled meanwhile, the proxy's memory (`pid`) before and
-    after (and between two halves, to tell a one-time growth from a steady one)."""
+    """`n` requests, `targets` sampled meanwhile, the proxy's memory before, after (and between halves: a one-time
+    growth or a steady one)."""
+    clients, capacity = row["clients"], row["gate"] * row["upstreams"] + row["max_waiting"]
     tally, rss = Tally(), {"before": memory_kib(pid).get("VmRSS")}
     t0, half = time.monotonic(), n // 2 if halves else n
-    with GaugeSampler(session, targets) as sampler:
+    async with sampled(session, targets) as sampler:
         complete = await drive(session, url, half, clients, make_body, tally, bound, deadline)
         if halves:
             rss["half"] = memory_kib(pid).get("VmRSS")
@@ -139,11 +114,11 @@ async def measured_load(session, url: str, pid: int, targets: dict, n: int, clie
     await asyncio.sleep(1.0)
     after = memory_kib(pid)
     rss.update(after=after.get("VmRSS"), peak=after.get("VmHWM"))
-    return {"requested": n, "complete": complete, **tally.figures(seconds), **sampler.figures(), "proxy_rss_kib": rss}
+    return {**row, "capacity": capacity, "queue_bound_reachable": clients > capacity, "requested": n,
+            "complete": complete, **tally.figures(seconds), **sampler, "proxy_rss_kib": rss}
 
 
 def request(model: str, text: str, chat: bool, **fields) -> dict:
-    """A chat completion of `text` as the user's message, or a completion of it as the prompt."""
     said = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
     return {"model": model, **said, **fields}
 
@@ -154,25 +129,22 @@ def fake_body(i: int) -> dict:
                    stream=i % STREAM_EVERY == STREAM_EVERY - 1)
 
 
-async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients: int, max_waiting: int,
-                    deadline: float) -> dict:
+async def fake_load(session, workdir: Path, *, gate: int, requests: int, max_waiting: int, deadline: float) -> dict:
     label = f"fake-gate{gate}-waiting{max_waiting}"
-    say(f"{label}: {requests} requests from {clients} clients, 2 upstreams of gate {gate}")
     async with fake_setup(workdir, label, [(f"u{i}", "fake", gate) for i in range(2)], max_waiting) as setup:
         targets = {f"inflight{{worker={f.name}}}": (setup.url, "mtpstack_proxy_inflight", {"worker": f.name})
                    for f in setup.fakes}
         targets["queue_depth{model=fake}"] = (setup.url, "mtpstack_proxy_queue_depth", {"model": "fake"})
-        load = await measured_load(session, setup.url, setup.proxy.pid, targets, requests, clients, fake_body,
-                                   90.0, deadline, halves=True)
+        row = {"label": label, "target": "fake", "gate": gate, "upstreams": 2, "clients": 64,
+               "max_waiting": max_waiting}
+        load = await measured_load(session, row, setup.url, setup.proxy.pid, targets, requests, fake_body, 90.0,
+                                   deadline, halves=True)
         stats = await upstream_stats(session, setup)
         m = await get_metrics(session, setup.url)
-    result = {
-        **load_row(label, "fake", gate, len(setup.fakes), clients, max_waiting), **load,
-        "upstream_max_concurrency": {k: v.get("max_active") for k, v in stats.items()},
-        "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
-        "upstream_served": {k: v.get("served") for k, v in stats.items()},
-        "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values()),
-    }
+    result = {**load, "upstream_max_concurrency": {k: v.get("max_active") for k, v in stats.items()},
+              "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
+              "upstream_served": {k: v.get("served") for k, v in stats.items()},
+              "inflight_after": sum((m.get("mtpstack_proxy_inflight") or {}).values())}
     say(f"{label}: {result['statuses']} in {result['seconds']:.1f} s, "
         f"upstream max concurrency {result['upstream_max_concurrency']}")
     return result
@@ -181,9 +153,9 @@ async def fake_load(session, workdir: Path, *, gate: int, requests: int, clients
 # == faults: kills, by raw streams (`devkit.raw_http.RawStream`) ===================================
 async def kill_round(session, proxy_url: str, proxy_port: int, bodies: list[dict], kill, worker: str | None,
                      then=None) -> dict:
-    """A stream of each of `bodies` (a third queues behind a gate of 2); once two have a chunk, `kill()`.
-    Each client must then see its stream end (or an error status) within HANG_SECONDS; `then()` runs
-    before the proxy's slots (of `worker`, or all) must settle."""
+    """A stream of each of `bodies` (a third queues behind a gate of 2); once two have a chunk, `kill()`. Each client
+    must then see its stream end (or an error status) within HANG_SECONDS; `then()` runs before the proxy's slots
+    (of `worker`, or all) must settle."""
     opened = []
     try:
         for body in bodies:
@@ -222,7 +194,6 @@ async def kill_round(session, proxy_url: str, proxy_port: int, bodies: list[dict
 
 
 async def rounds_summary(session, proxy_url: str, kills: list[dict], requested: int) -> dict:
-    """The kill rounds counted, once the proxy's slots settle."""
     ok, value = await settle(proxy_slots(session, proxy_url), SETTLE_SECONDS)
     outcomes = Counter(o for r in kills for o in r["outcomes"])
     return {
@@ -242,32 +213,28 @@ def restart(f: FakeUpstream):
     return kill
 
 
-async def healthy(session, proxy_url: str, names, until_s: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
-    """Until the proxy's `/readyz` calls each worker of `names` healthy (True), or `until_s` passes (False);
-    a fake of `fakes` that is not running is started again (its restart lost a race for the port)."""
-    while time.monotonic() < until_s:
+async def healthy(session, proxy_url: str, names, timeout: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
+    """Whether `/readyz` calls each of `names` healthy within `timeout`; a fake not running (lost a port race)
+    is started again."""
+    async def check():
         for f in fakes:
             if not f.process.alive():
                 f.start()
         workers = (await get_json(session, proxy_url + "/readyz")).get("workers", {})
-        if all(workers.get(name, {}).get("healthy") for name in names):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+        return all(workers.get(name, {}).get("healthy") for name in names), None
+
+    return (await settle(check, timeout, interval=0.05))[0]
 
 
 async def fake_kills(session, workdir: Path, kills: int, deadline: float) -> dict:
     """SIGKILL fake upstreams mid-stream, round robin over 4 models of one upstream each, and restart them."""
     async with fake_setup(workdir, "fake-kills", [(f"k{i}", f"m{i}", 2) for i in range(4)], 8) as setup:
-        say(f"fake kills: {kills} SIGKILLs mid-stream over {len(setup.fakes)} upstreams")
         done: list[dict] = []
         for i in until(kills, deadline):
             f = setup.fakes[i % len(setup.fakes)]
-            await healthy(session, setup.url, [f.name], min(deadline, time.monotonic() + 60), (f,))
+            await healthy(session, setup.url, [f.name], min(60, deadline - time.monotonic()), (f,))
             body = {"model": f.model, "prompt": "long", "stream": True, "x_fake": LONG_STREAM}
             done.append(await kill_round(session, setup.url, setup.port, [body] * 3, restart(f), f.name))
-            if (i + 1) % 20 == 0:
-                say(f"fake kills: {i + 1} done")
         result = {"target": "fake", **await rounds_summary(session, setup.url, done, kills)}
     say(f"fake kills: {result['outcomes']}, leaked after: {result['slots_after']}")
     return result
@@ -282,30 +249,26 @@ async def fake_failover(session, workdir: Path, n: int, deadline: float) -> dict
         await serves_again(session, setup.url, [{"model": "mm", "prompt": "x"}] * 4, HANG_SECONDS, after)
 
     async with fake_setup(workdir, "fake-failover", [("f0", "mm", 2), ("f1", "mm", 2)], 8) as setup:
-        say(f"fake failover: {n} SIGKILLs of one of two upstreams of a model")
         done: list[dict] = []
         for i in until(n, deadline):
-            await healthy(session, setup.url, ["f0", "f1"], min(deadline, time.monotonic() + 60), tuple(setup.fakes))
-            # both idle: the first stream goes to f0 (config order), the second to f1 (least loaded); each
-            # its own prompt, or cache-aware routing sends the second after the first, to f0's free slot
+            await healthy(session, setup.url, ["f0", "f1"], min(60, deadline - time.monotonic()), tuple(setup.fakes))
+            # one stream on each (config order, then least loaded), each its own prompt against cache-aware routing
             bodies = [{"model": "mm", "prompt": f"long {i}.{k}", "stream": True,
                        "x_fake": {"chunks": 200, "interval": 0.005}} for k in range(2)]
             done.append(await kill_round(session, setup.url, setup.port, bodies, restart(setup.fakes[0]), None, then))
         result = {"target": "fake", **await rounds_summary(session, setup.url, done, n),
-                  "requests_after_failure": {"sent": after.sent, "statuses": dict(after.statuses),
-                                             "unanswered": after.unanswered, "error_codes": dict(after.codes)}}
+                  "requests_after_failure": after.counts()}
     say(f"fake failover: {result['outcomes']}, requests after: {dict(after.statuses)}")
     return result
 
 
 # == faults: client disconnects =====================================================================
 async def disconnect_phase(session, url: str, port: int, log: Path, models: list[str], n: int, clients: int, body_for,
-                           deadline: float, idle, again: list[dict]) -> tuple[dict, tuple]:
-    """`n` requests closed early from `clients` concurrent loops, half by FIN, half by RST: 6 in 8 streams after
-    1-3 chunks (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading (`early`: queued, or just
-    admitted), 1 in 8 non-streamed requests 20-80 ms after sending (`plain`: queued, or the worker still computing
-    the answer). Then: the proxy's slots settled, the upstream idle (`idle`, a settle check: how long it took), the
-    status the proxy logged for each request, its 499 counter, and `again` served."""
+                           deadline: float, idle, again: list[dict]) -> dict:
+    """`n` requests closed early from `clients` loops, half by FIN, half by RST: 6 in 8 streams after 1-3 chunks
+    (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading (`early`), 1 in 8 non-streamed requests
+    20-80 ms after sending (`plain`). Then the proxy's slots settled, the upstream idle (`idle`, a settle check), the
+    status the proxy logged for each, its 499 counter, and `again` served."""
     rng = random.Random(7)
     ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
     counter = until(n, deadline)
@@ -337,8 +300,7 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
     m0 = await get_metrics(session, url)
     await asyncio.gather(*(leave() for _ in range(clients)))
     ok, value = await settle(proxy_slots(session, url), SETTLE_SECONDS)
-    # The proxy frees its slot first and then closes the upstream connection, so the
-    # upstream notices a moment later: poll, and report how long it took.
+    # the proxy frees its slot before it closes the upstream connection: the upstream idles a moment later
     t_idle = time.monotonic()
     idle_ok, idle_value = await settle(idle, SETTLE_SECONDS)
     idle_seconds = round(time.monotonic() - t_idle, 2)
@@ -351,45 +313,39 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
     total_499 = lambda m: sum(v for k, v in m.get("mtpstack_proxy_requests_total", {}).items()  # noqa: E731
                               if ("status", "499") in k)
     kinds = Counter(ids.values())
-    r = {"disconnects": len(ids), "kinds": dict(kinds), "hung": kinds["hung"],
-         "connection_errors": kinds["connection_error"], "requested": n, "slots_after": value, "leaked_after": not ok,
-         "proxy_logged": dict(sum(by_kind.values(), Counter())),
-         "proxy_logged_by_kind": {k: dict(c) for k, c in by_kind.items()},
-         "proxy_499": int(total_499(m1) - total_499(m0)), "serves_again": served}
-    return r, (idle_ok, idle_value, idle_seconds)
+    say(f"disconnects: {dict(kinds)}, slots after {value}, upstream idle: {idle_ok}")
+    return {"disconnects": len(ids), "kinds": dict(kinds), "hung": kinds["hung"],
+            "connection_errors": kinds["connection_error"], "requested": n, "slots_after": value,
+            "leaked_after": not ok, "proxy_logged": dict(sum(by_kind.values(), Counter())),
+            "proxy_logged_by_kind": {k: dict(c) for k, c in by_kind.items()},
+            "proxy_499": int(total_499(m1) - total_499(m0)), "serves_again": served,
+            "idle": (idle_ok, idle_value, idle_seconds)}
 
 
 async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
     async with fake_setup(workdir, "fake-disconnects", [(f"d{i}", f"m{i}", 2) for i in range(4)], 16) as setup:
-        say(f"fake disconnects: {n} from 16 clients over {len(setup.fakes)} upstreams of gate 2")
         models = [f.model for f in setup.fakes]
 
         async def upstreams_idle():
             stats = await upstream_stats(session, setup)
             return all(v.get("active") == 0 for v in stats.values()), stats
 
-        r, (_, stats, idle_seconds) = await disconnect_phase(
+        r = await disconnect_phase(
             session, setup.url, setup.port, setup.log, models, n, 16,
             # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
             lambda model, stream: {"model": model, "prompt": "long", "stream": stream,
                                    "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
             deadline, upstreams_idle, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
-    result = {
-        "target": "fake", **r,
-        "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
-        "upstream_idle_after_seconds": idle_seconds,
-        "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
-        "upstream_violations": sum(v.get("violations", 0) for v in stats.values()),
-    }
-    say(f"fake disconnects: {r['kinds']}, slots after: {r['slots_after']}, "
-        f"upstream active: {result['upstream_active_after']}")
-    return result
+    _, stats, idle_seconds = r.pop("idle")
+    return {"target": "fake", **r, "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
+            "upstream_idle_after_seconds": idle_seconds,
+            "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
+            "upstream_violations": sum(v.get("violations", 0) for v in stats.values())}
 
 
 # == faults: the real stack ========================================================================
 class RealStack:
-    """`mtpstack up` on tiny models, native workers `w0`, `w1`... of width and gate 2; what it started (pids,
-    addresses, restarts) read as `mtpstack status` reports it."""
+    """`mtpstack up` on tiny models, workers `w0`, `w1`... of width and gate 2, read through `mtpstack status`."""
 
     def __init__(self, workdir: Path, target: Path, drafter: Path, workers: int, name: str, width: int = 2):
         self.dir = workdir / name
@@ -453,7 +409,7 @@ class RealStack:
 
 @contextlib.asynccontextmanager
 async def real_stack(workdir: Path, name: str, workers: int = 1):
-    """A `RealStack` on tiny models built for it, started; an error names `mtpstack up`'s log tail; stopped on exit."""
+    """A `RealStack` on tiny models built for it, started, stopped on exit; an error ends with `mtpstack up`'s log."""
     from devkit.demo.tiny import build_tiny_pair
 
     target, drafter = build_tiny_pair(workdir / f"{name}-models", seed=0)
@@ -478,14 +434,23 @@ def real_body(i: int, model: str = "tiny", max_tokens: int | None = None, stream
 
 async def real_phase(session, workdir: Path, result: dict, *, requests: int, disconnects: int, kills: int,
                      deadline: float) -> None:
-    """Load, disconnects and kills on one `mtpstack up` stack, each stored in `result` as it ends, so a
-    failure part-way keeps the figures of what finished."""
-    say("real: building tiny models and starting `mtpstack up`")
+    """Load, disconnects and kills on one stack, each stored in `result` as it ends: a failure keeps what finished."""
     async with real_stack(workdir, "real") as stack:
         result["real_startup_seconds"] = stack.startup_seconds
         status = await stack.status()
         worker_url = status["workers"]["w0"]["url"]
-        result["load"].append(await real_load(session, stack, worker_url, status["proxy"]["pid"], requests, deadline))
+        w0 = await get_metrics(session, worker_url)
+        targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
+                   "worker_active_sequences": (worker_url, series.ACTIVE_SEQUENCES, {})}
+        row = {"label": "real-gate2", "target": "real", "gate": stack.width, "upstreams": 1, "clients": 16,
+               "max_waiting": 32}
+        load = await measured_load(session, row, stack.url, status["proxy"]["pid"], targets, requests, real_body,
+                                   180.0, deadline)
+        w1 = await get_metrics(session, worker_url)
+        moved = lambda name, **kw: int((sample(w1, name, **kw) or 0) - (sample(w0, name, **kw) or 0))  # noqa: E731
+        result["load"].append({**load, "worker_full_rejections": moved(series.REJECTED, code="worker_full"),
+                               "tokens_generated": moved(series.TOKENS_GENERATED)})
+        say(f"real load: {load['statuses']} in {load['seconds']:.1f} s, sampled max {load['sampled_max']}")
         if disconnects:
             log = Path(status["proxy"]["log"])
             result["real_disconnects"] = await real_disconnects(session, stack, worker_url, log, disconnects, deadline)
@@ -493,25 +458,8 @@ async def real_phase(session, workdir: Path, result: dict, *, requests: int, dis
             result["real_kills"] = await real_kills(session, stack, kills, deadline)
 
 
-async def real_load(session, stack: RealStack, worker_url: str, proxy_pid: int, requests: int, deadline: float,
-                    clients: int = 16) -> dict:
-    say(f"real load: {requests} requests from {clients} clients")
-    w0 = await get_metrics(session, worker_url)
-    targets = {"proxy_inflight{worker=w0}": (stack.url, "mtpstack_proxy_inflight", {"worker": "w0"}),
-               "worker_active_sequences": (worker_url, series.ACTIVE_SEQUENCES, {})}
-    load = await measured_load(session, stack.url, proxy_pid, targets, requests, clients, real_body, 180.0, deadline)
-    w1 = await get_metrics(session, worker_url)
-    moved = lambda name, **kw: int((sample(w1, name, **kw) or 0) - (sample(w0, name, **kw) or 0))  # noqa: E731
-    result = {**load_row("real-gate2", "real", stack.width, 1, clients, 32), **load,
-              "worker_full_rejections": moved(series.REJECTED, code="worker_full"),
-              "tokens_generated": moved(series.TOKENS_GENERATED)}
-    say(f"real load: {result['statuses']} in {result['seconds']:.1f} s, sampled max {result['sampled_max']}")
-    return result
-
-
 async def real_disconnects(session, stack: RealStack, worker_url: str, proxy_log: Path, n: int,
                            deadline: float) -> dict:
-    say(f"real disconnects: {n} from 4 clients")
     tokens = lambda m: sample(m, series.TOKENS_GENERATED) or 0.0  # noqa: E731
     wm0 = await get_metrics(session, worker_url)
 
@@ -519,21 +467,18 @@ async def real_disconnects(session, stack: RealStack, worker_url: str, proxy_log
         v = sample(await get_metrics(session, worker_url), series.ACTIVE_SEQUENCES)
         return v == 0, v
 
-    r, (idle, active, idle_seconds) = await disconnect_phase(
-        session, stack.url, stack.port, proxy_log, ["tiny"], n, 4,
-        lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline, worker_idle,
-        [real_body(i, max_tokens=8) for i in range(2)])
-    wm1 = await get_metrics(session, worker_url)
-    say(f"real disconnects: {r['kinds']}, slots after {r['slots_after']}, worker active {active}")
-    # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all;
-    # the idle time: how long the worker still had active sequences once the last client had left
-    return {"target": "real", **r, "tokens_generated": int(tokens(wm1) - tokens(wm0)),
+    r = await disconnect_phase(session, stack.url, stack.port, proxy_log, ["tiny"], n, 4,
+                               lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
+                               worker_idle, [real_body(i, max_tokens=8) for i in range(2)])
+    idle, active, idle_seconds = r.pop("idle")
+    # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
+    generated = int(tokens(await get_metrics(session, worker_url)) - tokens(wm0))
+    return {"target": "real", **r, "tokens_generated": generated,
             "tokens_if_never_stopped": 400 * r["disconnects"], "worker_idle_after_seconds": idle_seconds,
             "worker_active_sequences_after": active, "worker_leaked_after": not idle}
 
 
 async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> dict:
-    say(f"real kills: {kills} SIGKILLs of the worker mid-stream; `mtpstack up` restarts it with backoff")
     done = []
     for i in until(kills, deadline):
         await stack.wait_ready(min(180, max(1, deadline - time.monotonic())))
@@ -542,12 +487,10 @@ async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> 
         done.append(await kill_round(session, stack.url, stack.port, [real_body(i, max_tokens=400, stream=True)] * 3,
                                      kill, "w0"))
         await stack.restarted("w0", pid)
-        say(f"real kills: {i + 1} done: {done[-1]['outcomes']}")
-    try:
+    back = False
+    with contextlib.suppress(StartError):
         await stack.wait_ready(180)
         back = True
-    except StartError:
-        back = False
     summary = await rounds_summary(session, stack.url, done, kills)
     bodies = [real_body(i, max_tokens=8) for i in range(2)]
     again = await serves_again(session, stack.url, bodies, HANG_SECONDS) if back else None
@@ -556,8 +499,7 @@ async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> 
 
 # == faults: a worker killed under load, with another to fail over to =============================
 def logged_requests(log: Path, ids) -> dict[str, dict]:
-    """The proxy's request line of each of `ids`, with `sent` (to its last worker) and `ended` in
-    wall-clock seconds, from its `time` (the end), `duration_ms` and `queue_wait_ms`."""
+    """The proxy's request line of each of `ids`, with when it was `sent` to its last worker and `ended`."""
     out = {}
     for e in request_events(log):
         if e.get("request_id") in ids:
@@ -567,35 +509,14 @@ def logged_requests(log: Path, ids) -> dict[str, dict]:
     return out
 
 
-#: The failover phase's clients and their pause between requests (an agent's tool time, shortened): busy enough
-#: to keep both workers serving, idle enough that a worker is sometimes between requests, found dead by one.
+#: The failover phase's clients and their pause (a short tool time): both workers busy, yet sometimes idle.
 FAILOVER_CLIENTS, FAILOVER_PAUSE = 6, (0.0, 0.4)
-
-
-async def _both_serve(session, stack: RealStack, deadline: float) -> None:
-    if not await healthy(session, stack.url, ("w0", "w1"), deadline):
-        raise RuntimeError("the two workers were not both healthy before the deadline")
-    await asyncio.sleep(1.0)  # both serve the load
-
-
-async def _kill_w0(session, stack: RealStack, busy: bool, deadline: float) -> float:
-    """SIGKILL `w0` once it holds requests (`busy`) or none, as soon as it does (up to 30 s); when, wall-clock."""
-    pid = (await stack.worker("w0"))["pid"]
-    end = min(deadline, time.monotonic() + 30)
-    inflight = lambda body: ((body.get("workers", {}).get("w0") or {}).get("inflight") or 0)  # noqa: E731
-    while time.monotonic() < end and (inflight(await get_json(session, stack.url + "/readyz")) > 0) != busy:
-        await asyncio.sleep(0.01)
-    killed = time.time()
-    signal_group(pid, signal.SIGKILL)
-    await stack.restarted("w0", pid)
-    return killed
 
 
 async def real_failover(session, workdir: Path, *, kills: int, clients: int, deadline: float) -> dict:
     """Two workers of one model under `mtpstack up`, `clients` clients sending with short pauses; `w0` SIGKILLed
     `kills` times once both serve, in turn while it holds requests (they fail, and mark it unhealthy) and while it
     holds none (the next ones find it dead: only failover keeps them from a 502). Outcomes matched with the log."""
-    say(f"real failover: building tiny models, `mtpstack up` with two workers; {kills} SIGKILLs of w0 under load")
     outcomes: dict[str, str] = {}
     kill_times: list[float] = []
     kill_kinds = ["busy" if k % 2 == 0 else "idle" for k in range(kills)]
@@ -610,15 +531,27 @@ async def real_failover(session, workdir: Path, *, kills: int, clients: int, dea
             i += 1
             await asyncio.sleep(rng.uniform(*FAILOVER_PAUSE))
 
+    async def both_serve() -> None:
+        if not await healthy(session, stack.url, ("w0", "w1"), deadline - time.monotonic()):
+            raise RuntimeError("the two workers were not both healthy before the deadline")
+        await asyncio.sleep(1.0)  # both serve the load
+
+    w0_inflight = lambda body: ((body.get("workers", {}).get("w0") or {}).get("inflight") or 0)  # noqa: E731
     async with real_stack(workdir, "failover", workers=2) as stack:
         proxy_log = Path((await stack.status())["proxy"]["log"])
         tasks = [asyncio.create_task(client(c)) for c in range(clients)]
         try:
             for kind in kill_kinds:
-                await _both_serve(session, stack, deadline)
-                kill_times.append(await _kill_w0(session, stack, kind == "busy", deadline))
-                say(f"real failover: kill {len(kill_times)} done, {len(outcomes)} requests so far")
-            await _both_serve(session, stack, deadline)
+                await both_serve()
+                # SIGKILL w0 as soon as it holds requests (`busy`) or none, waiting up to 30 s for that
+                pid, end = (await stack.worker("w0"))["pid"], min(deadline, time.monotonic() + 30)
+                while time.monotonic() < end and (w0_inflight(await get_json(session, stack.url + "/readyz")) > 0) \
+                        != (kind == "busy"):
+                    await asyncio.sleep(0.01)
+                kill_times.append(time.time())
+                signal_group(pid, signal.SIGKILL)
+                await stack.restarted("w0", pid)
+            await both_serve()
         finally:
             stop.set()
             await asyncio.gather(*tasks)
@@ -641,25 +574,21 @@ PHASE_KEYS = ("load", "bound", "fake_kills", "fake_failover", "fake_disconnects"
 
 
 def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: float, result: dict) -> list:
-    """(name, what `--only` calls it and the key of its figures, run it) of each phase, in order."""
-    def load(gate: int, n: int, waiting: int):
-        return lambda: fake_load(session, workdir, gate=gate, requests=n, clients=64, max_waiting=waiting,
-                                 deadline=deadline)
-
-    phases = [(f"fake {what} gate {gate}", key, load(gate, n, waiting))
+    """(name, its `--only` key and the key of its figures, run it) of each phase, in order."""
+    phases = [(f"fake {what} gate {gate}", key, partial(fake_load, session, workdir, gate=gate, requests=n,
+                                                        max_waiting=waiting, deadline=deadline))
               for key, what, n, waiting in (("load", "load", args.requests, 64),
                                             ("bound", "queue bound", args.bound_requests, 16)) for gate in (2, 4)]
-    phases += [("fake kills", "fake_kills", lambda: fake_kills(session, workdir, args.kills, deadline)),
-               ("fake failover", "fake_failover", lambda: fake_failover(session, workdir, args.failovers, deadline)),
-               ("fake disconnects", "fake_disconnects",
-                lambda: fake_disconnects(session, workdir, args.disconnects, deadline))]
+    phases += [(key.replace("_", " "), key, partial(run, session, workdir, n, deadline)) for key, run, n in (
+        ("fake_kills", fake_kills, args.kills), ("fake_failover", fake_failover, args.failovers),
+        ("fake_disconnects", fake_disconnects, args.disconnects))]
     if not args.skip_real:  # the real phase stores its figures itself, as each part ends
-        phases.append(("real stack", "real", lambda: real_phase(
-            session, workdir, result, requests=args.real_requests, disconnects=args.real_disconnects,
-            kills=args.real_kills, deadline=deadline)))
+        phases.append(("real stack", "real", partial(real_phase, session, workdir, result, requests=args.real_requests,
+                                                     disconnects=args.real_disconnects, kills=args.real_kills,
+                                                     deadline=deadline)))
         if args.real_failovers:
-            phases.append(("real failover", "real_failover", lambda: real_failover(
-                session, workdir, kills=args.real_failovers, clients=FAILOVER_CLIENTS, deadline=deadline)))
+            phases.append(("real failover", "real_failover", partial(real_failover, session, workdir,
+                           kills=args.real_failovers, clients=FAILOVER_CLIENTS, deadline=deadline)))
     return phases
 
 
@@ -677,6 +606,7 @@ async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
             if time.monotonic() > deadline:
                 result["errors"].append(f"{name}: not started, the run's deadline of {args.deadline} s passed")
                 continue
+            say(f"{name}: started")
             try:
                 r = await phase()
             except Exception as e:  # noqa: BLE001 - one failed phase must not hide the others' figures
@@ -717,8 +647,7 @@ HOSTILE_COUNTS = {
 
 
 def counted(n: int, one, **zeros: int) -> dict:
-    """`one(i)` for each of `n` generated cases, one at a time, and what each returns counted (a name: that
-    count; an int: that status); the counts, the statuses and the seconds they took."""
+    """`one(i)` for `n` cases in turn, what each returns counted (a name: that count; an int: that status), timed."""
     counts, statuses = Counter(zeros), Counter()
     started_at = time.monotonic()
     for i in range(n):
@@ -727,13 +656,13 @@ def counted(n: int, one, **zeros: int) -> dict:
     return {**counts, "statuses": dict(sorted(statuses.items())), "seconds": round(time.monotonic() - started_at, 1)}
 
 
-def configs(n: int, seed: int, tmp: Path) -> dict:
-    """`n` generated fleet configs through `mtpstack validate --format json`: its exit codes, and what must not be."""
+def run_validate(tmp: Path, args: argparse.Namespace) -> dict:
+    """Generated fleet configs through `mtpstack validate --format json`: its exit codes, and what must not be."""
     from devkit.hostile import random_config
     from mtpstack.cli import main
 
     def one(i: int) -> list[str]:
-        suffix, content = random_config(random.Random(seed * 1_000_003 + i))
+        suffix, content = random_config(random.Random(args.seed * 1_000_003 + i))
         path = tmp / f"fleet{suffix}"
         path.write_bytes(content)
         out = io.StringIO()
@@ -749,7 +678,8 @@ def configs(n: int, seed: int, tmp: Path) -> dict:
             got = ["no_json"]
         return got + (["internal_errors"] if code == 3 else [f"exit_{code}"] if code in (0, 1, 2) else [])
 
-    return counted(n, one, configs=n, exit_0=0, exit_1=0, exit_2=0, tracebacks=0, internal_errors=0, no_json=0)
+    return counted(args.configs, one, configs=args.configs, exit_0=0, exit_1=0, exit_2=0, tracebacks=0,
+                   internal_errors=0, no_json=0)
 
 
 def malformed(port: int, n: int, seed: int, model: str, alive) -> dict:
@@ -803,8 +733,8 @@ def unrouted(url: str) -> int:
 
 
 def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
-    """`n` generated hostile agent requests, one at a time (a third of them on `/v1/messages`):
-    statuses, and refusals that are not JSON in their API's shape or (400s) name no field."""
+    """Hostile agent requests, a third on `/v1/messages`: statuses, refusals not in their API's shape or naming no
+    field."""
     from devkit.hostile import anthropic_refusal_names_a_field, random_agent_request, random_messages_request
 
     rng = random.Random(seed)
@@ -828,15 +758,16 @@ def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
     return counted(n, one, requests=n, messages=0, **{"5xx": 0}, hangs=0, not_json=0, unnamed_400=0)
 
 
-def run_proxy(tmp: Path, n: int, n_slow: int, n_agent: int, seed: int) -> dict:
+def run_proxy(tmp: Path, args: argparse.Namespace) -> dict:
     with proxy_before_fake(tmp, CLIENT_SECONDS) as running:
         proc, port, log = running.proxy, running.port, running.log
-        out = {"malformed": malformed(port, n, seed, "m", proc.alive), "slow": slow(port, n_slow),
-               "agent": agent_requests(running.url, n_agent, seed, "m"), "unrouted_not_json": unrouted(running.url)}
+        out = {"malformed": malformed(port, args.requests, args.seed, "m", proc.alive), "slow": slow(port, args.slow),
+               "agent": agent_requests(running.url, args.agent, args.seed, "m"),
+               "unrouted_not_json": unrouted(running.url)}
         time.sleep(0.5)
-        ready = json_answer(f"{running.url}/readyz", timeout=10)[2]
-        out["leaked_slots"] = (sum(w["inflight"] for w in ready["workers"].values())
-                               + sum(m["waiting"] for m in ready["models"].values()))
+        readyz = json_answer(f"{running.url}/readyz", timeout=10)[2]
+        out["leaked_slots"] = (sum(w["inflight"] for w in readyz["workers"].values())
+                               + sum(m["waiting"] for m in readyz["models"].values()))
         out["crashed"] = int(not proc.alive())
     lines, events = log_events(log)
     out["log"] = {"lines": len(lines), "not_one_json_object": len(lines) - len(events),
@@ -867,43 +798,33 @@ def worker_after(proc: Process, pause: float) -> dict:
     return {"leaked_slots": active, "crashed": int(not proc.alive())}
 
 
-def run_worker(tmp: Path, n: int, seed: int) -> dict:
+def run_worker(tmp: Path, args: argparse.Namespace) -> dict:
     from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
 
     log = tmp / "worker.log"
     with hostile_worker(DEMO_TARGET, DEMO_HEAD, log) as (proc, port):
-        out = {"malformed": malformed(port, n, seed, "tiny", proc.alive), "unrouted_not_json": unrouted(proc.url)}
+        out = {"malformed": malformed(port, args.requests, args.seed, "tiny", proc.alive),
+               "unrouted_not_json": unrouted(proc.url)}
         out.update(worker_after(proc, 0.5))
     return {**out, "log_tracebacks": log.read_text(errors="replace").count("Traceback")}
 
 
-def worst(idle, loaded) -> dict:
-    """`/health`'s slowest answer and a plain stream's largest gap (`devkit.stall.measure`), idle and loaded."""
-    return {f"{phase}_{key}_max": round(getattr(m, attr), 3) for phase, m in (("idle", idle), ("loaded", loaded))
-            for key, attr in (("health", "health_max"), ("gap", "stream_gap_max"))}
+def stalled(url: str, load) -> tuple[dict, object, object]:
+    """`/health`'s slowest answer and a plain stream's largest gap, idle and during `load()`; and what it returned."""
+    from devkit.stall import measure, plain_stream
+
+    idle, loaded, got = measure(url, plain_stream(3500), STALL_IDLE_SECONDS, load)
+    worst = {f"{phase}_{key}_max": round(getattr(m, attr), 3) for phase, m in (("idle", idle), ("loaded", loaded))
+             for key, attr in (("health", "health_max"), ("gap", "stream_gap_max"))}
+    return worst, loaded, got
 
 
-def stall(url: str, repeats: int) -> dict:
-    """Per repeat: `/health`'s slowest answer and a plain stream's largest gap, idle and while
-    `STALL_SCHEMAS` hostile schemas (`devkit.stall.fuel_schema`) compile."""
-    from devkit.stall import measure, plain_stream, send_schemas
-
-    out: dict = {"repeats": repeats, "refused": 0}
-    for r in range(repeats):
-        schemas = range(r * STALL_SCHEMAS, (r + 1) * STALL_SCHEMAS)  # none from the cache
-        idle, loaded, statuses = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
-                                         lambda: send_schemas(url, schemas, STALL_WIDTH, HOSTILE_HANG))
-        out["refused"] += statuses.count(400)
-        for key, v in worst(idle, loaded).items():
-            out.setdefault(key, []).append(v)
-    return out
-
-
-def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
-    """The agent surfaces on a worker whose template has a tool-call format."""
+def run_agent(tmp: Path, args: argparse.Namespace) -> dict:
+    """The agent surfaces on a worker whose template has a tool-call format, and its stall while schemas compile."""
     from devkit.demo.agent import build_agent_pair
     from devkit.hostile import AGENT_SEEDS, agent_stream, seed_request
     from devkit.raw_http import leave_streams
+    from devkit.stall import send_schemas
 
     target, drafter = build_agent_pair(tmp / "agent", seed=0)
     log = tmp / "agent-worker.log"
@@ -915,9 +836,15 @@ def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
             if (status, (payload.get("error") or {}).get("param")) != (400, param):
                 wrong_seeds.append(name)
         out = {"seeds": len(AGENT_SEEDS), "seeds_not_named": len(wrong_seeds),
-               "requests": agent_requests(proc.url, n, seed, "tiny")}
-        asyncio.run(leave_streams(HOST, port, [agent_stream(i) for i in range(n_cut)]))
-        out.update(cut_streams=n_cut, stall=stall(proc.url, repeats))
+               "requests": agent_requests(proc.url, args.agent, args.seed, "tiny"), "cut_streams": args.cut}
+        asyncio.run(leave_streams(HOST, port, [agent_stream(i) for i in range(args.cut)]))
+        st = out["stall"] = {"repeats": args.stall_repeats, "refused": 0}
+        for r in range(args.stall_repeats):
+            schemas = range(r * STALL_SCHEMAS, (r + 1) * STALL_SCHEMAS)  # none from the cache
+            worst, _, statuses = stalled(proc.url, lambda: send_schemas(proc.url, schemas, STALL_WIDTH, HOSTILE_HANG))
+            st["refused"] += statuses.count(400)
+            for key, v in worst.items():
+                st.setdefault(key, []).append(v)
         out.update(worker_after(proc, 1.0))  # the cut streams' sequences are dropped within a step
     lines, events = log_events(log)
     out["log_not_json"] = len(lines) - len(events)
@@ -927,31 +854,30 @@ def run_agent(tmp: Path, n: int, n_cut: int, repeats: int, seed: int) -> dict:
 
 def flood_round(url: str, n: int, first: int, tag: str) -> dict:
     """One flood of `n` hostile schemas (`fuel_schema(first ...)`) with the probes, measured against idle."""
-    from devkit.stall import BENIGN_SCHEMA, flood, flood_bodies, measure, plain_stream, schema_request
+    from devkit.stall import BENIGN_SCHEMA, flood, flood_bodies, schema_request
 
     benign = {**BENIGN_SCHEMA, "title": tag}  # new to the worker each round
     probes = {"another client": (FLOOD_PROBE_DELAY, schema_request(benign, 16), OTHER_CLIENT),
               "same client": (FLOOD_PROBE_DELAY, schema_request({**benign, "description": "own"}, 16), None),
               "compiled before": (FLOOD_PROBE_DELAY, schema_request(WARM_SCHEMA, 16), None)}
-    idle, loaded, result = measure(url, plain_stream(3500), STALL_IDLE_SECONDS,
-                                   lambda: flood(url, flood_bodies(range(first, first + n)), probes,
-                                                 timeout=HOSTILE_HANG * 2))
+    worst, loaded, result = stalled(url, lambda: flood(url, flood_bodies(range(first, first + n)), probes,
+                                                       timeout=HOSTILE_HANG * 2))
     kinds = Counter(flood_answer_kind(a.status, a.error()) for a in result.hostile)
     return {
         "hostile": dict(sorted(kinds.items())),
         "probes": {name: {"status": a.status, "seconds": round(a.seconds, 3), "code": a.error().get("code")}
                    for name, a in result.probes.items()},
-        **worst(idle, loaded), "flood_seconds": round(loaded.seconds, 2),
+        **worst, "flood_seconds": round(loaded.seconds, 2),
     }
 
 
-def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
-    """`repeats` grammar floods on a worker of this checkout (and on one run by `against`, the two in
-    alternate order each repeat), each with its own schemas; the agent pair, 4 slots (the plain stream
-    and three probes)."""
+def run_flood(tmp: Path, args: argparse.Namespace) -> dict:
+    """Grammar floods on the agent pair, 4 slots (the plain stream, three probes), this checkout's worker and
+    `--against`'s in alternate order each repeat, each with its own schemas."""
     from devkit.demo.agent import build_agent_pair
     from devkit.stall import post, schema_request
 
+    n, repeats, against = args.flood, args.flood_repeats, args.against
     target, drafter = build_agent_pair(tmp / "flood", seed=0)
     arms = {"this": sys.executable, **({"against": against} if against else {})}
     out: dict = {"hostile": n, "repeats": repeats, "arms": {a: [] for a in arms}, "against": against}
@@ -970,17 +896,11 @@ def run_flood(tmp: Path, n: int, repeats: int, against: str | None) -> dict:
 
 
 async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
-    phases = {
-        "validate": lambda: configs(args.configs, args.seed, workdir),
-        "proxy": lambda: run_proxy(workdir, args.requests, args.slow, args.agent, args.seed),
-        "worker": lambda: run_worker(workdir, args.requests, args.seed),
-        "agent": lambda: run_agent(workdir, args.agent, args.cut, args.stall_repeats, args.seed),
-        "flood": lambda: run_flood(workdir, args.flood, args.flood_repeats, args.against),
-    }
     result = {"seed": args.seed}
-    for name in HOSTILE_PHASES:
-        if name in args.only:
-            result[name] = await asyncio.to_thread(phases[name])  # blocking clients; `run_agent` runs a loop of its own
+    for name, run in (("validate", run_validate), ("proxy", run_proxy), ("worker", run_worker), ("agent", run_agent),
+                      ("flood", run_flood)):
+        if name in args.only:  # in a thread: blocking clients, and `run_agent` runs a loop of its own
+            result[name] = await asyncio.to_thread(run, workdir, args)
     return result, all(v == 0 for v in must_be_zero(result).values())
 
 
@@ -1000,46 +920,33 @@ CHAT = "/v1/chat/completions"
 
 async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
     body = json.dumps({**BODY, "model": model, "stream": kind == "sse"}).encode()
-    s = Sample()
+    s, one = Sample(), partial(stream, stamped=model == "paced") if kind == "sse" else plain
 
     async def client() -> None:
         for _ in range(n // clients):
-            if kind == "sse":
-                await stream(session, url, body, s, stamped=model == "paced")
-            else:
-                await plain(session, url, body, s)
+            await one(session, url, body, s)
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return s
 
 
-@dataclass
-class PagePoller:
-    """One open dashboard: the page once, then its data once a second, until stopped."""
-
-    base: str
-    polls: int = 0
-    failed: int = 0
-
-    async def run(self) -> None:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(self.base + "/dashboard") as r:
-                await r.read()
-                self.failed += r.status != 200
-            while True:
-                try:
-                    async with http.get(self.base + "/v1/fleet/status") as r:
-                        await r.read()
-                        self.polls += 1
-                        self.failed += r.status != 200
-                except aiohttp.ClientError:
-                    self.failed += 1
-                await asyncio.sleep(DASHBOARD_POLL_SECONDS)
+async def poll_dashboard(base: str, counts: dict) -> None:
+    """One open dashboard: the page once, then its data once a second, until cancelled."""
+    async with aiohttp.ClientSession() as http:
+        for path in itertools.chain(["/dashboard"], itertools.repeat("/v1/fleet/status")):
+            try:
+                async with http.get(base + path) as r:
+                    await r.read()
+                    counts["polls"] += path != "/dashboard"
+                    counts["failed"] += r.status != 200
+            except aiohttp.ClientError:
+                counts["failed"] += 1
+            await asyncio.sleep(DASHBOARD_POLL_SECONDS if path != "/dashboard" else 0)
 
 
 async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, dict, str | None]:
-    """The two scripted upstreams, one `mtpstack proxy` per loop (and the baseline's), nginx: each target's
-    base URL per upstream mode, and the pid whose CPU counts for it (the upstream's own for `direct`)."""
+    """The two scripted upstreams, a proxy per loop (and the baseline's), nginx: each target's URL per upstream mode,
+    and the pid whose CPU counts (for `direct`, the upstream's)."""
     urls: dict[str, dict[str, str]] = {"direct": {}}
     pids: dict[str, dict[str, int]] = {"direct": {}}
     workers = {}
@@ -1056,19 +963,15 @@ async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, di
         proxy = {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}}
         proc = await proxy_process(CHILDREN, workdir, name, proxy, workers, python, extra)
         urls[name], pids[name] = dict.fromkeys(workers, proc.url), dict.fromkeys(workers, proc.pid)
-    nginx = shutil.which("nginx") or (os.path.exists("/usr/sbin/nginx") and "/usr/sbin/nginx") or None
-    if not nginx or args.no_nginx:
+    if not (nginx := nginx_program()):
         say("nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only")
         return urls, pids, None
-    listen = {mode: free_port() for mode in workers}
-    conf = workdir / "nginx.conf"
-    conf.write_text(nginx_conf(workdir, {listen[mode]: workers[mode]["port"] for mode in workers}))
-    ng = CHILDREN.start([nginx, "-c", str(conf), "-p", str(workdir)], log_path=workdir / "nginx.log", name="nginx",
-                        url=url_of(HOST, listen["instant"]), cwd=ROOT)
-    await ready(ng, "/health", 30.0)
+    listen = {mode: free_port() for mode in workers}  # the instant upstream's first: nginx's URL, checked ready
+    ng = await ready(start_nginx(CHILDREN, nginx, workdir, {listen[m]: workers[m]["port"] for m in workers}, cwd=ROOT),
+                     "/health", 30.0)
     urls = {"direct": urls.pop("direct"), "nginx": {m: url_of(HOST, p) for m, p in listen.items()}, **urls}
     pids["nginx"] = dict.fromkeys(workers, ng.pid)
-    return urls, pids, subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
+    return urls, pids, nginx_version(nginx)
 
 
 async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int, counts: dict = PROXY_COUNTS) -> dict:
@@ -1083,17 +986,17 @@ async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int, counts: 
                 s = await run_cell(sessions[t], urls[t][mode] + CHAT, kind, clients, n, mode)
                 cpu = cpu_seconds(pids[t][mode]) - c0
                 if s.errors:
-                    print(f"warning: {s.errors} failed requests: {t} {key}", file=sys.stderr)
+                    say(f"warning: {s.errors} failed requests: {t} {key}")
                 cell[t] = {"latency": s.latency, "first_chunk": s.first_chunk, "chunk_delay": s.chunk_delay,
                            "count": len(s.latency), "cpu": cpu, "errors": s.errors}
     return cells
 
 
 async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
-    urls, pids, nginx_version = await proxy_stack(args, workdir)
+    urls, pids, nginx = await proxy_stack(args, workdir)
     ours = next(t for t in urls if t.startswith("mtpstack"))
-    poller = PagePoller(urls[ours]["instant"]) if args.dashboard_poll else None
-    poll_task = asyncio.create_task(poller.run()) if poller is not None else None
+    polled = {"polls": 0, "failed": 0}
+    poller = asyncio.create_task(poll_dashboard(urls[ours]["instant"], polled)) if args.dashboard_poll else None
     sessions = {t: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False) for t in urls}
     try:
         await proxy_round(sessions, urls, pids, 0, WARMUP_COUNTS)  # discarded
@@ -1101,16 +1004,15 @@ async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     finally:
         for s in sessions.values():
             await s.close()
-        if poll_task is not None:
-            poll_task.cancel()
-            await asyncio.gather(poll_task, return_exceptions=True)
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
     proxies = [t for t in urls if t != "direct"]
     per_cell = lambda counts: {f"{k}/{m}": v for (k, m), v in counts.items()}  # noqa: E731
     meta = {"rounds": args.rounds, "loops": args.loops, "chunks": PROXY_CHUNKS, "paced_interval_s": PACED_INTERVAL,
             "paced_delay_s": PACED_DELAY, "counts": per_cell(PROXY_COUNTS), "warmup": per_cell(WARMUP_COUNTS),
-            "aiohttp": aiohttp.__version__, "nginx": nginx_version,
-            "dashboard_poll": None if poller is None else {"interval_s": DASHBOARD_POLL_SECONDS, "polls": poller.polls,
-                                                            "failed": poller.failed}}
+            "aiohttp": aiohttp.__version__, "nginx": nginx,
+            "dashboard_poll": None if poller is None else {"interval_s": DASHBOARD_POLL_SECONDS, **polled}}
     return {"meta": meta, "summary": proxy_summary(measured, proxies), "rounds": measured, "proxies": proxies}, True
 
 
@@ -1123,14 +1025,16 @@ def loops_arg(value: str) -> list[str]:
 
 # == tenant: fair queueing between tenants ==========================================================
 KEYS = {"flood": "sk-bench-flood", "steady": "sk-bench-steady"}
+#: The worker's batch width and the proxy's gate; tenant `flood`'s streams at once, each one's chunks and their pace.
+TENANT = {"gate": 2, "flood": 16, "chunks": 100, "interval": 0.01}
 
 
-async def tenant_phase(url: str, log: Path, tag: str, args: argparse.Namespace) -> dict:
+async def tenant_phase(url: str, log: Path, tag: str, seconds: float) -> dict:
     stream_body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}],
-                              "x_fake": {"chunks": args.chunks, "interval": args.interval}}).encode()
+                              "x_fake": {"chunks": TENANT["chunks"], "interval": TENANT["interval"]}}).encode()
     plain_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     flood, steady = Sample(), Sample()
-    end = time.monotonic() + args.seconds
+    end = time.monotonic() + seconds
     auth = lambda tenant, **more: {"Authorization": f"Bearer {KEYS[tenant]}", **more}  # noqa: E731
     async with aiohttp.ClientSession(headers=auth("flood"), connector=aiohttp.TCPConnector(limit=0)) as fs, \
             aiohttp.ClientSession(headers=auth("steady", **{"X-Request-Id": tag})) as ss:
@@ -1139,12 +1043,12 @@ async def tenant_phase(url: str, log: Path, tag: str, args: argparse.Namespace) 
             while time.monotonic() < end:
                 await stream(fs, url, stream_body, flood)
 
-        floods = [asyncio.create_task(flooder()) for _ in range(args.flood)]
+        floods = [asyncio.create_task(flooder()) for _ in range(TENANT["flood"])]
         await asyncio.sleep(1.0)  # the flood fills the gate and the queue first
         end += 1.0
         sent = []
-        for i in range(int(args.seconds)):  # `steady`: one plain request a second
-            await asyncio.sleep(max(0.0, end - args.seconds + i - time.monotonic()))
+        for i in range(int(seconds)):  # `steady`: one plain request a second
+            await asyncio.sleep(max(0.0, end - seconds + i - time.monotonic()))
             sent.append(asyncio.create_task(plain(ss, url, plain_body, steady)))
         await asyncio.gather(*sent, *floods)
     await asyncio.sleep(0.3)  # the last request lines are written after their answers
@@ -1156,10 +1060,10 @@ async def tenant_phase(url: str, log: Path, tag: str, args: argparse.Namespace) 
 async def tenant(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
     keys = workdir / "keys"
     keys.write_text("".join(f"{t} {k}\n" for t, k in KEYS.items()))
-    workers = {"w": (await fake_process(CHILDREN, workdir, "upstream", "m", args.gate)).worker_config()}
+    workers = {"w": (await fake_process(CHILDREN, workdir, "upstream", "m", TENANT["gate"])).worker_config()}
     urls = {}
     for mode, fair in TENANT_MODES.items():
-        proxy = {"concurrencyLimit": args.gate, "apiKeysFile": str(keys), "fairQueueing": fair,
+        proxy = {"concurrencyLimit": TENANT["gate"], "apiKeysFile": str(keys), "fairQueueing": fair,
                  "queue": {"maxWaiting": 64, "timeoutSeconds": 120}}
         urls[mode] = (await proxy_process(CHILDREN, workdir, f"proxy-{mode}", proxy, workers)).url + CHAT
     phases = []
@@ -1167,59 +1071,46 @@ async def tenant(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
         phases.append({})
         for mode in rotated(list(TENANT_MODES), rnd):
             r = phases[-1][mode] = await tenant_phase(urls[mode], workdir / f"proxy-{mode}.log", f"steady-{rnd}-{mode}",
-                                                      args)
-            print(f"round {rnd + 1}/{args.rounds} {mode}: steady p50 {percentile(r['steady_queue_wait'], 50):.3f} s, "
-                  f"p95 {percentile(r['steady_queue_wait'], 95):.3f} s", file=sys.stderr)
-    settings = {k: v for k, v in vars(args).items() if k != "out" and not callable(v)}
-    return {"rounds": phases, "settings": settings}, True
+                                                      args.seconds)
+            say(f"round {rnd + 1}/{args.rounds} {mode}: steady p50 {percentile(r['steady_queue_wait'], 50):.3f} s, "
+                f"p95 {percentile(r['steady_queue_wait'], 95):.3f} s")
+    return {"rounds": phases, "settings": {"rounds": args.rounds, "seconds": args.seconds, **TENANT}}, True
 
 
 # == main ==============================================================================================
-def common_options(p: argparse.ArgumentParser, out: str | None) -> argparse.ArgumentParser:
-    p.add_argument("--out", default=out, help=f"raw figures as JSON (default: {out})")
-    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
-    return p
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = common_options(argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="The whole stack under "
-                        "load: faults (no mode), hostile input, the proxy's cost, fair queueing."), "load-bench.json")
+    ap = argparse.ArgumentParser(prog="bench/scripts/load_bench.py", description="The whole stack under load: faults "
+                                 "(no mode), hostile input, the proxy's cost, fair queueing.")
+    modes = ap.add_subparsers(title="modes", metavar="MODE")
+    h = modes.add_parser("hostile", help="hostile input at volume (docs/hardening.md)")
+    p = modes.add_parser("proxy", help="the proxy's added latency and CPU, against direct and nginx (docs/proxy.md)")
+    t = modes.add_parser("tenant", help="what one tenant's flood costs another's requests (docs/proxy.md)")
+    for parser, run, report, out in ((ap, faults, report_lines, "load-bench.json"), (h, hostile, hostile_lines, None),
+                                     (p, proxy, proxy_lines, "proxy-bench.json"),
+                                     (t, tenant, tenant_lines, "tenant-bench.json")):
+        parser.add_argument("--out", default=out, help=f"raw figures as JSON (default: {out})")
+        parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs, tiny models)")
+        parser.set_defaults(run=run, report=report)
     ap.add_argument("--quick", action="store_true", help="a smoke run of about a minute (smaller counts)")
     ap.add_argument("--skip-real", action="store_true", help="fake upstreams only (no mlx needed)")
     ap.add_argument("--only", nargs="+", choices=PHASE_KEYS, help="run only these phases (default: all)")
     for key in FULL:
-        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
-                        help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
-    ap.set_defaults(run=faults, report=report_lines)
-    modes = ap.add_subparsers(title="modes", metavar="MODE")
-    h = common_options(modes.add_parser("hostile", help="hostile input at volume (docs/hardening.md)"), None)
+        ap.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"(default: {FULL[key]}, --quick: {QUICK[key]})")
     for option, (default, what) in HOSTILE_COUNTS.items():
         h.add_argument(f"--{option}", type=int, default=default, help=f"{what} (default: {default})")
     h.add_argument("--against", metavar="PYTHON", help="also flood a worker run by this Python (another checkout's)")
     h.add_argument("--only", nargs="+", choices=HOSTILE_PHASES, default=HOSTILE_PHASES, help="run only these phases")
     h.add_argument("--seed", type=int, default=1)
     h.add_argument("--json", action="store_true", help="print the raw counts as JSON")
-    h.set_defaults(run=hostile, report=hostile_lines)
-    p = common_options(modes.add_parser("proxy", help="the proxy's added latency and CPU, against direct and nginx "
-                                        "(docs/proxy.md)"), "proxy-bench.json")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
-    p.add_argument("--no-nginx", action="store_true", help="compare with the direct path only")
-    p.add_argument("--loops", type=loops_arg, default=None, metavar="LOOP,LOOP",
+    p.add_argument("--loops", type=loops_arg, metavar="LOOP,LOOP",
                    help="one `mtpstack proxy` per event loop (`--loop`: uvloop, asyncio), side by side")
     p.add_argument("--baseline", metavar="PYTHON", help="also run the proxy of another checkout, by its venv's "
                    "interpreter (e.g. /work/main/.venv/bin/python), as `mtpstack-baseline` in the same rounds")
     p.add_argument("--dashboard-poll", action="store_true", help="keep one dashboard page polling the proxy throughout")
-    p.set_defaults(run=proxy, report=proxy_lines)
-    t = common_options(modes.add_parser("tenant", help="what one tenant's flood costs another's requests "
-                                        "(docs/proxy.md)"), "tenant-bench.json")
     t.add_argument("--rounds", type=int, default=3, help="rounds: a phase with fair queueing on, one off (default: 3)")
     t.add_argument("--seconds", type=float, default=20,
                    help="length of a phase: tenant `steady` sends one request a second (default: 20)")
-    t.add_argument("--flood", type=int, default=16, help="tenant `flood`'s concurrent streamed requests (default: 16)")
-    t.add_argument("--gate", type=int, default=2, help="the worker's batch width and the proxy's gate (default: 2)")
-    t.add_argument("--chunks", type=int, default=100, help="chunks of each flood stream (default: 100)")
-    t.add_argument("--interval", type=float, default=0.01, help="seconds between the flood's chunks (default: 0.01)")
-    t.set_defaults(run=tenant, report=tenant_lines)
     return ap.parse_args(argv)
 
 
@@ -1227,11 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     workdir = Path(tempfile.mkdtemp(prefix="mtpstack-load-bench-"))
     say(f"work directory: {workdir}")
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt, as Ctrl-C does
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIGINT ignored)
     t0, load_start = time.monotonic(), loadavg()
     try:

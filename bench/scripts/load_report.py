@@ -1,11 +1,11 @@
-"""The load bench's reports: pure functions from a result (the JSON `bench/scripts/load_bench.py` writes in
-each mode) to its tables, the checks every run must pass, and the lines printed. Tested by
-`tests/bench/test_load_bench_format.py`, `test_hostile_bench_format.py` and `test_proxy_bench_format.py`."""
+"""The load bench's reports: pure functions from a result (the JSON `bench/scripts/load_bench.py` writes in each
+mode) to its tables, the checks every run must pass, and the lines printed."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
+from functools import partial
 
 from mtpstack.bench.parts import fmt, spread
 from mtpstack.bench.stats import percentile
@@ -23,10 +23,6 @@ def table(headers: list[str], rows: list[list]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
 
 
-def mib(kib: int | None) -> str | None:
-    return None if kib is None else f"{kib / 1024:.1f}"
-
-
 def _int(v) -> int | None:
     return None if v is None else int(v)
 
@@ -42,13 +38,13 @@ def _spread(values: list[float]) -> dict:
     return spread([x for x in values if x == x])  # NaN: a percentile of no samples
 
 
-def cell(s: dict | None, digits: int = 0, scale: float = 1.0, unit: str = "", sep: str = "..") -> str:
-    """A spread as `median (min..max)`, times `scale`, `unit` after the median; `-` for none."""
-    return fmt(s, unit, digits, scale=scale, sep=sep, count=False, missing="-")
+#: A spread as `median (min..max)`, `-` for none; `_us` in microseconds, `_ratio` a ratio.
+cell = partial(fmt, digits=0, sep="..", count=False, missing="-")
+_us, _ratio = partial(cell, scale=1e6), partial(cell, digits=2, unit="x")
 
 
 def _dash(values: list[float], digits: int = 2) -> str:
-    return cell(_spread(values), digits, sep="-")
+    return cell(_spread(values), digits=digits, sep="-")
 
 
 def _slots(v) -> str:
@@ -69,7 +65,8 @@ def load_lines(rows: list[dict]) -> list[str]:
         else:
             conc = f"{_int(r['sampled_max'].get('worker_active_sequences'))} (sampled)"
             inflight = r["sampled_max"].get("proxy_inflight{worker=w0}")
-        rss = "/".join(mib(r["proxy_rss_kib"].get(k)) or "-" for k in ("before", "half", "after", "peak"))
+        rss = "/".join("-" if (v := r["proxy_rss_kib"].get(k)) is None else f"{v / 1024:.1f}"
+                       for k in ("before", "half", "after", "peak"))
         answers = ", ".join(filter(None, [f"{r['statuses'].get('200', 0)} x 200", _times(r["error_codes"])]))
         out.append([r["target"], r["gate"], r["upstreams"], r["clients"], r["max_waiting"], r["sent"], answers,
                     r["unanswered"], f"{r['streams_done']}/{r['streams']}", conc, _int(inflight), rss,
@@ -105,9 +102,9 @@ def fault_lines(result: dict) -> list[str]:
 
 
 def failover_counts(outcomes: dict[str, str], logged: dict[str, dict], kills: list[float], dead: str) -> dict:
-    """Pure: what the clients saw (`outcomes`: request id -> "ok" or what went wrong) while `dead` was killed at
-    the wall-clock `kills`, by the proxy's request lines (`logged`, with `sent` and `ended`). An error the dead
-    worker had taken was sent to it before a kill and ended after; every other counts against the goal of none."""
+    """What the clients saw (`outcomes`: request id -> "ok" or what went wrong) while `dead` was killed at the
+    wall-clock `kills`, by the proxy's request lines (`logged`). An error the dead worker had taken was sent to it
+    before a kill and ended after; every other counts against the goal of none."""
     out = {"requests": len(outcomes), "ok": 0, "errors_taken_by_dead": 0, "errors_not_taken": 0, "failed_over": 0,
            "errors": {}, "errors_not_taken_ids": []}
     for rid, outcome in outcomes.items():
@@ -128,7 +125,6 @@ def failover_counts(outcomes: dict[str, str], logged: dict[str, dict], kills: li
 
 
 def kill_checks(name: str, r: dict) -> list[tuple[bool, str]]:
-    """What every kill phase must show: each kill done in time, no hung client, no leaked slot."""
     return [
         (r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"),
         (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
@@ -138,7 +134,7 @@ def kill_checks(name: str, r: dict) -> list[tuple[bool, str]]:
 
 
 def load_checks(r: dict) -> list[tuple[bool, str]]:
-    """What every load row must show: every request answered, the gates held, 429s only where the queue bound allows."""
+    """Every request answered, the gates held, 429s only where the queue bound allows."""
     name = f"{r['target']} gate {r['gate']}, maxWaiting {r['max_waiting']}"
     out = [(r["unanswered"] == 0, f"{name}: requests unanswered: {r['unanswered']}"),
            (r.get("complete", True), f"{name}: all {r['requested']} requests sent before the deadline: {r['sent']}")]
@@ -223,16 +219,12 @@ def checks(result: dict) -> list[tuple[bool, str]]:
     return out
 
 
-def meta_lines(meta: dict, title: str) -> list[str]:
-    lines = [f"mtpstack {title}, {meta['finished']}", f"command: {meta['command']}",
-             f"machine: {meta['cpus']} CPUs, {meta['machine']}, commit {meta['commit']}, {meta['seconds']} s"]
-    if meta.get("modified"):
-        lines.append("uncommitted changes in the checkout: " + ", ".join(meta["modified"]))
-    return lines
-
-
 def report_lines(result: dict) -> list[str]:
-    lines = [*meta_lines(result["meta"], "load bench"), "",
+    meta = result["meta"]
+    lines = [f"mtpstack load bench, {meta['finished']}", f"command: {meta['command']}",
+             f"machine: {meta['cpus']} CPUs, {meta['machine']}, commit {meta['commit']}, {meta['seconds']} s",
+             *(["uncommitted changes in the checkout: " + ", ".join(meta["modified"])] if meta.get("modified") else []),
+             "",
              "Load (answers by status; streams ok = streamed requests that ended with [DONE])",
              *load_lines(result.get("load", [])), "",
              f"Faults (hung = no end, error or status within {HANG_SECONDS:g} s; leaked = proxy inflight or queue not "
@@ -294,7 +286,7 @@ def flood_answer_kind(status: int | None, error: dict) -> str:
 
 
 def _total(r: dict, *paths: str) -> int:
-    """The sum of the counts at `paths` (`phase.key.key`), a phase that did not run counting 0."""
+    """The sum of the counts at `paths` (`phase.key.key`); a phase that did not run counts 0."""
     total = 0
     for path in paths:
         node = r
@@ -316,7 +308,6 @@ def must_be_zero(r: dict) -> dict[str, int]:
 
 
 def hostile_lines(r: dict) -> list[str]:
-    """Pure: the lines printed for a hostile result."""
     lines = []
     if v := r.get("validate"):
         lines.append(f"validate: {v['configs']} configs in {v['seconds']} s: "
@@ -347,7 +338,6 @@ def hostile_lines(r: dict) -> list[str]:
 
 
 def flood_lines(f: dict) -> list[str]:
-    """Pure: the grammar flood's figures, per worker, median (min-max) over the repeats."""
     lines = [f"flood: {f['hostile']} hostile schemas at once, probes {FLOOD_PROBE_DELAY:g} s later, {f['repeats']} "
              f"repeats, median (min-max); goal: probes 200, /health and the stream's gap within {FLOOD_STALL_GOAL:g} s"]
     for arm, rounds in f["arms"].items():
@@ -414,14 +404,6 @@ def proxy_summary(rounds: list[dict], proxies: list[str]) -> dict:
     return out
 
 
-def _us(s: dict | None) -> str:
-    return cell(s, scale=1e6)
-
-
-def _ratio(s: dict) -> str:
-    return cell(s, 2, unit="x")
-
-
 #: The proxy table's columns after the cell's and the proxy's: heading, width, the summary's key.
 PROXY_COLUMNS = [("added p50 us", 18, "added_p50"), ("added p99 us", 20, "added_p99"),
                  ("first chunk +us", 18, "added_first_chunk_p50"), ("CPU/req us", 16, "cpu_per_request"),
@@ -473,16 +455,13 @@ TENANT_MODES = {"fair": True, "fifo": False}
 
 
 def tenant_lines(result: dict) -> list[str]:
-    rounds, meta = result["rounds"], result["meta"]
-    lines = [f"{len(rounds)} rounds; tenant `steady`'s queue wait in ms, per phase p50 / p95, median (min..max) over "
-             f"rounds; {_load(meta)}",
-             f"{'fair queueing':<14} {'steady p50':>18} {'steady p95':>18} {'steady latency p50':>20} "
-             f"{'flood streams served':>22} {'errors':>7}"]
+    rounds, rows = result["rounds"], []
     for mode, fair in TENANT_MODES.items():
         per = [r[mode] for r in rounds]
         ms = lambda key, q: cell(_spread([percentile(p[key], q) for p in per]), scale=1000)  # noqa: E731
-        errors = sum(p["steady_errors"] + p["flood_errors"] for p in per)
-        lines.append(f"{'on' if fair else 'off':<14} {ms('steady_queue_wait', 50):>18} "
-                     f"{ms('steady_queue_wait', 95):>18} {ms('steady_latency', 50):>20} "
-                     f"{cell(spread([p['flood_served'] for p in per])):>22} {errors:>7}")
-    return lines
+        rows.append(["on" if fair else "off", ms("steady_queue_wait", 50), ms("steady_queue_wait", 95),
+                     ms("steady_latency", 50), cell(spread([p["flood_served"] for p in per])),
+                     sum(p["steady_errors"] + p["flood_errors"] for p in per)])
+    headers = ["fair queueing", "steady p50", "steady p95", "steady latency p50", "flood streams served", "errors"]
+    return [f"{len(rounds)} rounds; tenant `steady`'s queue wait in ms, per phase p50 / p95, median (min..max) over "
+            f"rounds; {_load(result['meta'])}", *table(headers, rows)]

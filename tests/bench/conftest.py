@@ -1,15 +1,25 @@
 """Fixtures for the bench tests: tiny real model pairs, a fleet config that serves them, and a
-one-prompt-per-workload prompt set so a real sweep stays within seconds."""
+one-prompt-per-workload prompt set so a real sweep stays within seconds; and `run_bench`, a script run as users run it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mtpstack.bench.sweep import SweepSettings
+
+
+def run_bench(script: str, out: Path, *args: str, timeout: float = 1200) -> tuple[dict, subprocess.CompletedProcess]:
+    """`bench/scripts/SCRIPT.py ARGS --out OUT` from the repo root: its JSON, once it exited 0, and the run."""
+    done = subprocess.run([sys.executable, f"bench/scripts/{script}.py", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text()), done
 
 
 @pytest.fixture(scope="session")
