@@ -1,6 +1,5 @@
-"""The multi-turn driver of `agent_bench` and `fleet_bench`: agent sessions (`mtpstack.bench.workloads`)
-sent as an agent sends them, each from its arrival, each turn after the previous answer and its think time,
-streamed by `servers.stream_chat` and timed; a server's error, a 429 or a timeout is a row, not an exception."""
+"""The multi-turn driver of `agent_bench` and `fleet_bench`: sessions (`mtpstack.bench.workloads`) sent as an
+agent sends them, each turn timed; a server's error, a 429 or a timeout is a row, not an exception."""
 
 from __future__ import annotations
 
@@ -56,9 +55,8 @@ def answered(rows: list[dict]) -> list[dict]:
 
 async def run_sessions(base_url: str, model: str, sessions: list[Session], max_tokens: int, *, labels: dict, tag: str,
                        extra: dict | None = None, timeout: float = REQUEST_TIMEOUT) -> list[dict]:
-    """Every session at once, each from its arrival; rows carry `labels`, the session, the turn, the
-    request id (`tag-SESSION-TURN`) and times relative to the start. A turn's text is kept only as
-    the next turn's assistant message."""
+    """Every session at once, each from its arrival, each turn after the previous answer and its think time;
+    rows carry `labels`, the session, the turn, the request id (`tag-SESSION-TURN`) and times from the start."""
     import aiohttp
 
     t0 = time.perf_counter()

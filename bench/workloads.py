@@ -1,17 +1,12 @@
-"""The agent workloads the benchmarks send, one definition per kind of conversation:
-
-- a conversation of fixed turns fed its answers (`agent_bench`, `fleet_bench --routing`): `conversation`;
-- agent sessions replayed against a fleet (`fleet_bench`): `make_workload`, seeded, so that every stack
-  and round gets the same requests byte for byte, with tool calls and results of the sizes asked for.
-"""
+"""The agent workloads the benches send: `conversation`, fixed turns fed their answers (`agent_bench`,
+`fleet_bench --routing`), and `make_workload`, the fleet's agent sessions, seeded so that every stack and round
+gets the same requests byte for byte, with tool calls and results of the sizes asked for."""
 
 from __future__ import annotations
 
 import json
 import random
 from dataclasses import dataclass, field
-
-# -- an agent conversation of fixed turns -----------------------------------------------------
 
 TURNS = 6
 ANSWER_TOKENS = 32
@@ -31,36 +26,32 @@ def system_prompt(round_no: int, tools: int) -> str:
 
 
 def first_question(conversation: int) -> str:
-    """What conversation `conversation` of several opens with: one agent, several tasks, so the
-    conversations share the system prompt and differ right after it."""
+    """One agent's several tasks: its conversations share the system prompt and differ right after it."""
     return f"Task {conversation}: what is failing?"
 
 
 def opening(system: str, question: str = "what is failing?") -> list[dict]:
-    """A conversation's first turn: the agent's system prompt and the user's question."""
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
 def tool_pause(mean: float, rnd: int, conversation: int, turn: int) -> float:
-    """Seconds the agent's tool runs before turn `turn`: uniform on 0 to twice `mean`, the same in every
-    run of a round. Pauses of seconds, as an agent's tools take, let workers go idle between turns, so
-    that first-free can move a turn (at 0.3 s it kept 8 of 8 on their workers; docs/proxy.md)."""
+    """Seconds the agent's tool runs before `turn`, uniform on 0 to twice `mean`, the same in every run of a round:
+    pauses of seconds let workers go idle, so first-free can move a turn (at 0.3 s it kept 8 of 8; docs/proxy.md)."""
     if turn == 1 or mean <= 0:
         return 0.0
     return random.Random(f"{rnd}-{conversation}-{turn}").uniform(0, 2 * mean)
 
 
 def tool_output(conversation: int, turn: int, lines: int) -> str:
-    """What the agent's tool printed before turn `turn`: `lines` lines of its own, as a test run or a
-    file read would, so a conversation's tail grows past the system prompt it shares with others."""
+    """`lines` lines a tool printed before `turn`, its own, so a conversation grows past the shared system prompt."""
     return "\n".join(f"src/task{conversation}/module_{turn}_{k}.py:{7 * k + turn}: "
                      f"assert parse(case_{conversation}_{k}) == {k * turn}" for k in range(lines))
 
 
 def conversation(index: int, system: str, question: str, turns: int, *, pause: float = 0.0, rnd: int = 0,
                  output_lines: int = 0) -> Session:
-    """A conversation fed its own answers: the system prompt and `question`, then `FOLLOW_UPS` in turn,
-    each after `tool_pause` and, when asked for, `output_lines` lines of tool output."""
+    """The system prompt and `question`, then `FOLLOW_UPS` in turn, each after `tool_pause` and `output_lines`
+    lines of `tool_output`."""
     turns_ = [Turn(opening(system, question), 0.0)]
     for turn in range(2, turns + 1):
         follow_up = FOLLOW_UPS[(turn - 2) % len(FOLLOW_UPS)]
@@ -71,13 +62,11 @@ def conversation(index: int, system: str, question: str, turns: int, *, pause: f
 
 
 def turn_messages(previous: list[dict], turn: Turn, answer: str) -> list[dict]:
-    """What a turn sends: its own messages, or (fed the answers) the previous turn's, its answer, its follow-up."""
+    """What a turn sends: its own messages, or the previous turn's, its answer and the follow-up."""
     if turn.follow_up is None:
         return turn.messages
     return [*previous, {"role": "assistant", "content": answer}, {"role": "user", "content": turn.follow_up}]
 
-
-# -- agent sessions replayed against a fleet --------------------------------------------------
 
 #: Characters per token of the tool outputs before `calibrate` measures the served tokenizer.
 CHARS_PER_TOKEN = 2.4
@@ -153,9 +142,8 @@ TASKS = [
 
 @dataclass
 class Turn:
-    """One request of a session, sent `think_s` after the previous answer: the whole conversation so far
-    (`messages`), or, in a conversation fed its own answers, the previous turn's messages, its answer as
-    the assistant turn and `follow_up` as the user's (`turn_messages`)."""
+    """One request, sent `think_s` after the previous answer: the whole conversation (`messages`), or, fed its
+    answers, `follow_up` after the previous turn's answer (`turn_messages`)."""
 
     messages: list[dict]
     think_s: float
@@ -288,12 +276,9 @@ def tool_step(rng: random.Random, step: int, pkg: str, chars: int) -> tuple[str,
 
 
 def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOKEN) -> list[Session]:
-    """The sessions of one run, the same for every stack and round of a seed: arrivals (a Poisson
-    process of mean gap `arrival_s`, the first at 0), turns per session, tool outputs of
+    """A seed's sessions: arrivals a Poisson process of mean gap `arrival_s` from 0, tool outputs of
     `output_tokens` tokens (uniform, sized at `chars_per_token`), think times between turns."""
-    rng = random.Random(f"fleet-{seed}")
-    arrival = 0.0
-    sessions = []
+    rng, arrival, sessions = random.Random(f"fleet-{seed}"), 0.0, []
     for s in range(sizes["sessions"]):
         if s:
             arrival += rng.expovariate(1.0 / sizes["arrival_s"]) if sizes["arrival_s"] > 0 else 0.0
@@ -319,14 +304,11 @@ def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOK
 
 def tool_outputs(sessions: list[Session]) -> list[str]:
     """Every tool result of the workload (each once)."""
-    last = [s.turns[-1].messages for s in sessions]
-    return [m["content"] for messages in last for m in messages if m["role"] == "tool"]
+    return [m["content"] for s in sessions for m in s.turns[-1].messages if m["role"] == "tool"]
 
 
 def calibrate(count_tokens, seed: int, sizes: dict) -> float:
-    """Characters per token of the workload's tool outputs under the served tokenizer (`count_tokens`),
-    so that outputs sized at that rate have the token counts asked for."""
+    """Characters per token of the tool outputs under the served tokenizer, so outputs sized at it have the tokens asked."""
     outputs = tool_outputs(make_workload(seed, sizes))
-    chars = sum(map(len, outputs))
-    tokens = sum(count_tokens(text) for text in outputs)
-    return chars / tokens if tokens else CHARS_PER_TOKEN
+    tokens = sum(map(count_tokens, outputs))
+    return sum(map(len, outputs)) / tokens if tokens else CHARS_PER_TOKEN

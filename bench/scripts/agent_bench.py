@@ -1,9 +1,8 @@
-"""Agent benchmark: what the prefix cache saves an agent, side by side with mlx_lm.server's prompt cache, one run.
+"""Agent benchmark: what the prefix cache saves an agent, beside mlx_lm.server's prompt cache, and Claude Code's turns.
 
 `native+mtp` (the native worker, the MTP head, its prefix cache at the default budget) and `mlx_lm.server`
-(its own prompt cache), started once and used alternately; each round a fresh system prompt (a coding
-agent's, with a tool list), so nothing carries over:
-  1. `turns`: a 6-turn conversation fed its greedy answers, TTFT per turn, per `--thinking` mode;
+(its prompt cache), started once and used alternately, each round on a fresh coding agent's system prompt:
+  1. `turns`: a 6-turn conversation fed its greedy answers, TTFT per turn, the template's thinking off and on;
   2. `shared`: a second conversation on the same system prompt, its first turn against the first's;
   3. `concurrent`: 4 clients at once with distinct prompts (no cache hits), median TTFT;
   4. `prefill_itl` (native only): one streaming row's gaps while a 2,000-token prompt is prefilled beside it.
@@ -14,13 +13,17 @@ On native workers of their own, started afresh:
      (VmRSS, VmHWM) against `mtpstack_worker_prefix_cache_bytes` after each;
   7. `spill_itl`: a row's gaps while distinct prompts pass a small budget (`SPILL_GIB`) beside it, memory
      only and with a disk tier taking every snapshot;
-  8. `restore_itl`: the row's gaps while a prompt on disk only is restored `--restores` times beside it,
-     against the gaps outside those windows.
-`--baseline PROGRAM` runs `memory` and `restore_itl` for another build too (before and after a change).
+  8. `restore_itl`: the row's gaps while a prompt on disk only is restored beside it, against those outside.
+Only when named, on `mtpstack up`'s demo fleet as shipped, fresh each round:
+  9. `claude_code`: Claude Code headless (`claude -p`; `scripts/bootstrap-npm`, or `--claude`), `CLAUDE_TURNS`,
+     through a relay that times each `/v1/messages` to its first content block and reads `message_start`'s
+     usage, a turn's request after its tool's result a row of its own; `--first-party`: Claude Code's first-party
+     mode, whose billing line carries per-request fields, the report naming those that changed.
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
     python bench/scripts/agent_bench.py --only memory restore_itl --baseline /tmp/base/.venv/bin/mtpstack
+    flock /work/bench.lock python bench/scripts/agent_bench.py --only claude_code --rounds 3 --warmup 0
 
 Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
@@ -31,56 +34,76 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 
+import aiohttp
+from aiohttp import web
+
 from mtpstack import series
 from mtpstack.bench.conversations import REQUEST_TIMEOUT, answered, run_sessions
 from mtpstack.bench.load import memory_kib
-from mtpstack.bench.parts import demo_pair, emit, ensure_preload, fmt, post_json, rotated, rounds, spread
+from mtpstack.bench.parts import demo_pair, emit, ensure_preload, fmt, loadavg, post_json, rotated, rounds, spread
 from mtpstack.bench.servers import metrics, start_servers, start_workers, stream_chat, worker_command, worker_profile
+from mtpstack.bench.stats import percentile
 from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, conversation, opening, system_prompt
 from mtpstack.proxy.prometheus import sample
-from mtpstack.runtime import free_port
+from mtpstack.runtime import Process, StartError, free_port, url_of
 
 SERVERS = ["native+mtp", "mlx_lm.server"]
-SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl"]
-#: The scenarios that start workers of their own rather than use the two servers.
-OWN_WORKERS = {"restart", "memory", "spill_itl", "restore_itl"}
-#: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it.
-SPILL_GIB = 0.01
-#: What a worker's disk tier logs when it stops (`prefix_disk.DiskTier.close`): its writes' count, MB, seconds, sync seconds.
+SCENARIOS = ["turns", "shared", "concurrent", "prefill_itl", "restart", "memory", "spill_itl", "restore_itl",
+             "claude_code"]
+#: The scenarios that start servers of their own rather than use the two.
+OWN_WORKERS = {"restart", "memory", "spill_itl", "restore_itl", "claude_code"}
+#: The draft depth of every native worker; the demo target widened by (MLP multiplier, zero layers): ~70M parameters.
+DEPTH, WIDEN = 3, (8, 10)
+#: `spill_itl`: the memory budget both workers get, small enough that the flood spills past it; the prompts sent.
+SPILL_GIB, SPILL_PROMPTS = 0.01, 4
+#: `restore_itl`: restores from disk beside the row; `memory`: tokens per prompt of the flood.
+RESTORES, FLOOD_TOKENS = 4, 8192
+#: What a worker's disk tier logs when it stops (`prefix_disk.DiskTier.close`): writes, MB, seconds, sync seconds.
 TIER_STOPS = re.compile(r"the disk tier stops: (\d+) writes, ([\d.]+) MB in ([\d.]+) s, ([\d.]+) s of it syncing")
-#: `--thinking`: the template's `enable_thinking` for the turns.
+#: `turns`: the template's `enable_thinking`, each mode a conversation of its own (the first also the top-level row).
 THINKING = {"off": False, "on": True}
 #: A server's rows of the table: (label, key, what its ratio is over, the ratio's key).
 SERVER_ROWS = [("turn 1 TTFT", "turn1_ttft_s", None, None),
                ("turns 2+ TTFT", "later_ttft_s", "own turn 1", "later_over_turn1"),
-               ("shared system", "shared_ttft_s", "first conversation", "shared_over_first"),
-               ("4 clients TTFT", "concurrent_ttft_s", None, None)]
+               ("shared-system TTFT", "shared_ttft_s", "first conversation", "shared_over_first"),
+               ("4-client TTFT", "concurrent_ttft_s", None, None)]
+CLAUDE = _checkout.ROOT / ".claude-code" / "node_modules" / ".bin" / "claude"
+#: `claude_code`'s turns of a round, in order: (label, prompt, continue the conversation, folder).
+CLAUDE_TURNS = [("first", "list the files", False, "a"), ("next 1", "and the tests?", True, "a"),
+                ("next 2", "thanks", True, "a"), ("new conversation", "list the files", False, "b")]
+#: Claude Code's own switch for its first-party mode (it otherwise checks the base URL for `api.anthropic.com`).
+FIRST_PARTY_ENV = {"_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1"}
+#: The label of a turn's request after the tool's result.
+AFTER_RESULT = "{}, after the tool's result"
 
 
 def ratio(a, b):
     return a / b if a and b else None
 
 
-def known(rows: list[dict], key: str) -> dict:
-    """`key` summarized over the rows that measured it (a value, not None or 0)."""
-    return spread([r[key] for r in rows if r.get(key)])
-
-
 # -- pure summaries (unit-testable) ------------------------------------------------------
 
 
+def spreads(rows: list[dict], keys: tuple[str, ...]) -> dict:
+    """Each of `keys` summarized over the rows that measured it."""
+    return {k: spread([r[k] for r in rows if r.get(k) is not None]) for k in keys}
+
+
 def summarize_samples(samples: dict) -> dict:
-    """Raw samples -> medians with min-max, per server and scenario."""
+    """Raw samples -> medians with min-max, per server."""
     out: dict = {}
     for server, s in samples.items():
         if server in OWN_WORKERS:
@@ -94,21 +117,20 @@ def summarize_samples(samples: dict) -> dict:
         }
         if windows := s.get("prefill_itl"):
             out[server]["prefill_itl"] = {
-                **{key: spread([w[key] for w in windows]) for key in ("median_s", "p99_s")},
+                **spreads(windows, ("median_s", "p99_s", "outside_median_s")),
                 "p99_over_median": spread([w["p99_s"] / w["median_s"] for w in windows if w["median_s"]]),
-                "outside_median_s": known(windows, "outside_median_s"),
             }
     return out
 
 
 def turns_summary(turns: list[list[float]]) -> dict:
-    """Time to first token of each conversation's turns: turn 1, the later ones, and each
-    conversation's later turns over its own turn 1."""
+    """Each conversation's TTFTs: turn 1, the later ones, and its later turns over its own turn 1."""
+    most = max(map(len, turns), default=0)
     return {
         "turn1_ttft_s": spread([conv[0] for conv in turns if conv]),
         "later_ttft_s": spread([t for conv in turns for t in conv[1:]]),
-        "later_over_turn1": spread([statistics.median(conv[1:]) / conv[0] for conv in turns if len(conv) > 1 and conv[0]]),
-        "per_turn_ttft_s": [spread([conv[i] for conv in turns if len(conv) > i]) for i in range(max(map(len, turns), default=0))],
+        "later_over_turn1": spread([statistics.median(c[1:]) / c[0] for c in turns if len(c) > 1 and c[0]]),
+        "per_turn_ttft_s": [spread([c[i] for c in turns if len(c) > i]) for i in range(most)],
     }
 
 
@@ -116,12 +138,11 @@ def restart_summary(rounds: list[dict]) -> dict:
     """The next turn after a restart against the same turn prefilled whole, round by round."""
     restored, wrote = [r for r in rounds if r.get("restore_s")], [r for r in rounds if r.get("write_s")]
     return {
-        **{key: spread([r[key] for r in rounds])
-           for key in ("restart_ttft_s", "cold_ttft_s", "cached_tokens", "prompt_tokens")},
+        **spreads(rounds, ("restart_ttft_s", "cold_ttft_s", "cached_tokens", "prompt_tokens")),
         "restart_over_cold": spread([r["restart_ttft_s"] / r["cold_ttft_s"] for r in rounds if r["cold_ttft_s"]]),
         "restore_s": spread([r["restore_s"] for r in restored]),
         "restore_gb_s": spread([r["read_bytes"] / r["restore_s"] / 1e9 for r in restored if r.get("read_bytes")]),
-        **{key: spread([r[key] for r in wrote]) for key in ("write_s", "sync_s", "written_mb")},
+        **spreads(wrote, ("write_s", "sync_s", "written_mb")),
         "sync_share": spread([r["sync_s"] / r["write_s"] for r in wrote]),
     }
 
@@ -137,28 +158,27 @@ def memory_summary(floods: list[dict]) -> dict:
             "peak_growth_mib": [round(a["hwm_mib"] - base, 1) for a in after],
             "gauge_mib": [round(a["gauge_mib"], 1) for a in after],
             "growth_per_prompt_mib": spread([b["rss_mib"] - a["rss_mib"] for a, b in zip(after, after[1:])]),
-            "growth_over_gauge": (after[-1]["rss_mib"] - base) / after[-1]["gauge_mib"] if after and after[-1]["gauge_mib"] else None,
+            "growth_over_gauge": ratio(after[-1]["rss_mib"] - base, after[-1]["gauge_mib"]) if after else None,
         }
     return out
 
 
+def by_variant(rounds: list[dict], keys: tuple[str, ...]) -> dict:
+    """Each variant's (or build's) `keys` over the rounds."""
+    return {v: spreads([r[v] for r in rounds], keys) for v in (rounds[0] if rounds else [])}
+
+
 def restore_summary(rounds: list[dict]) -> dict:
-    out = {}
-    for build in rounds[0] if rounds else []:
-        mine = [r[build] for r in rounds]
-        out[build] = {k: spread([m[k] for m in mine if m.get(k) is not None])
-                      for k in ("median_s", "p99_s", "max_s", "outside_median_s", "disk_hits", "read_mb", "restore_s")}
-        out[build]["inside_over_outside"] = spread([m["median_s"] / m["outside_median_s"] for m in mine
-                                                       if m.get("median_s") and m.get("outside_median_s")])
+    out = by_variant(rounds, ("median_s", "p99_s", "max_s", "outside_median_s", "disk_hits", "read_mb", "restore_s"))
+    for build, v in out.items():
+        v["inside_over_outside"] = spread([r[build]["median_s"] / r[build]["outside_median_s"] for r in rounds
+                                           if r[build].get("median_s") and r[build].get("outside_median_s")])
     return out
 
 
 def spill_summary(rounds: list[dict]) -> dict:
-    out = {v: {"median_s": known([r[v] for r in rounds], "median_s"), "p99_s": known([r[v] for r in rounds], "p99_s"),
-               "disk_writes": spread([r[v]["disk_writes"] for r in rounds])} for v in ("memory", "disk")}
-    out["p99_disk_over_memory"] = spread([r["disk"]["p99_s"] / r["memory"]["p99_s"] for r in rounds
-                                             if r["disk"]["p99_s"] and r["memory"]["p99_s"]])
-    return out
+    ratios = [r["disk"]["p99_s"] / r["memory"]["p99_s"] for r in rounds if r["disk"]["p99_s"] and r["memory"]["p99_s"]]
+    return {**by_variant(rounds, ("median_s", "p99_s", "disk_writes")), "p99_disk_over_memory": spread(ratios)}
 
 
 def measured(v: dict | None) -> bool:
@@ -166,74 +186,72 @@ def measured(v: dict | None) -> bool:
     return bool(v) and any(v[k]["n"] for k in ("turn1_ttft_s", "shared_ttft_s", "concurrent_ttft_s"))
 
 
+def secs(s: dict) -> str:
+    return fmt(s, " s", 3)
+
+
 def format_lines(report: dict) -> list[str]:
     s = report["summary"]
-    lines = [f"{report['rounds']} rounds (+{report['warmup']} warm-up discarded), {TURNS} turns, prompts "
-             f"{report.get('prompt_tokens', '?')} tokens, servers alternated"]
+    lines = []
+    if any(measured(s.get(name)) for name in SERVERS):
+        lines.append(f"{report['rounds']} rounds (+{report['warmup']} warm-up discarded), {TURNS} turns, prompts "
+                     f"{report.get('prompt_tokens') or '?'} tokens, servers alternated")
     for server, v in s.items():
         if server in OWN_WORKERS or not measured(v):
             continue
         lines.append(f"{server}")
         for label, key, over, ratio_key in SERVER_ROWS:
-            ratio_cell = f"   (/ {over}: {fmt(v[ratio_key], 'x', 3)})" if over else ""
-            lines.append(f"  {label:<16} {fmt(v[key], ' s', 3)}{ratio_cell}")
-            if key == "later_ttft_s":
-                lines += [f"  thinking {mode:<3}: turn 1 {fmt(t['turn1_ttft_s'], ' s', 3)}, turns 2+ "
-                          f"{fmt(t['later_ttft_s'], ' s', 3)} (/ own turn 1: {fmt(t['later_over_turn1'], 'x', 3)})"
-                          for mode, t in v.get("thinking", {}).items()]
-        if "prefill_itl" in v:
-            p = v["prefill_itl"]
-            lines.append(f"  ITL beside a 2,000-token prefill: median {fmt(p['median_s'], ' s', 3)}, p99 {fmt(p['p99_s'], ' s', 3)}, "
-                         f"p99/median {fmt(p['p99_over_median'], 'x', 2)}; outside it median {fmt(p['outside_median_s'], ' s', 3)}")
+            over_cell = f"   (/ {over}: {fmt(v[ratio_key], 'x', 3)})" if over else ""
+            lines.append(f"  {label:<18} {secs(v[key])}{over_cell}")
+        lines += [f"  thinking {mode:<3}: turn 1 {secs(t['turn1_ttft_s'])}, turns 2+ {secs(t['later_ttft_s'])}"
+                  f" (/ own turn 1: {fmt(t['later_over_turn1'], 'x', 3)})" for mode, t in v.get("thinking", {}).items()]
+        if p := v.get("prefill_itl"):
+            lines.append(f"  ITL beside a 2,000-token prefill: median {secs(p['median_s'])}, p99 {secs(p['p99_s'])}, "
+                         f"p99/median {fmt(p['p99_over_median'], 'x', 2)}; "
+                         f"outside it median {secs(p['outside_median_s'])}")
     a, b = s.get(SERVERS[0]), s.get(SERVERS[1])
     if b and measured(a):
-        for key, name in (("later_ttft_s", "turns 2+ TTFT"), ("shared_ttft_s", "shared-system TTFT"), ("concurrent_ttft_s", "4-client TTFT")):
-            r = ratio(a[key]["median"], b[key]["median"])
+        pairs = [(name, a[key], b[key]) for name, key, *_ in SERVER_ROWS[1:]]
+        pairs += [(f"turns 2+ TTFT, thinking {mode}", t["later_ttft_s"],
+                   b["thinking"].get(mode, {}).get("later_ttft_s"))
+                  for mode, t in a["thinking"].items()]
+        for name, mine, theirs in pairs:
+            r = ratio(mine["median"], (theirs or {}).get("median"))
             lines.append(f"{name}: {SERVERS[0]} / {SERVERS[1]} = {r:.2f}x" if r else f"{name}: n/a")
-        for mode in a.get("thinking", {}):
-            r = ratio(a["thinking"][mode]["later_ttft_s"]["median"], b.get("thinking", {}).get(mode, {}).get("later_ttft_s", {}).get("median"))
-            lines.append(f"turns 2+ TTFT, thinking {mode}: {SERVERS[0]} / {SERVERS[1]} = {r:.2f}x" if r else f"thinking {mode}: n/a")
-    if "restart" in s:
-        r = s["restart"]
-        lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): next turn "
-                     f"{fmt(r['restart_ttft_s'], ' s', 3)} against {fmt(r['cold_ttft_s'], ' s', 3)} prefilled whole: "
-                     f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {fmt(r['restore_s'], ' s', 3)} at {fmt(r['restore_gb_s'], ' GB/s', 2)}")
+    if r := s.get("restart"):
+        lines.append(f"restart ({fmt(r['prompt_tokens'], '', 0)} tokens, {fmt(r['cached_tokens'], '', 0)} from disk): "
+                     f"next turn {secs(r['restart_ttft_s'])} against {secs(r['cold_ttft_s'])} prefilled whole: "
+                     f"{fmt(r['restart_over_cold'], 'x', 3)}; restore {secs(r['restore_s'])} at "
+                     f"{fmt(r['restore_gb_s'], ' GB/s', 2)}")
         if r.get("write_s", {}).get("n"):
-            lines.append(f"  the first turn's writes ({fmt(r['written_mb'], ' MB', 1)}): {fmt(r['write_s'], ' s', 3)}, of it syncing "
-                         f"{fmt(r['sync_s'], ' s', 3)}: {fmt(r['sync_share'], '', 2)} of the write time")
-    if "spill_itl" in s:
-        sp = s["spill_itl"]
-        lines += [f"a row's gaps beside a spilling flood, {v}: median {fmt(sp[v]['median_s'], ' s', 3)}, "
-                  f"p99 {fmt(sp[v]['p99_s'], ' s', 3)} ({fmt(sp[v]['disk_writes'], '', 0)} disk writes)"
+            lines.append(f"  the first turn's writes ({fmt(r['written_mb'], ' MB', 1)}): {secs(r['write_s'])}, "
+                         f"of it syncing {secs(r['sync_s'])}: {fmt(r['sync_share'], '', 2)} of the write time")
+    if sp := s.get("spill_itl"):
+        lines += [f"a row's gaps beside a spilling flood, {v}: median {secs(sp[v]['median_s'])}, "
+                  f"p99 {secs(sp[v]['p99_s'])} ({fmt(sp[v]['disk_writes'], '', 0)} disk writes)"
                   for v in ("memory", "disk")]
         lines.append(f"  p99 with the disk tier / memory only: {fmt(sp['p99_disk_over_memory'], 'x', 2)}")
     for build, r in s.get("restore_itl", {}).items():
         lines.append(f"a row's gaps beside a restore from disk, {build} ({fmt(r['read_mb'], ' MB', 1)} a restore in "
-                     f"{fmt(r['restore_s'], ' s', 3)}): median {fmt(r['median_s'], ' s', 3)}, max {fmt(r['max_s'], ' s', 3)}; "
-                     f"outside the restores median {fmt(r['outside_median_s'], ' s', 3)}: {fmt(r['inside_over_outside'], 'x', 2)}")
+                     f"{secs(r['restore_s'])}): median {secs(r['median_s'])}, max {secs(r['max_s'])}; "
+                     f"outside the restores median {secs(r['outside_median_s'])}: "
+                     f"{fmt(r['inside_over_outside'], 'x', 2)}")
     for build, m in s.get("memory", {}).items():
         over = f"{m['growth_over_gauge']:.2f}x" if m["growth_over_gauge"] else "n/a"
         lines.append(f"memory, {build}: after {m['prompts']} prompts resident +{m['rss_growth_mib'][-1]:.0f} MiB "
                      f"(peak +{m['peak_growth_mib'][-1]:.0f}), the cache counts {m['gauge_mib'][-1]:.0f} MiB: {over}; "
                      f"per prompt {fmt(m['growth_per_prompt_mib'], ' MiB', 1)}")
-    return lines
-
-
-def itl_window(times: list[float], start: float, end: float) -> dict:
-    """The gaps of one window, [start, end] (`itl_windows`)."""
-    return itl_windows(times, [(start, end)])
+    return lines + (claude_lines(s["claude_code"]) if "claude_code" in s else [])
 
 
 def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
     """Gaps between a stream's chunk arrival `times` that end inside any of `windows`, and those outside."""
     gaps = [(b - a, any(s <= b <= e for s, e in windows)) for a, b in zip(times, times[1:])]
-    inside = sorted(g for g, within in gaps if within)
-    outside = [g for g, within in gaps if not within]
+    inside, outside = [g for g, within in gaps if within], [g for g, within in gaps if not within]
     if not inside:
         return {"median_s": None, "p99_s": None, "n": 0}
-    p99 = inside[min(len(inside) - 1, round(0.99 * (len(inside) - 1)))]
-    return {"median_s": statistics.median(inside), "p99_s": p99, "max_s": inside[-1], "n": len(inside),
-            "outside_median_s": statistics.median(outside) if outside else None}
+    return {"median_s": statistics.median(inside), "p99_s": percentile(inside, 99), "max_s": max(inside),
+            "n": len(inside), "outside_median_s": statistics.median(outside) if outside else None}
 
 
 def tier_writes(log_path: Path) -> dict:
@@ -249,39 +267,44 @@ def tier_writes(log_path: Path) -> dict:
 
 
 async def conversation_turns(url, model, system: str, thinking: bool, tag: str) -> tuple[list[float], list[int]]:
-    """A `TURNS`-turn conversation fed its answers (the template's thinking `thinking`): each turn's
-    time to first token and prompt tokens."""
+    """A `TURNS`-turn conversation fed its answers: each turn's time to first token and prompt tokens."""
     extra = {"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": thinking}}
     sessions = [conversation(0, system, "what is failing?", TURNS)]
     rows = answered(await run_sessions(url + "/v1", model, sessions, ANSWER_TOKENS, labels={}, tag=tag, extra=extra))
     return [r["ttft_s"] for r in rows], [r["prompt_tokens"] for r in rows]
 
 
-async def shared(session, url, model, system: str) -> tuple[float, float]:
+async def shared(session, url, model, seed: int, tools: int) -> tuple[float, float]:
+    system = system_prompt(100 + seed, tools)
     first = await stream_chat(session, url, model, opening(system), 8)
     other = await stream_chat(session, url, model, opening(system, "which file is largest?"), 8)
     return other["ttft_s"], first["ttft_s"]
 
 
-async def concurrent(session, url, model, round_no: int, tools: int) -> float:
-    prompts = [f"client {c}. " + system_prompt(round_no * 10 + c, tools // 4) for c in range(4)]
+async def concurrent(session, url, model, seed: int, tools: int) -> float:
+    prompts = [f"client {c}. " + system_prompt((200 + seed) * 10 + c, tools // 4) for c in range(4)]
     runs = await asyncio.gather(*(stream_chat(session, url, model, [{"role": "user", "content": p}], 16)
                                   for p in prompts))
     return statistics.median(r["ttft_s"] for r in runs)
 
 
-async def prefill_itl(session, url, model, round_no: int, tools: int) -> dict:
+async def prefill_itl(session, url, model, seed: int, tools: int) -> dict:
     times: list[float] = []
-    decoding = await decoding_row(session, url, model, f"round {round_no}", times, 400, ignore_eos=False)
-    long = await stream_chat(session, url, model, [{"role": "user", "content": system_prompt(1000 + round_no, tools)}], 4)
+    decoding = await decoding_row(session, url, model, f"round {seed}", times, 400, ignore_eos=False)
+    prompt = [{"role": "user", "content": system_prompt(1000 + seed, tools)}]
+    long = await stream_chat(session, url, model, prompt, 4)
     await decoding
-    return itl_window(times, long["sent"], long["first"])
+    return itl_windows(times, [(long["sent"], long["first"])])
+
+
+#: The scenarios on the two servers past `turns`, each one measurement a round (`prefill_itl` native only).
+ON_SERVERS = {"shared": shared, "concurrent": concurrent, "prefill_itl": prefill_itl}
 
 
 async def decoding_row(session, url: str, model: str, label: str, times: list, tokens: int = 4000,
                        ignore_eos: bool = True) -> asyncio.Task:
-    """A streaming row, a plain completion (`tokens` tokens, its chunks' times in `times`) that has decoded
-    its first 20, before anything is sent beside it."""
+    """A streaming plain completion (its chunks' times in `times`) that has decoded its first 20 tokens,
+    before anything is sent beside it."""
     decoding = asyncio.create_task(stream_chat(session, url, model, f"# {label}\nimport os\n", tokens, times,
                                                ignore_eos=ignore_eos))
     while len(times) < 20:
@@ -294,7 +317,7 @@ async def decoding_row(session, url: str, model: str, label: str, times: list, t
 
 @asynccontextmanager
 async def beside_a_row(session, url: str, label: str):
-    """A decoding row (`decoding_row`) to measure the block beside: its chunks' times, the row stopped after."""
+    """A decoding row to measure the block beside: its chunks' times, the row stopped after."""
     times: list[float] = []
     decoding = await decoding_row(session, url, "bench", label, times)
     try:
@@ -307,7 +330,7 @@ async def beside_a_row(session, url: str, label: str):
 
 async def shared_servers(session, args, target: Path, head: Path, workdir: Path, on: set, samples: dict) -> str | None:
     """The scenarios on the two servers, started once and used alternately; the turns' prompt sizes."""
-    servers = start_servers(target, head, args.depth, workdir, SERVERS)
+    servers = start_servers(target, head, DEPTH, workdir, SERVERS)
     models = {"native+mtp": "bench", "mlx_lm.server": str(target)}
     prompt_tokens = None
     try:
@@ -316,20 +339,15 @@ async def shared_servers(session, args, target: Path, head: Path, workdir: Path,
                 url, model, got = servers[name].url, models[name], samples[name]
                 seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
                 by_mode = {mode: await conversation_turns(url, model, system_prompt(seed * 10 + m, args.tools),
-                                                          THINKING[mode], f"agent-{rnd}-{name}-{mode}")
-                           for m, mode in enumerate(args.thinking)} if "turns" in on else {}
-                ttfts, tokens = by_mode.get(args.thinking[0], ([], []))
-                other = (await shared(session, url, model, system_prompt(100 + seed, args.tools))
-                         if "shared" in on else None)
-                conc = await concurrent(session, url, model, 200 + seed, args.tools) if "concurrent" in on else None
-                itl = (await prefill_itl(session, url, model, seed, args.tools)
-                       if name == "native+mtp" and "prefill_itl" in on else None)
-                print(f"round {rnd} {name}: turns {[round(t, 3) for t in ttfts]} shared {other} 4-clients {conc}"
-                      + (f" itl median {itl['median_s']} p99 {itl['p99_s']}" if itl else ""), file=sys.stderr)
+                                                          thinking, f"agent-{rnd}-{name}-{mode}")
+                           for m, (mode, thinking) in enumerate(THINKING.items())} if "turns" in on else {}
+                ttfts, tokens = by_mode.get("off", ([], []))
+                now = {key: await measure(session, url, model, seed, args.tools) for key, measure in ON_SERVERS.items()
+                       if key in on and (key != "prefill_itl" or name == "native+mtp")}
+                print(f"round {rnd} {name}: turns {[round(t, 3) for t in ttfts]} {now}", file=sys.stderr)
                 if keep:
-                    for key, value in (("turns", ttfts), ("shared", other), ("concurrent", conc),
-                                       ("prefill_itl", itl if itl and itl["n"] else None)):
-                        if value:
+                    for key, value in {"turns": ttfts, **now}.items():
+                        if value and (key != "prefill_itl" or value["n"]):
                             got[key].append(value)
                     for mode, (t, _) in by_mode.items():
                         got["turns_by_thinking"].setdefault(mode, []).append(t)
@@ -345,14 +363,13 @@ async def shared_servers(session, args, target: Path, head: Path, workdir: Path,
 
 
 @contextmanager
-def native_worker(target: Path, head: Path, depth: int, logdir: Path, name: str, *, program: str | None = None,
+def native_worker(target: Path, head: Path, logdir: Path, name: str, *, program: str | None = None,
                   cache_dir: Path | None = None, cache_gib: float | None = None):
-    """One native worker of 2 rows with the MTP head at the default prefix-cache budget (or `cache_gib`),
-    healthy, stopped (SIGTERM: its queued writes finish within its grace) when the block ends;
-    `cache_dir`: its disk tier's directory; `program`: another build's `mtpstack`."""
+    """A healthy native worker of 2 rows with the MTP head, its prefix cache at the default budget (or `cache_gib`)
+    and its disk tier in `cache_dir`, run by `program` (another build's `mtpstack`); SIGTERM after the block."""
     port = free_port()
     cache = {"dir": str(cache_dir) if cache_dir else None, **({"maxGiB": cache_gib} if cache_gib is not None else {})}
-    argv = worker_command(worker_profile(target, head, depth, port, width=2, prefixCache=cache), program)
+    argv = worker_command(worker_profile(target, head, DEPTH, port, width=2, prefixCache=cache), program)
     w = start_workers({name: (argv, port)}, logdir)[name]
     try:
         yield w
@@ -377,13 +394,13 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
     names = [series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
     cache = workdir / f"restart-cache-{rnd}"
     messages = opening(system_prompt(500 + rnd, args.tools))
-    with native_worker(target, head, args.depth, workdir, f"restart-{rnd}-a", cache_dir=cache) as w:
+    with native_worker(target, head, workdir, f"restart-{rnd}-a", cache_dir=cache) as w:
         first = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
     writes = tier_writes(w.log_path)
     messages = messages + [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": FOLLOW_UPS[0]}]
 
     async def next_turn(label: str, cache: Path) -> dict:
-        with native_worker(target, head, args.depth, workdir, f"restart-{rnd}-{label}", cache_dir=cache) as w:
+        with native_worker(target, head, workdir, f"restart-{rnd}-{label}", cache_dir=cache) as w:
             before = scrape(w.url, names)
             r = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
             return {**r, **{k: v - before[k] for k, v in scrape(w.url, names).items()}}
@@ -397,22 +414,22 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
 
 
 async def restore_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
-    """A decoding row's gaps while a prompt is restored from disk beside it `--restores` times, for this
+    """A decoding row's gaps while a prompt is restored from disk beside it `RESTORES` times, for this
     checkout and `--baseline` (each on a copy of one primed directory), the order alternating by round."""
-    names = [series.PREFIX_CACHE_DISK_HITS, series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
+    names = [series.PREFIX_CACHE_DISK_HITS, series.PREFIX_CACHE_DISK_READ_BYTES,
+             series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
     messages = opening(system_prompt(900 + rnd, args.tools))
     primed = workdir / f"restore-primed-{rnd}"
-    with native_worker(target, head, args.depth, workdir, f"restore-{rnd}-prime", cache_gib=SPILL_GIB,
-                       cache_dir=primed) as w:
+    with native_worker(target, head, workdir, f"restore-{rnd}-prime", cache_gib=SPILL_GIB, cache_dir=primed) as w:
         await stream_chat(session, w.url, "bench", messages, 1)  # stopped after: the snapshots are on disk
     programs, out = builds(args), {}
     for b, build in enumerate(rotated(list(programs), rnd)):
         cache = Path(shutil.copytree(primed, workdir / f"restore-{rnd}-{b}"))
-        with native_worker(target, head, args.depth, workdir, f"restore-{rnd}-{b}", program=programs[build],
+        with native_worker(target, head, workdir, f"restore-{rnd}-{b}", program=programs[build],
                            cache_gib=SPILL_GIB, cache_dir=cache) as w:
             async with beside_a_row(session, w.url, f"restore {rnd}") as times:
                 before, windows = scrape(w.url, names), []
-                for _ in range(args.restores):
+                for _ in range(RESTORES):
                     r = await stream_chat(session, w.url, "bench", messages, 1)
                     windows.append((r["sent"], r["first"]))
                 after = scrape(w.url, names)
@@ -426,30 +443,30 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
     """The decoding row's gaps while the flood arrives: memory only, and with a disk tier."""
     out = {}
     for variant in rotated(["memory", "disk"], rnd):
-        with native_worker(target, head, args.depth, workdir, f"spill-{rnd}-{variant}", cache_gib=SPILL_GIB,
+        with native_worker(target, head, workdir, f"spill-{rnd}-{variant}", cache_gib=SPILL_GIB,
                            cache_dir=workdir / f"spill-cache-{rnd}" if variant == "disk" else None) as w:
             async with beside_a_row(session, w.url, f"spill {rnd}") as times:
                 start = time.perf_counter()
-                for i in range(args.spill_prompts):
+                for i in range(SPILL_PROMPTS):
                     prompt = system_prompt(700 + rnd * 50 + i, args.tools // 2)
                     await stream_chat(session, w.url, "bench", [{"role": "user", "content": prompt}], 1)
                 end = time.perf_counter()
             writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
-        out[variant] = {**itl_window(times, start, end), "disk_writes": writes[series.PREFIX_CACHE_DISK_WRITES],
+        out[variant] = {**itl_windows(times, [(start, end)]), "disk_writes": writes[series.PREFIX_CACHE_DISK_WRITES],
                         "evictions": writes[series.PREFIX_CACHE_EVICTIONS]}
     return out
 
 
 def memory_flood(head: Path, args, workdir: Path, build: str, program: str | None) -> dict:
-    """`--flood` distinct prompts of `--flood-tokens` token ids, one after another, into one worker of
+    """`--flood` distinct prompts of `FLOOD_TOKENS` token ids, one after another, into one worker of
     the shipped demo pair at the default budget; resident memory and the gauge after each."""
     from mtpstack.worker.demo import DEMO_TARGET
 
     rng, after = random.Random(11), []
-    with native_worker(Path(DEMO_TARGET), head, args.depth, workdir, f"memory-{build}", program=program) as w:
+    with native_worker(Path(DEMO_TARGET), head, workdir, f"memory-{build}", program=program) as w:
         idle = memory_kib(w.pid)["VmRSS"] / 1024
         for i in range(args.flood):
-            prompt = [rng.randrange(3, 1000) for _ in range(args.flood_tokens)]
+            prompt = [rng.randrange(3, 1000) for _ in range(FLOOD_TOKENS)]
             post_json(w.url, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0},
                       timeout=REQUEST_TIMEOUT)
             gauge = scrape(w.url, [series.PREFIX_CACHE_BYTES])[series.PREFIX_CACHE_BYTES] / 2**20
@@ -460,21 +477,194 @@ def memory_flood(head: Path, args, workdir: Path, build: str, program: str | Non
     return {"build": build, "idle_rss_mib": idle, "after": after}
 
 
+# -- `claude_code`: Claude Code's turns against `mtpstack up`'s demo ----------------------
+
+
+@asynccontextmanager
+async def relay(upstream: str):
+    """A relay in front of the proxy while the block runs: its URL, and a record per `/v1/messages` of its
+    time to the first content block and the usage `message_start` reports."""
+    records: list[dict] = []
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        record = {"path": request.path, "status": None, "ttft_s": None, "usage": None, "final_usage": None,
+                  "billing": billing_of(body)}
+        async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
+            record["status"] = up.status
+            kept = {k: v for k, v in up.headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
+            resp = web.StreamResponse(status=up.status, headers=kept)
+            await resp.prepare(request)
+            buffer = b""
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    observe(record, event, time.perf_counter() - arrived)
+            await resp.write_eof()
+        if request.path.startswith("/v1/messages") and not request.path.endswith("count_tokens"):
+            records.append(record)
+        return resp
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner, port = web.AppRunner(app, access_log=None), free_port()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=REQUEST_TIMEOUT)) as session:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            yield url_of("127.0.0.1", port), records
+        finally:
+            await runner.cleanup()
+
+
+def billing_of(body: bytes) -> str | None:
+    """The billing line Claude Code sends as its first system block, if any."""
+    try:
+        system = json.loads(body).get("system")
+    except (ValueError, AttributeError):
+        return None
+    first = system[0] if isinstance(system, list) and system and isinstance(system[0], dict) else {}
+    text = first.get("text")
+    return text if isinstance(text, str) and text.startswith("x-anthropic-billing-header:") else None
+
+
+def changing_fields(lines: list[str | None]) -> list[str]:
+    """The fields of the billing lines that differ between requests, in the order first seen."""
+    seen: dict[str, set[str]] = {}
+    for line in lines:
+        for field in (line or "").split(":", 1)[-1].split(";"):
+            key, _, value = field.strip().partition("=")
+            if key:
+                seen.setdefault(key, set()).add(value)
+    return [k for k, values in seen.items() if len(values) > 1]
+
+
+def observe(record: dict, event: bytes, elapsed: float) -> None:
+    """Fold one server-sent event into a request's record."""
+    data = next((line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")), None)
+    try:
+        payload = json.loads(data) if data is not None else None
+    except ValueError:
+        return
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    if kind == "message_start":
+        record["usage"] = payload["message"]["usage"]
+    elif kind == "content_block_start" and record["ttft_s"] is None:
+        record["ttft_s"] = round(elapsed, 3)
+    elif kind == "message_delta":
+        record["final_usage"] = payload.get("usage")
+
+
+def _prompt(r: dict) -> int:
+    return r["usage"]["input_tokens"] + r["usage"].get("cache_read_input_tokens", 0)
+
+
+def turn_requests(records: list[dict]) -> list[dict]:
+    """A turn's own requests, in order: those with a prompt at least half the longest (Claude Code may
+    send small side requests). The first is the turn's; one after it carries a tool's result."""
+    full = [r for r in records if r["usage"]]
+    longest = max((_prompt(r) for r in full), default=0)
+    return [r for r in full if _prompt(r) * 2 >= longest]
+
+
+def claude_lines(result: dict) -> list[str]:
+    """A row per turn: its prompt, TTFT and cache reuse, median (min-max) over the rounds."""
+    lines = ["| turn | prompt tokens | TTFT s, median (min-max) | cache_read_input_tokens, median (min-max) | n |",
+             "|---|---|---|---|---|"]
+    for label in (x for t, *_ in CLAUDE_TURNS for x in (t, AFTER_RESULT.format(t))):
+        if turns := [r[label] for r in result["rounds"] if r.get(label)]:
+            ttft, read, prompt = (spread([t[key] for t in turns])
+                                  for key in ("ttft_s", "cache_read_input_tokens", "prompt_tokens"))
+            lines.append(f"| {label} | {prompt['median']:,.0f} | {fmt(ttft, '', 2, count=False)} | "
+                         f"{read['median']:,.0f} ({read['min']:,.0f}-{read['max']:,.0f}) | {len(turns)} |")
+    changing = ", ".join(result.get("changing_fields") or []) or "none"
+    mode = f"first-party mode, billing fields changing per request: {changing}" if result.get("first_party") \
+        else "default mode"
+    load = {when: " ".join(map(str, result.get(f"loadavg_{when}") or ["?"])) for when in ("before", "after")}
+    return lines + [f"Claude Code {result['claude_version']} ({mode}); load average before {load['before']}, "
+                    f"after {load['after']}."]
+
+
+async def claude_round(claude: Path, work: Path, first_party: bool) -> dict:
+    """`CLAUDE_TURNS` through the relay to a fresh `mtpstack up` demo fleet: each turn's requests."""
+    from mtpstack.up import DEMO_MODEL, default_fleet
+
+    config = default_fleet()
+    config["proxy"]["port"], config["workers"]["demo"]["port"] = free_port(), free_port()
+    (work / "fleet.json").write_text(json.dumps(config))
+    up = Process([sys.executable, "-m", "mtpstack", "up", str(work / "fleet.json"), "--run-dir", str(work / "run")],
+                 log_path=work / "up.log", name="demo", kind="up", url=url_of("127.0.0.1", config["proxy"]["port"]))
+    up.start()
+    try:
+        try:
+            up.wait_ready("/readyz", 300)  # the proxy `mtpstack up` starts, ready once its worker is
+        except StartError as e:
+            raise SystemExit(f"error: `mtpstack up` was not ready: {e}") from None
+        out: dict = {}
+        async with relay(up.url) as (relay_url, records):
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"), "NO_COLOR": "1",
+                   "ANTHROPIC_BASE_URL": relay_url, "ANTHROPIC_AUTH_TOKEN": "bench", "ANTHROPIC_MODEL": DEMO_MODEL,
+                   "ANTHROPIC_SMALL_FAST_MODEL": DEMO_MODEL, "DISABLE_TELEMETRY": "1",
+                   "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(FIRST_PARTY_ENV if first_party else {})}
+            (work / "home").mkdir()
+            for label, prompt, again, folder in CLAUDE_TURNS:
+                cwd = work / folder
+                cwd.mkdir(exist_ok=True)
+                (cwd / "a.txt").write_text("hello\n")
+                before = len(records)
+                argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3",
+                        "--allowedTools", "Bash,Read"]
+                done = await asyncio.to_thread(subprocess.run, argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               capture_output=True, text=True, timeout=REQUEST_TIMEOUT)
+                requests = turn_requests(records[before:])
+                if done.returncode != 0 or not requests:
+                    raise SystemExit(f"error: turn `{label}`: claude exited {done.returncode}, "
+                                     f"{len(records) - before} requests\n{done.stderr[-2000:]}")
+                for name, request in zip((label, AFTER_RESULT.format(label)), requests):
+                    out[name] = {"ttft_s": request["ttft_s"], "prompt_tokens": _prompt(request),
+                                 "cache_read_input_tokens": request["usage"].get("cache_read_input_tokens", 0),
+                                 "output_tokens": (request["final_usage"] or {}).get("output_tokens"),
+                                 "requests": len(records) - before, "exit": done.returncode}
+                    print(f"  {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
+            out["billing"] = [r["billing"] for r in records]
+        return out
+    finally:
+        up.interrupt()
+
+
+async def claude_code(args, workdir: Path) -> dict:
+    """Claude Code's turns, a fresh fleet each round; the billing fields that changed between requests."""
+    version = subprocess.run([str(args.claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    result = {"claude_version": version, "first_party": args.first_party, "loadavg_before": loadavg(), "rounds": []}
+    for rnd, keep in rounds(args.warmup, args.rounds):
+        work = workdir / f"claude-{rnd}"
+        work.mkdir()
+        got = await claude_round(args.claude, work, args.first_party)
+        if keep:
+            result["rounds"].append(got)
+    result["changing_fields"] = changing_fields([b for r in result["rounds"] for b in r.pop("billing")])
+    return {**result, "loadavg_after": loadavg()}
+
+
 #: The scenarios of workers of their own measured in rounds, and the summary of each.
 OWN_ROUNDS = {"restart": (restart_round, restart_summary), "spill_itl": (spill_round, spill_summary),
               "restore_itl": (restore_round, restore_summary)}
 
 
 async def run(args) -> dict:
-    import aiohttp
-
     workdir = Path(tempfile.mkdtemp(prefix="agent-bench-"))
-    widen = (1, 0) if args.quick else (args.mlp_multiplier, args.extra_layers)
-    target, head, source = demo_pair(workdir, *widen, CONTEXT)
-    source += " (a speed measurement: text past the trained length is not judged)"
-    print(f"models: {source}", file=sys.stderr)
-    on = set(args.only or SCENARIOS)
-    samples: dict = {name: {"turns": [], "turns_by_thinking": {}, "shared": [], "concurrent": [], "prefill_itl": []} for name in SERVERS}
+    on = set(args.only or (name for name in SCENARIOS if name != "claude_code"))
+    target = head = source = None
+    if on - {"claude_code"}:
+        target, head, source = demo_pair(workdir, *((1, 0) if args.quick else WIDEN), CONTEXT)
+        source += " (a speed measurement: text past the trained length is not judged)"
+        print(f"models: {source}", file=sys.stderr)
+    samples: dict = {name: {"turns": [], "turns_by_thinking": {}, "shared": [], "concurrent": [], "prefill_itl": []}
+                     for name in SERVERS if on - OWN_WORKERS}
     prompt_tokens, summary = None, {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
         if on - OWN_WORKERS:
@@ -492,7 +682,9 @@ async def run(args) -> dict:
         samples["memory"] = [memory_flood(head, args, workdir, build, program)
                              for build, program in builds(args).items()]
         summary["memory"] = memory_summary(samples["memory"])
-    return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": args.depth, "tools": args.tools,
+    if "claude_code" in on:
+        summary["claude_code"] = await claude_code(args, workdir)
+    return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": DEPTH, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": {**summarize_samples(samples), **summary}}
 
 
@@ -500,23 +692,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--depth", type=int, default=3)
     p.add_argument("--tools", type=int, default=40, help="tool lines in the system prompt (default: 40)")
-    p.add_argument("--mlp-multiplier", type=int, default=8)
-    p.add_argument("--extra-layers", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="the shipped demo unwidened, 1 round, no warm-up, 12 tools")
-    p.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios (default: all)")
-    p.add_argument("--thinking", nargs="+", choices=list(THINKING), default=list(THINKING),
-                   help="the turns with the template's thinking off and/or on (default: both)")
-    p.add_argument("--spill-prompts", type=int, default=4, help="`spill_itl`: distinct prompts sent beside the row (default: 4)")
-    p.add_argument("--restores", type=int, default=4, help="`restore_itl`: restores from disk beside the row (default: 4)")
+    p.add_argument("--only", nargs="+", choices=SCENARIOS, help="these scenarios (default: all but claude_code)")
     p.add_argument("--flood", type=int, default=8, help="`memory`: distinct prompts sent (default: 8)")
-    p.add_argument("--flood-tokens", type=int, default=8192, help="`memory`: tokens per prompt (default: 8192)")
-    p.add_argument("--baseline", help="`memory`, `restore_itl`: the same with a worker run by this `mtpstack` (another build)")
+    p.add_argument("--baseline", help="`memory`, `restore_itl`: also a worker run by this `mtpstack` (another build)")
+    p.add_argument("--claude", type=Path, default=Path(os.environ.get("MTPSTACK_CLAUDE") or CLAUDE),
+                   help="`claude_code`: the `claude` binary (default: .claude-code/, from scripts/bootstrap-npm)")
+    p.add_argument("--first-party", action="store_true", help="`claude_code`: Claude Code in its first-party mode")
     p.add_argument("--out", help="write the JSON report here instead of stdout")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.warmup, args.tools = 1, 0, 12
+    if "claude_code" in (args.only or []) and not args.claude.exists() and shutil.which(str(args.claude)) is None:
+        p.error(f"no Claude Code at {args.claude}; run scripts/bootstrap-npm or pass --claude")
     ensure_preload()
     report = asyncio.run(run(args))
     return emit(report, format_lines(report), args.out)
