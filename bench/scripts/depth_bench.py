@@ -6,11 +6,10 @@ auto`, `maxDepth` the deepest fixed depth; a fixed depth is a request's `num_dra
 the same argv and its weights are proven from it), in an order rotated each round. Per width and workload: a
 warm-up request, then a greedy pass of `--prompts` prompts, its tokens over its wall time; median (min-max) over
 rounds, `auto`'s ratios to the best fixed depth and to depth 0, and the depths its steps ran at (docs/bench.md).
+Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (`auto` drawn at its mean depth).
 
     python bench/scripts/depth_bench.py --out bench-depth           # 2 pairs x 3 workloads x widths 1, 4
     python bench/scripts/depth_bench.py --rounds 3 --pairs demo-wide --widths 1
-
-Writes DIR/results.json (every pass), DIR/report.md and DIR/depth.png (`auto` drawn at its mean depth).
 """
 
 from __future__ import annotations
@@ -26,18 +25,21 @@ from pathlib import Path
 
 import aiohttp
 
+from mtpstack import series
 from mtpstack.bench.parts import demo_pair, ensure_preload, fmt, rotated, spread
 from mtpstack.bench.report import figure, save_figure
-from mtpstack.bench.servers import worker_profile
+from mtpstack.bench.servers import metrics, worker_profile
 from mtpstack.bench.sweep import (Expected, SweepError, check_weights, load_prompts, local_hash, parse_depths,
                                   parse_widths, run_pass, start_worker)
+from mtpstack.proxy.prometheus import labelled
+from mtpstack.runtime import free_port
+from mtpstack.validator import WorkerProfile
 
 AUTO = "auto"
 WORKLOADS = ("code", "prose", "tool")
-#: The weak pair's head: noise of this many standard deviations in its input projection (acceptance
-#: about 0.25 at depth 3 on the demo target, against 0.64 for the head as trained).
-WEAK_NOISE = 1.0
 PAIRS = ("demo-wide", "weak-head")
+#: The weak head's input-projection noise in standard deviations (acceptance ~0.25 at depth 3, trained 0.64).
+WEAK_NOISE = 1.0
 #: The warm-up request's length: enough to compile every step shape, short beside a measured pass.
 WARMUP_TOKENS = 16
 
@@ -51,19 +53,14 @@ def prepare(workdir: Path, args) -> dict[str, tuple[Path, Path]]:
     return {name: pairs[name] for name in args.pairs}
 
 
-async def depth_steps(session, url: str) -> dict[str, float]:
-    from mtpstack import series
-    from mtpstack.proxy.prometheus import labelled, parse_samples
-
-    async with session.get(url + "/metrics") as resp:
-        samples = parse_samples(await resp.text())
-    return {labels["depth"]: value for labels, value in labelled(samples, series.DRAFT_DEPTH_STEPS)}
+def depth_steps(url: str) -> dict[str, float]:
+    """The worker's steps so far by draft depth (read between passes, so the blocking read waits on nothing)."""
+    return {labels["depth"]: value for labels, value in labelled(metrics(url), series.DRAFT_DEPTH_STEPS)}
 
 
 async def measure(proc, config, prompts: dict, args) -> dict:
     """One process: per width and workload a warm-up request and a measured pass."""
-    # `ignore_eos`: the demo target ends most answers within ten tokens, and a pass of those would time
-    # prefill and HTTP, not the decoding the depth changes.
+    # `ignore_eos`: the demo target ends most answers within ten tokens; a pass of those would time prefill and HTTP.
     extra = {"ignore_eos": True, **({} if config == AUTO else {"num_draft_tokens": config})}
     out = {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
@@ -71,9 +68,9 @@ async def measure(proc, config, prompts: dict, args) -> dict:
         for width in args.widths:
             for workload in args.workloads:
                 await run_pass(session, proc.url, "bench", prompts[workload][:1], WARMUP_TOKENS, 1, extra)
-                before = await depth_steps(session, proc.url)
+                before = depth_steps(proc.url)
                 p = await run_pass(session, proc.url, "bench", prompts[workload], args.max_tokens, width, extra)
-                after = await depth_steps(session, proc.url)
+                after = depth_steps(proc.url)
                 steps = {d: after[d] - before.get(d, 0.0) for d in after if after[d] - before.get(d, 0.0) > 0}
                 out[f"{workload}@{width}"] = {"tps": p["e2e_tps"], "acceptance": p["acceptance"], "steps_by_depth": steps,
                                               "outputs": [r["output_sha256"] for r in p["requests"]]}
@@ -81,9 +78,6 @@ async def measure(proc, config, prompts: dict, args) -> dict:
 
 
 def run_pair(name: str, target: Path, head: Path, args, logdir: Path) -> dict:
-    from mtpstack.runtime import free_port
-    from mtpstack.validator import WorkerProfile
-
     prompts = {w: load_prompts(w)[: args.prompts] for w in args.workloads}
     configs = [*args.depths, AUTO]
     passes: dict[str, dict[str, list[dict]]] = {str(c): {} for c in configs}

@@ -1,12 +1,12 @@
 """Distributed worker benchmark: one process against two ranks of MLX's ring backend on loopback.
 
-Configurations, each with and without the MTP head, started afresh one at a time in an order rotated each round:
-`one`, the native worker in one process; `tensor`, two ranks, every layer split (mlx-lm's `shard`); `pipeline`,
-two ranks, each a run of layers. Measured: decode tok/s end to end at widths 1 and 4, median and min-max over
-rounds after discarded warm-up rounds, and its ratio to `one` with the same head setting. Greedy texts must
-match `one`'s: pipeline token for token; tensor sums its partials in another order, so a near-tie may break
-(a note says where). Both ranks share one machine's cores: a floor on what their exchanges cost, not a speed
-claim for a Thunderbolt ring.
+Configurations, each with and without the MTP head, started afresh one at a time (idle ranks poll inside their
+collectives and would tax the one measured) in an order rotated each round: `one`, the native worker in one
+process; `tensor`, two ranks, every layer split (mlx-lm's `shard`); `pipeline`, two ranks, each a run of layers.
+Measured: decode tok/s end to end at widths 1 and 4, median and min-max over rounds after discarded warm-up
+rounds, and its ratio to `one` with the same head setting. Greedy texts must match `one`'s: pipeline token for
+token; tensor sums its partials in another order, so a near-tie may break (a note says where). Both ranks share
+one machine's cores: a floor on what their exchanges cost, not a speed claim for a Thunderbolt ring.
 
 `--lose-rank`: how soon a distributed worker notices a lost rank instead. Two idle tensor ranks of the tiny
 hybrid pair; rank 1 killed (`kill -9`) or hung (`kill -STOP`); the time until rank 0's `/health` stops
@@ -15,8 +15,6 @@ answering 200 and until it exits, median and min-max over `--repeats`.
     python bench/scripts/distributed_bench.py --out bench-distributed.json   # the demo pair, target widened
     python bench/scripts/distributed_bench.py --target DIR --drafter DIR
     python bench/scripts/distributed_bench.py --lose-rank --repeats 3
-
-JSON (samples and summaries) to stdout or --out; a readable table to stderr.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from pathlib import Path
 
 from mtpstack.bench import parts
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, model_options, post_json,
-                                  prepare_models, round_options, rotated, rounds, run_meta, spread)
+                                  prepared_pair, round_options, rotated, rounds, run_meta, spread)
 from mtpstack.bench.servers import worker_profile
 
 #: Configuration (`one+mtp`, `one`, `tensor+mtp`, ...) -> (strategy, or None for one process; with the head).
@@ -51,11 +49,8 @@ SETTLE_SECONDS = 2.0
 fmt = functools.partial(parts.fmt, digits=1)
 
 
-# -- pure parts (tested in tests/bench/test_distributed_bench_format.py) --------------------
-
-
 def baseline_of(name: str) -> str:
-    """The one-process configuration a configuration is compared with: same head setting."""
+    """The one-process configuration with the same head setting."""
     return "one+mtp" if name.endswith("+mtp") else "one"
 
 
@@ -70,13 +65,13 @@ def ratios(summary: dict) -> dict:
     return out
 
 
-def report_lines(summary: dict, rel: dict, notes: list[str]) -> list[str]:
-    widths = sorted({w for by_width in summary.values() for w in by_width}, key=int)
+def report_lines(tok_s: dict, ratio: dict, notes: list[str]) -> list[str]:
+    widths = sorted({w for by_width in tok_s.values() for w in by_width}, key=int)
     lines = ["tok/s, median (min-max, n); x: over one process with the same head setting"]
-    for name, by_width in summary.items():
+    for name, by_width in tok_s.items():
         cells = []
         for w in widths:
-            r = rel.get(name, {}).get(w)
+            r = ratio.get(name, {}).get(w)
             cells.append(f"width {w}: {fmt(by_width.get(w, {}))}" + (f" {r:.2f}x" if r is not None and not name.startswith("one") else ""))
         lines.append(f"  {name:<13} " + "; ".join(cells))
     return lines + [f"note: {n}" for n in notes]
@@ -88,11 +83,8 @@ def loss_line(name: str, runs: list[dict]) -> str:
             f"{parts.fmt(e, ' s', count=False)}, exit codes {sorted({r['exit_code'] for r in runs})}, n={u['n']}")
 
 
-# -- running -------------------------------------------------------------------------------
-
-
 class Server:
-    """One worker's processes (one, or one per rank of two on loopback), started as `mtpstack up` starts them."""
+    """A worker's processes (one, or two ranks on loopback) as `mtpstack up` starts them, for a `with` block."""
 
     def __init__(self, name: str, strategy: str | None, logdir: Path, target: Path, head: Path | None, depth: int,
                  width: int, **fields):
@@ -114,19 +106,23 @@ class Server:
         self.procs = [Process(argv, log_path=logdir / f"{name}-rank{r}.log", name=f"{name}/{r}", kind="worker", url=self.url,
                               env=worker_env({**os.environ, **env})) for r, env in enumerate(envs)]
 
-    def start(self) -> "Server":
-        for p in reversed(self.procs):
-            p.start()
+    def __enter__(self) -> "Server":
+        try:
+            for p in reversed(self.procs):
+                p.start()
+        except BaseException:
+            self.__exit__()  # rank 1 may be up already
+            raise
         return self
 
     def wait(self, timeout: float = START_TIMEOUT) -> None:
         self.procs[0].wait_ready("/health", timeout, state="healthy")
 
-    def stop(self, timeout: float = 10) -> None:
+    def __exit__(self, *exc) -> None:
         for p in self.procs:
             with contextlib.suppress(Exception):
                 p.signal(signal.SIGCONT)  # a rank hung by `--lose-rank` stops as any other
-            p.stop(timeout=timeout)
+            p.stop(timeout=10)
 
 
 def measure(url: str, width: int, max_tokens: int, rnd: int) -> tuple[float, list[str]]:
@@ -145,27 +141,21 @@ def measure(url: str, width: int, max_tokens: int, rnd: int) -> tuple[float, lis
 
 
 def run(args) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="distributed-bench-"))
-    target, head, source = prepare_models(args, workdir)
-    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
-    samples: dict = {name: {str(w): [] for w in WIDTHS} for name in args.configs}
+    workdir, target, head, source = prepared_pair(args, "distributed-bench-")
+    samples: dict = {name: {str(w): [] for w in WIDTHS} for name in CONFIGS}
     notes: list[str] = []
     for rnd, keep in rounds(args.warmup, args.repeats):
         texts: dict = {w: {} for w in WIDTHS}
-        # One configuration runs at a time (idle ranks poll inside their collectives and would tax
-        # the one measured); the order rotates each round so drift on a shared machine spreads out.
-        for name in rotated(args.configs, rnd):
+        for name in rotated(list(CONFIGS), rnd):
             strategy, with_head = CONFIGS[name]
-            server = Server(name, strategy, workdir, target, head if with_head else None, args.depth, max(WIDTHS))
-            try:
-                server.start().wait()
+            drafter = head if with_head else None
+            with Server(name, strategy, workdir, target, drafter, args.depth, max(WIDTHS)) as server:
+                server.wait()
                 measure(server.url, max(WIDTHS), 4, rnd)  # discarded: the first forwards of a fresh process
                 for width in WIDTHS:
                     tok_s, texts[width][name] = measure(server.url, width, args.max_tokens, rnd)
                     if keep:
                         samples[name][str(width)].append(tok_s)
-            finally:
-                server.stop()
         for width, by_name in texts.items():
             for name, t in by_name.items():
                 one = by_name.get(baseline_of(name))
@@ -182,12 +172,11 @@ def run(args) -> dict:
 
 
 def lose_rank(target: Path, head: Path, sig: int, logdir: Path, n: int) -> dict:
-    """Two idle ranks; rank 1 lost to `sig`: seconds until rank 0's `/health` is not 200, until it exits, its code."""
+    """Two idle ranks, rank 1 lost to `sig`: seconds until rank 0's `/health` is not 200 and until it exits."""
     from mtpstack.runtime import http_status
 
-    server = Server(f"loss{n}-{sig}", "tensor", logdir, target, head, 3, 2, model="tiny").start()
-    rank0, rank1 = server.procs
-    try:
+    with Server(f"loss{n}-{sig}", "tensor", logdir, target, head, 3, 2, model="tiny") as server:
+        rank0, rank1 = server.procs
         server.wait(120)
         time.sleep(SETTLE_SECONDS)
         rank1.signal(sig)
@@ -197,8 +186,6 @@ def lose_rank(target: Path, head: Path, sig: int, logdir: Path, n: int) -> dict:
         unhealthy = time.monotonic() - start
         code = rank0.wait(timeout=60)
         return {"unhealthy_s": unhealthy, "exited_s": time.monotonic() - start, "exit_code": code}
-    finally:
-        server.stop(timeout=5)
 
 
 def run_loss(args) -> int:
@@ -215,7 +202,6 @@ def run_loss(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     model_options(p, depth_help="draft depth with the head")
-    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="configurations (default: all)")
     round_options(p, repeats=5)
     p.add_argument("--lose-rank", action="store_true", help="time how soon a lost rank is noticed instead (`--repeats` "
                    "runs per signal, on the tiny hybrid pair)")
@@ -227,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lose_rank:
         return run_loss(args)
     result = run(args)
-    lines = report_lines(result["summary"]["tok_s"], result["summary"]["ratio"], result["summary"]["notes"])
-    return emit(result, lines, args.out)
+    return emit(result, report_lines(**result["summary"]), args.out)
 
 
 if __name__ == "__main__":

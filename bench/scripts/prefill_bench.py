@@ -6,13 +6,11 @@ of each `--lengths` (real Python source, the round's tag first), prompt tokens o
 the server's peak resident memory; `beside`, 1 and 3 greedy streams decoding while a fresh prompt of the first
 length prefills: their rate over their rate on the same tokens alone (`kept`) and just before (`kept_vs_before`),
 their longest gap, the prompt's TTFT over its time alone; `warm`, a conversation's next turn after a ~3k-token
-file read: its TTFT and the prefix the cache held. The method, and why `kept` runs the streams again alone:
-docs/bench.md, "Long prompts".
+file read: its TTFT and the prefix the cache held. Medians with min-max over rounds; the method, and why `kept`
+runs the streams again alone: docs/bench.md, "Long prompts".
 
     python bench/scripts/prefill_bench.py --out bench-prefill.json                 # 8k and 30k, 2 rounds
     python bench/scripts/prefill_bench.py --lengths 8192 --rounds 3 --configs native+mtp mlx_lm.server
-
-Medians with min-max over rounds; the JSON (stdout or --out) keeps every sample.
 """
 
 from __future__ import annotations
@@ -22,22 +20,19 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import json
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from mtpstack.bench.load import memory_kib
 from mtpstack.bench.parts import (check_models, emit, ensure_preload, fmt, longer_context, model_options,
-                                  prepare_models, rotated, rounds, run_meta, spread)
-from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, start_servers, stream_chat
+                                  prepared_pair, rotated, rounds, run_meta, spread)
+from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, served_model, start_servers, stream_chat
 
 DEFAULT_CONFIGS = ["native+mtp", "native", "mlx_lm.server", "mlx-vlm+mtp"]
 #: Streams decoding while the long prompt arrives: widths 2 and 4 with it.
 DECODERS = (1, 3)
-#: Tokens a decoding stream is asked for: enough to outlast an 8k prefill beside it (it is cancelled
-#: at the long prompt's first token). 1,500 did not: a speculative stream keeping 38% of 35 tok/s
-#: for the 95 s of that prefill ran out first, and a stream that ends early is left out of `kept`.
+#: Tokens a decoding stream asks for (it is cancelled at the long prompt's first token): 1,500 ran out during an
+#: 8k prefill (38% of 35 tok/s for 95 s), and a stream that ends early is left out of `kept`.
 STREAM_TOKENS = 6000
 #: Seconds of a stream's own pace measured before the long prompt is sent.
 ALONE_SECONDS = 3.0
@@ -77,11 +72,10 @@ class Counted:
         return (inside[-1][1] - (before[-1] if before else inside[0][1])) / (end - start)
 
     def count_at(self, when: float) -> int:
-        """Tokens the stream had at `when`."""
         return max((n for t, n in self.marks if t <= when), default=0)
 
     def time_at(self, tokens: int) -> float | None:
-        """When the stream first had `tokens` tokens (None: it never did)."""
+        """When the stream first had `tokens` tokens (None: never)."""
         return next((t for t, n in self.marks if n >= tokens), None)
 
     def longest_gap(self, start: float, end: float) -> float:
@@ -109,9 +103,8 @@ async def cold(session, proc, model, tokenizer, lengths, tag) -> dict:
 
 
 async def decoders_running(session, proc, model, tokenizer, decoders, tag, never_end):
-    """`decoders` greedy streams started, each past its first few chunks: (their counts, their tasks). Each is
-    kept from its end of turn (`ignore_eos` for the native worker; the peers ignore it but honour `logit_bias`,
-    `never_end`) and counted as it arrives."""
+    """`decoders` greedy streams, each past its first few chunks, kept from their end of turn (`ignore_eos`, or
+    for the peers `never_end`'s `logit_bias`): (their counts, their tasks)."""
     streams = [Counted(tokenizer) for _ in range(decoders)]
 
     async def decode(i: int, counted: Counted) -> None:
@@ -177,23 +170,21 @@ async def run(args) -> dict:
     import aiohttp
     from transformers import AutoTokenizer
 
-    workdir = Path(tempfile.mkdtemp(prefix="prefill-bench-"))
-    target, head, source = prepare_models(args, workdir)
+    workdir, target, head, source = prepared_pair(args, "prefill-bench-")
     if max(args.lengths) + 64 > 32768:
         longer_context(target, max(args.lengths) + 1024)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
-    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
-    models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
     servers = start_servers(target, head, args.depth, workdir, args.configs)
     samples: dict = {name: [] for name in args.configs}
     bias = end_of_turn_bias(target)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT * 3)) as session:
-            for name, proc in servers.items():  # warm-up: each server's first forwards (compiles, allocations)
-                await stream_chat(session, proc.url, models[name], [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}], 8)
+            warm_up = [{"role": "user", "content": source_text(tokenizer, 600, "warm-up")}]
+            for name, proc in servers.items():  # each server's first forwards (compiles, allocations)
+                await stream_chat(session, proc.url, served_model(name, target), warm_up, 8)
             for rnd, _ in rounds(0, args.rounds):
                 for name in rotated(args.configs, rnd):
-                    proc, model, tag = servers[name], models[name], f"Session {rnd}-{name}."
+                    proc, model, tag = servers[name], served_model(name, target), f"Session {rnd}-{name}."
                     r = {"cold": await cold(session, proc, model, tokenizer, args.lengths, tag)}
                     alone = r["cold"][str(args.lengths[0])]["ttft_s"]
                     never_end = {} if CONFIGS[name][0] == "native" else bias
@@ -212,11 +203,10 @@ async def run(args) -> dict:
 
 
 def report(args, source: str, samples: dict, done: bool) -> dict:
-    """The JSON report of the `samples` taken so far (`done`: every round ran; else `meta.partial`)."""
+    """The JSON report of the `samples` so far; `meta.partial` until every round ran."""
+    partial = {} if done else {"partial": True}
+    meta = run_meta(models=source, lengths=args.lengths, rounds=args.rounds, depth=args.depth, **partial)
     taken = {name: rows for name, rows in samples.items() if rows}
-    meta = run_meta(models=source, lengths=args.lengths, rounds=args.rounds, depth=args.depth)
-    if not done:
-        meta["partial"] = True
     return {"meta": meta, "summary": summary(taken, args.lengths), "samples": samples}
 
 

@@ -5,31 +5,21 @@
     LD_PRELOAD=.../libblas.so.3 .venv/bin/python bench/scripts/step_profile.py --memory \\
         [--depths 1 2 4] [--repeats 7] [--replayed]
 
-The pairs are `mtpstack.bench.parts.prepare_models`'s: `demo` (target widened to ~70M parameters) or a bench
-family's tiny random pair, target MLPs widened x8 (where per-step overhead dominates). Each configuration (pair,
-width, depth; depth 0 the plain step) decodes `width` rows greedily in the worker's own batch (`Scheduler`).
-Every round rebuilds and warms each configuration's rows from the same prompts; then sweeps in which every
-configuration runs one step, the order rotated each sweep so a burst of load hits each alike:
+Each configuration (pair, width, depth; depth 0 the plain step) decodes `width` rows greedily in the worker's
+own batch (`Scheduler`); the pairs are `parts.prepare_models`'s, `demo` (target widened to ~70M parameters) or a
+family's tiny pair (target MLPs widened x8, where per-step overhead dominates). Each round rebuilds every
+configuration's rows, then times `--steps` sweeps as served (beside each step the floor: the target's forward
+alone over as many positions) and `--steps` with evaluation forced at every boundary of `PARTS` (which changes
+the total, so both are printed), one step of each configuration a sweep, the order rotated. Step cost: the
+median unforced step over the plain step's, same pair, width and round (also in CPU time; the floor's over the
+forward over one position); median (min-max) over rounds. Method and figures: docs/worker.md, "Per part,
+in-process". A benchmark, not a test.
 
-- `--steps` sweeps as served: the unforced step (mlx evaluates lazily; only the step's own evaluation points
-  synchronise), and beside it the floor: the target's forward alone over as many positions with mlx-lm's caches;
-- `--steps` sweeps in profiling mode, evaluation forced at every part's boundary (`PARTS`), each part split into
-  graph building (Python) and evaluation (compute). `verify` excludes the `recurrence` (gated-delta / Mamba2);
-  `head replay` is the head's accept step; `other` is what the timed parts leave of the forced total.
-
-Forcing changes the total (parts no longer overlap), so the forced total is printed beside the unforced one.
-Step cost: the median unforced step over the plain step's (same pair, width and round); the same in process
-CPU time (steadier on shared cores, though it counts BLAS threads spinning); floor cost: the forward over 1 + k
-positions over the forward over one; each median (min-max) over rounds. A benchmark, not a test.
-
-`--memory`: speculation's extra memory per row per drafted position instead (docs/worker.md, "Speculation's
-memory"): on a tiny Qwen3.5 target widened where the gated-delta state lives (`WIDE`), the peak memory of one
-step (mlx's counter, reset before it) above the depth-0 step's, per row per drafted position, median and min-max
-over `--repeats` steps, beside `predicted_bytes`. `--replayed` runs the gated-delta layers as on Metal (one call
-a step, rejecting rows replayed at commit) through mlx-lm's ops.
-
-`--model-dims MODEL`: the figures at a real model's dimensions worked out on paper, and exit: one row's step on
-Metal (`paper_step`), or with `--memory` the bytes it keeps (`predicted_bytes`).
+`--memory`: speculation's extra memory per row per drafted position on a tiny Qwen3.5 target widened where the
+gated-delta state lives (`WIDE`): one step's peak (mlx's counter) above the depth-0 step's, beside
+`predicted_bytes` (docs/worker.md, "Speculation's memory"); `--replayed` runs the gated-delta layers as on
+Metal. `--model-dims MODEL`: the figures at a real model's dimensions on paper (`paper_step`; with `--memory`,
+`predicted_bytes`), and exit.
 """
 
 from __future__ import annotations
@@ -42,7 +32,6 @@ import json
 import sys
 import tempfile
 import time
-from argparse import Namespace
 from pathlib import Path
 from unittest import mock
 
@@ -50,14 +39,12 @@ from mtpstack.bench.parts import (MODEL_DIMS, PROMPTS, command_line, emit, ensur
                                   prepare_models, rotated, rounds, spread as span_of)
 from mtpstack.bench.stats import summarize
 
-#: The parts of a step, in the order they run: `draft` (the head's forwards and the target's LM head on each),
-#: `verify` (the target's forward over 1 + k positions, less the `recurrence`), `lm head`, `sample+accept`
-#: (sampling, reading tokens back, the acceptance walk), `commit` (each row's kept recurrent state and conv
-#: window), `head replay` (rollback, replay over the accepted tail, next seed), `other` (the step's inputs,
-#: emitting text, bookkeeping: what the timed parts leave of the forced total).
+#: A step's parts in the order they run: `draft` (the head's forwards and the target's LM head on each), `verify`
+#: (the target over 1 + k positions, less the gated-delta / Mamba2 `recurrence`), `lm head`, `sample+accept`,
+#: `commit` (each row's kept recurrent state and conv window), `head replay` (the head's accept step: rollback,
+#: replay, next seed), `other` (inputs, text, bookkeeping: what the timed parts leave of the forced total).
 PARTS = ("draft", "verify", "recurrence", "lm head", "sample+accept", "commit", "head replay", "other")
-#: Recurrences the worker calls inside a recurrent layer's forward, by the name its modules import them as
-#: (`_states_ops`: the worker's loop of mlx-lm's one-position op that keeps every position's state, the CPU's way).
+#: The recurrences by the names the worker's modules import them as (`_states_ops`: the CPU's per-position loop).
 RECURRENCES = ("gated_delta_update", "_states_ops", "ssm_update")
 #: Steps run and discarded after a configuration's rows are rebuilt.
 WARMUP_STEPS = 2
@@ -65,14 +52,8 @@ WARMUP_STEPS = 2
 RAW = ("step_ms", "step_cost", "cpu_cost", "floor_cost", "forced_ms")
 
 
-# -- pure parts (tested through devkit.scripts.load_script) --------------------------------
-
-
 class Timeline:
-    """Forced-evaluation timings of one step's parts, exclusive of the parts nested in them.
-
-    `enter(part)`/`leave(part)` bracket a part; what a nested part takes is taken out of the part
-    that contains it, so the parts of a step add up to the time they cover."""
+    """A forced step's parts, timed exclusive of the parts nested in them (so they add up to the time covered)."""
 
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
@@ -97,13 +78,12 @@ class Timeline:
         self.totals[part] = self.totals.get(part, 0.0) + seconds
 
     def current(self) -> str | None:
-        """The innermost part running now, if any."""
         return self._stack[-1][0] if self._stack else None
 
 
 def step_parts(timeline: Timeline, total: float) -> dict[str, float]:
-    """Seconds per part of one forced step of `total` seconds: the timed parts, `sample+accept` (from the
-    end of the last LM-head span to the start of the first commit span after it), and `other`, the rest."""
+    """Seconds per part of a forced step of `total` seconds; `sample+accept` is the gap from the last LM-head
+    span to the first commit after it, `other` the rest."""
     parts = {part: 0.0 for part in PARTS}
     parts.update({p: s for p, s in timeline.totals.items() if p in parts})
     head_end = [end for part, _, end in timeline.spans if part.startswith("lm head")]
@@ -143,15 +123,9 @@ def table(report: dict) -> list[str]:
     return lines
 
 
-# -- measuring -------------------------------------------------------------------------------
-
-
 class Forcing:
-    """Profiling mode on one batch: the parts' callables wrapped to force evaluation at their boundaries.
-
-    Duck-typed on what every version of the worker exposes (the drafter's `draft`/`accept`, the target
-    parts' `hidden`/`lm_head`, each cache's `commit`, the recurrences by the names the worker's modules
-    import), so the same profile runs against the code before and after a change."""
+    """Profiling mode on one batch: the parts' callables wrapped to force evaluation at their boundaries, found
+    by the names every version of the worker exposes, so one profile runs before and after a change."""
 
     def __init__(self, engine, batch):
         self.engine, self.batch = engine, batch
@@ -227,45 +201,40 @@ def decode_rows(engine, width: int, depth: int, prompts: list[str] = PROMPTS):
     return sched
 
 
-class Floor:
-    """The target's forward alone (mlx-lm's own caches, no rollback, no head, no sampling) over `positions`
-    new tokens per row: the least a verify step of that many positions can cost. Each call starts from the
-    same prefilled context (the caches are put back after it)."""
+def floor(engine, width: int, positions: int):
+    """A timer of the least a verify over `positions` new tokens a row can cost: the target's forward alone
+    (mlx-lm's caches, no rollback, head or sampling), each call from the same prefilled context."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
 
-    def __init__(self, engine, width: int, positions: int):
-        import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
+    parts, cache = engine.parts, make_prompt_cache(engine.target.model)
+    context = engine.text_prompt(" ".join(PROMPTS))[:32]
+    mx.eval(parts.hidden(mx.array([context] * width), cache))
+    saved = [list(c.cache) if hasattr(c, "cache") else None for c in cache]
+    mx.eval([c.state for c in cache])
+    tokens = mx.array([[5] * positions] * width, dtype=mx.uint32)
 
-        self.parts = engine.parts
-        self.cache = make_prompt_cache(engine.target.model)
-        context = engine.text_prompt(" ".join(PROMPTS))[:32]
-        mx.eval(self.parts.hidden(mx.array([context] * width), self.cache))
-        self.saved = [list(c.cache) if hasattr(c, "cache") else None for c in self.cache]
-        mx.eval([c.state for c in self.cache])
-        self.tokens = mx.array([[5] * positions] * width, dtype=mx.uint32)
-        self.positions = positions
-
-    def step(self) -> float:
-        import mlx.core as mx
-
+    def step() -> float:
         start = time.perf_counter()
-        mx.eval(self.parts.lm_head(self.parts.hidden(self.tokens, self.cache)))
+        mx.eval(parts.lm_head(parts.hidden(tokens, cache)))
         elapsed = time.perf_counter() - start
-        for c, saved in zip(self.cache, self.saved):
-            if saved is None:
-                c.trim(self.positions)
+        for c, kept in zip(cache, saved):
+            if kept is None:
+                c.trim(positions)
             else:
-                c.cache = list(saved)
+                c.cache = list(kept)
         return elapsed
+
+    return step
 
 
 def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
-    """One round: every configuration's rows rebuilt, then `steps` sweeps of one unforced step each (with the
-    floor beside it), then `steps` sweeps of forced steps, each sweep's order rotated."""
+    """One round: every configuration's rows rebuilt, `steps` sweeps unforced (the floor beside each step), then
+    `steps` sweeps forced."""
     import mlx.core as mx
 
     scheds = {c: decode_rows(engines[c[0]], c[1], c[2]) for c in configs}
-    floors = {c: Floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
+    floors = {c: floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
     out = {c: {"unforced": [], "cpu": [], "forced": [], "parts": [], "floor": [], "tokens": 0} for c in configs}
     for sweep in range(steps):
         for c in rotated(configs, rnd * steps + sweep):
@@ -274,7 +243,7 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
             o["unforced"].append(time.perf_counter() - start)
             o["cpu"].append(time.process_time() - cpu)
             o["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
-            o["floor"].append(floors[c].step())
+            o["floor"].append(floors[c]())
     for c in configs:
         mx.eval([cache.state for cache in scheds[c].batch.caches])  # nothing lazy carried into the forced steps
     for sweep in range(steps):
@@ -285,9 +254,8 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
                 sched.step()
                 total = time.perf_counter() - start
             out[c]["forced"].append(total)
-            timeline = forcing.timeline
-            exclusive = step_parts(timeline, total)
-            evals = {p: timeline.totals.get(p + " eval", 0.0) for p in PARTS}
+            exclusive = step_parts(forcing.timeline, total)
+            evals = {p: forcing.timeline.totals.get(p + " eval", 0.0) for p in PARTS}
             out[c]["parts"].append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
     for c in configs:
         out[c]["tokens_per_step"] = out[c].pop("tokens") / (steps * c[1])
@@ -295,7 +263,7 @@ def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
 
 
 def measure(args) -> dict:
-    """Every round as a report of its own, merged: the rounds of one run combine as `--merge` combines runs."""
+    """Every round a report of its own, merged as `--merge` merges runs."""
     from mtpstack.worker.loading import Engine
 
     depths = sorted(set(args.depths) | {0})
@@ -303,8 +271,8 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
         engines, sources = {}, {}
         for name in args.pairs:
-            pair_args = Namespace(target=None, family=None if name == "demo" else name,
-                                  mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
+            pair_args = argparse.Namespace(target=None, family=None if name == "demo" else name,
+                                           mlp_multiplier=args.mlp_multiplier, extra_layers=args.extra_layers)
             target, head, sources[name] = prepare_models(pair_args, Path(tmp) / name)
             engines[name] = Engine.load(str(target), str(head), draft_depth=max(depths))
         configs = [(p, w, d) for p in args.pairs for w in args.widths for d in depths]
@@ -319,7 +287,7 @@ def measure(args) -> dict:
 
 
 def depth_row(run: dict, pair_width: tuple, depth: int) -> dict:
-    """One depth's row of a pair and width in one round: its steps' medians, its costs over the plain step's."""
+    """A depth's row of one round: its steps' medians and its costs over the plain step's."""
     this, by_depth = run[(*pair_width, depth)], {d: v for (*pw, d), v in run.items() if tuple(pw) == pair_width}
     raw = {"step_ms": [summarize(this["unforced"]).median], "forced_ms": [summarize(this["forced"]).median]}
     for name, key in (("step_cost", "unforced"), ("cpu_cost", "cpu"), ("floor_cost", "floor")):
@@ -330,12 +298,34 @@ def depth_row(run: dict, pair_width: tuple, depth: int) -> dict:
 
 
 def row_of(depth: int, raw: dict[str, list[float]], parts: dict, tokens_per_step: float) -> dict:
-    """A depth's row of the report: each figure's values over rounds (`_raw`) and their spread."""
     row = {"depth": depth, "parts": parts, "tokens_per_step": tokens_per_step}
     for key in RAW:
         row[key + "_raw"] = raw[key]
         row[key] = spread(raw[key], 1e3 if key.endswith("_ms") else 1.0)
     return row
+
+
+def merge(reports: list[dict]) -> dict:
+    """Reports of the same configurations (e.g. single rounds alternated with another build's) as one: every
+    round's values together, the parts' medians over the reports."""
+    first = reports[0]
+    pairs = []
+    for p, pair in enumerate(first["pairs"]):
+        widths = []
+        for w, width in enumerate(pair["widths"]):
+            rows = []
+            for d, row in enumerate(width["depths"]):
+                same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
+                if any(x["depth"] != row["depth"] for x in same):
+                    raise ValueError("the reports do not measure the same configurations")
+                parts = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
+                         for part in PARTS}
+                raw = {key: [v for x in same for v in x[key + "_raw"]] for key in RAW}
+                rows.append(row_of(row["depth"], raw, parts, summarize([x["tokens_per_step"] for x in same]).median))
+            widths.append({"width": width["width"], "depths": rows})
+        pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
+    return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
+            "loadavg": [first["loadavg"][0], reports[-1]["loadavg"][-1]], "pairs": pairs}
 
 
 def hybrid_sizes(dims: dict) -> dict:
@@ -355,14 +345,11 @@ def quantized_bytes(bits: int) -> float:
 
 
 def paper_step(dims: dict, depth: int, target_bits: int = 4, head_bits: int = 6) -> dict:
-    """One row's speculative step on Metal at a dense Qwen3.5 hybrid's dimensions, on paper: bytes read and
-    written (weights, gated-delta state) and the recurrence's kernel launches, before and after it ran once a step.
-
-    The target's body and LM head are read once a verify; each of the head's `depth` forwards reads its layer,
-    its `fc` and the target's LM head. A launch of the gated-delta kernel (three kernels: decay, gate,
-    recurrence) reads its start state and writes its end state (fp32). Before: a launch per position and a
-    commit copying the kept state (one kernel more); after: one launch, and a second over the kept positions
-    for a row that rejected drafts. The commit's conv window is one kernel more either way."""
+    """One row's speculative step on Metal at a dense Qwen3.5 hybrid's dimensions, on paper: bytes moved (weights,
+    gated-delta state) and the recurrence's kernel launches, before and after it ran once a step. A verify reads
+    the body and LM head once, each of the `depth` head forwards its layer, `fc` and the LM head; a gated-delta
+    launch (three kernels) reads and writes its fp32 state. Before: a launch per position and a commit copying the
+    kept state; after: one launch, and one more over the kept positions where drafts were rejected."""
     sizes = hybrid_sizes(dims)
     linear, attention, state, conv_dim = sizes["linear"], sizes["attention"], sizes["state"], sizes["conv_dim"]
     h, mlp, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
@@ -396,33 +383,7 @@ def paper_lines(model: str, depth: int) -> str:
     return "\n".join(out)
 
 
-def merge(reports: list[dict]) -> dict:
-    """Reports of the same configurations (e.g. single rounds run alternately with another build's, under one
-    lock) as one: every round's values together, the parts' medians over the reports."""
-    first = reports[0]
-    pairs = []
-    for p, pair in enumerate(first["pairs"]):
-        widths = []
-        for w, width in enumerate(pair["widths"]):
-            rows = []
-            for d, row in enumerate(width["depths"]):
-                same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
-                if any(x["depth"] != row["depth"] for x in same):
-                    raise ValueError("the reports do not measure the same configurations")
-                parts = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
-                         for part in PARTS}
-                raw = {key: [v for x in same for v in x[key + "_raw"]] for key in RAW}
-                rows.append(row_of(row["depth"], raw, parts, summarize([x["tokens_per_step"] for x in same]).median))
-            widths.append({"width": width["width"], "depths": rows})
-        pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
-    return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
-            "loadavg": [first["loadavg"][0], reports[-1]["loadavg"][-1]], "pairs": pairs}
-
-
-# -- --memory: what a drafted position keeps -------------------------------------------------
-
-
-#: The widened tiny target: small everywhere except the linear-attention state.
+#: `--memory`'s tiny target: small everywhere except the linear-attention state.
 WIDE = dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128, full_attention_interval=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=8,
             linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
@@ -430,9 +391,9 @@ MEMORY_PROMPTS = ["def main():", "import os\n", "The quick brown fox", "x = 1\n"
 
 
 def predicted_bytes(text: dict, depth: int = 1, replayed: bool = False) -> dict[str, float]:
-    """Bytes one row keeps per drafted position at `depth`: the recurrent state (fp32) after the position,
-    or (`replayed`) the recurrence's inputs and one replayed state per row whatever the depth (1/depth of
-    it); either way the conv window's input and the attention KV (bf16)."""
+    """Bytes a row keeps per drafted position at `depth`: the fp32 recurrent state after the position, or
+    (`replayed`) the recurrence's inputs and one replayed state a row (1/depth of it); the conv window's input
+    and the attention KV (bf16) either way."""
     h = hybrid_sizes(text)
     state = h["linear"] * h["state"] / (depth if replayed else 1)
     conv = h["linear"] * h["conv_dim"] * 2
@@ -445,27 +406,14 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def memory_pair(out: Path) -> tuple[Path, Path]:
-    import mlx.core as mx
-
-    from devkit.demo.modeldir import build_head, build_qwen3_5, head_config, qwen3_5_config, qwen3_5_text_config, save_head_dir, save_model_dir
-
-    mx.random.seed(0)
-    config = qwen3_5_config(qwen3_5_text_config(**WIDE))
-    hconfig = head_config(config["text_config"])
-    target = save_model_dir(build_qwen3_5(config), config, out / "target")
-    return target, save_head_dir(build_head(hconfig), hconfig, out / "mtp")
-
-
 def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
-    """Peak bytes in use during each of `repeats` decode steps of `width` rows at `depth`."""
+    """Peak bytes in use during each of `repeats` steps: absolute, since what a step leaves lazy (a commit is
+    evaluated by the next step) is part of what speculation costs."""
     import mlx.core as mx
 
     sched = decode_rows(engine, width, depth, MEMORY_PROMPTS)
     peaks = []
     for _ in range(repeats):
-        # The absolute peak: what a step leaves lazily referenced (a commit is evaluated by the next
-        # step) is part of what speculation costs, so nothing is subtracted but the depth-0 step's peak.
         mx.synchronize()
         mx.reset_peak_memory()
         sched.step()
@@ -475,10 +423,18 @@ def step_peaks(engine, width: int, depth: int, repeats: int) -> list[int]:
 
 
 def measure_memory(depths: list[int], widths: list[int], repeats: int, replayed: bool = False) -> dict:
+    import mlx.core as mx
+
+    from devkit.demo.modeldir import (build_head, build_qwen3_5, head_config, qwen3_5_config, qwen3_5_text_config,
+                                      save_head_dir, save_model_dir)
     from mtpstack.worker.loading import Engine
 
     with tempfile.TemporaryDirectory() as tmp:
-        target, head = memory_pair(Path(tmp))
+        mx.random.seed(0)
+        config = qwen3_5_config(qwen3_5_text_config(**WIDE))
+        hconfig = head_config(config["text_config"])
+        target = save_model_dir(build_qwen3_5(config), config, Path(tmp) / "target")
+        head = save_head_dir(build_head(hconfig), hconfig, Path(tmp) / "mtp")
         engine = Engine.load(str(target), str(head), draft_depth=max(depths))
         rows = []
         for width in widths:
@@ -542,17 +498,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.merge:
         report = merge([json.loads(Path(f).read_text()) for f in args.merge])
-        return emit(report, table(report), args.out)
-    if args.memory:
+    elif args.memory:
         if args.replayed:
             import mtpstack.worker.caches as caches
 
             caches._runs_kernel = lambda k: True
         report = measure_memory(args.depths, args.widths, args.repeats, args.replayed)
-        return emit(report, memory_table(report), args.out)
-    ensure_preload()
-    report = measure(args)
-    return emit(report, table(report), args.out)
+    else:
+        ensure_preload()
+        report = measure(args)
+    return emit(report, (memory_table if args.memory and not args.merge else table)(report), args.out)
 
 
 if __name__ == "__main__":

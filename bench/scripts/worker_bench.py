@@ -1,20 +1,14 @@
 """Worker benchmark: the native worker serving an MTP head, side by side with its peers, same models, one run.
 
-The configurations (`mtpstack.bench.servers.CONFIGS`: the native worker and mlx-vlm's server, each with and
-without the head, and `mlx_lm.server`) all run at once, idle between measurements, so rounds interleave and a
-noisy neighbour hits every one alike. Medians and min-max over the kept rounds of:
-  1. single-stream end-to-end tok/s and time to first token (apart for prefix-cache hits and whole prefills:
-     the prompts repeat every 4 rounds);
-  2. the head's speedup over no head, and each drafted configuration's step cost: decode time per step with
-     the head over decode time per token without it (same server, same prompt, round by round), beside the
-     tokens a step chose; their ratio is the head's decode speedup;
-  3. 4 concurrent clients: aggregate tok/s and time to first token (prompts new each round).
+The configurations (`mtpstack.bench.servers.CONFIGS`) all run at once, idle between measurements, so rounds
+interleave and a noisy neighbour hits every one alike. Medians and min-max over the kept rounds of single-stream
+tok/s and time to first token (apart for prefix-cache hits), the head's speedup over no head and each drafted
+configuration's step cost (decode time per step with the head over per token without it, same server, round by
+round), and 4 concurrent clients' aggregate tok/s and TTFT. The method: docs/worker.md, "Benchmark".
 
     python bench/scripts/worker_bench.py --out bench-worker.json          # the demo pair, target widened
     python bench/scripts/worker_bench.py --target DIR --drafter DIR       # any local target + head
     python bench/scripts/worker_bench.py --family nemotron_h              # a tiny pair of another MTP family, widened
-
-Raw samples and summaries go to stdout (or --out) as JSON; a readable table to stderr.
 """
 
 from __future__ import annotations
@@ -24,29 +18,24 @@ import _checkout  # noqa: F401  (the checkout root on sys.path, for devkit)
 import argparse
 import asyncio
 import statistics
-import sys
-import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from mtpstack import series
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, fmt, model_options,
-                                  prepare_models, round_options, rounds, run_meta, spread)
-from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, WIDTH, start_servers, stream_chat
+                                  prepared_pair, round_options, rounds, run_meta, spread)
+from mtpstack.bench.servers import CONFIGS, REQUEST_TIMEOUT, WIDTH, served_model, start_servers, stream_chat
 from mtpstack.bench.sweep import scrape
 from mtpstack.validator import DEPTH_DEFAULT
 
 #: A drafted configuration -> the same server without the head, its step cost's unit.
 PLAIN_OF = {"native+mtp": "native", "native+mtp@baseline": "native", "mlx-vlm+mtp": "mlx-vlm"}
-
-
-# -- pure summaries (unit-testable) ------------------------------------------------------
+#: The native worker's counters read around a single stream: its exact steps and the seconds spent in them.
+STEP_COUNTERS = (series.TARGET_STEPS, series.TARGET_STEP_SECONDS)
 
 
 def single_summary(runs: list[dict]) -> dict:
-    """tok/s over every run; time to first token over all, and apart for the runs whose prompt the
-    server's prefix cache held (it reported `cached_tokens`) and those it prefilled whole."""
+    """tok/s; time to first token over all runs, and apart where the prefix cache held the prompt or not."""
     return {
         "tok_s": spread([r["tok_s"] for r in runs]),
         "ttft_s": spread([r["ttft_s"] for r in runs]),
@@ -94,10 +83,9 @@ def default_configs(baseline: str | None) -> list[str]:
 
 
 def decode_steps(usage: dict, timings: dict | None = None, counted: float | None = None) -> int | None:
-    """Verify steps (plain: tokens) an answer took after its first token: the native worker's own count
-    (`counted`, its `/metrics` target steps over the answer), mlx-vlm's (`timings.draft_rounds`), else from
-    the usage (a step emits its accepted drafts and one token of the target's own). The usage's count is a
-    step or two short for an answer that ends at an end of turn the usage does not count (the worker's)."""
+    """Verify steps after an answer's first token: the native worker's `/metrics` count (`counted`), mlx-vlm's
+    `timings.draft_rounds`, else the usage's (a step emits its accepted drafts and one token), which falls a step
+    or two short where an answer ends at an end of turn the usage does not count (the worker's)."""
     if counted:
         return int(counted)
     if timings and timings.get("draft_rounds"):
@@ -108,9 +96,8 @@ def decode_steps(usage: dict, timings: dict | None = None, counted: float | None
 
 
 def step_costs(single: dict[str, list[dict]]) -> dict:
-    """Per drafted configuration with its plain counterpart measured (`PLAIN_OF`), summarised over rounds: round
-    by round, decode seconds per step over the counterpart's seconds per token, the tokens per step, their ratio
-    (the head's decode speedup), and the step's own milliseconds (servers compared in one unit)."""
+    """Per drafted configuration whose plain counterpart (`PLAIN_OF`) ran, round by round: decode seconds per
+    step over the counterpart's per token, tokens per step, their ratio (the decode speedup), the step's ms."""
     out = {}
     for name, plain in PLAIN_OF.items():
         costs, per_step, ms, inside = [], [], [], []
@@ -128,18 +115,10 @@ def step_costs(single: dict[str, list[dict]]) -> dict:
     return out
 
 
-# -- servers -------------------------------------------------------------------------------
-
-
-#: The native worker's counters read around a single stream: its exact steps and the seconds spent in them.
-STEP_COUNTERS = (series.TARGET_STEPS, series.TARGET_STEP_SECONDS)
-
-
 async def stream_one(session, url: str, prompt: str, max_tokens: int, model: str, ignore_eos: bool = True,
                      counters: bool = False) -> dict:
-    """One stream timed end to end; `counters` (a native worker, alone on it): its `/metrics` read
-    before and after, for the exact number of steps and the time the generation thread spent in them
-    (`step_s`; None from a build without that counter)."""
+    """One stream timed end to end; `counters` (a native worker alone on it): its `STEP_COUNTERS` around it
+    (`step_s` None from a build without the seconds counter)."""
     before = await scrape(session, url, STEP_COUNTERS) if counters else {}
     r = await stream_chat(session, url, model, [{"role": "user", "content": prompt}], max_tokens, ignore_eos=ignore_eos)
     after = await scrape(session, url, STEP_COUNTERS) if counters else {}
@@ -169,27 +148,20 @@ async def concurrent(session, url: str, clients: int, max_tokens: int, model: st
             "ttft_max_s": max(ttfts), "wall_s": wall, "tokens": [r["tokens"] for r in runs]}
 
 
-# -- main ----------------------------------------------------------------------------------
-
-
 async def run(args) -> dict:
     import aiohttp
 
-    workdir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
-    target, head, source = prepare_models(args, workdir)
-    print(f"models: {source}\n  target {target}\n  head {head}", file=sys.stderr)
+    workdir, target, head, source = prepared_pair(args, "worker-bench-")
     samples: dict = {"single": {}, "concurrent": {}}
     notes = []
-    models = {name: ("bench" if CONFIGS[name][0] == "native" else str(target)) for name in args.configs}
     servers = start_servers(target, head, args.depth, workdir, args.configs, args.baseline)
     try:
-        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as session:
             for rnd, keep in rounds(args.warmup, args.repeats):
-                prompt = PROMPTS[rnd % len(PROMPTS)]
                 texts = {}
                 for name, proc in servers.items():
-                    r = await stream_one(session, proc.url, prompt, args.max_tokens, models[name], not args.stop_at_end,
+                    r = await stream_one(session, proc.url, PROMPTS[rnd % len(PROMPTS)], args.max_tokens,
+                                         served_model(name, target), not args.stop_at_end,
                                          counters=CONFIGS[name][0] == "native")
                     texts[name] = r.pop("text")
                     if keep:
@@ -197,15 +169,14 @@ async def run(args) -> dict:
                 if len(set(texts.values())) != 1:
                     notes.append(f"round {rnd}: greedy texts differ between configurations: "
                                  + ", ".join(f"{k}={v[:40]!r}" for k, v in texts.items()))
-                for name in servers:
-                    c = await concurrent(session, servers[name].url, WIDTH, args.max_tokens, models[name], f"# round {rnd}\n",
-                                         not args.stop_at_end)
+                for name, proc in servers.items():
+                    c = await concurrent(session, proc.url, WIDTH, args.max_tokens, served_model(name, target),
+                                         f"# round {rnd}\n", not args.stop_at_end)
                     if keep:
                         samples["concurrent"].setdefault(name, []).append(c)
     finally:
         for proc in servers.values():
             proc.stop()
-
     return {"meta": run_meta(models=source, target=str(target), head=str(head), depth=args.depth,
                              max_tokens=args.max_tokens, stop_at_end=args.stop_at_end, repeats=args.repeats,
                              warmup=args.warmup),
@@ -213,8 +184,7 @@ async def run(args) -> dict:
 
 
 def summary_of(samples: dict, depth: int, notes: list[str]) -> dict:
-    """The figures of every round's samples: single-stream and concurrent spreads, the head's speedups and step
-    costs, native+mtp's acceptance, and the goals' ratios."""
+    """Every round's samples summarised: spreads, the head's speedups and step costs, acceptance, the goals."""
     single = {name: single_summary(rs) for name, rs in samples["single"].items()}
     conc = {name: {k: spread([r[k] for r in rs]) for k in ("aggregate_tok_s", "ttft_median_s", "ttft_max_s")}
             for name, rs in samples["concurrent"].items()}
@@ -246,24 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     model_options(p, depth=DEPTH_DEFAULT)
     from devkit.demo.tiny_families import PAIRS
 
-    p.add_argument("--family", choices=list(PAIRS),
-                   help="a tiny random pair of this MTP family, its target widened (default: the demo pair); "
-                   "mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
+    p.add_argument("--family", choices=list(PAIRS), help="a tiny random pair of this MTP family, its target widened "
+                   "(default: the demo pair); mlx-vlm 0.7.10 runs MTP for qwen3_5, qwen3_5_moe and nemotron_h only")
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS),
                    help="configurations to run (default: all; `native+mtp@baseline` only with --baseline)")
     round_options(p, repeats=3)
-    p.add_argument("--stop-at-end", action="store_true",
-                   help="answers end at the model's end of turn on every server, as mlx-vlm's and mlx_lm.server's always "
-                   "do (default: the native worker runs to --max-tokens), so every configuration decodes the same text")
-    p.add_argument("--baseline", metavar="PROGRAM",
-                   help="the `mtpstack` executable of another build, run as `native+mtp@baseline` (e.g. a venv of the "
-                   "previous commit), so before and after a change are measured side by side")
+    p.add_argument("--stop-at-end", action="store_true", help="answers end at the end of turn on every server, as "
+                   "the peers' always do (default: the native worker's run to --max-tokens): the same text everywhere")
+    p.add_argument("--baseline", metavar="PROGRAM", help="another build's `mtpstack` executable, run as "
+                   "`native+mtp@baseline`, so before and after a change are measured side by side")
     args = p.parse_args(argv)
     check_models(p, args)
     if args.family and args.target:
         p.error("--family builds its own pair: give it or --target/--drafter, not both")
-    if args.configs is None:
-        args.configs = default_configs(args.baseline)
+    args.configs = args.configs or default_configs(args.baseline)
     ensure_preload()
     result = asyncio.run(run(args))
     return emit(result, report_lines(result["summary"]), args.out)
