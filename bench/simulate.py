@@ -264,7 +264,7 @@ def simulate_paired(
 ) -> list[PairedRow]:
     """False adopts (true ratio 1.0) and power (true win `setup.effect`) of the paired rule, per number
     of pairs: with exactly n pairs, and for the sequential procedure (`start` pairs, then one more pair
-    at a time while the interval straddles `1 + margin`, up to `cap`) as the share adopted by n."""
+    at a time while the verdict is open, as the sweep's, up to `cap`) as the share adopted by n."""
     rng = np.random.default_rng(seed)
     ns = sorted(set(repeats))
     fixed, sequential = [], []  # per n, at no effect and then at the true win
@@ -298,7 +298,8 @@ def format_paired_report(
         f" spread between processes CV {process_cv:.0%}",
         "design: a pass is one pair (AB, then BA); rule: the whole 95% bootstrap interval of the geometric mean"
         f" of the pair ratios clears {1 + margin:.2f}",
-        f"sequential: {start} pairs, then one more while the interval straddles {1 + margin:.2f}, up to {cap}",
+        f"sequential: {start} pairs, then one more while open (the interval straddles {1 + margin:.2f}, the estimate a win),"
+        f" up to {cap}",
         f"{trials} simulated experiments per cell, seed {seed}",
         "",
         *_table(["passes (pairs)", "fixed n: false adopt", f"fixed n: detects a {effect:.0%} win",

@@ -165,17 +165,14 @@ def decide_batch(
     resamples: int = 1000, rng: np.random.Generator, paired: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`decide` for the T experiments in the rows of `base` and `cand`, for the simulation: (adopt, open, ratio),
-    each (T,); open as `Verdict.open`, except that paired the point estimate need not be a win."""
+    each (T,); open as `Verdict.open`, paired or not, so the simulation extends exactly what the sweep extends."""
     t = base.shape[0]
     if min(base.shape[1], cand.shape[1]) < (MIN_PAIRS if paired else MIN_PASSES):
         return np.zeros(t, bool), np.zeros(t, bool), np.full(t, np.nan)
     ratio, lo, hi = _batch(base, cand, confidence, resamples, rng, paired)
     threshold = 1.0 + margin
     adopt = lo > threshold
-    still_open = ~adopt & (hi > threshold)
-    if not paired:
-        still_open &= ratio > 1.0
-    return adopt, still_open, ratio
+    return adopt, ~adopt & (hi > threshold) & (ratio > 1.0), ratio
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mtpstack.bench import simulate as sim
-from mtpstack.bench.stats import MIN_PAIRS, decide, neighbour_correlation
+from mtpstack.bench.stats import MIN_PAIRS, decide, decide_batch, neighbour_correlation
 
 
 def test_pairing_cancels_drift_that_blocks_hide_it_in():
@@ -21,6 +21,18 @@ def test_pairing_cancels_drift_that_blocks_hide_it_in():
     cand = [120 * d * (1.0 + 0.01 * (-1) ** i) for i, d in enumerate(drift)]
     assert decide(base, cand, paired=True).adopt
     assert not decide(base, cand).adopt
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_the_simulation_extends_only_what_the_sweep_extends_never_a_change_that_looks_slower(paired):
+    # `Verdict.open` (the sweep's) chases no change whose estimate is a loss, however wide its interval.
+    rng = np.random.default_rng(3)
+    base = rng.lognormal(0.0, 0.14, (400, 10))
+    cand = base * rng.lognormal(0.0, 0.15, (400, 10)) * rng.choice([0.99, 1.03, 1.08], (400, 1))
+    adopt, still_open, ratio = decide_batch(base, cand, paired=paired, resamples=300, rng=np.random.default_rng(0))
+    slower = [i for i in range(400) if ratio[i] <= 1.0 and decide(base[i], cand[i], paired=paired).hi > 1.05]
+    assert slower and still_open.any()  # rows a straddling-only rule would chase, and rows still open
+    assert not still_open[slower].any() and not (still_open & adopt).any()
 
 
 def test_the_paired_rule_refuses_too_few_pairs_and_unequal_sides():
