@@ -50,8 +50,7 @@ def tool_output(conversation: int, turn: int, lines: int) -> str:
 
 def conversation(index: int, system: str, question: str, turns: int, *, pause: float = 0.0, rnd: int = 0,
                  output_lines: int = 0) -> Session:
-    """The system prompt and `question`, then `FOLLOW_UPS` in turn, each after `tool_pause` and `output_lines`
-    lines of `tool_output`."""
+    """The system prompt and `question`, then `FOLLOW_UPS`, each after a `tool_pause` and `output_lines` of output."""
     turns_ = [Turn(opening(system, question), 0.0)]
     for turn in range(2, turns + 1):
         follow_up = FOLLOW_UPS[(turn - 2) % len(FOLLOW_UPS)]
@@ -71,26 +70,22 @@ def turn_messages(previous: list[dict], turn: Turn, answer: str) -> list[dict]:
 #: Characters per token of the tool outputs before `calibrate` measures the served tokenizer.
 CHARS_PER_TOKEN = 2.4
 
+
+def _tool(name: str, description: str, required: list[str], **properties: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a file of the repository, with line numbers.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "path relative to the repository root"},
-            "start": {"type": "integer", "description": "first line (1-based)"},
-            "end": {"type": "integer", "description": "last line, inclusive"}}, "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "run", "description": "Run a shell command in the repository and return its output (stdout and stderr).",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string"}, "timeout_s": {"type": "integer", "description": "default 120"}},
-            "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the repository for a regular expression (ripgrep).",
-        "parameters": {"type": "object", "properties": {
-            "pattern": {"type": "string"}, "path": {"type": "string", "description": "a folder to search in"}},
-            "required": ["pattern"]}}},
-    {"type": "function", "function": {
-        "name": "apply_patch", "description": "Apply a unified diff to the repository.",
-        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
+    _tool("read_file", "Read a file of the repository, with line numbers.", ["path"],
+          path={"type": "string", "description": "path relative to the repository root"},
+          start={"type": "integer", "description": "first line (1-based)"},
+          end={"type": "integer", "description": "last line, inclusive"}),
+    _tool("run", "Run a shell command in the repository and return its output (stdout and stderr).", ["command"],
+          command={"type": "string"}, timeout_s={"type": "integer", "description": "default 120"}),
+    _tool("search", "Search the repository for a regular expression (ripgrep).", ["pattern"],
+          pattern={"type": "string"}, path={"type": "string", "description": "a folder to search in"}),
+    _tool("apply_patch", "Apply a unified diff to the repository.", ["patch"], patch={"type": "string"}),
 ]
 
 SYSTEM = """You are a coding agent working in a software repository on the user's machine. You help the user
@@ -158,7 +153,7 @@ class Session:
 
 
 def _until(rng: random.Random, chars: int, line) -> str:
-    """Lines from `line(rng, n)` (n counting from 0) until `chars` characters are reached."""
+    """Lines `line(rng, n)`, n from 0, until `chars` characters."""
     out, size, n = [], 0, 0
     while size < chars:
         text = line(rng, n)
@@ -261,8 +256,7 @@ def diff(rng: random.Random, chars: int, pkg: str) -> str:
 
 
 def tool_step(rng: random.Random, step: int, pkg: str, chars: int) -> tuple[str, dict, str]:
-    """(tool name, arguments, output of about `chars` characters) of a session's `step`-th tool call:
-    first a search, then a mix of reading files, running the tests and looking at the diff."""
+    """(name, arguments, output of about `chars` characters) of a session's `step`-th tool call: a search first."""
     kind = "search" if step == 0 else rng.choice(["read_file", "read_file", "test", "diff", "search"])
     if kind == "search":
         pattern = _func(rng)
@@ -303,7 +297,6 @@ def make_workload(seed: int, sizes: dict, chars_per_token: float = CHARS_PER_TOK
 
 
 def tool_outputs(sessions: list[Session]) -> list[str]:
-    """Every tool result of the workload (each once)."""
     return [m["content"] for s in sessions for m in s.turns[-1].messages if m["role"] == "tool"]
 
 

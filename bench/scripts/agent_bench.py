@@ -7,18 +7,17 @@
   3. `concurrent`: 4 clients at once with distinct prompts (no cache hits), median TTFT;
   4. `prefill_itl` (native only): one streaming row's gaps while a 2,000-token prompt is prefilled beside it.
 On native workers of their own, started afresh:
-  5. `restart`: a first turn on a worker with a disk tier, the worker restarted on its directory, the next
-     turn, against it prefilled whole by a fresh worker (both TTFTs, the restore's GB/s, the first's writes);
-  6. `memory`: `--flood` distinct prompts into one worker of the shipped demo pair: its resident memory
-     (VmRSS, VmHWM) against `mtpstack_worker_prefix_cache_bytes` after each;
-  7. `spill_itl`: a row's gaps while distinct prompts pass a small budget (`SPILL_GIB`) beside it, memory
-     only and with a disk tier taking every snapshot;
+  5. `restart`: a first turn on a worker with a disk tier, the next turn after a restart on its directory,
+     against a fresh worker's whole prefill (both TTFTs, the restore's GB/s, the first turn's writes);
+  6. `memory`: `--flood` distinct prompts into one worker of the shipped demo pair: VmRSS and VmHWM against
+     `mtpstack_worker_prefix_cache_bytes` after each;
+  7. `spill_itl`: a row's gaps while prompts pass a small budget (`SPILL_GIB`), memory only and with a disk tier;
   8. `restore_itl`: the row's gaps while a prompt on disk only is restored beside it, against those outside.
 Only when named, on `mtpstack up`'s demo fleet as shipped, fresh each round:
   9. `claude_code`: Claude Code headless (`claude -p`; `scripts/bootstrap-npm`, or `--claude`), `CLAUDE_TURNS`,
-     through a relay that times each `/v1/messages` to its first content block and reads `message_start`'s
-     usage, a turn's request after its tool's result a row of its own; `--first-party`: Claude Code's first-party
-     mode, whose billing line carries per-request fields, the report naming those that changed.
+     through a relay timing each `/v1/messages` to its first content block, with `message_start`'s usage, a
+     request after a tool's result its own row; `--first-party`: its first-party mode, the billing fields that
+     changed per request named.
 
     python bench/scripts/agent_bench.py --out bench-agent.json        # the demo pair, target widened to ~70M
     python bench/scripts/agent_bench.py --quick                        # the shipped demo as it is, 1 round
@@ -54,7 +53,8 @@ from mtpstack import series
 from mtpstack.bench.conversations import REQUEST_TIMEOUT, answered, run_sessions
 from mtpstack.bench.load import memory_kib
 from mtpstack.bench.parts import demo_pair, emit, ensure_preload, fmt, loadavg, post_json, rotated, rounds, spread
-from mtpstack.bench.servers import metrics, start_servers, start_workers, stream_chat, worker_command, worker_profile
+from mtpstack.bench.servers import (metrics, served_model, start_servers, start_workers, stream_chat, worker_command,
+                                    worker_profile)
 from mtpstack.bench.stats import percentile
 from mtpstack.bench.workloads import ANSWER_TOKENS, CONTEXT, FOLLOW_UPS, TURNS, conversation, opening, system_prompt
 from mtpstack.proxy.prometheus import sample
@@ -98,12 +98,10 @@ def ratio(a, b):
 
 
 def spreads(rows: list[dict], keys: tuple[str, ...]) -> dict:
-    """Each of `keys` summarized over the rows that measured it."""
     return {k: spread([r[k] for r in rows if r.get(k) is not None]) for k in keys}
 
 
 def summarize_samples(samples: dict) -> dict:
-    """Raw samples -> medians with min-max, per server."""
     out: dict = {}
     for server, s in samples.items():
         if server in OWN_WORKERS:
@@ -124,7 +122,6 @@ def summarize_samples(samples: dict) -> dict:
 
 
 def turns_summary(turns: list[list[float]]) -> dict:
-    """Each conversation's TTFTs: turn 1, the later ones, and its later turns over its own turn 1."""
     most = max(map(len, turns), default=0)
     return {
         "turn1_ttft_s": spread([conv[0] for conv in turns if conv]),
@@ -135,7 +132,6 @@ def turns_summary(turns: list[list[float]]) -> dict:
 
 
 def restart_summary(rounds: list[dict]) -> dict:
-    """The next turn after a restart against the same turn prefilled whole, round by round."""
     restored, wrote = [r for r in rounds if r.get("restore_s")], [r for r in rounds if r.get("write_s")]
     return {
         **spreads(rounds, ("restart_ttft_s", "cold_ttft_s", "cached_tokens", "prompt_tokens")),
@@ -148,7 +144,7 @@ def restart_summary(rounds: list[dict]) -> dict:
 
 
 def memory_summary(floods: list[dict]) -> dict:
-    """Per flood: how much resident memory grew (from the idle worker) against what the cache counts."""
+    """Per flood: resident memory's growth from the idle worker against what the cache counts."""
     out = {}
     for f in floods:
         after, base = f["after"], f["idle_rss_mib"]
@@ -164,7 +160,6 @@ def memory_summary(floods: list[dict]) -> dict:
 
 
 def by_variant(rounds: list[dict], keys: tuple[str, ...]) -> dict:
-    """Each variant's (or build's) `keys` over the rounds."""
     return {v: spreads([r[v] for r in rounds], keys) for v in (rounds[0] if rounds else [])}
 
 
@@ -182,7 +177,6 @@ def spill_summary(rounds: list[dict]) -> dict:
 
 
 def measured(v: dict | None) -> bool:
-    """Did a server's summary measure any of the scenarios on the two servers?"""
     return bool(v) and any(v[k]["n"] for k in ("turn1_ttft_s", "shared_ttft_s", "concurrent_ttft_s"))
 
 
@@ -245,7 +239,7 @@ def format_lines(report: dict) -> list[str]:
 
 
 def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
-    """Gaps between a stream's chunk arrival `times` that end inside any of `windows`, and those outside."""
+    """The gaps between chunk `times` that end inside any of `windows`, and those outside."""
     gaps = [(b - a, any(s <= b <= e for s, e in windows)) for a, b in zip(times, times[1:])]
     inside, outside = [g for g, within in gaps if within], [g for g, within in gaps if not within]
     if not inside:
@@ -255,7 +249,7 @@ def itl_windows(times: list[float], windows: list[tuple[float, float]]) -> dict:
 
 
 def tier_writes(log_path: Path) -> dict:
-    """A stopped worker's disk-tier writes, from the last line its tier logged when it stopped ({}: none)."""
+    """A stopped worker's disk-tier writes, from its tier's last stop line ({}: none)."""
     found = list(TIER_STOPS.finditer(log_path.read_text(errors="replace"))) if log_path.exists() else []
     if not found:
         return {}
@@ -267,7 +261,7 @@ def tier_writes(log_path: Path) -> dict:
 
 
 async def conversation_turns(url, model, system: str, thinking: bool, tag: str) -> tuple[list[float], list[int]]:
-    """A `TURNS`-turn conversation fed its answers: each turn's time to first token and prompt tokens."""
+    """Each turn's TTFT and prompt tokens."""
     extra = {"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": thinking}}
     sessions = [conversation(0, system, "what is failing?", TURNS)]
     rows = answered(await run_sessions(url + "/v1", model, sessions, ANSWER_TOKENS, labels={}, tag=tag, extra=extra))
@@ -303,8 +297,7 @@ ON_SERVERS = {"shared": shared, "concurrent": concurrent, "prefill_itl": prefill
 
 async def decoding_row(session, url: str, model: str, label: str, times: list, tokens: int = 4000,
                        ignore_eos: bool = True) -> asyncio.Task:
-    """A streaming plain completion (its chunks' times in `times`) that has decoded its first 20 tokens,
-    before anything is sent beside it."""
+    """A streaming plain completion (its chunks' times in `times`), returned once it has decoded 20 tokens."""
     decoding = asyncio.create_task(stream_chat(session, url, model, f"# {label}\nimport os\n", tokens, times,
                                                ignore_eos=ignore_eos))
     while len(times) < 20:
@@ -317,7 +310,7 @@ async def decoding_row(session, url: str, model: str, label: str, times: list, t
 
 @asynccontextmanager
 async def beside_a_row(session, url: str, label: str):
-    """A decoding row to measure the block beside: its chunks' times, the row stopped after."""
+    """A decoding row's chunk times while the block runs, the row cancelled after."""
     times: list[float] = []
     decoding = await decoding_row(session, url, "bench", label, times)
     try:
@@ -329,14 +322,12 @@ async def beside_a_row(session, url: str, label: str):
 
 
 async def shared_servers(session, args, target: Path, head: Path, workdir: Path, on: set, samples: dict) -> str | None:
-    """The scenarios on the two servers, started once and used alternately; the turns' prompt sizes."""
-    servers = start_servers(target, head, DEPTH, workdir, SERVERS)
-    models = {"native+mtp": "bench", "mlx_lm.server": str(target)}
-    prompt_tokens = None
+    """The scenarios on the two servers; the turns' prompt sizes."""
+    servers, prompt_tokens = start_servers(target, head, DEPTH, workdir, SERVERS), None
     try:
         for rnd, keep in rounds(args.warmup, args.rounds):
             for name in rotated(SERVERS, rnd):
-                url, model, got = servers[name].url, models[name], samples[name]
+                url, model, got = servers[name].url, served_model(name, target), samples[name]
                 seed = rnd * 2 + SERVERS.index(name)  # every server and round its own system prompt
                 by_mode = {mode: await conversation_turns(url, model, system_prompt(seed * 10 + m, args.tools),
                                                           thinking, f"agent-{rnd}-{name}-{mode}")
@@ -365,8 +356,7 @@ async def shared_servers(session, args, target: Path, head: Path, workdir: Path,
 @contextmanager
 def native_worker(target: Path, head: Path, logdir: Path, name: str, *, program: str | None = None,
                   cache_dir: Path | None = None, cache_gib: float | None = None):
-    """A healthy native worker of 2 rows with the MTP head, its prefix cache at the default budget (or `cache_gib`)
-    and its disk tier in `cache_dir`, run by `program` (another build's `mtpstack`); SIGTERM after the block."""
+    """A native worker of 2 rows with the MTP head, run by `program` (another build's `mtpstack`), stopped after."""
     port = free_port()
     cache = {"dir": str(cache_dir) if cache_dir else None, **({"maxGiB": cache_gib} if cache_gib is not None else {})}
     argv = worker_command(worker_profile(target, head, DEPTH, port, width=2, prefixCache=cache), program)
@@ -378,19 +368,17 @@ def native_worker(target: Path, head: Path, logdir: Path, name: str, *, program:
 
 
 def scrape(url: str, names: list[str]) -> dict[str, float]:
-    """The worker's counters `names` (0 when it does not export one)."""
+    """The counters `names`, 0 for one not exported."""
     samples = metrics(url)
     return {name: sample(samples, name) or 0.0 for name in names}
 
 
 def builds(args) -> dict[str, str | None]:
-    """The builds a scenario compares: this checkout's, and `--baseline`'s when given."""
     return {"this checkout": None, **({"baseline": args.baseline} if args.baseline else {})}
 
 
 async def restart_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
-    """One conversation's first turn, a restart on the disk tier, its next turn; then that next turn
-    on a fresh worker with nothing cached (the cold prefill), the order alternating by round."""
+    """A first turn, a restart on the disk tier and the next turn; that turn again on a fresh worker, cold."""
     names = [series.PREFIX_CACHE_DISK_READ_BYTES, series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
     cache = workdir / f"restart-cache-{rnd}"
     messages = opening(system_prompt(500 + rnd, args.tools))
@@ -414,8 +402,7 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
 
 
 async def restore_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
-    """A decoding row's gaps while a prompt is restored from disk beside it `RESTORES` times, for this
-    checkout and `--baseline` (each on a copy of one primed directory), the order alternating by round."""
+    """A row's gaps beside `RESTORES` restores, per build, each on a copy of one primed directory."""
     names = [series.PREFIX_CACHE_DISK_HITS, series.PREFIX_CACHE_DISK_READ_BYTES,
              series.PREFIX_CACHE_DISK_RESTORE_SECONDS + "_sum"]
     messages = opening(system_prompt(900 + rnd, args.tools))
@@ -440,7 +427,6 @@ async def restore_round(session, target: Path, head: Path, args, workdir: Path, 
 
 
 async def spill_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
-    """The decoding row's gaps while the flood arrives: memory only, and with a disk tier."""
     out = {}
     for variant in rotated(["memory", "disk"], rnd):
         with native_worker(target, head, workdir, f"spill-{rnd}-{variant}", cache_gib=SPILL_GIB,
@@ -458,8 +444,7 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
 
 
 def memory_flood(head: Path, args, workdir: Path, build: str, program: str | None) -> dict:
-    """`--flood` distinct prompts of `FLOOD_TOKENS` token ids, one after another, into one worker of
-    the shipped demo pair at the default budget; resident memory and the gauge after each."""
+    """Resident memory and the cache's gauge after each prompt of the flood, on the shipped demo pair."""
     from mtpstack.worker.demo import DEMO_TARGET
 
     rng, after = random.Random(11), []
@@ -482,8 +467,7 @@ def memory_flood(head: Path, args, workdir: Path, build: str, program: str | Non
 
 @asynccontextmanager
 async def relay(upstream: str):
-    """A relay in front of the proxy while the block runs: its URL, and a record per `/v1/messages` of its
-    time to the first content block and the usage `message_start` reports."""
+    """A relay to `upstream` while the block runs: its URL, and a record per `/v1/messages`."""
     records: list[dict] = []
 
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -522,7 +506,7 @@ async def relay(upstream: str):
 
 
 def billing_of(body: bytes) -> str | None:
-    """The billing line Claude Code sends as its first system block, if any."""
+    """Claude Code's billing line, its first system block, if any."""
     try:
         system = json.loads(body).get("system")
     except (ValueError, AttributeError):
@@ -533,7 +517,7 @@ def billing_of(body: bytes) -> str | None:
 
 
 def changing_fields(lines: list[str | None]) -> list[str]:
-    """The fields of the billing lines that differ between requests, in the order first seen."""
+    """The billing lines' fields that differ between requests, in the order first seen."""
     seen: dict[str, set[str]] = {}
     for line in lines:
         for field in (line or "").split(":", 1)[-1].split(";"):
@@ -572,7 +556,6 @@ def turn_requests(records: list[dict]) -> list[dict]:
 
 
 def claude_lines(result: dict) -> list[str]:
-    """A row per turn: its prompt, TTFT and cache reuse, median (min-max) over the rounds."""
     lines = ["| turn | prompt tokens | TTFT s, median (min-max) | cache_read_input_tokens, median (min-max) | n |",
              "|---|---|---|---|---|"]
     for label in (x for t, *_ in CLAUDE_TURNS for x in (t, AFTER_RESULT.format(t))):
@@ -589,10 +572,12 @@ def claude_lines(result: dict) -> list[str]:
                     f"after {load['after']}."]
 
 
-async def claude_round(claude: Path, work: Path, first_party: bool) -> dict:
-    """`CLAUDE_TURNS` through the relay to a fresh `mtpstack up` demo fleet: each turn's requests."""
+async def claude_round(session, target: Path, head: Path, args, workdir: Path, rnd: int) -> dict:
+    """`CLAUDE_TURNS` through the relay to a fresh `mtpstack up` demo fleet."""
     from mtpstack.up import DEMO_MODEL, default_fleet
 
+    work = workdir / f"claude-{rnd}"
+    work.mkdir()
     config = default_fleet()
     config["proxy"]["port"], config["workers"]["demo"]["port"] = free_port(), free_port()
     (work / "fleet.json").write_text(json.dumps(config))
@@ -609,14 +594,14 @@ async def claude_round(claude: Path, work: Path, first_party: bool) -> dict:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"), "NO_COLOR": "1",
                    "ANTHROPIC_BASE_URL": relay_url, "ANTHROPIC_AUTH_TOKEN": "bench", "ANTHROPIC_MODEL": DEMO_MODEL,
                    "ANTHROPIC_SMALL_FAST_MODEL": DEMO_MODEL, "DISABLE_TELEMETRY": "1",
-                   "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(FIRST_PARTY_ENV if first_party else {})}
+                   "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(FIRST_PARTY_ENV if args.first_party else {})}
             (work / "home").mkdir()
             for label, prompt, again, folder in CLAUDE_TURNS:
                 cwd = work / folder
                 cwd.mkdir(exist_ok=True)
                 (cwd / "a.txt").write_text("hello\n")
                 before = len(records)
-                argv = [str(claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3",
+                argv = [str(args.claude), *(["-c"] if again else []), "-p", prompt, "--max-turns", "3",
                         "--allowedTools", "Bash,Read"]
                 done = await asyncio.to_thread(subprocess.run, argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                                capture_output=True, text=True, timeout=REQUEST_TIMEOUT)
@@ -636,16 +621,22 @@ async def claude_round(claude: Path, work: Path, first_party: bool) -> dict:
         up.interrupt()
 
 
-async def claude_code(args, workdir: Path) -> dict:
-    """Claude Code's turns, a fresh fleet each round; the billing fields that changed between requests."""
-    version = subprocess.run([str(args.claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
-    result = {"claude_version": version, "first_party": args.first_party, "loadavg_before": loadavg(), "rounds": []}
+async def measure_rounds(scenario: str, one_round, session, target, head, args, workdir: Path) -> list[dict]:
+    """A scenario's rounds on workers of its own, the warm-up discarded."""
+    kept = []
     for rnd, keep in rounds(args.warmup, args.rounds):
-        work = workdir / f"claude-{rnd}"
-        work.mkdir()
-        got = await claude_round(args.claude, work, args.first_party)
+        r = await one_round(session, target, head, args, workdir, rnd)
+        print(f"{scenario} round {rnd}: {r}", file=sys.stderr)
         if keep:
-            result["rounds"].append(got)
+            kept.append(r)
+    return kept
+
+
+async def claude_code(session, args, workdir: Path) -> dict:
+    """Claude Code's rounds and the billing fields that changed between requests."""
+    version = subprocess.run([str(args.claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    result = {"claude_version": version, "first_party": args.first_party, "loadavg_before": loadavg()}
+    result["rounds"] = await measure_rounds("claude_code", claude_round, session, None, None, args, workdir)
     result["changing_fields"] = changing_fields([b for r in result["rounds"] for b in r.pop("billing")])
     return {**result, "loadavg_after": loadavg()}
 
@@ -671,19 +662,14 @@ async def run(args) -> dict:
             prompt_tokens = await shared_servers(session, args, target, head, workdir, on, samples)
         for scenario, (one_round, of) in OWN_ROUNDS.items():
             if scenario in on:
-                samples[scenario] = []
-                for rnd, keep in rounds(args.warmup, args.rounds):
-                    r = await one_round(session, target, head, args, workdir, rnd)
-                    print(f"{scenario} round {rnd}: {r}", file=sys.stderr)
-                    if keep:
-                        samples[scenario].append(r)
+                samples[scenario] = await measure_rounds(scenario, one_round, session, target, head, args, workdir)
                 summary[scenario] = of(samples[scenario])
-    if "memory" in on:
-        samples["memory"] = [memory_flood(head, args, workdir, build, program)
-                             for build, program in builds(args).items()]
-        summary["memory"] = memory_summary(samples["memory"])
-    if "claude_code" in on:
-        summary["claude_code"] = await claude_code(args, workdir)
+        if "memory" in on:
+            samples["memory"] = [memory_flood(head, args, workdir, build, program)
+                                 for build, program in builds(args).items()]
+            summary["memory"] = memory_summary(samples["memory"])
+        if "claude_code" in on:
+            summary["claude_code"] = await claude_code(session, args, workdir)
     return {"source": source, "rounds": args.rounds, "warmup": args.warmup, "depth": DEPTH, "tools": args.tools,
             "prompt_tokens": prompt_tokens, "samples": samples, "summary": {**summarize_samples(samples), **summary}}
 
