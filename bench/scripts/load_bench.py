@@ -100,8 +100,8 @@ async def upstream_stats(session, setup: FakeFleet) -> dict[str, dict]:
 
 async def measured_load(session, row: dict, url: str, pid: int, targets: dict, n: int, make_body, bound: float,
                         deadline: float, halves: bool = False) -> dict:
-    """`n` requests, `targets` sampled meanwhile, the proxy's memory before, after (and between halves: a one-time
-    growth or a steady one)."""
+    """`n` requests, `targets` sampled meanwhile; the proxy's RSS before, after (and between halves: growth once or
+    steady)."""
     clients, capacity = row["clients"], row["gate"] * row["upstreams"] + row["max_waiting"]
     tally, rss = Tally(), {"before": memory_kib(pid).get("VmRSS")}
     t0, half = time.monotonic(), n // 2 if halves else n
@@ -214,8 +214,7 @@ def restart(f: FakeUpstream):
 
 
 async def healthy(session, proxy_url: str, names, timeout: float, fakes: tuple[FakeUpstream, ...] = ()) -> bool:
-    """Whether `/readyz` calls each of `names` healthy within `timeout`; a fake not running (lost a port race)
-    is started again."""
+    """Whether `/readyz` calls each of `names` healthy within `timeout`, restarting any of `fakes` not running."""
     async def check():
         for f in fakes:
             if not f.process.alive():
@@ -267,8 +266,8 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
                            deadline: float, idle, again: list[dict]) -> dict:
     """`n` requests closed early from `clients` loops, half by FIN, half by RST: 6 in 8 streams after 1-3 chunks
     (`mid-stream`), 1 in 8 streams 20-80 ms after sending without reading (`early`), 1 in 8 non-streamed requests
-    20-80 ms after sending (`plain`). Then the proxy's slots settled, the upstream idle (`idle`, a settle check), the
-    status the proxy logged for each, its 499 counter, and `again` served."""
+    20-80 ms after sending (`plain`). Then the proxy's slots settled, the upstream idle (`idle`, a settle check whose
+    value is stored), the status the proxy logged for each, its 499 counter, and `again` served."""
     rng = random.Random(7)
     ids: dict[str, str] = {}  # X-Request-Id -> how the client left, to find each one in the proxy's log
     counter = until(n, deadline)
@@ -302,7 +301,7 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
     ok, value = await settle(proxy_slots(session, url), SETTLE_SECONDS)
     # the proxy frees its slot before it closes the upstream connection: the upstream idles a moment later
     t_idle = time.monotonic()
-    idle_ok, idle_value = await settle(idle, SETTLE_SECONDS)
+    _, idle_value = await settle(idle, SETTLE_SECONDS)
     idle_seconds = round(time.monotonic() - t_idle, 2)
     m1 = await get_metrics(session, url)
     served = await serves_again(session, url, again, HANG_SECONDS)
@@ -313,13 +312,13 @@ async def disconnect_phase(session, url: str, port: int, log: Path, models: list
     total_499 = lambda m: sum(v for k, v in m.get("mtpstack_proxy_requests_total", {}).items()  # noqa: E731
                               if ("status", "499") in k)
     kinds = Counter(ids.values())
-    say(f"disconnects: {dict(kinds)}, slots after {value}, upstream idle: {idle_ok}")
+    say(f"disconnects: {dict(kinds)}, slots after {value}, then {idle_value}")
     return {"disconnects": len(ids), "kinds": dict(kinds), "hung": kinds["hung"],
             "connection_errors": kinds["connection_error"], "requested": n, "slots_after": value,
             "leaked_after": not ok, "proxy_logged": dict(sum(by_kind.values(), Counter())),
             "proxy_logged_by_kind": {k: dict(c) for k, c in by_kind.items()},
-            "proxy_499": int(total_499(m1) - total_499(m0)), "serves_again": served,
-            "idle": (idle_ok, idle_value, idle_seconds)}
+            "proxy_499": int(total_499(m1) - total_499(m0)), "serves_again": served, **idle_value,
+            "idle_after_seconds": idle_seconds}
 
 
 async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> dict:
@@ -328,19 +327,16 @@ async def fake_disconnects(session, workdir: Path, n: int, deadline: float) -> d
 
         async def upstreams_idle():
             stats = await upstream_stats(session, setup)
-            return all(v.get("active") == 0 for v in stats.values()), stats
+            return all(v.get("active") == 0 for v in stats.values()), {
+                "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
+                **{f"upstream_{k}": sum(v.get(k, 0) for v in stats.values()) for k in ("cancelled", "violations")}}
 
-        r = await disconnect_phase(
+        return {"target": "fake", **await disconnect_phase(
             session, setup.url, setup.port, setup.log, models, n, 16,
             # a plain answer takes 0.5 s, so a client leaving after 20-80 ms leaves before it
             lambda model, stream: {"model": model, "prompt": "long", "stream": stream,
                                    "x_fake": LONG_STREAM if stream else {"delay": 0.5}},
-            deadline, upstreams_idle, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])
-    _, stats, idle_seconds = r.pop("idle")
-    return {"target": "fake", **r, "upstream_active_after": {k: v.get("active") for k, v in stats.items()},
-            "upstream_idle_after_seconds": idle_seconds,
-            "upstream_cancelled": sum(v.get("cancelled", 0) for v in stats.values()),
-            "upstream_violations": sum(v.get("violations", 0) for v in stats.values())}
+            deadline, upstreams_idle, [{"model": m, "prompt": "x", "stream": True} for m in models for _ in range(2)])}
 
 
 # == faults: the real stack ========================================================================
@@ -465,17 +461,15 @@ async def real_disconnects(session, stack: RealStack, worker_url: str, proxy_log
 
     async def worker_idle():
         v = sample(await get_metrics(session, worker_url), series.ACTIVE_SEQUENCES)
-        return v == 0, v
+        return v == 0, {"worker_active_sequences_after": v, "worker_leaked_after": v != 0}
 
     r = await disconnect_phase(session, stack.url, stack.port, proxy_log, ["tiny"], n, 4,
                                lambda model, stream: real_body(0, model, max_tokens=400, stream=stream), deadline,
                                worker_idle, [real_body(i, max_tokens=8) for i in range(2)])
-    idle, active, idle_seconds = r.pop("idle")
     # each stream asked for 400 tokens: a worker that ignored the disconnects would generate them all
     generated = int(tokens(await get_metrics(session, worker_url)) - tokens(wm0))
     return {"target": "real", **r, "tokens_generated": generated,
-            "tokens_if_never_stopped": 400 * r["disconnects"], "worker_idle_after_seconds": idle_seconds,
-            "worker_active_sequences_after": active, "worker_leaked_after": not idle}
+            "tokens_if_never_stopped": 400 * r["disconnects"]}
 
 
 async def real_kills(session, stack: RealStack, kills: int, deadline: float) -> dict:
@@ -573,8 +567,15 @@ FULL = {"requests": 20000, "bound_requests": 2000, "kills": 100, "failovers": 20
 PHASE_KEYS = ("load", "bound", "fake_kills", "fake_failover", "fake_disconnects", "real", "real_failover")
 
 
-def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: float, result: dict) -> list:
-    """(name, its `--only` key and the key of its figures, run it) of each phase, in order."""
+async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
+    for key in FULL:
+        if getattr(args, key) is None:
+            setattr(args, key, (QUICK if args.quick else FULL)[key])
+    deadline = time.monotonic() + args.deadline
+    result: dict = {"load": [], "errors": []}
+    connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=None)
+    session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+    # (name, its `--only` key and the key of its figures, run it) of each phase, in order
     phases = [(f"fake {what} gate {gate}", key, partial(fake_load, session, workdir, gate=gate, requests=n,
                                                         max_waiting=waiting, deadline=deadline))
               for key, what, n, waiting in (("load", "load", args.requests, 64),
@@ -589,18 +590,8 @@ def fault_phases(session, args: argparse.Namespace, workdir: Path, deadline: flo
         if args.real_failovers:
             phases.append(("real failover", "real_failover", partial(real_failover, session, workdir,
                            kills=args.real_failovers, clients=FAILOVER_CLIENTS, deadline=deadline)))
-    return phases
-
-
-async def faults(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
-    for key in FULL:
-        if getattr(args, key) is None:
-            setattr(args, key, (QUICK if args.quick else FULL)[key])
-    deadline = time.monotonic() + args.deadline
-    result: dict = {"load": [], "errors": []}
-    connector, timeout = aiohttp.TCPConnector(limit=0), aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        for name, key, phase in fault_phases(session, args, workdir, deadline, result):
+    async with session:
+        for name, key, phase in phases:
             if args.only and key not in args.only:
                 continue
             if time.monotonic() > deadline:
@@ -733,8 +724,7 @@ def unrouted(url: str) -> int:
 
 
 def agent_requests(url: str, n: int, seed: int, model: str) -> dict:
-    """Hostile agent requests, a third on `/v1/messages`: statuses, refusals not in their API's shape or naming no
-    field."""
+    """Hostile agent requests, a third on `/v1/messages`: statuses, refusals not in their API's shape or unnamed."""
     from devkit.hostile import anthropic_refusal_names_a_field, random_agent_request, random_messages_request
 
     rng = random.Random(seed)
@@ -908,26 +898,12 @@ async def hostile(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
 #: Pause between chunks of the paced upstream: a few ms, as a model writes tokens; its wait before a plain answer.
 PACED_INTERVAL, PACED_DELAY = 0.002, 0.02
 #: Per cell, per target, per round: (requests at 1 client, requests at 4 clients); the warm-up's, discarded.
-PROXY_COUNTS = {("plain", "instant"): (200, 400), ("plain", "paced"): (20, 40), ("sse", "instant"): (10, 20),
-                ("sse", "paced"): (2, 8)}
-WARMUP_COUNTS = {("plain", "instant"): (50,), ("plain", "paced"): (5,), ("sse", "instant"): (2,),
-                 ("sse", "paced"): (2,)}
+PROXY_COUNTS = {"plain/instant": (200, 400), "plain/paced": (20, 40), "sse/instant": (10, 20), "sse/paced": (2, 8)}
+WARMUP_COUNTS = {"plain/instant": (50,), "plain/paced": (5,), "sse/instant": (2,), "sse/paced": (2,)}
 #: How often the page polls `/v1/fleet/status` (the page's own POLL_MS).
 DASHBOARD_POLL_SECONDS = 1.0
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 CHAT = "/v1/chat/completions"
-
-
-async def run_cell(session: aiohttp.ClientSession, url: str, kind: str, clients: int, n: int, model: str) -> Sample:
-    body = json.dumps({**BODY, "model": model, "stream": kind == "sse"}).encode()
-    s, one = Sample(), partial(stream, stamped=model == "paced") if kind == "sse" else plain
-
-    async def client() -> None:
-        for _ in range(n // clients):
-            await one(session, url, body, s)
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return s
 
 
 async def poll_dashboard(base: str, counts: dict) -> None:
@@ -955,6 +931,13 @@ async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, di
         up = await fake_process(CHILDREN, workdir, f"upstream-{mode}", mode, 4, "--chunks", str(PROXY_CHUNKS),
                                 "--interval", str(interval), "--delay", str(delay), *stamp)
         urls["direct"][mode], pids["direct"][mode], workers[mode] = up.url, up.process.pid, up.worker_config()
+    if nginx := nginx_program():
+        listen = {mode: free_port() for mode in workers}  # the instant upstream's first: nginx's URL, checked ready
+        ng = await ready(start_nginx(CHILDREN, nginx, workdir, {listen[m]: workers[m]["port"] for m in workers},
+                                     cwd=ROOT), "/health", 30.0)
+        urls["nginx"], pids["nginx"] = {m: url_of(HOST, p) for m, p in listen.items()}, dict.fromkeys(workers, ng.pid)
+    else:
+        say("nginx is not installed (Debian: apt-get install nginx-light); comparing without it")
     ours = {f"mtpstack-{loop}": (sys.executable, ("--loop", loop)) for loop in args.loops or ()}
     ours = ours or {"mtpstack": (sys.executable, ())}
     if args.baseline:  # another checkout's proxy (its own venv's interpreter) in the same rounds
@@ -963,27 +946,27 @@ async def proxy_stack(args: argparse.Namespace, workdir: Path) -> tuple[dict, di
         proxy = {"concurrencyLimit": 4, "queue": {"maxWaiting": 64, "timeoutSeconds": 60}}
         proc = await proxy_process(CHILDREN, workdir, name, proxy, workers, python, extra)
         urls[name], pids[name] = dict.fromkeys(workers, proc.url), dict.fromkeys(workers, proc.pid)
-    if not (nginx := nginx_program()):
-        say("nginx is not installed (Debian: apt-get install nginx-light); comparing with direct only")
-        return urls, pids, None
-    listen = {mode: free_port() for mode in workers}  # the instant upstream's first: nginx's URL, checked ready
-    ng = await ready(start_nginx(CHILDREN, nginx, workdir, {listen[m]: workers[m]["port"] for m in workers}, cwd=ROOT),
-                     "/health", 30.0)
-    urls = {"direct": urls.pop("direct"), "nginx": {m: url_of(HOST, p) for m, p in listen.items()}, **urls}
-    pids["nginx"] = dict.fromkeys(workers, ng.pid)
     return urls, pids, nginx_version(nginx)
 
 
 async def proxy_round(sessions: dict, urls: dict, pids: dict, rnd: int, counts: dict = PROXY_COUNTS) -> dict:
     """One round: every cell on every target, the targets in this round's order; each one's samples and CPU."""
     cells: dict = {}
-    for (kind, mode), ns in counts.items():
+    for cell_key, ns in counts.items():
+        kind, mode = cell_key.split("/")
+        body = json.dumps({**BODY, "model": mode, "stream": kind == "sse"}).encode()
+        one = partial(stream, stamped=mode == "paced") if kind == "sse" else plain
         for clients, n in zip((1, 4), ns):
-            key = f"{kind}/{mode}/{clients}c"
+            key = f"{cell_key}/{clients}c"
             cell = cells[key] = {}
             for t in rotated(list(urls), rnd):
-                c0 = cpu_seconds(pids[t][mode])  # proxies: the proxy's CPU; direct: the upstream's own, for reference
-                s = await run_cell(sessions[t], urls[t][mode] + CHAT, kind, clients, n, mode)
+                s, c0 = Sample(), cpu_seconds(pids[t][mode])  # direct: the upstream's own CPU, for reference
+
+                async def client() -> None:  # awaited within this iteration
+                    for _ in range(n // clients):
+                        await one(sessions[t], urls[t][mode] + CHAT, body, s)
+
+                await asyncio.gather(*(client() for _ in range(clients)))
                 cpu = cpu_seconds(pids[t][mode]) - c0
                 if s.errors:
                     say(f"warning: {s.errors} failed requests: {t} {key}")
@@ -1008,9 +991,8 @@ async def proxy(args: argparse.Namespace, workdir: Path) -> tuple[dict, bool]:
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
     proxies = [t for t in urls if t != "direct"]
-    per_cell = lambda counts: {f"{k}/{m}": v for (k, m), v in counts.items()}  # noqa: E731
     meta = {"rounds": args.rounds, "loops": args.loops, "chunks": PROXY_CHUNKS, "paced_interval_s": PACED_INTERVAL,
-            "paced_delay_s": PACED_DELAY, "counts": per_cell(PROXY_COUNTS), "warmup": per_cell(WARMUP_COUNTS),
+            "paced_delay_s": PACED_DELAY, "counts": PROXY_COUNTS, "warmup": WARMUP_COUNTS,
             "aiohttp": aiohttp.__version__, "nginx": nginx,
             "dashboard_poll": None if poller is None else {"interval_s": DASHBOARD_POLL_SECONDS, **polled}}
     return {"meta": meta, "summary": proxy_summary(measured, proxies), "rounds": measured, "proxies": proxies}, True

@@ -105,29 +105,30 @@ def failover_counts(outcomes: dict[str, str], logged: dict[str, dict], kills: li
     """What the clients saw (`outcomes`: request id -> "ok" or what went wrong) while `dead` was killed at the
     wall-clock `kills`, by the proxy's request lines (`logged`). An error the dead worker had taken was sent to it
     before a kill and ended after; every other counts against the goal of none."""
-    out = {"requests": len(outcomes), "ok": 0, "errors_taken_by_dead": 0, "errors_not_taken": 0, "failed_over": 0,
-           "errors": {}, "errors_not_taken_ids": []}
+    out = {"requests": len(outcomes), "ok": 0, "errors_taken_by_dead": 0, "errors_not_taken": 0, "failed_over": 0}
+    errors, not_taken = Counter(), []
     for rid, outcome in outcomes.items():
-        line = logged.get(rid)
-        if line is not None and dead in (line.get("failed_over") or ()):
-            out["failed_over"] += 1
+        line = logged.get(rid, {})
+        out["failed_over"] += dead in (line.get("failed_over") or ())
         if outcome == "ok":
             out["ok"] += 1
             continue
-        out["errors"][outcome] = out["errors"].get(outcome, 0) + 1
-        if line is not None and line.get("worker") == dead and any(line["sent"] <= k <= line["ended"] for k in kills):
+        errors[outcome] += 1
+        if line.get("worker") == dead and any(line["sent"] <= k <= line["ended"] for k in kills):
             out["errors_taken_by_dead"] += 1
         else:
             out["errors_not_taken"] += 1
-            out["errors_not_taken_ids"].append(rid)
-    out["errors_not_taken_ids"] = out["errors_not_taken_ids"][:20]
-    return out
+            not_taken.append(rid)
+    return {**out, "errors": dict(errors), "errors_not_taken_ids": not_taken[:20]}
+
+
+def finished(name: str, r: dict, key: str) -> tuple[bool, str]:
+    return r[key] == r["requested"], f"{name}: {key} done before the deadline: {r[key]}"
 
 
 def kill_checks(name: str, r: dict) -> list[tuple[bool, str]]:
     return [
-        (r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"),
-        (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
+        finished(name, r, "kills"), (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
         (r["rounds_with_leaked_slot"] == 0 and not r["leaked_after"],
          f"{name}: leaked slots: {r['rounds_with_leaked_slot']} rounds, after settling {r['slots_after']}"),
     ]
@@ -169,8 +170,7 @@ def load_checks(r: dict) -> list[tuple[bool, str]]:
 
 def disconnect_checks(r: dict) -> list[tuple[bool, str]]:
     name = f"{r['target']} client disconnects ({r['disconnects']} of {r['requested']})"
-    out = [(r["disconnects"] == r["requested"], f"{name}: disconnects done before the deadline: {r['disconnects']}"),
-           (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
+    out = [finished(name, r, "disconnects"), (r["hung"] == 0, f"{name}: hung clients: {r['hung']}"),
            (not r["leaked_after"], f"{name}: leaked proxy slots after settling: {r['slots_after']}")]
     if "upstream_active_after" in r:
         active = sum((v or 0) for v in r["upstream_active_after"].values())
@@ -209,7 +209,7 @@ def checks(result: dict) -> list[tuple[bool, str]]:
                  f"(by the survivor): {ok} of {after['sent']} {after['error_codes'] or ''}".rstrip())]
     if r := result.get("real_failover"):
         name = f"real failover under load ({r['kills']} of {r['requested']} kills)"
-        out += [(r["kills"] == r["requested"], f"{name}: kills done before the deadline: {r['kills']}"),
+        out += [finished(name, r, "kills"),
                 (r["errors_not_taken"] == 0, f"{name}: errors for requests the dead worker had not taken: "
                  f"{r['errors_not_taken']} {r['errors_not_taken_ids'] or ''}".rstrip()),
                 (r["ok"] > 0 and r["requests"] > 0, f"{name}: requests answered: {r['ok']} of {r['requests']}")]
@@ -316,8 +316,7 @@ def hostile_lines(r: dict) -> list[str]:
         if m := r.get(name, {}).get("malformed"):
             lines.append(f"{name}: {m['requests']} malformed requests in {m['seconds']} s, statuses {m['statuses']}, "
                          f"{m['closed_without_answer']} closed without an answer")
-        if name == "proxy" and "proxy" in r:
-            s = r["proxy"]["slow"]
+        if s := r.get(name, {}).get("slow"):
             lines += [f"proxy: {s['slow_clients']} slow clients at once: {s['answered_408']} answered 408, "
                       f"{s['closed']} closed; held {s['held_seconds_median']} s median, {s['held_seconds_max']} s max "
                       f"(deadline {CLIENT_SECONDS:g} s)",
@@ -404,35 +403,26 @@ def proxy_summary(rounds: list[dict], proxies: list[str]) -> dict:
     return out
 
 
-#: The proxy table's columns after the cell's and the proxy's: heading, width, the summary's key.
-PROXY_COLUMNS = [("added p50 us", 18, "added_p50"), ("added p99 us", 20, "added_p99"),
-                 ("first chunk +us", 18, "added_first_chunk_p50"), ("CPU/req us", 16, "cpu_per_request"),
-                 ("CPU/chunk us", 14, "cpu_per_chunk")]
+#: The proxy table's columns after the cell's and the proxy's: heading -> the summary's key.
+PROXY_COLUMNS = {"added p50 us": "added_p50", "added p99 us": "added_p99", "first chunk +us": "added_first_chunk_p50",
+                 "CPU/req us": "cpu_per_request", "CPU/chunk us": "cpu_per_chunk"}
 
 
 def proxy_table(summary: dict, proxies: list[str]) -> list[str]:
-    """The printed table: one row per cell and proxy; times in microseconds, median (min..max) over rounds."""
-    w = max(9, *map(len, proxies))  # the proxy column: as wide as its longest name
-    row = lambda key, p, cells: f"{key:<24} {p:<{w}} " + " ".join(  # noqa: E731
-        f"{c:>{n}}" for c, (_, n, _) in zip(cells, PROXY_COLUMNS))
-    head = row("cell", "proxy", [h for h, _, _ in PROXY_COLUMNS])
-    lines = [head, "-" * len(head)]
-    for key, cell in summary.items():
-        if up := cell.get("direct", {}).get("upstream_cpu_per_request"):
-            lines.append(row(key, "(direct)", ["-", "-", "-", _us(up), ""]) + "  <- the upstream's own CPU")
-        lines += [row(key, p, [_us(cell[p].get(k)) for _, _, k in PROXY_COLUMNS]) for p in proxies if p in cell]
-        for p in proxies:
-            c = cell.get(p, {})
-            extra = [f"stream throughput vs direct {_ratio(c[k])}" for k in ("throughput_vs_direct",) if k in c]
-            if "added_chunk_delay_p50" in c:
-                extra.append(f"added per-chunk delay p50 {_us(c['added_chunk_delay_p50'])} us, "
-                             f"p99 {_us(c['added_chunk_delay_p99'])} us")
-            if extra:
-                lines.append(f"{'':<24} {p:<{w}} " + "; ".join(extra))
+    """One row per cell and proxy, then each cell's stream figures and ratios; microseconds, median (min..max)."""
+    rows, notes = [], []
+    for key, figs in summary.items():
+        if up := figs.get("direct", {}).get("upstream_cpu_per_request"):
+            rows.append([key, "(direct)", None, None, None, _us(up), None])
+        rows += [[key, p, *(_us(figs[p].get(k)) for k in PROXY_COLUMNS.values())] for p in proxies if p in figs]
+        for p, c in ((p, figs[p]) for p in proxies if "throughput_vs_direct" in figs.get(p, {})):
+            delay = (f"; added per-chunk delay p50 {_us(c['added_chunk_delay_p50'])} us, p99 "
+                     f"{_us(c['added_chunk_delay_p99'])} us") if "added_chunk_delay_p50" in c else ""
+            notes.append(f"{key} {p}: stream throughput vs direct {_ratio(c['throughput_vs_direct'])}{delay}")
         for a, b in comparisons(proxies):
-            if r := cell.get(f"{a}_vs_{b}"):
-                lines.append(f"{'':<24} {'ratio':<{w}} {a}/{b}: " + ", ".join(f"{k} {_ratio(v)}" for k, v in r.items()))
-    return lines
+            if r := figs.get(f"{a}_vs_{b}"):
+                notes.append(f"{key} ratio {a}/{b}: " + ", ".join(f"{k} {_ratio(v)}" for k, v in r.items()))
+    return [*table(["cell", "proxy", *PROXY_COLUMNS], rows), *notes]
 
 
 def _load(meta: dict) -> str:
@@ -442,7 +432,7 @@ def _load(meta: dict) -> str:
 def proxy_lines(result: dict) -> list[str]:
     meta = result["meta"]
     lines = [f"{meta['rounds']} interleaved rounds; times in microseconds, median (min..max) over rounds; added = "
-             f"proxied minus direct in the same round; {_load(meta)}",
+             f"proxied minus direct in the same round; (direct): the upstream's own CPU; {_load(meta)}",
              *proxy_table(result["summary"], result["proxies"])]
     if (poll := meta["dashboard_poll"]) is not None:
         lines.append(f"dashboard: one page polled /v1/fleet/status {poll['polls']} times ({poll['failed']} failed)")
