@@ -296,7 +296,7 @@ async def scrape(session: aiohttp.ClientSession, url: str, counters: Sequence[st
 
 async def run_request(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
                       extra: dict | None = None) -> dict:
-    """One greedy streamed chat completion, every chunk timed, with the prompt's own fields and `extra`."""
+    """One greedy streamed chat completion, every chunk timed."""
     times: list[float] = []
     body = {**(prompt.body or {}), **(extra or {}), "seed": 0}
     try:
@@ -502,8 +502,8 @@ class Sweep:
         }
 
     async def _serve(self, configs: list[Configuration], prompts: dict[str, list[Prompt]]) -> list[dict]:
-        """One worker on a free loopback port serving `configs` (a record each): started, proven, measured per
-        width and workload; a failure to start, to prove or to answer is every record's error."""
+        """One worker on a free loopback port serving `configs` (a record each, sharing one `process`): started,
+        proven, measured per width and workload; a failure to start, to prove or to answer is every record's error."""
         shared = len(configs) > 1
         label = "alternated" if shared else configs[0].label
         port = pick_port(self.config)
@@ -511,12 +511,11 @@ class Sweep:
         profile = profile.model_copy(update={"host": BENCH_HOST, "port": port})
         process = {"port": port, **({"shared": True} if shared else {})}
         records = [{"label": c.label, "depth": c.depth, "drafter_kind": _declared_kind(profile), "status": "aborted",
-                    "error": None, "argv": worker_argv(profile), "process": dict(process), "proof": None,
+                    "error": None, "argv": worker_argv(profile), "process": process, "proof": None,
                     "workloads": {}} for c in configs]
         self._progress(description=f"{label}: starting")
         proc = self.launch(profile, label)
-        for r in records:
-            r["process"].update({"pid": proc.pid, "log": str(proc.log_path)})
+        process.update({"pid": proc.pid, "log": str(proc.log_path)})
         try:
             proc.wait_ready("/health", self.s.startup_timeout, state="healthy")
             model = self._proven(proc, profile, records, label)
@@ -527,9 +526,7 @@ class Sweep:
                         key = rpt.workload_key(w, width)
                         self._progress(description=f"{label}: {key}")
                         await self._passes(session, proc.url, model, prompts[w], width, key, configs, records)
-            for r in records:
-                r["status"] = "measured"
-            return records
+            error = None
         except (StartError, ConfigurationAborted) as e:
             error = str(e)
         except aiohttp.ClientError as e:
@@ -537,15 +534,14 @@ class Sweep:
         finally:
             self.stop(proc)
         for r in records:
-            r["error"] = error
+            r.update(status="aborted" if error is not None else "measured", error=error)
         return records
 
     def _proven(self, proc: Process, profile: WorkerProfile, records: list[dict], label: str) -> str:
         """A started worker proven new (a reused one would carry counters and caches over), then its weights, the
         proof kept in its records, what it reports of its machine in the meta; the model name it serves."""
         key = process_key(proc, profile.backend == "native")
-        for r in records:
-            r["process"].update({"started_at": key[1], "launched_at": proc.started_at})
+        records[0]["process"].update({"started_at": key[1], "launched_at": proc.started_at})
         if key in self.seen:
             raise ProcessReused(f"configurations `{self.seen[key]}` and `{label}` were served by the same process"
                                 f" (pid {key[0]}, started {key[1]})", "each configuration needs a fresh worker;"
@@ -565,8 +561,7 @@ class Sweep:
 
     async def _passes(self, session: aiohttp.ClientSession, url: str, model: str, prompts: list[Prompt], width: int,
                       key: str, configs: list[Configuration], records: list[dict]) -> None:
-        """One workload at one width: a discarded warm-up pass of each configuration, then rounds of a pass each in
-        rotating order (AB, BA, ...), more while a verdict is open (`_open`), up to the cap."""
+        """A discarded warm-up pass of each configuration, then rounds in rotating order, more while `_open`."""
         s = self.s
         cells = [r["workloads"].setdefault(key, {"warmup": None, "passes": [], "clients": width}) for r in records]
 

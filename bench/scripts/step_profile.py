@@ -6,14 +6,13 @@
         [--depths 1 2 4] [--repeats 7] [--replayed]
 
 Each configuration (pair, width, depth; depth 0 the plain step) decodes `width` rows greedily in the worker's
-own batch (`Scheduler`); the pairs are `parts.prepare_models`'s, `demo` (target widened to ~70M parameters) or a
-family's tiny pair (target MLPs widened x8, where per-step overhead dominates). Each round rebuilds every
-configuration's rows, then times `--steps` sweeps as served (beside each step the floor: the target's forward
-alone over as many positions) and `--steps` with evaluation forced at every boundary of `PARTS` (which changes
-the total, so both are printed), one step of each configuration a sweep, the order rotated. Step cost: the
-median unforced step over the plain step's, same pair, width and round (also in CPU time; the floor's over the
+own batch; the pairs are `parts.prepare_models`'s, `demo` (target widened to ~70M parameters) or a family's tiny
+pair (target MLPs widened x8, where per-step overhead dominates). Each round rebuilds every configuration's rows,
+then times `--steps` rotated sweeps as served (beside each step the floor: the target's forward alone over as many
+positions) and `--steps` with evaluation forced at every boundary of `PARTS` (which changes the total). Step cost:
+the median unforced step over the plain step's, same pair, width and round (also in CPU time; the floor's over the
 forward over one position); median (min-max) over rounds. Method and figures: docs/worker.md, "Per part,
-in-process". A benchmark, not a test.
+in-process".
 
 `--memory`: speculation's extra memory per row per drafted position on a tiny Qwen3.5 target widened where the
 gated-delta state lives (`WIDE`): one step's peak (mlx's counter) above the depth-0 step's, beside
@@ -229,34 +228,31 @@ def floor(engine, width: int, positions: int):
 
 
 def measure_round(engines: dict, configs: list, steps: int, rnd: int) -> dict:
-    """One round: every configuration's rows rebuilt, `steps` sweeps unforced (the floor beside each step), then
-    `steps` sweeps forced."""
+    """One round of every configuration, as the module's docstring says: unforced sweeps, then forced ones."""
     import mlx.core as mx
 
     scheds = {c: decode_rows(engines[c[0]], c[1], c[2]) for c in configs}
     floors = {c: floor(engines[c[0]], c[1], 1 + c[2]) for c in configs}
     out = {c: {"unforced": [], "cpu": [], "forced": [], "parts": [], "floor": [], "tokens": 0} for c in configs}
-    for sweep in range(steps):
-        for c in rotated(configs, rnd * steps + sweep):
-            o, start, cpu = out[c], time.perf_counter(), time.process_time()
-            results = scheds[c].step()
-            o["unforced"].append(time.perf_counter() - start)
-            o["cpu"].append(time.process_time() - cpu)
-            o["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
-            o["floor"].append(floors[c]())
+    order = [c for sweep in range(steps) for c in rotated(configs, rnd * steps + sweep)]
+    for c in order:
+        o, start, cpu = out[c], time.perf_counter(), time.process_time()
+        results = scheds[c].step()
+        o["unforced"].append(time.perf_counter() - start)
+        o["cpu"].append(time.process_time() - cpu)
+        o["tokens"] += sum(r.tokens for _, r, _ in results if r is not None)
+        o["floor"].append(floors[c]())
     for c in configs:
         mx.eval([cache.state for cache in scheds[c].batch.caches])  # nothing lazy carried into the forced steps
-    for sweep in range(steps):
-        for c in rotated(configs, rnd * steps + sweep):
-            sched = scheds[c]
-            with Forcing(engines[c[0]], sched.batch) as forcing:
-                start = time.perf_counter()
-                sched.step()
-                total = time.perf_counter() - start
-            out[c]["forced"].append(total)
-            exclusive = step_parts(forcing.timeline, total)
-            evals = {p: forcing.timeline.totals.get(p + " eval", 0.0) for p in PARTS}
-            out[c]["parts"].append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
+    for c in order:
+        with Forcing(engines[c[0]], scheds[c].batch) as forcing:
+            start = time.perf_counter()
+            scheds[c].step()
+            total = time.perf_counter() - start
+        out[c]["forced"].append(total)
+        exclusive = step_parts(forcing.timeline, total)
+        evals = {p: forcing.timeline.totals.get(p + " eval", 0.0) for p in PARTS}
+        out[c]["parts"].append({p: {"build": exclusive[p] - evals[p], "eval": evals[p]} for p in PARTS})
     for c in configs:
         out[c]["tokens_per_step"] = out[c].pop("tokens") / (steps * c[1])
     return out
@@ -309,21 +305,19 @@ def merge(reports: list[dict]) -> dict:
     """Reports of the same configurations (e.g. single rounds alternated with another build's) as one: every
     round's values together, the parts' medians over the reports."""
     first = reports[0]
-    pairs = []
-    for p, pair in enumerate(first["pairs"]):
-        widths = []
-        for w, width in enumerate(pair["widths"]):
-            rows = []
-            for d, row in enumerate(width["depths"]):
-                same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
-                if any(x["depth"] != row["depth"] for x in same):
-                    raise ValueError("the reports do not measure the same configurations")
-                parts = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
-                         for part in PARTS}
-                raw = {key: [v for x in same for v in x[key + "_raw"]] for key in RAW}
-                rows.append(row_of(row["depth"], raw, parts, summarize([x["tokens_per_step"] for x in same]).median))
-            widths.append({"width": width["width"], "depths": rows})
-        pairs.append({"name": pair["name"], "models": pair["models"], "widths": widths})
+
+    def merged(p: int, w: int, d: int, row: dict) -> dict:
+        same = [r["pairs"][p]["widths"][w]["depths"][d] for r in reports]
+        if any(x["depth"] != row["depth"] for x in same):
+            raise ValueError("the reports do not measure the same configurations")
+        parts = {part: {k: summarize([x["parts"][part][k] for x in same]).median for k in row["parts"][part]}
+                 for part in PARTS}
+        raw = {key: [v for x in same for v in x[key + "_raw"]] for key in RAW}
+        return row_of(row["depth"], raw, parts, summarize([x["tokens_per_step"] for x in same]).median)
+
+    pairs = [{"name": pair["name"], "models": pair["models"], "widths": [
+        {"width": width["width"], "depths": [merged(p, w, d, row) for d, row in enumerate(width["depths"])]}
+        for w, width in enumerate(pair["widths"])]} for p, pair in enumerate(first["pairs"])]
     return {"command": first["command"], "repeats": sum(r["repeats"] for r in reports), "steps": first["steps"],
             "loadavg": [first["loadavg"][0], reports[-1]["loadavg"][-1]], "pairs": pairs}
 
@@ -488,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replayed", action="store_true", help="with --memory: gated-delta as on Metal")
     p.add_argument("--model-dims", choices=list(MODEL_DIMS), help="print the figures on paper at these dims")
     args = p.parse_args(argv)
+    if args.merge and args.memory:
+        p.error("--merge merges step profiles; a --memory report is one run")
     args.depths = args.depths or ([1, 2, 4] if args.memory else [1, 2, 3, 4])
     args.repeats = args.repeats or (7 if args.memory else 4)
     if args.model_dims:
@@ -507,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ensure_preload()
         report = measure(args)
-    return emit(report, (memory_table if args.memory and not args.merge else table)(report), args.out)
+    render = memory_table if args.memory else table
+    return emit(report, render(report), args.out)
 
 
 if __name__ == "__main__":
