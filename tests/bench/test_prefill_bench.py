@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from devkit.scripts import load_script
 from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+from tests.bench.conftest import run_bench
 
 prefill_bench = load_script("prefill_bench")
 
@@ -61,12 +58,9 @@ def test_a_report_taken_before_the_end_says_so_and_summarizes_only_the_servers_m
 
 
 def test_one_round_on_the_demo_pair_reports_every_figure(tmp_path):
-    out = tmp_path / "prefill.json"
-    cmd = [sys.executable, "bench/scripts/prefill_bench.py", "--target", str(DEMO_TARGET), "--drafter", str(DEMO_HEAD),
-           "--lengths", "256", "--warm-tokens", "100", "--rounds", "1", "--configs", "native+mtp", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report, done = run_bench("prefill_bench", tmp_path / "prefill.json", "--target", str(DEMO_TARGET), "--drafter",
+                             str(DEMO_HEAD), "--lengths", "256", "--warm-tokens", "100", "--rounds", "1", "--configs",
+                             "native+mtp")
     assert "partial" not in report["meta"]  # the end's report replaced the one written after the round
     (sample,) = report["samples"]["native+mtp"]
     assert sample["cold"]["256"]["prompt_tokens"] >= 256 and sample["cold"]["256"]["tok_s"] > 0

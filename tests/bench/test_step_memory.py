@@ -3,11 +3,8 @@ model's dimensions; and one real step a configuration."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from devkit.scripts import load_script
+from tests.bench.conftest import run_bench
 
 sm = load_script("step_profile")  # its --memory mode
 
@@ -34,11 +31,8 @@ def test_a_target_of_attention_only_keeps_no_recurrent_state():
 
 
 def test_one_step_a_configuration_is_measured_above_the_plain_step_beside_its_prediction(tmp_path):
-    out = tmp_path / "memory.json"
-    cmd = [sys.executable, "bench/scripts/step_profile.py", "--memory", "--depths", "1", "--widths", "1", "--repeats", "1",
-           "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = json.loads(out.read_text())["rows"]
+    report, _ = run_bench("step_profile", tmp_path / "memory.json", "--memory", "--depths", "1", "--widths", "1",
+                          "--repeats", "1")
+    (row,) = report["rows"]
     assert row["predicted"] == sm.predicted_bytes(sm.WIDE, 1)["total"] and row["median"] > 0
     assert row["ratio"] == row["median"] / row["predicted"]

@@ -3,13 +3,10 @@ round; and two real rounds on the demo pair."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from devkit.scripts import load_script
+from tests.bench.conftest import run_bench
 
 sp = load_script("step_profile")
 
@@ -114,12 +111,8 @@ def test_on_paper_at_27b_dimensions_the_recurrence_run_once_moves_a_fifth_of_the
 
 
 def test_two_rounds_on_the_demo_pair_time_every_part_and_pair_the_costs_by_round(tmp_path):
-    out = tmp_path / "profile.json"
-    cmd = [sys.executable, "bench/scripts/step_profile.py", "--pairs", "demo", "--depths", "1", "--widths", "1",
-           "--repeats", "2", "--steps", "1", "--mlp-multiplier", "1", "--extra-layers", "0", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report, done = run_bench("step_profile", tmp_path / "profile.json", "--pairs", "demo", "--depths", "1", "--widths",
+                             "1", "--repeats", "2", "--steps", "1", "--mlp-multiplier", "1", "--extra-layers", "0")
     (width,) = report["pairs"][0]["widths"]
     plain, drafted = width["depths"]
     assert report["repeats"] == 2 and plain["step_cost_raw"] == [1.0, 1.0] and len(drafted["step_cost_raw"]) == 2

@@ -4,14 +4,12 @@ two kept ones of a few tokens each."""
 from __future__ import annotations
 
 import ast
-import json
 import re
-import subprocess
-import sys
 
 from devkit.scripts import load_script
 from mtpstack.bench.servers import WIDTH
 from mtpstack.worker.demo import DEMO_HEAD, DEMO_TARGET
+from tests.bench.conftest import run_bench
 
 wb = load_script("worker_bench")
 
@@ -27,12 +25,8 @@ def texts_named(note: str) -> dict[str, str]:
 
 
 def test_every_configuration_reports_its_spreads_tokens_drafts_and_the_same_greedy_text(tmp_path):
-    out = tmp_path / "worker.json"
-    cmd = [sys.executable, "bench/scripts/worker_bench.py", "--target", str(DEMO_TARGET), "--drafter", str(DEMO_HEAD),
-           "--repeats", str(REPEATS), "--warmup", "1", "--max-tokens", str(TOKENS), "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, done = run_bench("worker_bench", tmp_path / "worker.json", "--target", str(DEMO_TARGET), "--drafter",
+                             str(DEMO_HEAD), "--repeats", str(REPEATS), "--warmup", "1", "--max-tokens", str(TOKENS))
     meta, samples, summary = report["meta"], report["samples"], report["summary"]
     assert (meta["target"], meta["head"]) == (str(DEMO_TARGET), str(DEMO_HEAD))
     assert (meta["repeats"], meta["warmup"], meta["max_tokens"]) == (REPEATS, 1, TOKENS)
