@@ -4,6 +4,7 @@ healthy (`start_workers`); and the bench's one streaming client, `stream_chat`."
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -50,10 +51,16 @@ def worker_command(profile: dict, program: str | None = None) -> list[str]:
     return on_program(program, argv) if program else argv
 
 
+@functools.cache
+def _worker_help(program: str) -> str:
+    """`program worker --help`, once per program: a bench starts another build's workers round after round."""
+    return subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
+
+
 def on_program(program: str, argv: list[str]) -> list[str]:
     """A worker's `argv` run by `program`, less the flags (and values) its `worker --help` does not list:
     an older build does not know a flag this one renders."""
-    helptext = subprocess.run([program, "worker", "--help"], capture_output=True, text=True, timeout=120).stdout
+    helptext = _worker_help(program)
     args, out = iter(argv[argv.index("worker"):]), [program]
     for arg in args:
         if arg.startswith("--") and arg not in helptext:

@@ -367,10 +367,15 @@ def native_worker(target: Path, head: Path, logdir: Path, name: str, *, program:
         w.stop()
 
 
-def scrape(url: str, names: list[str]) -> dict[str, float]:
+def counters(url: str, names: list[str]) -> dict[str, float]:
     """The counters `names`, 0 for one not exported."""
     samples = metrics(url)
     return {name: sample(samples, name) or 0.0 for name in names}
+
+
+async def scrape(url: str, names: list[str]) -> dict[str, float]:
+    """`counters` off the event loop, so a decoding row timed beside the scrape is not held up by it."""
+    return await asyncio.to_thread(counters, url, names)
 
 
 def builds(args) -> dict[str, str | None]:
@@ -389,9 +394,9 @@ async def restart_round(session, target: Path, head: Path, args, workdir: Path, 
 
     async def next_turn(label: str, cache: Path) -> dict:
         with native_worker(target, head, workdir, f"restart-{rnd}-{label}", cache_dir=cache) as w:
-            before = scrape(w.url, names)
+            before = await scrape(w.url, names)
             r = await stream_chat(session, w.url, "bench", messages, ANSWER_TOKENS)
-            return {**r, **{k: v - before[k] for k, v in scrape(w.url, names).items()}}
+            return {**r, **{k: v - before[k] for k, v in (await scrape(w.url, names)).items()}}
 
     turns = {"b": cache, "cold": workdir / f"cold-cache-{rnd}"}
     got = {label: await next_turn(label, turns[label]) for label in rotated(list(turns), rnd)}
@@ -415,11 +420,11 @@ async def restore_round(session, target: Path, head: Path, args, workdir: Path, 
         with native_worker(target, head, workdir, f"restore-{rnd}-{b}", program=programs[build],
                            cache_gib=SPILL_GIB, cache_dir=cache) as w:
             async with beside_a_row(session, w.url, f"restore {rnd}") as times:
-                before, windows = scrape(w.url, names), []
+                before, windows = await scrape(w.url, names), []
                 for _ in range(RESTORES):
                     r = await stream_chat(session, w.url, "bench", messages, 1)
                     windows.append((r["sent"], r["first"]))
-                after = scrape(w.url, names)
+                after = await scrape(w.url, names)
             hits, read, seconds = (after[k] - before[k] for k in names)
         out[build] = {**itl_windows(times, windows), "disk_hits": hits, "read_mb": read / 1e6 / max(hits, 1),
                       "restore_s": seconds / max(hits, 1)}
@@ -437,7 +442,7 @@ async def spill_round(session, target: Path, head: Path, args, workdir: Path, rn
                     prompt = system_prompt(700 + rnd * 50 + i, args.tools // 2)
                     await stream_chat(session, w.url, "bench", [{"role": "user", "content": prompt}], 1)
                 end = time.perf_counter()
-            writes = scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
+            writes = await scrape(w.url, [series.PREFIX_CACHE_DISK_WRITES, series.PREFIX_CACHE_EVICTIONS])
         out[variant] = {**itl_windows(times, [(start, end)]), "disk_writes": writes[series.PREFIX_CACHE_DISK_WRITES],
                         "evictions": writes[series.PREFIX_CACHE_EVICTIONS]}
     return out
@@ -454,7 +459,7 @@ def memory_flood(head: Path, args, workdir: Path, build: str, program: str | Non
             prompt = [rng.randrange(3, 1000) for _ in range(FLOOD_TOKENS)]
             post_json(w.url, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0},
                       timeout=REQUEST_TIMEOUT)
-            gauge = scrape(w.url, [series.PREFIX_CACHE_BYTES])[series.PREFIX_CACHE_BYTES] / 2**20
+            gauge = counters(w.url, [series.PREFIX_CACHE_BYTES])[series.PREFIX_CACHE_BYTES] / 2**20
             kib = memory_kib(w.pid)
             after.append({"rss_mib": kib["VmRSS"] / 1024, "hwm_mib": kib["VmHWM"] / 1024, "gauge_mib": gauge})
             print(f"memory {build}: prompt {i + 1}: resident +{after[-1]['rss_mib'] - idle:.0f} MiB, the cache counts "

@@ -35,13 +35,12 @@ from pathlib import Path
 from mtpstack.bench import parts
 from mtpstack.bench.parts import (PROMPTS, check_models, emit, ensure_preload, few_repeats, model_options, post_json,
                                   prepared_pair, round_options, rotated, rounds, run_meta, spread)
-from mtpstack.bench.servers import worker_profile
+from mtpstack.bench.servers import REQUEST_TIMEOUT, worker_profile
 
 #: Configuration (`one+mtp`, `one`, `tensor+mtp`, ...) -> (strategy, or None for one process; with the head).
 CONFIGS = {f"{s}{mtp}": (None if s == "one" else s, bool(mtp))
            for s in ("one", "tensor", "pipeline") for mtp in ("+mtp", "")}
 WIDTHS = (1, 4)
-REQUEST_TIMEOUT = 600.0
 START_TIMEOUT = 300.0
 #: `--lose-rank`: the signals that lose rank 1, and how long rank 0 sits idle, healthy, before it.
 SIGNALS = {"kill -9": signal.SIGKILL, "kill -STOP": signal.SIGSTOP}

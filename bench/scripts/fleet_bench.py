@@ -511,7 +511,7 @@ async def run_all(args, sizes: dict, workdir: Path) -> dict:
                     seconds=round(time.monotonic() - started))
     litellm = sorted((ROOT / ".venv-litellm").glob("lib/python*/site-packages/litellm-*.dist-info"))
     meta["versions"].update(aiohttp=version_of("aiohttp"), litellm=litellm[-1].name.split("-")[1] if litellm else None,
-                            nginx=nginx_version(nginx_program()))
+                            nginx=nginx_version(programs.get("nginx")))
     summary = routing_summary(rows, runs, sizes["rounds"]) if args.routing else summary_of(rows, sizes["rounds"])
     return {"meta": meta, "summary": summary, "runs": runs, "rows": rows}
 

@@ -14,12 +14,14 @@ import yaml
 from mtpstack.bench.sweep import SweepSettings
 
 
-def run_bench(script: str, out: Path, *args: str, timeout: float = 1200) -> tuple[dict, subprocess.CompletedProcess]:
-    """`bench/scripts/SCRIPT.py ARGS --out OUT` from the repo root: its JSON, once it exited 0, and the run."""
+def run_bench(script: str, out: Path, *args: str, timeout: float = 1200,
+              written: str | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+    """`bench/scripts/SCRIPT.py ARGS --out OUT` from the repo root: its JSON (OUT, or OUT/WRITTEN when `--out` is a
+    folder), once it exited 0, and the run."""
     done = subprocess.run([sys.executable, f"bench/scripts/{script}.py", *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(out.read_text()), done
+    return json.loads((out / written if written else out).read_text()), done
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,11 @@ the table and the plot (the agent workload it replays: test_workloads.py); and o
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from devkit.scripts import load_script
+from tests.bench.conftest import run_bench
 
 fb = load_script("fleet_bench")
 
@@ -208,17 +207,15 @@ def test_compare_policies_refuses_a_verdict_on_fewer_than_three_runs_a_side():
 # -- end to end: both modes on the demo pair as it is ------------------------------------------------
 
 
-def run_bench(tmp_path, *args):
+def run_quick(tmp_path, *args):
     pytest.importorskip("mlx.core", reason="a real run needs mlx (Linux: pip install 'mlx[cpu]')")
-    done = subprocess.run([sys.executable, "bench/scripts/fleet_bench.py", "--quick", "--out", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((tmp_path / "fleet.json").read_text()), done.stderr
+    report, done = run_bench("fleet_bench", tmp_path, "--quick", *args, timeout=900, written="fleet.json")
+    return report, done.stderr
 
 
 def test_a_quick_run_starts_each_stack_and_answers_every_turn(tmp_path):
     stacks = ["mtpstack", "nginx"] if fb.nginx_program() else ["mtpstack"]
-    report, stderr = run_bench(tmp_path, "--sessions", "2", "--turns", "2", "--stacks", *stacks)
+    report, stderr = run_quick(tmp_path, "--sessions", "2", "--turns", "2", "--stacks", *stacks)
     assert {r["stack"] for r in report["rows"]} == set(stacks) and all(r["status"] == "ok" for r in report["rows"])
     assert all(r["worker"] in ("w0", "w1") for r in report["rows"] if r["stack"] == "mtpstack")  # the proxy's log read
     (run,) = [x for x in report["runs"] if x["stack"] == "mtpstack"]
@@ -230,7 +227,7 @@ def test_a_quick_run_starts_each_stack_and_answers_every_turn(tmp_path):
 
 
 def test_a_quick_routing_run_reports_both_policies(tmp_path):
-    report, stderr = run_bench(tmp_path, "--routing")
+    report, stderr = run_quick(tmp_path, "--routing")
     assert set(report["summary"]["policies"]) == {"affinity", "first-free"}
     assert report["summary"]["policies"]["affinity"]["affinity_hits"][1] == 8  # 4 conversations x turns 2-3
     assert "comparison: too few passes" in stderr
